@@ -1,0 +1,6 @@
+"""Math on tensors only: recurrences, chunked forms, Triton kernels, spectra and state ranks."""
+
+from kernels.chunk import chunk_delta_product
+from kernels.naive import naive_delta_product
+
+__all__ = ["naive_delta_product", "chunk_delta_product"]

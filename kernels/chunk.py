@@ -1,0 +1,90 @@
+"""Chunked (WY/UT) gated delta product in PyTorch: differentiable, for the CPU and for training.
+
+Each chunk of C tokens is C * n_h Householder sub-steps. Within a chunk the sub-steps are
+solved at once through the UT transform  (I + A) Delta = diag(beta) (V - e^Gamma K S_0),
+A_ij = beta_i e^{Gamma_i - Gamma_j} k_i.k_j (j < i); across chunks the state is carried.
+Same signature and results as `kernels.naive.naive_delta_product`.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kernels.naive import CHUNK_SIZE, l2_normalize
+
+
+def _interleave(k: torch.Tensor) -> torch.Tensor:
+    """[B, T, n_h, H, ...] -> [B, H, T * n_h, ...] (sub-steps in time order)."""
+    B, T, n_h, H = k.shape[:4]
+    return k.movedim(3, 1).reshape(B, H, T * n_h, *k.shape[4:])
+
+
+def chunk_delta_product(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    beta: torch.Tensor,
+    g: torch.Tensor | None = None,
+    scale: float | None = None,
+    initial_state: torch.Tensor | None = None,
+    chunk_size: int = CHUNK_SIZE,
+    normalize_qk: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Return (o [B,T,H,V], final state [B,H,K,V], chunk-boundary states [B,NC,H,K,V]).
+
+    Computes in float32 (float64 if given float64); o is returned in q's dtype, states in float32+.
+    """
+    B, T, H, K = q.shape
+    n_h, V = k.shape[2], v.shape[-1]
+    out_dtype = q.dtype
+    dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
+    q, k, v, beta = (x.to(dtype) for x in (q, k, v, beta))
+    if normalize_qk:
+        q, k = l2_normalize(q), l2_normalize(k)
+    scale = K**-0.5 if scale is None else scale
+
+    C, n_chunks = chunk_size, -(-T // chunk_size)
+    pad = n_chunks * C - T
+    L = C * n_h  # sub-steps per chunk
+    gamma = torch.zeros(B, T, n_h, H, dtype=dtype, device=q.device)
+    if g is not None:
+        gamma[:, :, 0] = g.to(dtype)
+    if pad:
+        q, k, v, beta, gamma = (
+            torch.nn.functional.pad(x, (0, 0) * (x.dim() - 2) + (0, pad)) for x in (q, k, v, beta, gamma)
+        )
+    ks = _interleave(k).reshape(B, H, n_chunks, L, K)
+    vs = _interleave(v).reshape(B, H, n_chunks, L, V)
+    bs = _interleave(beta).reshape(B, H, n_chunks, L)
+    cum = _interleave(gamma).reshape(B, H, n_chunks, L).cumsum(-1)  # Gamma_i within the chunk
+    qs = q.movedim(2, 1).reshape(B, H, n_chunks, C, K)
+
+    idx = torch.arange(L, device=q.device)
+    causal = idx[:, None] >= idx[None, :]
+    diff = cum[..., :, None] - cum[..., None, :]
+    decay = torch.where(causal, diff, torch.full_like(diff, -torch.inf)).exp()  # e^{Gamma_i - Gamma_j}, j<=i
+    gram = ks @ ks.transpose(-1, -2)
+    A = (bs[..., :, None] * decay * gram).tril(-1)
+    eye = torch.eye(L, dtype=dtype, device=q.device)
+    lhs = eye + A
+    U = torch.linalg.solve_triangular(lhs, bs[..., None] * vs, upper=False, unitriangular=True)
+    W = torch.linalg.solve_triangular(
+        lhs, (bs * cum.exp())[..., None] * ks, upper=False, unitriangular=True
+    )
+
+    last = idx[n_h - 1 :: n_h]  # the sub-step at which each token's query reads the state
+    q_decay = decay[..., last, :]  # [B,H,NC,C,L]
+    attn = (qs @ ks.transpose(-1, -2)) * q_decay
+    q_scale = cum[..., last].exp()[..., None]  # [B,H,NC,C,1]
+    tail = (cum[..., -1:] - cum).exp()[..., None]  # e^{Gamma_L - Gamma_j}
+    tail_gate = cum[..., -1].exp()[..., None, None]
+
+    state = q.new_zeros(B, H, K, V) if initial_state is None else initial_state.to(dtype)
+    outs, boundaries = [], [state]
+    for c in range(n_chunks):
+        delta = U[:, :, c] - W[:, :, c] @ state
+        outs.append(scale * (q_scale[:, :, c] * (qs[:, :, c] @ state) + attn[:, :, c] @ delta))
+        state = tail_gate[:, :, c] * state + (ks[:, :, c] * tail[:, :, c]).transpose(-1, -2) @ delta
+        boundaries.append(state)
+    o = torch.stack(outs, 2).reshape(B, H, n_chunks * C, V)[:, :, :T].movedim(1, 2)
+    return o.to(out_dtype), state, torch.stack(boundaries, 1)

@@ -1,0 +1,1 @@
+"""deltalab probes layer."""
