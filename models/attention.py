@@ -1,0 +1,120 @@
+"""The gated delta product token mixer, with every intermediate passing through a hook point.
+
+One module covers fla's GatedDeltaProduct, DeltaNet (n_h = 1, no gate) and GatedDeltaNet
+(n_h = 1, gate); parameter names and shapes are fla's.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from kernels.dispatch import delta_product_forward
+from kernels.naive import l2_normalize
+from models.config import ModelConfig
+from models.hooks import HookPoint
+from models.layers import GatedRMSNorm, RMSNorm, ShortConvolution
+
+
+class DeltaProductAttention(nn.Module):
+    """q, k, v, beta (and g) -> chunked gated delta product -> norm (gated) -> o_proj."""
+
+    def __init__(self, config: ModelConfig, layer_idx: int = 0) -> None:
+        super().__init__()
+        self.config, self.layer_idx = config, layer_idx
+        D, H, n_h = config.hidden_size, config.num_heads, config.num_householder
+        self.num_heads, self.num_householder = H, n_h
+        self.head_k_dim, self.head_v_dim = config.head_k_dim, config.head_v_dim
+        key_dim, value_dim = H * self.head_k_dim, H * self.head_v_dim
+
+        self.q_proj = nn.Linear(D, key_dim, bias=False)
+        self.k_proj = nn.Linear(D, key_dim * n_h, bias=False)
+        self.v_proj = nn.Linear(D, value_dim * n_h, bias=False)
+        if config.use_beta:
+            self.b_proj = nn.Linear(D, H * n_h, bias=False)
+        if config.use_forget_gate:
+            self.a_proj = nn.Linear(D, H, bias=False)
+            self.A_log = nn.Parameter(torch.empty(H))
+            self.dt_bias = nn.Parameter(torch.empty(H))
+            self.reset_gate_parameters()
+        if config.use_short_conv:
+            qk_act = "silu" if config.qk_activation == "silu" else None
+            self.q_conv1d = ShortConvolution(key_dim, config.conv_size, config.conv_bias, qk_act)
+            self.k_conv1d = ShortConvolution(key_dim * n_h, config.conv_size, config.conv_bias, qk_act)
+            self.v_conv1d = ShortConvolution(value_dim * n_h, config.conv_size, config.conv_bias, "silu")
+        if config.use_output_gate:
+            self.g_proj = nn.Linear(D, value_dim, bias=False)
+            self.o_norm = GatedRMSNorm(self.head_v_dim, config.norm_eps, config.output_gate_activation)
+        else:
+            self.o_norm = RMSNorm(self.head_v_dim, config.norm_eps, dtype=torch.float32)
+        self.o_proj = nn.Linear(value_dim, D, bias=False)
+
+        self.hook_q = HookPoint()
+        self.hook_k = HookPoint()
+        self.hook_v = HookPoint()
+        self.hook_beta = HookPoint()
+        self.hook_g = HookPoint()
+        self.hook_state = HookPoint()
+        self.hook_o = HookPoint()
+
+    def reset_gate_parameters(self) -> None:
+        """fla's forget-gate init: A ~ U(1, 16) (stored as log), dt ~ logU(1e-3, 0.1) (inverse softplus)."""
+        with torch.no_grad():
+            H = self.num_heads
+            self.A_log.copy_(torch.log(torch.empty(H).uniform_(1, 16)))
+            dt = torch.exp(torch.rand(H) * (math.log(0.1) - math.log(1e-3)) + math.log(1e-3)).clamp(min=1e-4)
+            self.dt_bias.copy_(dt + torch.log(-torch.expm1(-dt)))
+
+    def _qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Projections, short conv (or SiLU), head split and query/key activation + normalisation."""
+        cfg, B, T = self.config, x.shape[0], x.shape[1]
+        q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        if cfg.use_short_conv:
+            q, k, v = self.q_conv1d(q), self.k_conv1d(k), self.v_conv1d(v)
+        else:
+            if cfg.qk_activation == "silu":
+                q, k = F.silu(q), F.silu(k)
+            v = F.silu(v)
+        q = q.view(B, T, self.num_heads, self.head_k_dim)
+        k = k.view(B, T, self.num_householder, self.num_heads, self.head_k_dim)
+        v = v.view(B, T, self.num_householder, self.num_heads, self.head_v_dim)
+        if cfg.qk_activation == "relu":
+            q, k = q.relu(), k.relu()
+        elif cfg.qk_activation == "elu":
+            q, k = F.elu(q) + 1, F.elu(k) + 1
+        if cfg.qk_norm == "l2":
+            q, k = l2_normalize(q.float()).to(q.dtype), l2_normalize(k.float()).to(k.dtype)
+        elif cfg.qk_norm == "sum":
+            q, k = F.normalize(q, p=1, dim=-1, eps=1e-6), F.normalize(k, p=1, dim=-1, eps=1e-6)
+        return q, k, v
+
+    def forward(self, x: torch.Tensor, initial_state: torch.Tensor | None = None) -> torch.Tensor:
+        cfg, B, T = self.config, x.shape[0], x.shape[1]
+        q, k, v = self._qkv(x)
+        q, k, v = self.hook_q(q), self.hook_k(k), self.hook_v(v)
+        if cfg.use_beta:
+            beta = self.b_proj(x).float().sigmoid().view(B, T, self.num_householder, self.num_heads)
+        else:
+            beta = x.new_ones(B, T, self.num_householder, self.num_heads, dtype=torch.float32)
+        if cfg.allow_neg_eigval:
+            beta = beta * 2.0
+        beta = self.hook_beta(beta)
+        g = None
+        if cfg.use_forget_gate:
+            g = -self.A_log.float().exp() * F.softplus(self.a_proj(x).float() + self.dt_bias)
+            g = self.hook_g(g)
+        o, _, states = delta_product_forward(
+            q, k, v, beta, g, scale=self.head_k_dim**-0.5, initial_state=initial_state
+        )
+        self.hook_state(states)
+        o = self.hook_o(o.to(x.dtype))
+        if cfg.use_output_gate:
+            gate = self.g_proj(x).view(B, T, self.num_heads, self.head_v_dim)
+            o = self.o_norm(o, gate)
+        else:
+            o = self.o_norm(o)
+        return self.o_proj(o.reshape(B, T, -1))
+

@@ -1,0 +1,139 @@
+"""Checkpoint folders (config.json + model.safetensors), fla-compatible, with one-line errors."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+
+from models.config import ConfigError, ModelConfig
+from models.lm import DeltaProductForCausalLM
+
+WEIGHTS = "model.safetensors"
+LEGACY_WEIGHTS = "pytorch_model.bin"
+_PER_STEP = re.compile(r"^(?P<pre>.*\.attn\.)(?P<name>[kvb]_projs|[kv]_conv1ds)\.(?P<j>\d+)\.(?P<rest>weight|bias)$")
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be loaded; the message names the problem and the fix."""
+
+
+def _read_config(folder: Path) -> ModelConfig:
+    path = folder / "config.json"
+    if not path.is_file():
+        raise CheckpointError(f"{path} is missing: a checkpoint folder needs config.json and {WEIGHTS}")
+    try:
+        raw = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise CheckpointError(f"{path} is not valid JSON ({err.msg if hasattr(err, 'msg') else err}): "
+                              "restore it from the original checkpoint") from None
+    try:
+        return ModelConfig.from_dict(raw)
+    except (ConfigError, TypeError) as err:
+        raise CheckpointError(f"{path}: {err}") from None
+
+
+def _read_weights(folder: Path) -> dict[str, torch.Tensor]:
+    st, legacy = folder / WEIGHTS, folder / LEGACY_WEIGHTS
+    if st.is_file():
+        try:
+            return load_file(str(st))
+        except (SafetensorError, OSError, ValueError) as err:
+            raise CheckpointError(
+                f"{st} is truncated or corrupt ({str(err).splitlines()[0]}): re-download or re-save it"
+            ) from None
+    if legacy.is_file():
+        try:
+            state = torch.load(str(legacy), map_location="cpu", weights_only=True)
+        except Exception as err:  # noqa: BLE001 - any unpickling failure is a bad file
+            raise CheckpointError(
+                f"{legacy} cannot be read safely ({type(err).__name__}): convert it to {WEIGHTS}"
+            ) from None
+        if not isinstance(state, dict):
+            raise CheckpointError(f"{legacy} does not hold a state dict: convert it to {WEIGHTS}")
+        return state
+    raise CheckpointError(f"{folder} has no {WEIGHTS} (or {LEGACY_WEIGHTS}): save the weights beside config.json")
+
+
+def remap_legacy(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Fold the DeltaProduct authors' per-step module lists (`k_projs.{j}` ...) into fla's fused tensors."""
+    groups: dict[str, dict[int, torch.Tensor]] = {}
+    out = {}
+    for name, tensor in state.items():
+        m = _PER_STEP.match(name)
+        if m is None:
+            out[name] = tensor
+            continue
+        fused = m["pre"] + m["name"].replace("_projs", "_proj").replace("_conv1ds", "_conv1d") + "." + m["rest"]
+        groups.setdefault(fused, {})[int(m["j"])] = tensor
+    for fused, steps in groups.items():  # fla's fused layout is step-major: (n h d) and (n h)
+        out[fused] = torch.cat([steps[j] for j in sorted(steps)], 0)
+    return out
+
+
+def _to_module_names(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """fla's `model.layers...` -> our top-level `layers...` (lm_head stays)."""
+    return {name.removeprefix("model."): t for name, t in state.items()}
+
+
+def load_checkpoint(
+    path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype | None = None
+) -> DeltaProductForCausalLM:
+    """Load a Hugging Face-style fla checkpoint folder into a DeltaProductForCausalLM in eval mode."""
+    folder = Path(path)
+    if not folder.exists():
+        raise CheckpointError(f"checkpoint folder {folder} does not exist: pass a folder with config.json "
+                              f"and {WEIGHTS}")
+    if not folder.is_dir():
+        raise CheckpointError(f"{folder} is a file, not a checkpoint folder: pass the folder that holds config.json")
+    config = _read_config(folder)
+    state = _to_module_names(remap_legacy(_read_weights(folder)))
+    model = DeltaProductForCausalLM(config)
+    expected = model.state_dict()
+    if config.tie_word_embeddings:
+        state.setdefault("lm_head.weight", state.get("embeddings.weight"))
+    missing = sorted(set(expected) - set(state))
+    unexpected = sorted(set(state) - set(expected))
+    if missing:
+        raise CheckpointError(f"{folder}: missing tensor(s) {', '.join(missing[:4])}"
+                              f"{' ...' if len(missing) > 4 else ''}: the weights do not match config.json")
+    if unexpected:
+        raise CheckpointError(f"{folder}: unexpected tensor(s) {', '.join(unexpected[:4])}"
+                              f"{' ...' if len(unexpected) > 4 else ''}: the weights do not match config.json")
+    for name, tensor in expected.items():
+        if tuple(state[name].shape) != tuple(tensor.shape):
+            raise CheckpointError(f"{folder}: tensor {name} has shape {tuple(state[name].shape)}, config.json "
+                                  f"implies {tuple(tensor.shape)}: the weights do not match config.json")
+    model.load_state_dict(state)
+    model.to(device=device)
+    if dtype is not None:
+        model.to(dtype=dtype)
+        for block in model.layers:  # fla keeps the gate parameters and the plain o_norm in float32
+            attn = block.attn
+            for name in ("A_log", "dt_bias"):
+                if hasattr(attn, name):
+                    getattr(attn, name).data = getattr(attn, name).data.float()
+    return model.eval()
+
+
+def save_checkpoint(model: DeltaProductForCausalLM, path: str | Path) -> Path:
+    """Write config.json (fla fields) and model.safetensors (fla names) into `path`, atomically per file."""
+    folder = Path(path)
+    folder.mkdir(parents=True, exist_ok=True)
+    state = {}
+    for name, tensor in model.state_dict().items():
+        if name == "lm_head.weight" and model.config.tie_word_embeddings:
+            continue
+        key = name if name.startswith("lm_head.") else f"model.{name}"
+        state[key] = tensor.detach().contiguous().cpu()
+    tmp = folder / (WEIGHTS + ".tmp")
+    save_file(state, str(tmp), metadata={"format": "pt"})
+    tmp.replace(folder / WEIGHTS)
+    cfg_tmp = folder / "config.json.tmp"
+    cfg_tmp.write_text(json.dumps(model.config.to_dict(), indent=2, sort_keys=True) + "\n")
+    cfg_tmp.replace(folder / "config.json")
+    return folder

@@ -1,0 +1,87 @@
+"""The causal LM, top to bottom: embeddings -> blocks (norm, token mixer, norm, MLP) -> norm -> head.
+
+Modules sit at the top level (`layers.3.attn.hook_beta`), TransformerLens-style; checkpoint I/O
+adds fla's `model.` prefix so fla's safetensors load unchanged.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from models.attention import DeltaProductAttention
+from models.config import ModelConfig
+from models.hooks import HookPoint
+from models.layers import GatedMLP, RMSNorm
+
+
+@dataclass
+class CausalLMOutput:
+    logits: torch.Tensor
+    loss: torch.Tensor | None = None
+
+
+class Block(nn.Module):
+    """Pre-norm residual block: x + attn(norm(x)), then + mlp(norm(.))."""
+
+    def __init__(self, config: ModelConfig, layer_idx: int) -> None:
+        super().__init__()
+        self.attn_norm = RMSNorm(config.hidden_size, config.norm_eps)
+        self.attn = DeltaProductAttention(config, layer_idx)
+        self.mlp_norm = RMSNorm(config.hidden_size, config.norm_eps)
+        self.mlp = GatedMLP(config.hidden_size, config.mlp_size)
+        self.hook_resid_pre = HookPoint()
+        self.hook_resid_mid = HookPoint()
+        self.hook_resid_post = HookPoint()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.hook_resid_pre(x)
+        x = self.hook_resid_mid(x + self.attn(self.attn_norm(x)))
+        return self.hook_resid_post(x + self.mlp(self.mlp_norm(x)))
+
+
+class DeltaProductForCausalLM(nn.Module):
+    """GatedDeltaProduct / DeltaNet / GatedDeltaNet language model; `model(ids).logits`."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.embeddings = nn.Embedding(config.vocab_size, config.hidden_size, config.pad_token_id)
+        self.layers = nn.ModuleList(Block(config, i) for i in range(config.num_hidden_layers))
+        self.norm = RMSNorm(config.hidden_size, config.norm_eps)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        if config.tie_word_embeddings:
+            self.lm_head.weight = self.embeddings.weight
+        self.apply(self._init_weights)
+
+    def _init_weights(self, module: nn.Module) -> None:
+        """fla's defaults: normal(0, 0.02) for linear and embedding weights."""
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(module.weight, std=0.02)
+
+    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None) -> CausalLMOutput:
+        """labels are aligned with positions (no shift); -100 is ignored."""
+        x = self.embeddings(input_ids)
+        for block in self.layers:
+            x = block(x)
+        logits = self.lm_head(self.norm(x))
+        loss = None
+        if labels is not None:
+            loss = F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), ignore_index=-100)
+        return CausalLMOutput(logits=logits, loss=loss)
+
+    def summary(self) -> str:
+        """One paragraph a researcher reads first."""
+        c = self.config
+        n_params = sum(p.numel() for p in self.parameters())
+        gates = [name for name, on in (("forget", c.use_forget_gate), ("output", c.use_output_gate),
+                                       ("short-conv", c.use_short_conv)) if on]
+        eig = "[-1,1]" if c.allow_neg_eigval else "[0,1]"
+        return (
+            f"{c.model_type} n_h={c.num_householder} {eig}: {c.num_hidden_layers} layer(s), {c.num_heads} heads, "
+            f"dk={c.head_k_dim} dv={c.head_v_dim}, hidden={c.hidden_size}, vocab={c.vocab_size}, "
+            f"{', '.join(gates) or 'no gates/conv'}; {n_params / 1e6:.2f}M parameters"
+        )
