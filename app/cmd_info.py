@@ -1,0 +1,28 @@
+"""`deltalab info CHECKPOINT`: the one-paragraph summary of a checkpoint."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+
+from app.errors import fail
+
+
+def info(
+    checkpoint: Path = typer.Argument(..., help="Checkpoint folder (config.json + model.safetensors)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the config as JSON."),
+) -> None:
+    """Print a checkpoint's architecture and parameter count."""
+    from models import CheckpointError, load_checkpoint
+
+    try:
+        model = load_checkpoint(checkpoint)
+    except CheckpointError as err:
+        fail(str(err))
+    if as_json:
+        n_params = sum(p.numel() for p in model.parameters())
+        typer.echo(json.dumps({"config": model.config.to_dict(), "parameters": n_params}, indent=2))
+    else:
+        typer.echo(model.summary())
