@@ -61,30 +61,36 @@ def chunk_delta_product(
 
     idx = torch.arange(L, device=q.device)
     causal = idx[:, None] >= idx[None, :]
-    diff = cum[..., :, None] - cum[..., None, :]
-    decay = torch.where(causal, diff, torch.full_like(diff, -torch.inf)).exp()  # e^{Gamma_i - Gamma_j}, j<=i
-    gram = ks @ ks.transpose(-1, -2)
-    A = (bs[..., :, None] * decay * gram).tril(-1)
-    eye = torch.eye(L, dtype=dtype, device=q.device)
-    lhs = eye + A
-    U = torch.linalg.solve_triangular(lhs, bs[..., None] * vs, upper=False, unitriangular=True)
-    W = torch.linalg.solve_triangular(
-        lhs, (bs * cum.exp())[..., None] * ks, upper=False, unitriangular=True
-    )
-
     last = idx[n_h - 1 :: n_h]  # the sub-step at which each token's query reads the state
-    q_decay = decay[..., last, :]  # [B,H,NC,C,L]
-    attn = (qs @ ks.transpose(-1, -2)) * q_decay
-    q_scale = cum[..., last].exp()[..., None]  # [B,H,NC,C,1]
-    tail = (cum[..., -1:] - cum).exp()[..., None]  # e^{Gamma_L - Gamma_j}
-    tail_gate = cum[..., -1].exp()[..., None, None]
+    gram = ks @ ks.transpose(-1, -2)
+    if g is None:  # no forget gate: every decay factor is 1, so skip the L x L exponentials
+        decay = causal.to(dtype)
+        A = (bs[..., :, None] * gram).tril(-1)
+        W_rhs = bs[..., None] * ks
+        q_scale, tail, tail_gate = None, None, None
+    else:
+        diff = cum[..., :, None] - cum[..., None, :]
+        decay = torch.where(causal, diff, torch.full_like(diff, -torch.inf)).exp()  # e^{Gamma_i - Gamma_j}, j<=i
+        A = (bs[..., :, None] * decay * gram).tril(-1)
+        W_rhs = (bs * cum.exp())[..., None] * ks
+        q_scale = cum[..., last].exp()[..., None]  # [B,H,NC,C,1]
+        tail = (cum[..., -1:] - cum).exp()[..., None]  # e^{Gamma_L - Gamma_j}
+        tail_gate = cum[..., -1].exp()[..., None, None]
+    lhs = torch.eye(L, dtype=dtype, device=q.device) + A
+    U = torch.linalg.solve_triangular(lhs, bs[..., None] * vs, upper=False, unitriangular=True)
+    W = torch.linalg.solve_triangular(lhs, W_rhs, upper=False, unitriangular=True)
+    attn = (qs @ ks.transpose(-1, -2)) * decay[..., last, :]  # [B,H,NC,C,L]
 
     state = q.new_zeros(B, H, K, V) if initial_state is None else initial_state.to(dtype)
     outs, boundaries = [], [state]
     for c in range(n_chunks):
         delta = U[:, :, c] - W[:, :, c] @ state
-        outs.append(scale * (q_scale[:, :, c] * (qs[:, :, c] @ state) + attn[:, :, c] @ delta))
-        state = tail_gate[:, :, c] * state + (ks[:, :, c] * tail[:, :, c]).transpose(-1, -2) @ delta
+        if g is None:
+            outs.append(scale * (qs[:, :, c] @ state + attn[:, :, c] @ delta))
+            state = state + ks[:, :, c].transpose(-1, -2) @ delta
+        else:
+            outs.append(scale * (q_scale[:, :, c] * (qs[:, :, c] @ state) + attn[:, :, c] @ delta))
+            state = tail_gate[:, :, c] * state + (ks[:, :, c] * tail[:, :, c]).transpose(-1, -2) @ delta
         boundaries.append(state)
     o = torch.stack(outs, 2).reshape(B, H, n_chunks * C, V)[:, :, :T].movedim(1, 2)
     return o.to(out_dtype), state, torch.stack(boundaries, 1)

@@ -120,8 +120,11 @@ def load_checkpoint(
     return model.eval()
 
 
-def save_checkpoint(model: DeltaProductForCausalLM, path: str | Path) -> Path:
-    """Write config.json (fla fields) and model.safetensors (fla names) into `path`, atomically per file."""
+def save_checkpoint(model: DeltaProductForCausalLM, path: str | Path, dtype: torch.dtype | None = None) -> Path:
+    """Write config.json (fla fields) and model.safetensors (fla names) into `path`, atomically per file.
+
+    `dtype` (e.g. torch.float16) stores the floating-point tensors smaller; loading casts them back.
+    """
     folder = Path(path)
     folder.mkdir(parents=True, exist_ok=True)
     state = {}
@@ -129,7 +132,10 @@ def save_checkpoint(model: DeltaProductForCausalLM, path: str | Path) -> Path:
         if name == "lm_head.weight" and model.config.tie_word_embeddings:
             continue
         key = name if name.startswith("lm_head.") else f"model.{name}"
-        state[key] = tensor.detach().contiguous().cpu()
+        tensor = tensor.detach().cpu()
+        if dtype is not None and tensor.is_floating_point():
+            tensor = tensor.to(dtype)
+        state[key] = tensor.contiguous()
     tmp = folder / (WEIGHTS + ".tmp")
     save_file(state, str(tmp), metadata={"format": "pt"})
     tmp.replace(folder / WEIGHTS)
