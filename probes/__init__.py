@@ -1,1 +1,20 @@
-"""deltalab probes layer."""
+"""Analyses over a deltalab store (and a model, for interventions); each is also a script.
+
+Every probe is a library function `probes.NAME.run(ds, ...) -> ProbeResult` (an xarray.Dataset
+of results plus JSON records) and a command: `deltalab probe NAME --store STORE [--json]`,
+or equivalently `python -m probes.NAME`. This module stays import-light (no numpy/torch).
+"""
+
+PROBES: dict[str, str] = {
+    "betas": "Beta distributions per layer/head/step, per input token; negative-eigenvalue and reflection heads.",
+    "keys": "PCA of keys per layer/head/step and over all steps; 3-D coordinates; principal angles.",
+    "spectra": "Eigenvalues of each token's Householder product P_t and transition A_t; rotation angles; windows.",
+    "erank": "Entropy effective rank, stable rank and rank utilisation of the state per token/head/layer.",
+    "linear": "Logistic-regression probes from the recurrence read-out (or a stored variable) to the labels.",
+    "lengthgen": "Accuracy and loss against position, within and beyond the training length.",
+    "intervene": "nnsight interventions (set a beta, ablate a head, project keys); change in accuracy and loss.",
+    "bench": "Tokens per second of the erank and spectra probes on a store (no results written).",
+}
+"""Probe name -> one-line description (the CLI lists these)."""
+
+__all__ = ["PROBES"]

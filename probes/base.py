@@ -1,0 +1,230 @@
+"""What every probe shares: the result type, the error type, the argument parser and the script runner.
+
+A probe module defines NAME, `run(ds, ...) -> ProbeResult`, `add_arguments(parser)` and
+`from_args(ds, args, sink) -> ProbeResult`; `run_module(NAME, argv)` runs it as a script, for both
+`python -m probes.NAME` (its `main()` is `exit_main(NAME)`) and `deltalab probe NAME`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import re
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import xarray as xr
+
+
+class ProbeError(ValueError):
+    """Bad input to a probe (missing variable, wrong flag, missing checkpoint): one line, names the fix."""
+
+
+@dataclass
+class ProbeResult:
+    """A probe's xarray.Dataset of results plus its JSON records (one per layer/head[/step])."""
+
+    name: str
+    dataset: xr.Dataset
+    records: list[dict[str, Any]] = field(default_factory=list)
+    summary_keys: list[str] | None = None  # columns of the human-readable table
+
+    def to_json(self) -> str:
+        """The records as a JSON list (NaN written as null)."""
+        return json.dumps(clean_json(self.records), indent=1)
+
+
+def clean_json(obj: Any) -> Any:
+    """numpy scalars/arrays -> Python, NaN/inf -> None, tuples -> lists: plain JSON data."""
+    if isinstance(obj, dict):
+        return {str(k): clean_json(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [clean_json(v) for v in obj]
+    if isinstance(obj, np.ndarray):
+        return clean_json(obj.tolist())
+    if isinstance(obj, (np.bool_, bool)):
+        return bool(obj)
+    if isinstance(obj, (np.integer,)):
+        return int(obj)
+    if isinstance(obj, (np.floating, float)):
+        value = float(obj)
+        return value if math.isfinite(value) else None
+    if isinstance(obj, complex | np.complexfloating):
+        return [clean_json(obj.real), clean_json(obj.imag)]
+    return obj
+
+
+# --- argument parsing ---------------------------------------------------------------------
+
+_SIZE = re.compile(r"^\s*([0-9.]+)\s*([kKmMgGtT]?)i?[bB]?\s*$")
+
+
+def parse_size(text: str) -> int:
+    """'512MB', '2GiB', '1e9' -> bytes."""
+    m = _SIZE.match(str(text))
+    if not m:
+        raise argparse.ArgumentTypeError(f"cannot read size {text!r}: write e.g. 512MB or 2GB")
+    scale = {"": 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}[m.group(2).lower()]
+    return int(float(m.group(1)) * scale)
+
+
+def parse_int_list(text: str) -> list[int]:
+    """'0,2,4-6' -> [0, 2, 4, 5, 6]."""
+    out: list[int] = []
+    try:
+        for part in str(text).split(","):
+            part = part.strip()
+            if not part:
+                continue
+            if "-" in part:
+                lo, hi = part.split("-", 1)
+                out.extend(range(int(lo), int(hi) + 1))
+            else:
+                out.append(int(part))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"cannot read {text!r}: write integers like 0,2,4-6") from None
+    return out
+
+
+def make_parser(name: str, description: str, *, checkpoint: bool = False) -> argparse.ArgumentParser:
+    """The options every probe takes; the probe adds its own with `add_arguments`."""
+    p = argparse.ArgumentParser(prog=f"deltalab probe {name}", description=description)
+    p.add_argument("--store", required=True, help="store folder written by `deltalab capture`")
+    p.add_argument("--checkpoint", required=checkpoint, default=None,
+                   help="checkpoint folder" + (" (required)" if checkpoint else
+                                               " (optional: its task.json gives the training length)"))
+    p.add_argument("--json", action="store_true", help="print the records as a JSON list on stdout")
+    p.add_argument("--layers", type=parse_int_list, default=None, help="layers to analyse, e.g. 0,2-3 (default all)")
+    p.add_argument("--max-seqs", type=int, default=None, help="use only the first N complete sequences")
+    p.add_argument("--memory-budget", type=parse_size, default=parse_size("1GB"),
+                   help="bytes of store data held at once (default 1GB); larger stores are streamed")
+    p.add_argument("--device", default="auto", help="auto (cuda if available), cpu or cuda")
+    p.add_argument("--no-write", action="store_true", help="compute and print, do not write into the store")
+    p.add_argument("--name", default=None, help=f"results group name (default {name}): STORE/results/NAME")
+    return p
+
+
+# --- running a probe as a script ----------------------------------------------------------
+
+ProbeFn = Callable[[xr.Dataset, argparse.Namespace, Any], ProbeResult]
+
+
+def cli_main(name: str, description: str, add_arguments: Callable[[argparse.ArgumentParser], None],
+             from_args: ProbeFn, argv: Sequence[str] | None = None, *, checkpoint: bool = False,
+             writes: bool = True) -> int:
+    """Parse argv, open the store, run the probe, write results with provenance, print records.
+
+    Bad input prints one line on stderr and exits 2; nothing already in the store is touched.
+    """
+    parser = make_parser(name, description, checkpoint=checkpoint)
+    add_arguments(parser)
+    args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
+    try:
+        from probes import data, results
+
+        ds = data.open_store(args.store)
+        ds = data.select(ds, layers=args.layers, max_seqs=args.max_seqs)
+        out_name = args.name or name
+        sink = None
+        if writes and not args.no_write:
+            sink = results.ResultSink(args.store, out_name, provenance(name, args, ds, argv))
+        result = from_args(ds, args, sink)
+        if sink is not None:
+            sink.finish(result)
+    except (ValueError, KeyError, OSError) as err:  # bad input, or a failed write (e.g. disk full)
+        msg = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        print(f"error: {msg}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(result.to_json())
+    else:
+        print_summary(result, written=f"{args.store}/results/{out_name}" if sink is not None else None)
+    return 0
+
+
+def run_module(name: str, argv: Sequence[str] | None = None) -> int:
+    """Run probe module `probes.<name>` as a script; returns the exit code (shared by both entry points).
+
+    The module provides NAME, a docstring, add_arguments and from_args; optional NEEDS_CHECKPOINT
+    (bool) and WRITES (bool, default True: results go into the store).
+    """
+    import importlib
+
+    module = importlib.import_module(f"probes.{name}")
+    description = (module.__doc__ or name).strip().splitlines()[0]
+    try:
+        return cli_main(module.NAME, description, module.add_arguments, module.from_args, argv,
+                        checkpoint=getattr(module, "NEEDS_CHECKPOINT", False), writes=getattr(module, "WRITES", True))
+    except SystemExit as exc:  # argparse: --help (0) or a usage error (2)
+        return int(exc.code or 0) if not isinstance(exc.code, str) else 2
+    except BrokenPipeError:  # `... --json | head`: the reader left, not an error of ours
+        sys.stderr.close()
+        return 0
+
+
+def exit_main(name: str, argv: Sequence[str] | None = None) -> None:
+    """`python -m probes.<name>`: `run_module` then `sys.exit` with its code."""
+    sys.exit(run_module(name, argv))
+
+
+def provenance(name: str, args: argparse.Namespace, ds: xr.Dataset, argv: Sequence[str] | None) -> dict[str, Any]:
+    """Attributes written with every result: probe, parameters, versions, source-store identity."""
+    from datetime import datetime, timezone
+
+    params = {k: v for k, v in vars(args).items() if k not in ("json",)}
+    source = {k: ds.attrs.get(k) for k in ("checkpoint_digest", "data_spec", "deltalab_format", "model_config",
+                                            "train_length") if k in ds.attrs}
+    return clean_json({
+        "probe": name,
+        "params": params,
+        "deltalab_version": deltalab_version(),
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "command_line": ["deltalab", "probe", name, *(sys.argv[1:] if argv is None else argv)],
+        "source": source,
+        "n_seq": int(ds.sizes.get("seq", 0)),
+        "layers": [int(x) for x in ds["layer"].values] if "layer" in ds.coords else None,
+    })
+
+
+def deltalab_version() -> str:
+    """Installed distribution version (or 'unknown' when run from a bare checkout)."""
+    try:
+        from importlib.metadata import version
+
+        return version("deltalab")
+    except Exception:  # noqa: BLE001 - metadata may be absent in a bare checkout
+        return "unknown"
+
+
+def print_summary(result: ProbeResult, written: str | None, max_rows: int = 40) -> None:
+    """A compact table of the records for people (the --json output is for programs)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    records = result.records
+    if not records:
+        console.print(f"[bold]{result.name}[/]: no records")
+    else:
+        scalar_keys = result.summary_keys or [k for k, v in records[0].items()
+                                              if not isinstance(v, (list, dict))][:10]
+        table = Table(title=f"probe {result.name} ({len(records)} records)")
+        for k in scalar_keys:
+            table.add_column(k)
+        for rec in records[:max_rows]:
+            table.add_row(*[_fmt(rec.get(k)) for k in scalar_keys])
+        console.print(table)
+        if len(records) > max_rows:
+            console.print(f"... {len(records) - max_rows} more (use --json for all)")
+    if written:
+        console.print(f"results written to {written}")
+
+
+def _fmt(v: Any) -> str:
+    if isinstance(v, float | np.floating):
+        return f"{v:.4g}"
+    return "" if v is None else str(v)

@@ -1,0 +1,215 @@
+"""Reading a store for probes: open lazily, select, check variables, and stream it in sequence blocks.
+
+Everything here keeps the store lazy (dask); `iter_blocks` loads one block of sequences at a
+time, sized so that the variables a probe needs stay under a memory budget.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import xarray as xr
+
+from probes.base import ProbeError
+
+CHUNK_SIZE = 64
+NO_LABEL = -100
+
+
+def open_store(path: str | Path) -> xr.Dataset:
+    """The store as a lazy xarray.Dataset of its complete sequences (`store.open` when available)."""
+    path = Path(path)
+    if not path.exists():
+        raise ProbeError(f"store {path} does not exist: capture one with `deltalab capture CHECKPOINT --out {path}`")
+    opener = _store_opener()
+    if opener is not None:
+        ds = opener(path)
+    else:  # reader not there yet: plain xarray
+        try:
+            ds = xr.open_zarr(str(path), consolidated=False)
+        except Exception as err:  # noqa: BLE001 - any zarr failure means "not a store"
+            raise ProbeError(f"{path} is not a readable zarr store ({type(err).__name__}): "
+                             "pass the folder written by `deltalab capture`") from None
+    if "complete" in ds:
+        keep = np.flatnonzero(np.asarray(ds["complete"].values, dtype=bool))
+        if len(keep) < ds.sizes.get("seq", 0):
+            ds = ds.isel(seq=keep)
+    if ds.sizes.get("seq", 0) == 0:
+        raise ProbeError(f"store {path} has no complete sequences: run or resume `deltalab capture` first")
+    return ds
+
+
+def _store_opener():
+    """`store.open` (or `store.reader.open`) when the store layer provides it."""
+    import store
+
+    opener = getattr(store, "open", None)
+    if opener is None:
+        try:
+            from store.reader import open as opener
+        except ImportError:
+            return None
+    return opener
+
+
+def select(ds: xr.Dataset, layers: Sequence[int] | None = None, max_seqs: int | None = None) -> xr.Dataset:
+    """Restrict to some layers (by the `layer` coordinate) and to the first `max_seqs` sequences."""
+    if layers is not None and "layer" in ds.dims:
+        have = [int(x) for x in layer_values(ds)]
+        missing = [x for x in layers if x not in have]
+        if missing:
+            raise ProbeError(f"layer(s) {missing} not in the store (it has {have}): pick from those with --layers")
+        ds = ds.isel(layer=[have.index(x) for x in layers])
+    if max_seqs is not None:
+        if max_seqs < 1:
+            raise ProbeError(f"--max-seqs must be >= 1, got {max_seqs}")
+        ds = ds.isel(seq=slice(0, max_seqs))
+    return ds
+
+
+def layer_values(ds: xr.Dataset) -> np.ndarray:
+    """Model layer index of each entry along `layer` (the coordinate, else 0..n-1)."""
+    if "layer" in ds.coords:
+        return np.asarray(ds["layer"].values)
+    return np.arange(ds.sizes.get("layer", 0))
+
+
+def require(ds: xr.Dataset, names: Sequence[str], probe: str) -> None:
+    """Raise a one-line ProbeError naming the variables the probe needs and the capture flag."""
+    missing = [n for n in names if n not in ds]
+    if missing:
+        raise ProbeError(
+            f"probe {probe} needs variable(s) {', '.join(missing)} which the store lacks: "
+            f"re-capture with `deltalab capture ... --hooks {','.join(sorted(set(missing) | {'tokens'}))}`"
+        )
+
+
+def model_config(ds: xr.Dataset) -> dict[str, Any]:
+    """The capture's model config (dict; JSON string accepted)."""
+    cfg = ds.attrs.get("model_config", {})
+    if isinstance(cfg, str):
+        cfg = json.loads(cfg)
+    return dict(cfg or {})
+
+
+def beta_max(ds: xr.Dataset) -> float:
+    """Largest possible beta: 2 with allow_neg_eigval, else 1 (taken from the data if the config is silent)."""
+    cfg = model_config(ds)
+    if "allow_neg_eigval" in cfg:
+        return 2.0 if cfg["allow_neg_eigval"] else 1.0
+    return 2.0
+
+
+def train_length(ds: xr.Dataset, override: int | None = None, checkpoint: str | Path | None = None) -> int | None:
+    """Training context length: the --train-length flag, else the store's `train_length` attr, else the
+    checkpoint's `task.json` (written by `deltalab train`), else None."""
+    if override is not None:
+        return int(override)
+    value = ds.attrs.get("train_length")
+    if value is not None:
+        return int(value)
+    if checkpoint is not None:
+        task = Path(checkpoint) / "task.json"
+        try:
+            value = json.loads(task.read_text()).get("train_length")
+        except (OSError, ValueError, AttributeError):
+            value = None
+        if isinstance(value, int):
+            return value
+    return None
+
+
+def chunk_size(ds: xr.Dataset) -> int:
+    """Tokens per recurrence chunk (the store's `chunk_size` attr, default 64)."""
+    return int(ds.attrs.get("chunk_size", CHUNK_SIZE))
+
+
+def bytes_per_seq(ds: xr.Dataset, names: Sequence[str]) -> int:
+    """Bytes one sequence of these variables occupies when loaded."""
+    total = 0
+    n_seq = max(1, ds.sizes.get("seq", 1))
+    for n in names:
+        if n in ds:
+            total += ds[n].nbytes // (n_seq if "seq" in ds[n].dims else 1)
+    return max(1, int(total))
+
+
+def block_size(ds: xr.Dataset, names: Sequence[str], budget: int, factor: float = 1.0) -> int:
+    """Sequences per block: as many as fit `budget` bytes (with a `factor` for working memory).
+
+    Rounded to a multiple of the store's chunk along seq when a chunk fits, so reads stay aligned.
+    """
+    per_seq = bytes_per_seq(ds, names) * max(1.0, factor)
+    n = max(1, int(budget // per_seq))
+    stored = _seq_chunk(ds, names)
+    if stored and n >= stored:
+        n = (n // stored) * stored
+    return min(n, max(1, ds.sizes.get("seq", 1)))
+
+
+def _seq_chunk(ds: xr.Dataset, names: Sequence[str]) -> int | None:
+    for n in names:
+        if n in ds and ds[n].chunks is not None and "seq" in ds[n].dims:
+            return int(ds[n].chunks[ds[n].dims.index("seq")][0])
+    return None
+
+
+def iter_blocks(ds: xr.Dataset, names: Sequence[str], budget: int, *, factor: float = 1.0,
+                desc: str | None = None) -> Iterator[tuple[slice, xr.Dataset]]:
+    """Yield (seq slice, loaded Dataset of `names`) one block of sequences at a time, with a progress bar."""
+    from tqdm.auto import tqdm
+
+    present = [n for n in names if n in ds]
+    n_seq = ds.sizes["seq"]
+    step = block_size(ds, present, budget, factor)
+    starts = range(0, n_seq, step)
+    for lo in tqdm(starts, desc=desc, unit="block", disable=desc is None or len(starts) < 2, leave=False):
+        sl = slice(lo, min(lo + step, n_seq))
+        yield sl, ds[present].isel(seq=sl).load()
+
+
+def token_vocab(ds: xr.Dataset, max_tokens: int, budget: int) -> tuple[np.ndarray, np.ndarray]:
+    """The `max_tokens` most frequent token ids (sorted by id) and their counts, streamed."""
+    counts: np.ndarray = np.zeros(0, dtype=np.int64)
+    for _, block in iter_blocks(ds, ["tokens"], budget):
+        tok = np.asarray(block["tokens"].values).ravel()
+        tok = tok[tok >= 0]
+        c = np.bincount(tok)
+        if len(c) > len(counts):
+            counts = np.pad(counts, (0, len(c) - len(counts)))
+        counts[: len(c)] += c
+    ids = np.flatnonzero(counts)
+    if len(ids) > max_tokens:
+        ids = np.sort(ids[np.argsort(-counts[ids], kind="stable")[:max_tokens]])
+    return ids, counts[ids]
+
+
+def token_index(tokens: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    """Position of each token in `ids` (sorted), or -1 for tokens not in it."""
+    pos = np.searchsorted(ids, tokens)
+    pos = np.clip(pos, 0, max(0, len(ids) - 1))
+    ok = (len(ids) > 0) & (ids[pos] == tokens) if len(ids) else np.zeros_like(tokens, dtype=bool)
+    return np.where(ok, pos, -1)
+
+
+def pick_device(name: str = "auto") -> str:
+    """'auto' -> 'cuda' when a GPU is present, else 'cpu'."""
+    import torch
+
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise ProbeError("--device cuda asked for but no CUDA GPU is visible: use --device cpu")
+    return name
+
+
+def clean_encoding(ds: xr.Dataset) -> xr.Dataset:
+    """Drop encodings inherited from the source store (chunks, shards, codecs) before writing elsewhere."""
+    ds = ds.copy()
+    for v in ds.variables.values():
+        v.encoding = {}
+    return ds

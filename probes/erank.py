@@ -1,0 +1,168 @@
+"""Entropy effective rank, stable rank and rank utilisation of the state per token, head and layer.
+
+erank(H) = exp(-sum p_k log p_k), p_k = sigma_k / sum sigma (DeltaProduct paper, Figure 9);
+stable rank ||H||_F^2 / ||H||_2^2 and rank utilisation = stable rank / min(dk, dv) (state-reduction
+paper, Defs. 2.1/2.3). Every token's state is rebuilt from its chunk's stored start state and the
+chunk's k/v/beta/g (never a whole sequence of states at once). Document starts (`doc_start`) and the
+training length are carried into the output; the summary per head compares within/beyond training
+length and the change of erank at document starts.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+import numpy as np
+import xarray as xr
+
+from probes import data, linalg
+from probes.base import ProbeResult, exit_main
+from probes.lazy import map_seq_layer
+
+NAME = "erank"
+FIELDS = ("erank", "stable_rank", "rank_utilisation", "state_norm")
+SUMMARY_KEYS = ["layer", "head", "erank_mean", "erank_max", "stable_rank_mean", "rank_utilisation_mean",
+                "erank_within_train", "erank_beyond_train"]
+
+
+def per_token(ds: xr.Dataset, *, budget: int = 1 << 30, device: str = "cpu") -> xr.Dataset:
+    """Lazy [seq, layer, pos, head] arrays: erank, stable_rank, rank_utilisation, state_norm (Frobenius)."""
+    data.require(ds, ["k", "v", "beta"], NAME)
+    T, H = ds.sizes["pos"], ds.sizes["head"]
+    chunk = data.chunk_size(ds)
+    use_state = "state" in ds
+
+    def fn(a: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        r = linalg.token_ranks(a["k"].astype(np.float32), a["v"].astype(np.float32), a["beta"].astype(np.float32),
+                               a["g"].astype(np.float32) if "g" in a else None,
+                               a["state"].astype(np.float32) if use_state else None,
+                               chunk_size=chunk, device=device)
+        return {"erank": r["erank"], "stable_rank": r["stable_rank"], "rank_utilisation": r["rank_utilisation"],
+                "state_norm": r["frobenius"]}
+
+    outputs = {f: (("seq", "layer", "pos", "head"), np.float32) for f in FIELDS}
+    # working memory: one chunk of per-token states [s, C, H, dk, dv] beside the inputs
+    dkdv = ds.sizes["dk"] * ds.sizes["dv"] * H * chunk * 4 * 3
+    factor = 1 + dkdv / max(1, data.bytes_per_seq(ds, ["k", "v", "beta", "g", "state"]) / max(1, ds.sizes["layer"]))
+    lazy = map_seq_layer(ds, ["k", "v", "beta", "g", "state"], fn, outputs, {"pos": T, "head": H},
+                         budget=budget, factor=factor)
+    lazy["erank"].attrs["description"] = "exp(entropy of sigma / sum sigma)"
+    lazy["stable_rank"].attrs["description"] = "||H||_F^2 / ||H||_2^2"
+    lazy["rank_utilisation"].attrs["description"] = "stable rank / min(dk, dv)"
+    return lazy
+
+
+def summarize(tok: xr.Dataset, ds: xr.Dataset, train_length: int | None, budget: int = 1 << 30) -> xr.Dataset:
+    """Per layer/head means (overall, within/beyond training length), per-position means, doc-start drops."""
+    L, T, H = tok.sizes["layer"], tok.sizes["pos"], tok.sizes["head"]
+    pos = np.arange(T)
+    beyond = pos >= train_length if train_length is not None else np.zeros(T, bool)
+    sums = {f: np.zeros((L, T, H)) for f in ("erank", "stable_rank", "rank_utilisation", "state_norm")}
+    sq = np.zeros((L, T, H))
+    mx = np.zeros((L, H))
+    count = np.zeros(T)
+    drop, n_drop = np.zeros((L, H)), 0
+    merged = tok[list(sums)]
+    if "doc_start" in ds:
+        merged = merged.assign(doc_start=ds["doc_start"])
+    for _, block in data.iter_blocks(merged, [*sums, "doc_start"], budget, factor=2, desc="erank summary"):
+        er = np.asarray(block["erank"].values, dtype=np.float64)  # [s, L, T, H]
+        for f in sums:
+            sums[f] += np.asarray(block[f].values, dtype=np.float64).sum(0)
+        sq += (er * er).sum(0)
+        mx = np.maximum(mx, er.max((0, 2)))
+        count += er.shape[0]
+        if "doc_start" in block:
+            starts = np.asarray(block["doc_start"].values, dtype=bool).copy()
+            starts[:, 0] = False  # the first token has no "before"
+            s_idx, t_idx = np.nonzero(starts)
+            if len(s_idx):
+                drop += (er[s_idx, :, t_idx - 1] - er[s_idx, :, t_idx]).sum(0)
+                n_drop += len(s_idx)
+    n = np.maximum(count, 1)[None, :, None]
+    by_pos = {f: sums[f] / n for f in sums}
+    total = count.sum()
+
+    def region(f: str, mask: np.ndarray) -> np.ndarray:
+        c = count[mask].sum()
+        return sums[f][:, mask].sum(1) / c if c else np.full((L, H), np.nan)
+
+    every = np.ones(T, bool)
+    mean = region("erank", every)
+    std = np.sqrt(np.maximum(sq.sum(1) / max(total, 1) - mean**2, 0))
+    dims = ("layer", "head")
+    out = xr.Dataset(
+        {
+            "erank_by_pos": (("layer", "pos", "head"), by_pos["erank"], {"description": "mean over sequences"}),
+            "stable_rank_by_pos": (("layer", "pos", "head"), by_pos["stable_rank"]),
+            "rank_utilisation_by_pos": (("layer", "pos", "head"), by_pos["rank_utilisation"]),
+            "erank_mean": (dims, mean), "erank_std": (dims, std), "erank_max": (dims, mx),
+            "erank_final": (dims, by_pos["erank"][:, -1]),
+            "stable_rank_mean": (dims, region("stable_rank", every)),
+            "rank_utilisation_mean": (dims, region("rank_utilisation", every)),
+            "state_norm_mean": (dims, region("state_norm", every)),
+            "erank_within_train": (dims, region("erank", ~beyond)),
+            "erank_beyond_train": (dims, region("erank", beyond)),
+            "stable_rank_within_train": (dims, region("stable_rank", ~beyond)),
+            "stable_rank_beyond_train": (dims, region("stable_rank", beyond)),
+            "erank_drop_at_doc_start": (dims, drop / n_drop if n_drop else np.full((L, H), np.nan),
+                                        {"description": "mean erank(t-1) - erank(t) where a document starts at t"}),
+        },
+        coords={"layer": tok["layer"].values, "head": np.arange(H), "pos": pos, "beyond_train": ("pos", beyond)},
+        attrs={"train_length": train_length if train_length is not None else -1,
+               "dk": int(ds.sizes["dk"]), "dv": int(ds.sizes["dv"]), "n_doc_starts": int(n_drop)},
+    )
+    return out
+
+
+def run(ds: xr.Dataset, *, train_length: int | None = None, budget: int = 1 << 30, device: str = "cpu",
+        sink: Any = None, checkpoint: str | None = None) -> ProbeResult:
+    """State ranks of `ds`. With a `sink` the per-token arrays are written first and the summaries read them
+    back; without one they are computed in memory (small stores)."""
+    tl = data.train_length(ds, train_length, checkpoint)
+    tok = per_token(ds, budget=budget, device=device)
+    if "doc_start" in ds:
+        tok["doc_start"] = ds["doc_start"]
+    tok = sink.write(tok) if sink is not None else tok.compute()
+    summary = summarize(tok, ds, tl, budget)
+    out = xr.merge([tok, summary], combine_attrs="drop")
+    out.attrs = {**tok.attrs, **summary.attrs}
+    return ProbeResult(NAME, out, records(out), SUMMARY_KEYS)
+
+
+def records(out: xr.Dataset) -> list[dict[str, Any]]:
+    """One record per layer/head."""
+    names = ["erank_mean", "erank_std", "erank_max", "erank_final", "stable_rank_mean", "rank_utilisation_mean",
+             "state_norm_mean", "erank_within_train", "erank_beyond_train", "stable_rank_within_train",
+             "stable_rank_beyond_train", "erank_drop_at_doc_start"]
+    tl = out.attrs.get("train_length", -1)
+    recs = []
+    for li, layer in enumerate(out["layer"].values):
+        for h in out["head"].values:
+            rec: dict[str, Any] = {"layer": int(layer), "head": int(h)}
+            rec.update({n: float(out[n].values[li, h]) for n in names})
+            rec.update({"train_length": None if tl is None or tl < 0 else int(tl),
+                        "dk": out.attrs.get("dk"), "dv": out.attrs.get("dv")})
+            recs.append(rec)
+    return recs
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--train-length", type=int, default=None,
+                   help="training context length to mark (default: the store's train_length attr, "
+                        "else --checkpoint's task.json)")
+
+
+def from_args(ds: xr.Dataset, args: argparse.Namespace, sink: Any) -> ProbeResult:
+    return run(ds, train_length=args.train_length, budget=args.memory_budget,
+               device=data.pick_device(args.device), sink=sink, checkpoint=args.checkpoint)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """`python -m probes.erank --store STORE [--json]`."""
+    exit_main(NAME, argv)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,278 @@
+"""Interventions through nnsight on the store's sequences: change in token accuracy and loss.
+
+- `--set-beta L:H:S=VALUE`: overwrite one Householder step's beta (`hook_beta.output[..., S, H]`);
+  VALUE 0 removes the step; H or S may be `*` for all;
+- `--ablate-head L:H`: zero the head's recurrence output (`hook_o.output[:, :, H]`);
+- `--project-keys L:H[:S]=K`: replace the keys by their projection on the top-K principal components
+  (the `keys` probe's results in the store when present, else fitted now), renormalised to unit length.
+Without any of these, a sweep runs: every step's beta set to 0, every head ablated, and every head's
+keys projected on 3 components, one at a time. The baseline is the unmodified model on the same tokens.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import xarray as xr
+
+from probes import data
+from probes.base import ProbeError, ProbeResult, exit_main
+
+NAME = "intervene"
+NEEDS_CHECKPOINT = True
+KINDS = {"baseline": 0, "set_beta": 1, "ablate_head": 2, "project_keys": 3}
+SUMMARY_KEYS = ["intervention", "layer", "head", "step", "value", "accuracy", "delta_accuracy", "loss", "delta_loss"]
+_HOOK_ORDER = {"hook_k": 0, "hook_beta": 1, "hook_o": 2}
+
+
+@dataclass(frozen=True)
+class Edit:
+    """One intervention: kind, layer (model index), head/step (None = all), value (beta or k components)."""
+
+    kind: str
+    layer: int
+    head: int | None = None
+    step: int | None = None
+    value: float | None = None
+
+    @property
+    def label(self) -> str:
+        def f(x: int | None) -> str:
+            return "*" if x is None else str(x)
+        if self.kind == "ablate_head":
+            return f"ablate_head {self.layer}:{f(self.head)}"
+        return f"{self.kind} {self.layer}:{f(self.head)}:{f(self.step)}={self.value:g}"
+
+
+_SPEC = re.compile(r"^\s*(\d+):(\d+|\*)(?::(\d+|\*))?\s*(?:=\s*([-+0-9.eE]+))?\s*$")
+
+
+def parse_edit(kind: str, text: str) -> Edit:
+    """'0:6:1=2.0' -> Edit; one-line ProbeError on a malformed spec."""
+    m = _SPEC.match(text)
+    need_value = kind != "ablate_head"
+    if not m or (need_value and m.group(4) is None) or (not need_value and (m.group(3) or m.group(4))):
+        form = {"set_beta": "LAYER:HEAD:STEP=VALUE", "ablate_head": "LAYER:HEAD",
+                "project_keys": "LAYER:HEAD[:STEP]=K"}[kind]
+        raise ProbeError(f"cannot read --{kind.replace('_', '-')} {text!r}: write {form} (HEAD/STEP may be *)")
+    if kind == "set_beta" and m.group(3) is None:
+        raise ProbeError(f"--set-beta {text!r} needs a step: LAYER:HEAD:STEP=VALUE (STEP may be *)")
+
+    def idx(s: str | None) -> int | None:
+        return None if s in (None, "*") else int(s)
+    value = float(m.group(4)) if m.group(4) is not None else None
+    if kind == "project_keys" and (value is None or value < 0 or value != int(value)):
+        raise ProbeError(f"--project-keys {text!r}: K must be a whole number of components")
+    return Edit(kind, int(m.group(1)), idx(m.group(2)), idx(m.group(3)), value)
+
+
+def sweep(ds: xr.Dataset, n_components: int = 3) -> list[Edit]:
+    """Default interventions: each step's beta -> 0, each head ablated, each head's keys on n_components PCs."""
+    edits = []
+    for layer in data.layer_values(ds):
+        for h in range(ds.sizes["head"]):
+            edits += [Edit("set_beta", int(layer), h, s, 0.0) for s in range(ds.sizes["step"])]
+            edits.append(Edit("ablate_head", int(layer), h))
+            edits.append(Edit("project_keys", int(layer), h, None, float(n_components)))
+    return edits
+
+
+def _key_bases(ds: xr.Dataset, store_path: str | None, edits: list[Edit], budget: int) -> dict[tuple, tuple]:
+    """(layer, head, step|None) -> (mean [dk], components [K, dk]) for the projection edits."""
+    wanted = [e for e in edits if e.kind == "project_keys"]
+    if not wanted:
+        return {}
+    pca = None
+    if store_path is not None:
+        from probes import results
+
+        try:
+            pca = results.read_results(store_path, "keys")
+        except ProbeError:
+            pca = None
+    layers = sorted({e.layer for e in wanted})
+    if pca is None or not set(layers) <= {int(x) for x in pca["layer"].values}:
+        from probes import keys
+
+        pca = keys.run(data.select(ds, layers=layers), budget=budget).dataset
+    out = {}
+    for e in wanted:
+        sel = pca.sel(layer=e.layer)
+        heads = range(ds.sizes["head"]) if e.head is None else [e.head]
+        for h in heads:
+            k = int(e.value or 0)
+            if e.step is None:
+                out[(e.layer, h, None)] = (sel["mean_joint"].values[h], sel["components_joint"].values[h, :k])
+            else:
+                out[(e.layer, h, e.step)] = (sel["mean"].values[e.step, h], sel["components"].values[e.step, h, :k])
+    return out
+
+
+def _apply(nn_model: Any, edits: list[Edit], bases: dict[tuple, tuple]) -> None:
+    """Inside an nnsight trace: apply the edits in execution order (layer, then k -> beta -> o)."""
+    import torch
+
+    hook_of = {"set_beta": "hook_beta", "ablate_head": "hook_o", "project_keys": "hook_k"}
+    groups: dict[tuple[int, str], list[Edit]] = {}
+    for e in edits:
+        groups.setdefault((e.layer, hook_of[e.kind]), []).append(e)
+    for (layer, hook), group in sorted(groups.items(), key=lambda kv: (kv[0][0], _HOOK_ORDER[kv[0][1]])):
+        out = getattr(nn_model.layers[layer].attn, hook).output
+        for e in group:
+            h = slice(None) if e.head is None else e.head
+            s = slice(None) if e.step is None else e.step
+            if e.kind == "set_beta":
+                out[..., s, h] = e.value
+            elif e.kind == "ablate_head":
+                out[:, :, h] = 0
+            else:
+                heads = range(out.shape[3]) if e.head is None else [e.head]
+                for hh in heads:
+                    mean, comps = bases[(layer, hh, e.step)]
+                    mean_t = torch.as_tensor(mean, dtype=out.dtype, device=out.device)
+                    comps_t = torch.as_tensor(comps, dtype=out.dtype, device=out.device)
+                    keys = out[:, :, s, hh]
+                    proj = mean_t + ((keys - mean_t) @ comps_t.T) @ comps_t
+                    proj = proj / proj.norm(dim=-1, keepdim=True).clamp_min(1e-6)
+                    out[:, :, s, hh] = proj
+
+
+def evaluate(model: Any, tokens: np.ndarray, labels: np.ndarray, edits: list[Edit], bases: dict[tuple, tuple], *,
+             batch_size: int = 16, device: str = "cpu",
+             nn_model: Any = None) -> tuple[float, float, np.ndarray, np.ndarray]:
+    """(accuracy, loss, correct-by-position counts, labelled-by-position counts) with `edits` applied.
+
+    nn_model: the nnsight wrapper of `model` (made here when not given)."""
+    import torch
+    import torch.nn.functional as F
+
+    if edits and nn_model is None:
+        from nnsight import NNsight
+
+        nn_model = NNsight(model)
+    T = tokens.shape[1]
+    right, count, loss_sum = np.zeros(T), np.zeros(T), 0.0
+    with torch.no_grad():
+        for lo in range(0, len(tokens), batch_size):
+            ids = torch.as_tensor(tokens[lo:lo + batch_size], dtype=torch.long, device=device)
+            lab = torch.as_tensor(labels[lo:lo + batch_size], dtype=torch.long, device=device)
+            if edits:
+                with nn_model.trace(ids):
+                    _apply(nn_model, edits, bases)
+                    logits_proxy = nn_model.output.logits.save()
+                logits = logits_proxy
+            else:
+                logits = model(ids).logits
+            logits = logits.float()
+            valid = lab != data.NO_LABEL
+            loss = F.cross_entropy(logits.flatten(0, 1), lab.clamp_min(0).flatten(), reduction="none").view(lab.shape)
+            loss_sum += float(loss[valid].sum())
+            hit = (logits.argmax(-1) == lab) & valid
+            right += hit.sum(0).cpu().numpy()
+            count += valid.sum(0).cpu().numpy()
+    n = max(count.sum(), 1)
+    return float(right.sum() / n), loss_sum / n, right, count
+
+
+def run(ds: xr.Dataset, model: Any, *, edits: list[Edit] | None = None, store_path: str | None = None,
+        max_seqs: int = 64, batch_size: int = 16, n_components: int = 3, budget: int = 1 << 30,
+        device: str = "cpu") -> ProbeResult:
+    """Apply each edit (one at a time) to `model` on the first `max_seqs` sequences of `ds`."""
+    from tqdm.auto import tqdm
+
+    data.require(ds, ["tokens", "labels"], NAME)
+    cfg = model.config
+    sub = ds.isel(seq=slice(0, max_seqs))
+    tokens, labels = np.asarray(sub["tokens"].values), np.asarray(sub["labels"].values)
+    if tokens.max() >= cfg.vocab_size:
+        raise ProbeError(f"store tokens reach {tokens.max()} but the checkpoint's vocabulary has {cfg.vocab_size}: "
+                         "pass the checkpoint the store was captured from")
+    edits = sweep(ds, n_components) if not edits else edits
+    for e in edits:
+        if not 0 <= e.layer < cfg.num_hidden_layers:
+            raise ProbeError(f"{e.label}: layer {e.layer} out of range (model has {cfg.num_hidden_layers})")
+        if e.head is not None and not 0 <= e.head < cfg.num_heads:
+            raise ProbeError(f"{e.label}: head {e.head} out of range (model has {cfg.num_heads})")
+        if e.step is not None and not 0 <= e.step < cfg.num_householder:
+            raise ProbeError(f"{e.label}: step {e.step} out of range (model has {cfg.num_householder})")
+    from nnsight import NNsight
+
+    bases = _key_bases(ds, store_path, edits, budget)
+    nn_model = NNsight(model)
+    base_acc, base_loss, base_right, count = evaluate(model, tokens, labels, [], bases, batch_size=batch_size,
+                                                      device=device)
+    rows = [(Edit("baseline", -1), base_acc, base_loss, base_right)]
+    for e in tqdm(edits, desc="interventions", leave=False, disable=len(edits) < 4):
+        acc, loss, right, _ = evaluate(model, tokens, labels, [e], bases, batch_size=batch_size, device=device,
+                                       nn_model=nn_model)
+        rows.append((e, acc, loss, right))
+    T = tokens.shape[1]
+
+    def opt(x: int | None) -> int:
+        return -1 if x is None else int(x)
+
+    out = xr.Dataset(
+        {
+            "accuracy": ("intervention", [r[1] for r in rows]),
+            "loss": ("intervention", [r[2] for r in rows]),
+            "delta_accuracy": ("intervention", [r[1] - base_acc for r in rows]),
+            "delta_loss": ("intervention", [r[2] - base_loss for r in rows]),
+            "accuracy_by_pos": (("intervention", "pos"),
+                                np.stack([np.where(count > 0, r[3] / np.maximum(count, 1), np.nan) for r in rows])),
+        },
+        coords={
+            "kind": ("intervention", [KINDS[r[0].kind] for r in rows]),
+            "layer": ("intervention", [r[0].layer for r in rows]),
+            "head": ("intervention", [opt(r[0].head) for r in rows]),
+            "step": ("intervention", [opt(r[0].step) for r in rows]),
+            "value": ("intervention", [np.nan if r[0].value is None else r[0].value for r in rows]),
+            "pos": np.arange(T),
+        },
+        attrs={"kinds": KINDS, "labels": [r[0].label if r[0].kind != "baseline" else "baseline" for r in rows],
+               "n_seq": int(len(tokens)), "all_index": -1},
+    )
+    recs = [{"intervention": r[0].kind, "layer": None if r[0].kind == "baseline" else r[0].layer,
+             "head": r[0].head, "step": r[0].step, "value": r[0].value, "accuracy": r[1], "loss": r[2],
+             "delta_accuracy": r[1] - base_acc, "delta_loss": r[2] - base_loss} for r in rows]
+    return ProbeResult(NAME, out, recs, SUMMARY_KEYS)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--set-beta", action="append", default=[], metavar="L:H:S=VALUE",
+                   help="overwrite a step's beta (repeatable; H/S may be *)")
+    p.add_argument("--ablate-head", action="append", default=[], metavar="L:H", help="zero a head's output")
+    p.add_argument("--project-keys", action="append", default=[], metavar="L:H[:S]=K",
+                   help="project keys on their top-K principal components (no S: joint basis of all steps)")
+    p.add_argument("--components", type=int, default=3, help="components kept by the sweep's key projections")
+    p.add_argument("--batch-size", type=int, default=16)
+
+
+def from_args(ds: xr.Dataset, args: argparse.Namespace, sink: Any) -> ProbeResult:
+    from models import load_checkpoint
+
+    edits = ([parse_edit("set_beta", s) for s in args.set_beta]
+             + [parse_edit("ablate_head", s) for s in args.ablate_head]
+             + [parse_edit("project_keys", s) for s in args.project_keys])
+    device = data.pick_device(args.device)
+    model = load_checkpoint(args.checkpoint, device=device)
+    if ds.attrs.get("model_config") and "num_heads" in ds.attrs["model_config"]:
+        want = ds.attrs["model_config"]
+        for key in ("num_heads", "num_householder", "head_dim", "num_hidden_layers"):
+            if key in want and getattr(model.config, key, want[key]) != want[key]:
+                raise ProbeError(f"checkpoint {args.checkpoint} has {key}={getattr(model.config, key)} but the store "
+                                 f"was captured with {want[key]}: pass the matching checkpoint")
+    return run(ds, model, edits=edits, store_path=args.store, max_seqs=args.max_seqs or 64, batch_size=args.batch_size,
+               n_components=args.components, budget=args.memory_budget, device=device)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """`python -m probes.intervene --store STORE --checkpoint CKPT [--set-beta 0:6:1=0] [--json]`."""
+    exit_main(NAME, argv)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,69 @@
+"""Lazy per-token results: apply a numpy function to (sequence block, layer) pieces of a store with dask.
+
+`map_seq_layer` returns an xarray.Dataset of dask arrays: nothing is computed until the result is
+written (`to_zarr` streams it chunk by chunk) or a part of it is selected and loaded. Each task
+reads one block of sequences of one layer, so memory is bounded by the block size.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import dask.array as da
+import numpy as np
+import xarray as xr
+
+from probes import data
+
+BlockFn = Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]
+
+
+def map_seq_layer(ds: xr.Dataset, names: Sequence[str], fn: BlockFn,
+                  outputs: dict[str, tuple[tuple[str, ...], Any]], sizes: dict[str, int], *,
+                  budget: int, factor: float = 4.0, coords: dict[str, Any] | None = None) -> xr.Dataset:
+    """Lazily compute `fn` over every (seq block, layer) of `ds[names]`.
+
+    fn receives {name: array with the layer dim removed} (e.g. k -> [s, pos, step, head, dk]) and
+    returns {output name: array with the dims of `outputs[name]` minus `layer`}. `outputs` maps
+    name -> (dims incl. seq and layer, dtype); `sizes` gives the length of every non seq/layer dim.
+    """
+    present = [n for n in names if n in ds]
+    per_layer = max(1, ds.sizes.get("layer", 1))
+    block = data.block_size(ds, present, budget * per_layer, factor)
+    src = ds[present]
+    rechunk = {d: -1 for d in src.dims}
+    rechunk.update({"seq": block, "layer": 1})
+    src = src.chunk({d: c for d, c in rechunk.items() if d in src.dims})
+    seq_chunks = src.chunks["seq"]
+    n_layer = ds.sizes["layer"]
+    template_vars = {}
+    for name, (dims, dtype) in outputs.items():
+        shape, chunks = [], []
+        for d in dims:
+            if d == "seq":
+                shape.append(ds.sizes["seq"])
+                chunks.append(seq_chunks)
+            elif d == "layer":
+                shape.append(n_layer)
+                chunks.append((1,) * n_layer)
+            else:
+                shape.append(sizes[d])
+                chunks.append((sizes[d],))
+        template_vars[name] = (dims, da.empty(tuple(shape), chunks=tuple(chunks), dtype=dtype))
+    base_coords = {c: ds[c] for c in ("seq", "layer") if c in ds.coords}
+    template = xr.Dataset(template_vars, coords={**base_coords, **(coords or {})})
+
+    def apply(block: xr.Dataset) -> xr.Dataset:
+        arrays = {n: np.asarray(block[n].values)[:, 0] if "layer" in block[n].dims else np.asarray(block[n].values)
+                  for n in present}
+        result = fn(arrays)
+        out = {}
+        for name, (dims, dtype) in outputs.items():
+            value = np.asarray(result[name], dtype=dtype)
+            value = np.expand_dims(value, dims.index("layer"))
+            out[name] = (dims, value)
+        tmpl_coords = {c: block[c] for c in ("seq", "layer") if c in block.coords}
+        return xr.Dataset(out, coords={**tmpl_coords, **(coords or {})})
+
+    return xr.map_blocks(apply, src, template=template)

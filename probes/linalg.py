@@ -1,0 +1,87 @@
+"""Adapters from store blocks (numpy, store dim order) to the kernels: spectra, per-token state ranks, read-out.
+
+The kernels take torch tensors in the model's layout ([B,T,n_h,H,K] ...); the store keeps one
+layer per block ([seq,pos,step,head,dk] after selecting the layer). These functions convert,
+pick the device (CUDA kernels where present, the PyTorch path on the CPU) and return numpy.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+RANK_FIELDS = ("erank", "stable_rank", "rank_utilisation", "frobenius", "spectral", "nuclear")
+
+
+def _t(x: np.ndarray | None, device: str, dtype: torch.dtype = torch.float32) -> torch.Tensor | None:
+    if x is None:
+        return None
+    return torch.as_tensor(np.ascontiguousarray(x)).to(device=device, dtype=dtype)
+
+
+# --- spectra -------------------------------------------------------------------------------
+
+def token_spectra(k: np.ndarray, beta: np.ndarray, g: np.ndarray | None = None, *, window: int = 1,
+                  stride: int = 1, device: str = "cpu") -> np.ndarray:
+    """Non-trivial eigenvalues of each token's (window's) product: k [B,T,n_h,H,K], beta [B,T,n_h,H] ->
+    complex [B,T',H,w*n_h], sorted by angle then modulus; with g [B,T,H] those of A = exp(sum g) P."""
+    from kernels.spectra import householder_spectra
+
+    spec = householder_spectra(_t(k, device), _t(beta, device), _t(g, device), window=window, stride=stride)
+    return spec.eigenvalues.to("cpu", torch.complex64).numpy()
+
+
+# --- per-token states and their ranks --------------------------------------------------------
+
+def token_ranks(k: np.ndarray, v: np.ndarray, beta: np.ndarray, g: np.ndarray | None,
+                boundary: np.ndarray | None, *, chunk_size: int = 64, device: str = "cpu",
+                dtype: torch.dtype = torch.float32) -> dict[str, np.ndarray]:
+    """Rank statistics of every token's state (`kernels.ranks`): dict of [B,T,H] arrays (RANK_FIELDS).
+
+    k [B,T,n_h,H,K], v [B,T,n_h,H,V], beta [B,T,n_h,H], g [B,T,H]|None, boundary [B,NC,H,K,V]|None
+    (the store's chunk-start states; None = recomputed from a zero start). Only a group of chunks of
+    per-token states is ever held.
+    """
+    from kernels.ranks import state_rank_metrics
+
+    with torch.no_grad():
+        m = state_rank_metrics(_t(k, device, dtype), _t(v, device, dtype), _t(beta, device, dtype),
+                               _t(g, device, dtype), _t(boundary, device, dtype), chunk_size=chunk_size)
+    return {f: getattr(m, f).to("cpu", torch.float32).numpy() for f in RANK_FIELDS}
+
+
+def token_states(k: np.ndarray, v: np.ndarray, beta: np.ndarray, g: np.ndarray | None,
+                 boundary: np.ndarray | None, lo: int, hi: int, *, chunk_size: int = 64,
+                 device: str = "cpu") -> np.ndarray:
+    """States after tokens lo..hi-1 (one chunk: lo = c * chunk_size) [B, hi-lo, H, K, V], replayed from the
+    chunk's stored start state (boundary [B,NC,H,K,V]; None = replay from zero up to lo)."""
+    from kernels.ranks import replay_chunks
+
+    B, _, _, H, K = k.shape
+    V = v.shape[-1]
+    with torch.no_grad():
+        if boundary is not None:
+            start = _t(boundary[:, lo // chunk_size], device)
+        elif lo == 0:
+            start = torch.zeros(B, H, K, V, device=device)
+        else:
+            zero = torch.zeros(B, H, K, V, device=device)
+            start = replay_chunks(zero, *(_t(x[:, :lo], device) for x in (k, v, beta)),
+                                  _t(None if g is None else g[:, :lo], device))[:, -1]
+        states = replay_chunks(start, *(_t(x[:, lo:hi], device) for x in (k, v, beta)),
+                               _t(None if g is None else g[:, lo:hi], device))
+    return states.to("cpu", torch.float32).numpy()
+
+
+# --- read-out ---------------------------------------------------------------------------------
+
+def readout(q: np.ndarray, k: np.ndarray, v: np.ndarray, beta: np.ndarray, g: np.ndarray | None, *,
+            device: str = "cpu") -> np.ndarray:
+    """The recurrence output o [B,T,H,V] (scale dk^-1/2) rebuilt from the stored inputs (chunked kernel;
+    Triton on CUDA)."""
+    from kernels.dispatch import delta_product_forward
+
+    with torch.no_grad():
+        o, _, _ = delta_product_forward(_t(q, device), _t(k, device), _t(v, device), _t(beta, device),
+                                        _t(g, device))
+    return o.to("cpu", torch.float32).numpy()

@@ -1,0 +1,117 @@
+"""Write probe results into the store as the zarr group `results/<name>` and read them back.
+
+The first write goes through `store.write_results` (it guards the captured data and root
+attributes); later parts of the same result (summaries computed from the per-token arrays just
+written) are appended to that group. The group's `complete` attr turns True only when the probe
+has finished, and its `records` attr holds the JSON records. Reading is `store.open_results`.
+"""
+
+from __future__ import annotations
+
+import sys
+from contextlib import nullcontext
+from pathlib import Path
+from typing import Any
+
+import xarray as xr
+
+from probes.base import ProbeError, ProbeResult, clean_json
+from probes.data import clean_encoding
+
+
+def results_group(name: str) -> str:
+    """zarr group path of a probe's results inside the store."""
+    return f"results/{name}"
+
+
+def _progress(ds: xr.Dataset):
+    """A dask progress bar on stderr when writing lazy arrays (stdout is kept for --json)."""
+    if any(v.chunks is not None for v in ds.data_vars.values()):
+        from dask.diagnostics import ProgressBar
+
+        return ProgressBar(minimum=2.0, out=sys.stderr)
+    return nullcontext()
+
+
+def write_results(path: str | Path, name: str, ds: xr.Dataset, attrs: dict[str, Any] | None = None) -> xr.Dataset:
+    """Replace `results/<name>` with `ds` (lazy arrays are computed chunk by chunk); return it lazily reopened."""
+    from store import write_results as store_write
+
+    ds = clean_encoding(ds)
+    ds.attrs = clean_json({**ds.attrs, **(attrs or {})})
+    with _progress(ds):
+        store_write(path, name, ds, ds.attrs)
+    return read_results(path, name)
+
+
+def append_results(path: str | Path, name: str, ds: xr.Dataset) -> xr.Dataset:
+    """Add variables to an existing `results/<name>` group (dims must agree with what is there)."""
+    import zarr
+
+    ds = clean_encoding(ds)
+    group = zarr.open_group(str(path), path=results_group(name), mode="r", zarr_format=3)
+    ds.attrs = dict(group.attrs)  # xarray rewrites the group's attrs on append: keep the provenance
+    with _progress(ds):
+        ds.to_zarr(str(path), group=results_group(name), mode="a", zarr_format=3, consolidated=False)
+    return read_results(path, name)
+
+
+def update_attrs(path: str | Path, name: str, attrs: dict[str, Any]) -> None:
+    """Merge JSON attributes into `results/<name>`."""
+    import zarr
+
+    group = zarr.open_group(str(path), path=results_group(name), mode="r+", zarr_format=3)
+    group.attrs.update(clean_json(attrs))
+
+
+def read_results(path: str | Path, name: str) -> xr.Dataset:
+    """The results of probe run `name` as a lazy xarray.Dataset (attrs: provenance, records, complete)."""
+    from store import open_results
+
+    if not (Path(path) / results_group(name) / "zarr.json").exists():
+        have = list_results(path) if Path(path).exists() else []
+        raise ProbeError(f"{path} has no results {name!r} (it has {', '.join(have) or 'none'}): "
+                         f"run `deltalab probe {name.split('/')[0]} --store {path}`")
+    return open_results(path, name)
+
+
+def read_records(path: str | Path, name: str) -> list[dict[str, Any]]:
+    """The JSON records a probe run stored with its results."""
+    return list(read_results(path, name).attrs.get("records", []))
+
+
+def list_results(path: str | Path) -> list[str]:
+    """Names of the result groups in a store."""
+    from store import list_results as store_list
+
+    return store_list(path)
+
+
+class ResultSink:
+    """Where a probe run writes: one results group, filled in one or more parts, then marked complete."""
+
+    def __init__(self, path: str | Path, name: str, attrs: dict[str, Any] | None = None) -> None:
+        self.path = Path(path)
+        self.name = name
+        self.attrs = dict(attrs or {})
+        self.started = False
+
+    def write(self, ds: xr.Dataset) -> xr.Dataset:
+        """First part replaces the group; later parts are appended. Returns the group, lazily reopened."""
+        if not self.started:
+            self.started = True
+            return write_results(self.path, self.name, ds, {**self.attrs, "complete": False})
+        return append_results(self.path, self.name, ds)
+
+    def finish(self, result: ProbeResult) -> None:
+        """Write whatever of `result.dataset` is not stored yet, then the records and `complete=True`."""
+        if not self.started:
+            self.write(result.dataset)
+        else:
+            have = set(read_results(self.path, self.name).variables)
+            rest = result.dataset.drop_vars([v for v in result.dataset.variables if v in have])
+            rest = rest.drop_dims([d for d in rest.dims if not any(d in v.dims for v in rest.data_vars.values())])
+            if rest.data_vars:
+                append_results(self.path, self.name, rest)
+        extra = {k: v for k, v in result.dataset.attrs.items() if k not in ("records", "complete")}
+        update_attrs(self.path, self.name, {**extra, "records": result.records, "complete": True})

@@ -1,0 +1,235 @@
+"""Eigenvalues of every token's Householder product P_t and transition A_t = exp(g_t) P_t; rotations; windows.
+
+Exact and cheap through the n_h x n_h reduction (`kernels.spectra`): the n_h non-trivial eigenvalues
+per token and head (the other dk - n_h are 1, times exp(g_t) for A_t). A token's transition is a
+*rotation* when its non-trivial eigenvalues lie on the unit circle and multiply to +1 (a conjugate
+pair e^{+-i theta} turns by theta; two reflections whose planes meet at phi turn by 2 phi).
+Per-input-token summaries give each token's (e.g. group element's) eigenvalue set; products over
+windows of w tokens give the eigenvalues of P_{t+w-1} ... P_t. Per-token arrays are lazy and are
+written chunk by chunk; summaries are streamed from them.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+import numpy as np
+import xarray as xr
+
+from probes import data, linalg
+from probes.base import ProbeError, ProbeResult, exit_main
+from probes.lazy import map_seq_layer
+
+NAME = "spectra"
+ANGLE_BINS = 36  # 5 degree bins over [0, 180]
+SUMMARY_KEYS = ["layer", "head", "frac_complex", "frac_unit_modulus", "frac_rotation", "rotation",
+                "median_angle_deg", "mean_modulus"]
+
+
+def per_token(ds: xr.Dataset, *, window: int = 4, stride: int | None = None, budget: int = 1 << 30,
+              device: str = "cpu") -> xr.Dataset:
+    """Lazy per-token eigenvalues: eig_P [seq,layer,pos,head,eig] (and eig_A if gated), window_eig_P
+    [seq,layer,window,head,weig] (and window_eig_A)."""
+    data.require(ds, ["k", "beta"], NAME)
+    T, n_h, H = ds.sizes["pos"], ds.sizes["step"], ds.sizes["head"]
+    stride = stride or window
+    if window < 1 or stride < 1:
+        raise ProbeError(f"--window ({window}) and --stride ({stride}) must be >= 1")
+    if window > T:
+        raise ProbeError(f"--window {window} is longer than the sequences ({T} tokens): pick a window <= {T}")
+    gated = "g" in ds
+    n_win = (T - window) // stride + 1
+    outputs: dict[str, tuple[tuple[str, ...], Any]] = {
+        "eig_P": (("seq", "layer", "pos", "head", "eig"), np.complex64),
+        "window_eig_P": (("seq", "layer", "window", "head", "weig"), np.complex64),
+    }
+    if gated:
+        outputs["eig_A"] = (("seq", "layer", "pos", "head", "eig"), np.complex64)
+        outputs["window_eig_A"] = (("seq", "layer", "window", "head", "weig"), np.complex64)
+
+    def fn(a: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        k, beta = a["k"].astype(np.float32), a["beta"].astype(np.float32)
+        out = {"eig_P": linalg.token_spectra(k, beta, device=device),
+               "window_eig_P": linalg.token_spectra(k, beta, window=window, stride=stride, device=device)}
+        if gated:
+            g = a["g"].astype(np.float64)
+            out["eig_A"] = out["eig_P"] * np.exp(g)[..., None]
+            gw = np.lib.stride_tricks.sliding_window_view(g, window, axis=1)[:, ::stride].sum(-1)
+            out["window_eig_A"] = out["window_eig_P"] * np.exp(gw)[..., None]
+        return out
+
+    sizes = {"pos": T, "head": H, "eig": n_h, "window": n_win, "weig": window * n_h}
+    coords = {"window_start": ("window", np.arange(n_win) * stride)}
+    lazy = map_seq_layer(ds, ["k", "beta", "g"], fn, outputs, sizes, budget=budget, coords=coords)
+    lazy.attrs.update({"window": window, "stride": stride, "gated": gated})
+    return lazy
+
+
+def summarize(tok: xr.Dataset, ds: xr.Dataset, *, max_tokens: int = 64, unit_tol: float = 0.05,
+              budget: int = 1 << 30) -> xr.Dataset:
+    """Per layer/head fractions (complex, unit modulus, rotation), angle histograms, per-token eigenvalue sets."""
+    L, H, n = tok.sizes["layer"], tok.sizes["head"], tok.sizes["eig"]
+    has_tokens = "tokens" in ds
+    tok_ids, tok_counts = (data.token_vocab(ds, max_tokens, budget) if has_tokens
+                           else (np.zeros(0, np.int64), np.zeros(0, np.int64)))
+    nt = len(tok_ids)
+    acc = {k: np.zeros((L, H)) for k in ("n", "complex", "unit", "rotation", "modulus", "w_n", "w_complex",
+                                          "w_unit", "w_rotation", "modulus_A")}
+    angle_hist = np.zeros((L, H, ANGLE_BINS), np.int64)
+    t_sum = np.zeros((L, nt, H, n), np.complex128)
+    t_sq = np.zeros((L, nt, H))
+    t_n = np.zeros(nt)
+    names = ["eig_P", "window_eig_P"] + (["eig_A"] if "eig_A" in tok else [])
+    merged = tok[names]
+    if has_tokens:
+        merged = merged.assign(tokens=ds["tokens"])
+    for _, block in data.iter_blocks(merged, [*names, "tokens"], budget, factor=4, desc="spectra summary"):
+        eig = np.asarray(block["eig_P"].values).astype(np.complex128)  # [s, L, T, H, n]
+        stats = _token_stats(eig, unit_tol)
+        for key in ("complex", "unit", "rotation"):
+            acc[key] += stats[key].sum((0, 2))
+        acc["n"] += np.prod(eig.shape[:3]) / L
+        acc["modulus"] += np.abs(eig).mean(-1).sum((0, 2))
+        angle = np.degrees(np.abs(np.angle(eig))).max(-1)  # the token's rotation angle
+        bins = np.clip((angle / 180 * ANGLE_BINS).astype(np.int64), 0, ANGLE_BINS - 1)
+        combo = (np.arange(L)[None, :, None, None] * H + np.arange(H)[None, None, None, :]) * ANGLE_BINS + bins
+        angle_hist += np.bincount(combo.ravel(), minlength=L * H * ANGLE_BINS).reshape(L, H, ANGLE_BINS)
+        if "eig_A" in block:
+            acc["modulus_A"] += np.abs(np.asarray(block["eig_A"].values)).mean(-1).sum((0, 2))
+        weig = np.asarray(block["window_eig_P"].values).astype(np.complex128)
+        wstats = _token_stats(weig, unit_tol)
+        for key in ("complex", "unit", "rotation"):
+            acc["w_" + key] += wstats[key].sum((0, 2))
+        acc["w_n"] += np.prod(weig.shape[:3]) / L
+        if nt:
+            ti = data.token_index(np.asarray(block["tokens"].values), tok_ids)  # [s, T]
+            by_pos = eig.transpose(0, 2, 1, 3, 4)  # [s, T, L, H, n]
+            for t in range(nt):
+                sel = ti == t
+                if sel.any():
+                    e = by_pos[sel]  # [m, L, H, n]
+                    t_sum[:, t] += e.sum(0)
+                    t_sq[:, t] += (np.abs(e) ** 2).sum((0, 3))
+                    t_n[t] += sel.sum()
+    n_tok = np.maximum(acc["n"], 1)
+    n_win = np.maximum(acc["w_n"], 1)
+    tn = np.maximum(t_n, 1)[None, :, None]
+    t_mean = t_sum / tn[..., None]
+    t_spread = np.sqrt(np.maximum(t_sq / tn - (np.abs(t_mean) ** 2).sum(-1), 0.0) / max(n, 1))
+    centers = (np.arange(ANGLE_BINS) + 0.5) * 180 / ANGLE_BINS
+    dims = ("layer", "head")
+    out = xr.Dataset(
+        {
+            "frac_complex": (dims, acc["complex"] / n_tok, {"description": "tokens with a complex eigenvalue pair"}),
+            "frac_unit_modulus": (dims, acc["unit"] / n_tok,
+                                  {"description": f"tokens whose non-trivial |eig| are within {unit_tol} of 1"}),
+            "frac_rotation": (dims, acc["rotation"] / n_tok,
+                              {"description": "tokens whose P_t is a rotation (unit modulus, product +1)"}),
+            "mean_modulus": (dims, acc["modulus"] / n_tok),
+            "angle_hist": (dims + ("angle_bin",), angle_hist,
+                           {"description": "per-token rotation angle max|arg eig| (degrees)"}),
+            "window_frac_complex": (dims, acc["w_complex"] / n_win),
+            "window_frac_unit_modulus": (dims, acc["w_unit"] / n_win),
+            "window_frac_rotation": (dims, acc["w_rotation"] / n_win),
+            "token_count": (("token",), t_n.astype(np.int64)),
+            "token_eig_P": (("layer", "token", "head", "eig"), t_mean.astype(np.complex64),
+                            {"description": "mean (sorted) eigenvalue set of each input token"}),
+            "token_eig_spread": (("layer", "token", "head"), t_spread,
+                                 {"description": "rms distance of a token's eigenvalues from its mean set"}),
+            "token_angle_deg": (("layer", "token", "head"), np.degrees(np.abs(np.angle(t_mean))).max(-1)),
+        },
+        coords={"layer": tok["layer"].values, "head": np.arange(H), "angle_bin": centers,
+                "token": tok_ids.astype(np.int64)},
+        attrs={"unit_tol": unit_tol},
+    )
+    if "eig_A" in tok:
+        out["mean_modulus_A"] = (dims, acc["modulus_A"] / n_tok)
+    return out
+
+
+def _token_stats(eig: np.ndarray, tol: float) -> dict[str, np.ndarray]:
+    """Per token/window booleans over [..., n] eigenvalue sets: complex pair, unit modulus, rotation."""
+    mod = np.abs(eig)
+    complex_ = (np.abs(eig.imag) > 1e-4).any(-1)
+    unit = (np.abs(mod - 1) < tol).all(-1)
+    rotation = unit & (np.abs(np.prod(eig, -1) - 1) < 2 * tol)
+    return {"complex": complex_, "unit": unit, "rotation": rotation}
+
+
+def median_from_hist(hist: np.ndarray, centers: np.ndarray) -> float:
+    total = hist.sum()
+    if total == 0:
+        return float("nan")
+    return float(centers[np.searchsorted(np.cumsum(hist), total / 2)])
+
+
+def run(ds: xr.Dataset, *, window: int = 4, stride: int | None = None, max_tokens: int = 64,
+        unit_tol: float = 0.05, rotation_frac: float = 0.9, budget: int = 1 << 30, device: str = "cpu",
+        sink: Any = None) -> ProbeResult:
+    """Spectra of `ds`. With a `sink` (results.ResultSink) the per-token arrays are written first and the
+    summaries read them back; without one they are computed in memory (small stores)."""
+    tok = per_token(ds, window=window, stride=stride, budget=budget, device=device)
+    attrs = dict(tok.attrs)
+    tok = sink.write(tok) if sink is not None else tok.compute()
+    summary = summarize(tok, ds, max_tokens=max_tokens, unit_tol=unit_tol, budget=budget)
+    summary["rotation"] = (("layer", "head"), (summary["frac_rotation"].values >= rotation_frac)
+                           & (summary["frac_complex"].values > 0))
+    out = xr.merge([tok, summary], combine_attrs="drop")
+    out.attrs.update({**attrs, "unit_tol": unit_tol, "rotation_frac": rotation_frac})
+    return ProbeResult(NAME, out, records(out), SUMMARY_KEYS)
+
+
+def records(out: xr.Dataset) -> list[dict[str, Any]]:
+    """One record per layer/head."""
+    recs = []
+    tokens = out["token"].values
+    centers = out["angle_bin"].values
+    for li, layer in enumerate(out["layer"].values):
+        for h in out["head"].values:
+            def v(name: str, li: int = li, h: int = h) -> float:
+                return float(out[name].values[li, h])
+            rec = {
+                "layer": int(layer), "head": int(h),
+                "frac_complex": v("frac_complex"), "frac_unit_modulus": v("frac_unit_modulus"),
+                "frac_rotation": v("frac_rotation"), "rotation": bool(out["rotation"].values[li, h]),
+                "mean_modulus": v("mean_modulus"),
+                "median_angle_deg": median_from_hist(out["angle_hist"].values[li, h], centers),
+                "window": int(out.attrs.get("window", 1)),
+                "window_frac_complex": v("window_frac_complex"),
+                "window_frac_rotation": v("window_frac_rotation"),
+            }
+            if "mean_modulus_A" in out:
+                rec["mean_modulus_A"] = v("mean_modulus_A")
+            if 0 < len(tokens) <= 32:
+                rec["token_angle_deg"] = {str(int(t)): float(out["token_angle_deg"].values[li, ti, h])
+                                          for ti, t in enumerate(tokens)}
+                rec["token_eigenvalues"] = {
+                    str(int(t)): [[float(e.real), float(e.imag)] for e in out["token_eig_P"].values[li, ti, h]]
+                    for ti, t in enumerate(tokens)}
+            recs.append(rec)
+    return recs
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--window", type=int, default=4, help="also the spectrum of products over w tokens (default 4)")
+    p.add_argument("--stride", type=int, default=None, help="tokens between window starts (default: the window)")
+    p.add_argument("--max-tokens", type=int, default=64, help="per-token summaries for the N most frequent tokens")
+    p.add_argument("--unit-tol", type=float, default=0.05, help="|eig| within this of 1 counts as unit modulus")
+    p.add_argument("--rotation-frac", type=float, default=0.9,
+                   help="flag a head `rotation` when this fraction of its tokens are rotations")
+
+
+def from_args(ds: xr.Dataset, args: argparse.Namespace, sink: Any) -> ProbeResult:
+    return run(ds, window=args.window, stride=args.stride, max_tokens=args.max_tokens, unit_tol=args.unit_tol,
+               rotation_frac=args.rotation_frac, budget=args.memory_budget,
+               device=data.pick_device(args.device), sink=sink)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """`python -m probes.spectra --store STORE [--window W] [--json]`."""
+    exit_main(NAME, argv)
+
+
+if __name__ == "__main__":
+    main()
