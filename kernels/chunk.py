@@ -43,7 +43,10 @@ def chunk_delta_product(
         q, k = l2_normalize(q), l2_normalize(k)
     scale = K**-0.5 if scale is None else scale
 
-    C, n_chunks = chunk_size, -(-T // chunk_size)
+    # A sequence shorter than one chunk is solved as a single chunk of its own length: the
+    # boundary states (initial, final) are the same, and no padding work is done.
+    C = min(chunk_size, T)
+    n_chunks = -(-T // C)
     pad = n_chunks * C - T
     L = C * n_h  # sub-steps per chunk
     gamma = torch.zeros(B, T, n_h, H, dtype=dtype, device=q.device)

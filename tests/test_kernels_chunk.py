@@ -34,6 +34,17 @@ def test_chunk_matches_reference_float64(n_h, gate, init):
         assert rel_err(got, want) < 1e-12
 
 
+@pytest.mark.parametrize("T", [1, 20, 64])
+def test_sequences_of_at_most_one_chunk(T):
+    """Short sequences are solved as one chunk of their own length; boundaries are (initial, final)."""
+    q, k, v, beta, g, s0 = random_inputs(1, T, 2, 8, 8, 2, True, True)
+    ref = naive_delta_product(q, k, v, beta, g, initial_state=s0, normalize_qk=True)
+    out = chunk_delta_product(q, k, v, beta, g, initial_state=s0, normalize_qk=True)
+    assert out[2].shape[1] == 2
+    for got, want in zip(out, ref):
+        assert rel_err(got, want) < 1e-12
+
+
 @pytest.mark.parametrize("n_h,gate", [(1, True), (2, False), (3, True)])
 def test_chunk_float32_error_bound(n_h, gate):
     """float32 inputs: relative error against float64 stays below 1e-4 (measured ~1e-6)."""
