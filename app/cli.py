@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from app import cmd_store, cmd_tasks, cmd_train
+from app import cmd_app, cmd_info, cmd_probe, cmd_prune, cmd_store, cmd_tasks, cmd_train, cmd_train_lm
 
 app = typer.Typer(
     name="deltalab",
@@ -14,11 +14,15 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
+app.command("info")(cmd_info.info)
 app.command("data")(cmd_tasks.data)
-app.command("train")(cmd_train.train)
+app.command("train", cls=cmd_train_lm.TrainCommand)(cmd_train.train)  # + `train lm`
 app.command("eval")(cmd_train.evaluate)
 app.command("capture")(cmd_store.capture)
 app.add_typer(cmd_store.store_app, name="store")
+cmd_prune.register(cmd_probe.probe_app)  # `probe prune`: checkpoint-based, no store
+app.add_typer(cmd_probe.probe_app, name="probe")
+app.command("app")(cmd_app.app_command)
 
 
 def main() -> None:

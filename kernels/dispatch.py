@@ -15,7 +15,8 @@ def delta_product_forward(q, k, v, beta, g=None, scale=None, initial_state=None,
     DELTALAB_KERNEL=torch forces the PyTorch chunked form everywhere.
     """
     use_triton = os.environ.get("DELTALAB_KERNEL", "auto") != "torch"
-    if use_triton and q.is_cuda and not torch.is_grad_enabled():
+    half_or_single = q.dtype in (torch.bfloat16, torch.float16, torch.float32)
+    if use_triton and q.is_cuda and half_or_single and not torch.is_grad_enabled():
         try:
             from kernels.triton_chunk import triton_delta_product
         except ImportError:

@@ -1,0 +1,106 @@
+"""`deltalab capture` (hook points -> zarr store) and `deltalab store info` (what a store holds)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import typer
+
+from app.cmd_tasks import fail
+
+store_app = typer.Typer(help="Inspect capture stores.", no_args_is_help=True)
+
+DATA_HELP = ("Task (S4:length=128,samples=512,seed=0), word-problem CSV (csv:PATH or PATH.csv) or text "
+             "(text:PATH[:length=256,tokenizer=auto|bytes|tokenizer.json]).")
+
+
+def capture(
+    checkpoint: Path = typer.Argument(..., help="Checkpoint folder (config.json + model.safetensors)."),
+    data: str = typer.Option(..., "--data", "-d", help=DATA_HELP),
+    out: Path = typer.Option(..., "--out", "-o",
+                             help="Store folder (zarr v3); rerun to resume, a new --data appends."),
+    hooks: str | None = typer.Option(None, "--hooks",
+                                     help="Comma-separated: tokens,labels,loss,q,k,v,beta,g,state (default) "
+                                          "and o,resid_pre,resid_mid,resid_post."),
+    layers: str | None = typer.Option(None, "--layers", help="Comma-separated layer indices (default: all)."),
+    batch_size: int | None = typer.Option(None, "--batch-size",
+                                          help="Sequences per batch = store chunk along seq "
+                                               "(default 8, or the store's)."),
+    device: str = typer.Option("cpu", "--device", help="cpu or cuda[:N]."),
+    dtype: str = typer.Option("float32", "--dtype", help="Activation storage dtype: float16 or float32."),
+    progress: bool = typer.Option(True, "--progress/--no-progress"),
+    as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
+) -> None:
+    """Run CHECKPOINT over --data under nnsight and write its hook points into the zarr store --out."""
+    from models import CheckpointError
+    from store import StoreError
+    from store import capture as run_capture
+
+    try:
+        summary = run_capture(checkpoint, data, out, hooks=hooks, layers=layers, batch_size=batch_size,
+                              device=device, dtype=dtype, progress=progress,
+                              command_line=["deltalab", *sys.argv[1:]])
+    except (StoreError, CheckpointError, ValueError) as err:
+        fail(str(err))
+    if as_json:
+        typer.echo(json.dumps(summary))
+    elif summary["rank"] == 0:
+        typer.echo(f"{summary['store']}: wrote {summary['written']} sequence(s), skipped "
+                   f"{summary['skipped']} already complete; "
+                   f"{summary['complete']}/{summary['sequences']} complete "
+                   f"({summary['seconds']:.1f} s)")
+
+
+def _size(n: int) -> str:
+    for unit in ("B", "kB", "MB", "GB", "TB"):
+        if n < 1000 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return str(n)
+
+
+@store_app.command("info")
+def info(
+    store_path: Path = typer.Argument(..., metavar="STORE",
+                                      help="Store folder written by `deltalab capture`."),
+    as_json: bool = typer.Option(False, "--json", help="Print everything as JSON."),
+) -> None:
+    """Variables, sizes, completeness and provenance of a capture store."""
+    import store
+
+    try:
+        summary = store.info(store_path)
+    except store.StoreError as err:
+        fail(str(err))
+    if as_json:
+        typer.echo(json.dumps(summary, indent=2))
+        return
+    prov = summary["provenance"]
+    cfg = prov.get("model_config", {})
+    typer.echo(f"{summary['path']}  (deltalab store format {summary['format']}, "
+               f"{_size(summary['stored_bytes'])} on disk)")
+    typer.echo(f"sequences: {summary['complete']}/{summary['sequences']} complete")
+    for seg in summary["segments"]:
+        typer.echo(f"  {seg['data_spec']}  seq [{seg['start']}, {seg['start'] + seg['count']})  "
+                   f"{seg['complete']}/{seg['count']} complete")
+    typer.echo(f"model: {cfg.get('model_type')} layers={cfg.get('num_hidden_layers')} "
+               f"heads={cfg.get('num_heads')} n_h={cfg.get('num_householder', 1)} "
+               f"vocab={cfg.get('vocab_size')}  "
+               f"checkpoint {prov.get('checkpoint_digest', '?')[:23]}...")
+    typer.echo(f"captured: layers {prov.get('layers')}, hooks {','.join(prov.get('hooks', []))}, "
+               f"dtype {prov.get('dtype')}, batch {prov.get('batch_size')}"
+               + (f", train_length {prov['train_length']}" if "train_length" in prov else ""))
+    typer.echo(f"created {prov.get('created')} by deltalab {prov.get('deltalab_version')}: "
+               f"{' '.join(prov.get('command_line', []))}")
+    typer.echo("sizes: " + " ".join(f"{k}={v}" for k, v in summary["sizes"].items()))
+    typer.echo("variables:")
+    width = max(len(n) for n in summary["variables"])
+    for name, v in summary["variables"].items():
+        dims = ",".join(f"{d}" for d in v["dims"])
+        tag = "" if v["captured"] else "  (added)"
+        typer.echo(f"  {name:<{width}}  {v['dtype']:<8} [{dims}] {tuple(v['shape'])}  "
+                   f"{_size(v['stored_bytes'])} stored{tag}")
+    if summary["results"]:
+        typer.echo("results: " + ", ".join(summary["results"]))

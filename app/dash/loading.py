@@ -1,0 +1,186 @@
+"""Cached, lazy access to a store and its probe results for the dashboard, and readable messages for bad input.
+
+Open stores and result groups are held with `st.cache_resource` (one lazy xarray.Dataset per path,
+keyed by the metadata's modification time so a rerun of capture or a probe is picked up); derived
+numpy arrays are cached by the pages with `st.cache_data`. Nothing here loads a bulk array.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import streamlit as st
+import xarray as xr
+
+PREVIEW_TOKENS = {"erank": 2048}
+"""Tokens (per layer) a preview computes from, when a store has no results of a probe yet (default 8192;
+erank rebuilds and decomposes every token's state, so it takes fewer)."""
+
+
+@dataclass
+class Problem:
+    """Why a store cannot be shown: a title, the one-line reason and what to do."""
+
+    kind: str  # "missing" | "not_a_store" | "newer" | "truncated" | "empty" | "other"
+    title: str
+    detail: str
+    fix: str
+
+
+def _stamp(path: Path) -> float:
+    try:
+        return (path / "zarr.json").stat().st_mtime_ns + sum(
+            (path / v / "zarr.json").stat().st_mtime_ns for v in ("complete",) if (path / v / "zarr.json").exists())
+    except OSError:
+        return 0.0
+
+
+@st.cache_resource(show_spinner=False, max_entries=8)
+def _open(path: str, stamp: float) -> xr.Dataset:
+    import store
+
+    return store.open(path)
+
+
+def open_store(path: Path) -> tuple[xr.Dataset | None, Problem | None]:
+    """The store as a lazy Dataset, or the Problem that stops it from opening (never raises for bad input)."""
+    import store
+
+    try:
+        ds = _open(str(path), _stamp(path))
+    except store.FormatVersionError as err:
+        return None, Problem("newer", "This store was written by a newer deltalab", str(err),
+                             "Upgrade deltalab (`pip install -U deltalab`, or pull and reinstall the clone), "
+                             "or open a store written by this version.")
+    except store.NotAStoreError as err:
+        if not path.exists():
+            return None, Problem("missing", "No store at this path", str(err),
+                                 f"Capture one: `deltalab capture CHECKPOINT --data S4:length=256,samples=128 "
+                                 f"--out {path}`, or open an existing store with `deltalab app STORE`.")
+        return None, Problem("not_a_store", "This folder is not a deltalab store", str(err),
+                             "Pass the folder that `deltalab capture --out` wrote (it holds a zarr.json "
+                             "with a `deltalab_format` attribute).")
+    except store.TruncatedStoreError as err:
+        return None, Problem("truncated", "This store is incomplete or damaged", str(err),
+                             "Rerun the capture command that wrote it (it resumes), or recapture into a new --out.")
+    except store.StoreError as err:
+        return None, Problem("other", "This store cannot be opened", str(err), "See the message above.")
+    except (OSError, ValueError) as err:
+        return None, Problem("other", "This store cannot be read", f"{type(err).__name__}: {err}".splitlines()[0],
+                             "Check the path and permissions, or recapture it.")
+    if ds.sizes.get("seq", 0) == 0:
+        return None, Problem("empty", "This store has no complete sequences yet",
+                             f"{path} was created but no sequence has finished capturing.",
+                             "Run (or resume) the capture command that created it: "
+                             f"`{' '.join(ds.attrs.get('command_line') or ['deltalab', 'capture', '...'])}`.")
+    return ds, None
+
+
+def show_problem(problem: Problem, path: Path) -> None:
+    """Render a Problem as an error box with the fix."""
+    st.error(f"**{problem.title}:** `{path}`\n\n{problem.detail}")
+    st.info(f"**What to do:** {problem.fix}")
+
+
+# --- probe results -----------------------------------------------------------------------------
+
+def _result_stamp(path: Path, name: str) -> float:
+    try:
+        return (path / "results" / name / "zarr.json").stat().st_mtime_ns
+    except OSError:
+        return 0.0
+
+
+@st.cache_data(show_spinner=False, ttl=5)
+def result_index(path: str) -> dict[str, dict[str, Any]]:
+    """{group name: {probe, complete, created, n_seq}} of the result groups in the store (attrs only)."""
+    base = Path(path) / "results"
+    out: dict[str, dict[str, Any]] = {}
+    if not base.is_dir():
+        return out
+    for meta in sorted(base.rglob("zarr.json")):
+        try:
+            raw = json.loads(meta.read_text())
+        except (OSError, ValueError):
+            continue
+        attrs = raw.get("attributes") or {}
+        if raw.get("node_type") != "group" or meta.parent == base or "probe" not in attrs:
+            continue
+        name = meta.parent.relative_to(base).as_posix()
+        out[name] = {"probe": attrs.get("probe"), "complete": bool(attrs.get("complete")),
+                     "created": attrs.get("created"), "n_seq": attrs.get("n_seq"),
+                     "n_records": len(attrs.get("records") or [])}
+    return out
+
+
+@st.cache_resource(show_spinner=False, max_entries=64)
+def _read_result(path: str, name: str, stamp: float) -> xr.Dataset:
+    from probes.results import read_results
+
+    return read_results(path, name)
+
+
+def result_names(path: Path, probe: str) -> list[str]:
+    """Complete result groups written by `probe` (its default name first)."""
+    index = result_index(str(path))
+    names = [n for n, r in index.items() if r["probe"] == probe and r["complete"]]
+    return sorted(names, key=lambda n: (n != probe, n))
+
+
+def read_result(path: Path, name: str) -> xr.Dataset:
+    """A result group as a lazy Dataset (attrs: provenance, records)."""
+    return _read_result(str(path), name, _result_stamp(path, name))
+
+
+def source(path: str, stamp: float, probe: str, result: str | None, n_preview: int) -> xr.Dataset:
+    """Inside cached functions: the result group `result`, or the preview of `probe` when it is None."""
+    if result is None:
+        return _preview(path, stamp, probe, n_preview)
+    return _read_result(path, result, _result_stamp(Path(path), result))
+
+
+def incomplete_results(path: Path, probe: str) -> list[str]:
+    index = result_index(str(path))
+    return [n for n, r in index.items() if r["probe"] == probe and not r["complete"]]
+
+
+def probe_command(probe: str, path: Path, checkpoint: Path | None = None) -> str:
+    """The exact command that writes a probe's results into the store."""
+    cmd = f"deltalab probe {probe} --store {path}"
+    if probe == "intervene":
+        cmd += f" --checkpoint {checkpoint or 'CHECKPOINT'}"
+    return cmd
+
+
+def missing_results(probe: str, path: Path, what: str, checkpoint: Path | None = None) -> None:
+    """The info box of a page whose probe has not been run on this store."""
+    partial = incomplete_results(path, probe)
+    note = (f" (results/{partial[0]} exists but is incomplete: the probe was interrupted)" if partial else "")
+    st.info(f"**No `{probe}` results in this store yet**{note}. {what} Run:\n\n"
+            f"```\n{probe_command(probe, path, checkpoint)}\n```\n"
+            "then press **Reload** in the sidebar.")
+
+
+@st.cache_resource(show_spinner=False, max_entries=16)
+def _preview(path: str, stamp: float, probe: str, n_seq: int) -> xr.Dataset:
+    import importlib
+
+    from app.dash import previews
+
+    return previews.compute(importlib.import_module(f"probes.{probe}"), _open(path, stamp).isel(seq=slice(0, n_seq)))
+
+
+def preview_n(ds: xr.Dataset, probe: str) -> int:
+    """Sequences a preview of `probe` covers: about PREVIEW_TOKENS tokens, at least 2 (probes split by sequence)."""
+    n = max(2, PREVIEW_TOKENS.get(probe, 8192) // max(1, ds.sizes.get("pos", 1)))
+    return int(min(n, ds.sizes["seq"]))
+
+
+def preview(path: Path, ds: xr.Dataset, probe: str) -> tuple[xr.Dataset, int]:
+    """An in-memory run of `probe` on the first few sequences (nothing is written): (dataset, n_seq)."""
+    n = preview_n(ds, probe)
+    with st.spinner(f"Computing a `{probe}` preview from the first {n} sequence(s)…"):
+        return _preview(str(path), _stamp(path), probe, n), n

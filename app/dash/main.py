@@ -1,0 +1,158 @@
+"""The dashboard's frame: which store to open (argument, sidebar, default), the page menu, the selection,
+and the dispatch to one page module. Bad input becomes a message in the page, never a traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import streamlit as st
+
+from app.dash import loading, state
+
+ENV_STORE = "DELTALAB_STORE"
+
+
+def _pages() -> dict[str, object]:
+    from app.views import betas, erank, keys, overview, probes, spectra, token
+
+    return {"Overview": overview, "Betas": betas, "Keys": keys, "Spectra": spectra, "Effective rank": erank,
+            "Probes": probes, "Token": token}
+
+
+def cli_store() -> str | None:
+    """STORE from `streamlit run app/dashboard.py -- STORE` (argv[0] is the script only under streamlit run)."""
+    if sys.argv and Path(sys.argv[0]).name == "dashboard.py" and len(sys.argv) > 1 and sys.argv[1].strip():
+        return sys.argv[1]
+    return os.environ.get(ENV_STORE) or None
+
+
+def _open_other() -> None:
+    value = (st.session_state.get("store_input") or "").strip()
+    st.session_state["store_path"] = value or None
+
+
+def _reload() -> None:
+    st.cache_resource.clear()
+    st.cache_data.clear()
+
+
+def _default_store() -> Path | None:
+    """The bundled default store, built on first use with a progress indicator; None (with a message) if
+    the bundled checkpoint is not there."""
+    from app import default_store as dflt
+
+    if dflt.is_built():
+        return dflt.default_store_path()
+    if not dflt.has_bundled_checkpoint():
+        st.warning(f"**The bundled S4 checkpoint is not installed yet** (`{dflt.bundled_checkpoint()}` holds no "
+                   "config.json + model.safetensors), so there is no default store to open.")
+        st.info("**What to do:** open a store you captured: `deltalab app STORE` or type its path in the sidebar. "
+                "To make one: `deltalab capture CHECKPOINT --data S4:length=256,samples=128 --out runs/s4.zarr`, "
+                "then `deltalab probe betas --store runs/s4.zarr` (and keys, spectra, erank, linear, lengthgen).")
+        return None
+    with st.status("Building the default store (first use only)…", expanded=True) as status:
+        st.write(f"Capturing the bundled checkpoint `{dflt.bundled_checkpoint().name}` over S4 sequences and "
+                 f"running the probes into `{dflt.default_store_path()}`. Later launches open it at once.")
+        bar = st.progress(0.0)
+
+        def report(fraction: float, message: str) -> None:
+            bar.progress(min(1.0, max(0.0, fraction)), text=message)
+
+        try:
+            path = dflt.ensure_default_store(progress=report)
+        except dflt.DefaultStoreError as err:
+            status.update(label="Building the default store failed", state="error")
+            st.error(str(err))
+            return None
+        status.update(label=f"Default store ready: {path}", state="complete", expanded=False)
+    return path
+
+
+@st.cache_resource(show_spinner=False, max_entries=8)
+def _token_names(meta: str, vocab: int | None) -> list[str] | None:
+    from app.dash.derive import token_names
+
+    return token_names(json.loads(meta), vocab)
+
+
+def run() -> None:
+    """One script run of the dashboard."""
+    pages = _pages()
+    side = st.sidebar
+    side.markdown("## Δ deltalab")
+    if st.session_state.get(state.PAGE_KEY) not in pages:
+        st.session_state[state.PAGE_KEY] = "Overview"
+    side.radio("Page", list(pages), key=state.PAGE_KEY, bind="query-params", label_visibility="collapsed")
+
+    chosen = st.session_state.get("store_path") or cli_store()
+    side.text_input("Open another store", key="store_input", on_change=_open_other,
+                    placeholder="path/to/store.zarr", help="A folder written by `deltalab capture --out`.")
+    side.button("Reload", on_click=_reload, help="Re-read the store and its probe results (after a probe ran).")
+    if chosen:
+        path = Path(chosen).expanduser()
+    else:
+        default = _default_store()
+        if default is None:
+            return
+        path = default
+    side.caption(f"Store: `{path}`")
+    ds, problem = loading.open_store(path)
+    if problem is not None:
+        st.title("deltalab")
+        loading.show_problem(problem, path)
+        return
+
+    attrs = ds.attrs
+    meta = json.dumps({k: attrs.get(k) for k in ("data_meta", "data_spec")}, sort_keys=True, default=str)
+    # token names import models.tasks (and torch): not on the first page, unless already loaded
+    needs_names = st.session_state[state.PAGE_KEY] != "Overview" or "models.tasks" in sys.modules
+    names = _token_names(meta, (attrs.get("model_config") or {}).get("vocab_size")) if needs_names else None
+    sel = state.sidebar_selection(ds, path, names)
+
+    from app.dash.context import Context
+
+    ctx = Context(path, ds, sel, names)
+    page = pages[st.session_state[state.PAGE_KEY]]
+    _render(page, ctx)
+    _prewarm()
+
+
+_PREWARMED: list[bool] = []
+
+
+def _prewarm() -> None:
+    """After the first page is drawn, import the heavy modules other pages need (torch via models.tasks for
+    token names, scikit-learn) in a background thread, so the first visit to those pages is quick."""
+    if _PREWARMED:
+        return
+    _PREWARMED.append(True)
+    import importlib
+    import threading
+
+    def work() -> None:
+        for name in ("models.tasks", "kernels.spectra", "sklearn.decomposition"):
+            try:
+                importlib.import_module(name)
+            except Exception:  # noqa: BLE001 - a missing optional module only costs time later
+                pass
+
+    threading.Thread(target=work, name="deltalab-prewarm", daemon=True).start()
+
+
+def _render(page: object, ctx: object) -> None:
+    """Run one page; errors a user can fix (bad store content, missing variables) become one message."""
+    from probes.base import ProbeError
+    from store import StoreError
+
+    try:
+        page.render(ctx)  # type: ignore[attr-defined]
+    except (StoreError, ProbeError) as err:
+        st.error(str(err).splitlines()[0] if str(err) else type(err).__name__)
+    except (OSError, KeyError, ValueError) as err:
+        first = str(err).splitlines()[0] if str(err) else ""
+        st.error(f"This page cannot be drawn for this store ({type(err).__name__}: {first}). "
+                 "If the store is being written, wait and press Reload; otherwise recapture it.")

@@ -1,0 +1,28 @@
+"""Small cached reads of the raw capture: one token's keys, betas and gate (-> its transition matrix)."""
+
+from __future__ import annotations
+
+import numpy as np
+import streamlit as st
+
+from app.dash import loading
+from app.dash.derive import Transition, transition
+
+
+@st.cache_data(show_spinner=False, max_entries=256)
+def _token_inputs(path: str, stamp: float, seq: int, li: int, pos: int, head: int) -> dict[str, np.ndarray]:
+    ds = loading._open(path, stamp)
+    one = ds[[v for v in ("k", "beta", "g") if v in ds]].isel(seq=seq, layer=li, pos=pos, head=head).compute()
+    out = {"k": np.asarray(one["k"].values, np.float64), "beta": np.asarray(one["beta"].values, np.float64)}
+    if "g" in one:
+        out["g"] = np.asarray(one["g"].values, np.float64)
+    return out
+
+
+def token_transition(path, seq: int, li: int, pos: int, head: int) -> Transition | None:
+    """The selected token's transition (None when the store lacks k or beta)."""
+    ds = loading._open(str(path), loading._stamp(path))
+    if "k" not in ds or "beta" not in ds:
+        return None
+    a = _token_inputs(str(path), loading._stamp(path), int(seq), int(li), int(pos), int(head))
+    return transition(a["k"], a["beta"], float(a["g"]) if "g" in a else None)

@@ -1,0 +1,236 @@
+"""The bundled default store: captured from models/zoo/s4-deltaproduct2 and probed on first use, cached per user.
+
+`ensure_default_store(progress=callback)` is shared by `deltalab app`, the dashboard and notebooks: it
+returns the cached store at once when it is up to date, else captures the bundled checkpoint over S4
+sequences and runs the probes, reporting `callback(fraction, message)` before each stage.
+
+Environment: `$DELTALAB_CACHE` (cache folder; else `$XDG_CACHE_HOME/deltalab`, else `~/.cache/deltalab`),
+`$DELTALAB_DEFAULT_CHECKPOINT` (another checkpoint than the bundled one), `$DELTALAB_DEFAULT_SAMPLES`
+(sequences captured, default 64). A killed build resumes: capture skips complete batches and probes
+whose results are complete are not rerun.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+STORE_NAME = "default-s4.zarr"
+CHECKPOINT_NAME = "s4-deltaproduct2"
+DEFAULT_SAMPLES = 64
+DEFAULT_SEED = 20250
+DEFAULT_TRAIN_LENGTH = 128
+PROBES = ("betas", "keys", "spectra", "erank", "linear", "lengthgen")
+"""Probes run on the default store (store-only ones; `intervene` also runs when its module exists)."""
+
+Progress = Callable[[float, str], None]
+
+
+class DefaultStoreError(ValueError):
+    """The default store cannot be built (no bundled checkpoint, a failed capture or probe): one line with the fix."""
+
+
+def zoo_dir() -> Path:
+    """models/zoo, found without importing `models` (which imports torch)."""
+    spec = importlib.util.find_spec("models")
+    if spec is not None and spec.submodule_search_locations:
+        return Path(list(spec.submodule_search_locations)[0]) / "zoo"
+    return Path(__file__).resolve().parents[1] / "models" / "zoo"
+
+
+def bundled_checkpoint() -> Path:
+    """Path of the bundled S4 checkpoint folder (it may not exist yet); $DELTALAB_DEFAULT_CHECKPOINT overrides it."""
+    override = os.environ.get("DELTALAB_DEFAULT_CHECKPOINT")
+    return Path(override).expanduser() if override else zoo_dir() / CHECKPOINT_NAME
+
+
+def has_bundled_checkpoint(path: Path | None = None) -> bool:
+    """Whether the checkpoint folder holds config.json and weights."""
+    path = path or bundled_checkpoint()
+    return (path / "config.json").is_file() and any(
+        (path / w).is_file() for w in ("model.safetensors", "pytorch_model.bin"))
+
+
+def default_samples() -> int:
+    """Sequences the default store captures: $DELTALAB_DEFAULT_SAMPLES, else DEFAULT_SAMPLES."""
+    try:
+        return max(2, int(os.environ.get("DELTALAB_DEFAULT_SAMPLES", DEFAULT_SAMPLES)))
+    except ValueError:
+        return DEFAULT_SAMPLES
+
+
+def cache_dir() -> Path:
+    """User cache folder for deltalab (created on demand)."""
+    if os.environ.get("DELTALAB_CACHE"):
+        return Path(os.environ["DELTALAB_CACHE"]).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base).expanduser() / "deltalab"
+
+
+def default_store_path() -> Path:
+    """Where the default store lives."""
+    return cache_dir() / STORE_NAME
+
+
+def _weights(checkpoint: Path) -> Path:
+    for name in ("model.safetensors", "pytorch_model.bin"):
+        if (checkpoint / name).is_file():
+            return checkpoint / name
+    raise DefaultStoreError(f"{checkpoint} has no model.safetensors")
+
+
+def _fingerprint(checkpoint: Path, spec: str) -> dict[str, Any]:
+    """What the cached store was built from: weights size + mtime (cheap; no hashing on every page load)."""
+    st = _weights(checkpoint).stat()
+    return {"checkpoint": str(checkpoint.resolve()), "size": st.st_size, "mtime_ns": st.st_mtime_ns, "data": spec,
+            "probes": list(PROBES)}
+
+
+def train_length(checkpoint: Path) -> int:
+    """Training length recorded beside the checkpoint (config or a training JSON), else DEFAULT_TRAIN_LENGTH."""
+    for name in ("config.json", "train_config.json", "training.json", "train.json", "task.json"):
+        f = checkpoint / name
+        try:
+            raw = json.loads(f.read_text()) if f.is_file() else {}
+        except (OSError, ValueError):
+            continue
+        for key in ("train_length", "length", "seq_len", "max_length"):
+            if isinstance(raw, dict) and isinstance(raw.get(key), int) and raw[key] > 0:
+                return int(raw[key])
+    return DEFAULT_TRAIN_LENGTH
+
+
+def data_spec(checkpoint: Path, samples: int | None = None) -> str:
+    """S4 sequences twice the training length, so length generalisation shows on the dashboard."""
+    return f"S4:length={2 * train_length(checkpoint)},samples={samples or default_samples()},seed={DEFAULT_SEED}"
+
+
+def _marker(out: Path) -> Path:
+    return out.with_name(out.name + ".built.json")
+
+
+def is_built(out: Path | None = None, checkpoint: Path | None = None, samples: int | None = None) -> bool:
+    """Whether the default store exists, is complete and matches the bundled checkpoint."""
+    out = out or default_store_path()
+    checkpoint = checkpoint or bundled_checkpoint()
+    try:
+        built = json.loads(_marker(out).read_text())
+    except (OSError, ValueError):
+        return False
+    return (out / "zarr.json").is_file() and has_bundled_checkpoint(checkpoint) and \
+        built == _fingerprint(checkpoint, data_spec(checkpoint, samples))
+
+
+def _probe_done(out: Path, name: str) -> bool:
+    meta = out / "results" / name / "zarr.json"
+    try:
+        return bool(json.loads(meta.read_text()).get("attributes", {}).get("complete"))
+    except (OSError, ValueError):
+        return False
+
+
+def run_probe(out: Path, name: str, extra: list[str] | None = None) -> None:
+    """Run `deltalab probe NAME --store OUT [EXTRA]` in-process (its table and progress bars are swallowed);
+    DefaultStoreError with the probe's one-line message when it fails."""
+    import contextlib
+    import io
+
+    from probes.base import run_module
+
+    out_buf, err_buf = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out_buf), contextlib.redirect_stderr(err_buf):
+        code = run_module(name, ["--store", str(out), "--device", "cpu", *(extra or [])])
+    if code:
+        lines = [ln for ln in err_buf.getvalue().splitlines() if ln.strip()]
+        why = lines[-1].removeprefix("error: ") if lines else f"exit code {code}"
+        raise DefaultStoreError(f"probe {name} on {out} failed: {why}; rerun `deltalab probe {name} --store {out}`")
+
+
+def ensure_default_store(progress: Progress | None = None, *, checkpoint: str | Path | None = None,
+                         out: str | Path | None = None, samples: int | None = None) -> Path:
+    """Return the default store, capturing and probing it first when it is missing or stale.
+
+    `progress(fraction, message)` is called before each stage and with 1.0 at the end. Concurrent
+    callers (two dashboard sessions) wait on a lock file instead of building twice.
+    """
+    checkpoint = Path(checkpoint) if checkpoint else bundled_checkpoint()
+    out = Path(out) if out else default_store_path()
+    report = progress or (lambda _f, _m: None)
+    if not has_bundled_checkpoint(checkpoint):
+        raise DefaultStoreError(
+            f"the bundled checkpoint {checkpoint} is not installed (no config.json + model.safetensors): "
+            "train or download it there, or pass a store: `deltalab app STORE`")
+    spec = data_spec(checkpoint, samples)
+    if is_built(out, checkpoint, samples):
+        report(1.0, f"default store ready: {out}")
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with _Lock(out.with_name(out.name + ".lock")):
+        if is_built(out, checkpoint, samples):  # another session finished it while we waited
+            report(1.0, f"default store ready: {out}")
+            return out
+        _marker(out).unlink(missing_ok=True)
+        _reset_if_stale(out, checkpoint, spec)
+        names = list(PROBES) + (["intervene"] if importlib.util.find_spec("probes.intervene") else [])
+        steps = 1 + len(names)
+        report(0.0, f"capturing {spec} from {checkpoint.name} into {out} (step 1/{steps})")
+        from store import StoreError
+        from store import capture as run_capture
+
+        try:
+            run_capture(checkpoint, spec, out, batch_size=16, progress=False,
+                        command_line=["deltalab", "capture", str(checkpoint), "--data", spec, "--out", str(out)])
+        except (StoreError, ValueError) as err:
+            raise DefaultStoreError(f"capturing the default store failed: {str(err).splitlines()[0]}") from None
+        for i, name in enumerate(names):
+            report((1 + i) / steps, f"probe {name} (step {2 + i}/{steps})")
+            if _probe_done(out, name):
+                continue
+            extra = ["--checkpoint", str(checkpoint), "--max-seqs", "16"] if name == "intervene" else None
+            run_probe(out, name, extra)
+        _marker(out).write_text(json.dumps(_fingerprint(checkpoint, spec)))
+    report(1.0, f"default store ready: {out}")
+    return out
+
+
+def _reset_if_stale(out: Path, checkpoint: Path, spec: str) -> None:
+    """Remove a cached store captured from other weights or data (it is a cache: nothing is lost)."""
+    import shutil
+
+    if not (out / "zarr.json").is_file():
+        if out.exists():
+            shutil.rmtree(out)
+        return
+    try:
+        attrs = json.loads((out / "zarr.json").read_text()).get("attributes", {})
+    except (OSError, ValueError):
+        attrs = {}
+    from store.capture import checkpoint_digest
+
+    if attrs.get("checkpoint_digest") != checkpoint_digest(checkpoint) or attrs.get("data_spec") != spec:
+        shutil.rmtree(out)
+
+
+class _Lock:
+    """An exclusive advisory lock on a file (fcntl; a no-op where fcntl is missing)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.fh: Any = None
+
+    def __enter__(self) -> _Lock:
+        self.fh = open(self.path, "a")  # noqa: SIM115 - held for the block
+        try:
+            import fcntl
+
+            fcntl.flock(self.fh, fcntl.LOCK_EX)
+        except ImportError:
+            pass
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.fh.close()

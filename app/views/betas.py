@@ -1,0 +1,92 @@
+"""Betas: layer x head heatmaps per Householder step, histograms, and per-input-token betas (DeltaProduct Fig. 7).
+
+beta > 1 gives a Householder factor a negative eigenvalue 1 - beta; beta = 2 is an exact reflection, and
+two reflections compose to a rotation (the S4 head of the paper has beta_0 = beta_1 = 2 for every token).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import streamlit as st
+
+from app.dash import figures, state
+
+TITLE = "Betas"
+STATS = {"mean β": "beta_mean", "median β": "median", "fraction β > 1 (negative eigenvalue)": "frac_negative"}
+
+
+def _on_token_click(chart_key: str, path: str, seq: int) -> None:
+    """A click on a token in the per-token chart selects its next occurrence in the current sequence."""
+    cd = state.clicked(chart_key)
+    if cd is None:
+        return
+    pos = state.first_occurrence(path, seq, int(cd[0]), after=int(st.session_state.get(state.KEYS["pos"], 0)) + 1)
+    if pos is not None:
+        state.select(pos=pos)
+
+
+def render(ctx) -> None:
+    st.title("Betas")
+    st.caption("β ∈ [0, 2] with negative eigenvalues allowed: β > 1 flips the key direction (eigenvalue 1 − β < 0), "
+               "β = 2 is a reflection, and two reflections compose to a rotation.")
+    res, preview = ctx.result_or_preview("betas", "The heatmaps, histograms and per-token betas come from it.")
+    if res is None:
+        return
+    sel, bmax = ctx.sel, ctx.beta_max
+    li, head = sel.li, sel.head
+    layers = [int(x) for x in res["layer"].values]
+    if sel.layer not in layers:
+        st.warning(f"Layer {sel.layer} is not in these results (they cover layers {layers}).")
+        return
+    li = layers.index(sel.layer)
+
+    stat = st.segmented_control("Statistic", list(STATS), default="mean β", key="beta_stat",
+                                persist_state="session", required=True) or "mean β"
+    if STATS[stat] == "median":
+        q = list(np.asarray(res["quantile"].values))
+        values = np.asarray(res["beta_quantile"].isel(quantile=q.index(0.5) if 0.5 in q else 2).values)
+    else:
+        values = np.asarray(res[STATS[stat]].values)
+    st.plotly_chart(figures.beta_step_heatmaps(values, layers, bmax, stat, highlight=(li, head)), key="beta_heat")
+    refl = np.asarray(res["reflection"].values) if "reflection" in res else None
+    if refl is not None and refl.any():
+        heads = [f"layer {layers[i]} head {h}" for i, h in zip(*np.nonzero(refl))]
+        st.success(f"**Reflection heads** (mean β of every step > {res.attrs.get('reflection_threshold', 1.8)}): "
+                   + ", ".join(heads))
+
+    c1, c2 = st.columns(2)
+    with c1:
+        counts = np.asarray(res["beta_hist"].isel(layer=li, head=head).values)  # [step, bin]
+        st.plotly_chart(figures.beta_histogram(np.asarray(res["bin"].values), counts, bmax,
+                                               f"β distribution, layer {sel.layer} head {head}"), key="beta_hist")
+    with c2:
+        frac = np.asarray(res["frac_negative_head"].values)
+        st.plotly_chart(figures.layer_head_heatmap(
+            frac, layers, "Fraction of sub-steps with β > 1, per head", "fraction β > 1", zmin=0, zmax=1,
+            colorscale="Reds", highlight=(li, head)), key="beta_neg")
+
+    tokens = np.asarray(res["token"].values).astype(np.int64)
+    if tokens.size == 0 or "beta_token_mean" not in res:
+        st.info("No per-token betas (the store has no `tokens`).")
+        return
+    st.subheader("β per input token")
+    st.caption("Each point is one input token (for a group task: one group element), at its mean β over all "
+               "occurrences, with ± 1 std bars. Click a token to jump to its next occurrence in the current sequence.")
+    means = np.asarray(res["beta_token_mean"].isel(layer=li, head=head).values)  # [tok, step]
+    stds = np.asarray(res["beta_token_std"].isel(layer=li, head=head).values)
+    labels = ctx.token_labels(tokens)
+    title = f"Mean β per input token, layer {sel.layer} head {head}"
+    if ctx.n_h >= 2:
+        cx, cy = st.columns(2)
+        sx = cx.selectbox("x axis step", list(range(ctx.n_h)), index=0, key="beta_sx", persist_state="session")
+        sy = cy.selectbox("y axis step", list(range(ctx.n_h)), index=1, key="beta_sy", persist_state="session")
+        fig = figures.beta_token_scatter(means, stds, tokens, labels, bmax, sx, sy, sel.token, title)
+    else:
+        fig = figures.beta_token_strip(means, stds, tokens, labels, bmax, sel.token, title)
+    st.plotly_chart(fig, key="beta_tok", on_select=lambda: _on_token_click("beta_tok", str(ctx.path), sel.seq),
+                    selection_mode="points")
+    all_means = np.asarray(res["beta_token_mean"].isel(layer=li).values)  # [tok, step, head]
+    st.plotly_chart(figures.beta_token_grid(all_means, tokens, labels, bmax, sel.token, head), key="beta_grid")
+    if preview:
+        st.caption("Preview only: per-token statistics cover the first sequences.")
+    st.button("Drill down: this token's transition matrix →", on_click=state.go_to, args=("Token",), key="drill_betas")

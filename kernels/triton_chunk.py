@@ -1,0 +1,692 @@
+"""Triton chunked (WY/UT) forward of the gated delta product: output, final and chunk-boundary states.
+
+Same contract as `kernels.chunk.chunk_delta_product`. A chunk is 64 tokens, i.e. L = 64 * n_h
+Householder sub-steps, split into n_h blocks of 64 sub-steps. Kernels:
+
+1. `_tri_kernel` (persistent, parallel over blocks): T_aa = (I + A_aa)^-1 of each 64-sub-step block,
+   A_ij = beta_i e^{Gamma_i - Gamma_j} k_i.k_j (j < i), from four 16x16 forward substitutions merged
+   by block rows; also the reciprocal key norms.
+2. `_wu_kernel` (parallel over chunks): blocked forward substitution across the chunk's blocks,
+   W_a = T_aa (X_a - sum_{b<a} A_ab W_b), U_a likewise, X = diag(beta e^Gamma) K, Y = diag(beta) V.
+3. `_state_kernel` (sequential over chunks, parallel over batch * head * value tiles): the boundary
+   states S_c and the pseudo-values D = U - W S_c. (Or, mode "transition": `_transition_kernel` builds
+   each chunk's S -> S' map in parallel and `_recurrence_kernel` applies it.)
+4. `_output_kernel` (parallel over chunks): o = scale (e^Gamma q S_c + (q K^T * decay * mask) D).
+
+L2 normalisation of q and k happens in-kernel through per-row reciprocal norms.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from dataclasses import dataclass, replace
+
+import torch
+import triton
+import triton.language as tl
+from triton.runtime.errors import OutOfResources
+
+from kernels.naive import CHUNK_SIZE
+
+BLOCK = 64  # sub-steps per WY block; a chunk of 64 tokens holds n_h of them
+EPS = 1e-6  # as kernels.naive.l2_normalize
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+@triton.jit
+def _dot_in(x, ref, F32: tl.constexpr):
+    """Operand for tl.dot: ref's element type on the GPU, fp32 in the interpreter (its bf16 dot is wrong)."""
+    if F32:
+        return x.to(tl.float32)
+    else:
+        return x.to(ref.dtype.element_ty)
+
+
+@triton.jit
+def _tri_kernel(
+    k,
+    beta,
+    g,
+    Ti,
+    rstd,
+    scratch,
+    T,
+    n_blocks,
+    H: tl.constexpr,
+    NH: tl.constexpr,
+    K: tl.constexpr,
+    BK: tl.constexpr,
+    USE_G: tl.constexpr,
+    NORM: tl.constexpr,
+    F32: tl.constexpr,
+    PREC: tl.constexpr,
+):
+    """Persistent over (64-sub-step block, batch*head): key norms and T = (I + A)^-1 of each block.
+
+    A_ij = beta_i e^{Gamma_i - Gamma_j} k_i.k_j (j < i) goes to this program's fp32 scratch (reused, so it
+    stays in L2); four 16x16 diagonal inverses by forward substitution, then block rows merged in place.
+    """
+    NCH = tl.cdiv(T, 64)
+    NB = NCH * NH  # blocks per (batch, head)
+    TS = T * NH
+    o_r = tl.arange(0, 64)
+    o_i = tl.arange(0, 16)
+    o_p = tl.arange(0, 4)
+    o_k = tl.arange(0, BK)
+    m_k = o_k < K
+    m_low = o_r[:, None] > o_r[None, :]
+    m_tri = o_r[:, None] >= o_r[None, :]
+    eye16 = tl.where(o_i[:, None] == o_i[None, :], 1.0, 0.0)
+    S = scratch + tl.program_id(0).to(tl.int64) * 64 * 64
+    for job in range(tl.program_id(0), n_blocks, tl.num_programs(0)):
+        i_bh, i_blk = job // NB, job % NB
+        i_b, i_h = i_bh // H, i_bh % H
+        s = i_blk * 64 + o_r  # sub-step index in the sequence
+        m_s = s < TS
+        p_k = k + (i_b.to(tl.int64) * TS * H + i_h) * K + s[:, None] * (H * K) + o_k[None, :]
+        b_k = tl.load(p_k, mask=m_s[:, None] & m_k[None, :], other=0.0)
+        b_beta = tl.load(beta + (i_b.to(tl.int64) * TS + s) * H + i_h, mask=m_s, other=0.0).to(tl.float32)
+        if NORM:
+            b_kf = b_k.to(tl.float32)
+            b_rs = 1.0 / tl.sqrt(tl.sum(b_kf * b_kf, 1) + 1e-6)
+        else:
+            b_rs = tl.full([64], 1.0, dtype=tl.float32)
+        tl.store(rstd + i_bh.to(tl.int64) * NB * 64 + s, b_rs)
+        if USE_G:
+            m_g = m_s & (s % NH == 0)
+            b_g = tl.load(g + (i_b.to(tl.int64) * T + s // NH) * H + i_h, mask=m_g, other=0.0).to(tl.float32)
+            b_G = tl.cumsum(b_g, 0)
+            b_dec = tl.exp(tl.where(m_low, b_G[:, None] - b_G[None, :], 0.0))
+        else:
+            b_dec = tl.full([64, 64], 1.0, dtype=tl.float32)
+        b_kd = _dot_in(b_k, k, F32)
+        b_kk = tl.dot(b_kd, tl.trans(b_kd), input_precision=PREC)
+        b_A = tl.where(m_low, b_kk * (b_beta * b_rs)[:, None] * b_rs[None, :] * b_dec, 0.0)
+        tl.debug_barrier()  # the previous job may still read the scratch
+        tl.store(S + o_r[:, None] * 64 + o_r[None, :], b_A)
+        tl.debug_barrier()
+        # four 16x16 diagonal inverses at once: row i of T - I is -a_i + sum_j (-a_ij) (T - I)_j
+        b_T3 = tl.zeros([4, 16, 16], dtype=tl.float32)
+        for i in range(1, 16):
+            b_a = -tl.load(S + (16 * o_p[:, None] + i) * 64 + 16 * o_p[:, None] + o_i[None, :])
+            b_a = tl.where(o_i[None, :] < i, b_a, 0.0)
+            b_new = b_a + tl.sum(b_a[:, :, None] * b_T3, 1)
+            b_T3 = tl.where(o_i[None, :, None] == i, b_new[:, None, :], b_T3)
+        b_T3 += eye16[None, :, :]
+        p_d = S + (16 * o_p[:, None, None] + o_i[None, :, None]) * 64 + 16 * o_p[:, None, None] + o_i[None, None, :]
+        tl.debug_barrier()
+        tl.store(p_d, b_T3)
+        tl.debug_barrier()
+        # block rows, in place: T_{p,<p} = -T_pp A_{p,<p} T_{<p,<p}
+        for p in tl.static_range(1, 4):
+            row = 16 * p + o_i
+            b_Ap = tl.load(S + row[:, None] * 64 + o_r[None, :], mask=o_r[None, :] < 16 * p, other=0.0)
+            b_Tprev = tl.load(S + o_r[:, None] * 64 + o_r[None, :], mask=(o_r[:, None] < 16 * p) & m_tri, other=0.0)
+            b_R = tl.dot(b_Ap, b_Tprev, input_precision=PREC)
+            b_Tpp = tl.load(S + row[:, None] * 64 + 16 * p + o_i[None, :])
+            b_off = -tl.dot(b_Tpp, b_R, input_precision=PREC)
+            tl.debug_barrier()
+            tl.store(S + row[:, None] * 64 + o_r[None, :], b_off, mask=o_r[None, :] < 16 * p)
+            tl.debug_barrier()
+        b_Ti = tl.load(S + o_r[:, None] * 64 + o_r[None, :], mask=m_tri, other=0.0)
+        p_T = Ti + (i_bh.to(tl.int64) * NB * 64 + s)[:, None] * 64 + o_r[None, :]
+        tl.store(p_T, b_Ti.to(Ti.dtype.element_ty))
+
+
+@triton.jit
+def _wu_kernel(
+    k,
+    v,
+    beta,
+    g,
+    Ti,
+    W,
+    U,
+    gcum,
+    rstd,
+    T,
+    H: tl.constexpr,
+    NH: tl.constexpr,
+    K: tl.constexpr,
+    V: tl.constexpr,
+    BK: tl.constexpr,
+    BV: tl.constexpr,
+    USE_G: tl.constexpr,
+    F32: tl.constexpr,
+    PREC: tl.constexpr,
+):
+    """One program per (chunk, batch*head): Gamma from the chunk start and, block by block,
+    W_a = T_aa (X_a - sum_{b<a} A_ab W_b), U_a = T_aa (Y_a - sum_{b<a} A_ab U_b)."""
+    i_c, i_bh = tl.program_id(0), tl.program_id(1)
+    i_b, i_h = i_bh // H, i_bh % H
+    NCH = tl.cdiv(T, 64)
+    L: tl.constexpr = 64 * NH
+    TS = T * NH
+    o_r = tl.arange(0, 64)
+    o_k = tl.arange(0, BK)
+    o_v = tl.arange(0, BV)
+    m_k = o_k < K
+    m_v = o_v < V
+    m_tri = o_r[:, None] >= o_r[None, :]
+    k_base = k + (i_b.to(tl.int64) * TS * H + i_h) * K
+    v_base = v + (i_b.to(tl.int64) * TS * H + i_h) * V
+    aux = i_bh.to(tl.int64) * NCH * L + i_c * L  # row of this chunk in Ti/W/U/gcum/rstd
+    carry = tl.zeros([1], dtype=tl.float32)
+    for a in tl.static_range(NH):
+        s = i_c * L + a * 64 + o_r
+        m_s = s < TS
+        if USE_G:
+            m_g = m_s & (s % NH == 0)
+            b_gs = tl.load(g + (i_b.to(tl.int64) * T + s // NH) * H + i_h, mask=m_g, other=0.0).to(tl.float32)
+            b_G = tl.cumsum(b_gs, 0) + carry
+            carry += tl.sum(b_gs, 0)
+        else:
+            b_G = tl.zeros([64], dtype=tl.float32)
+        tl.store(gcum + aux + a * 64 + o_r, b_G)
+        b_k = tl.load(k_base + s[:, None] * (H * K) + o_k[None, :], mask=m_s[:, None] & m_k[None, :], other=0.0)
+        b_beta = tl.load(beta + (i_b.to(tl.int64) * TS + s) * H + i_h, mask=m_s, other=0.0).to(tl.float32)
+        b_rs = tl.load(rstd + aux + a * 64 + o_r)
+        b_v = tl.load(v_base + s[:, None] * (H * V) + o_v[None, :], mask=m_s[:, None] & m_v[None, :], other=0.0)
+        b_X = b_k.to(tl.float32) * (b_beta * b_rs * tl.exp(b_G))[:, None]
+        b_Y = b_v.to(tl.float32) * b_beta[:, None]
+        b_kd = _dot_in(b_k, W, F32)
+        for bb in tl.static_range(a):
+            rows2 = aux + bb * 64 + o_r
+            s2 = i_c * L + bb * 64 + o_r
+            b_k2 = tl.load(
+                k_base + s2[:, None] * (H * K) + o_k[None, :], mask=(s2 < TS)[:, None] & m_k[None, :], other=0.0
+            )
+            b_rs2 = tl.load(rstd + rows2)
+            b_G2 = tl.load(gcum + rows2)
+            b_W2 = tl.load(W + rows2[:, None] * K + o_k[None, :], mask=m_k[None, :], other=0.0)
+            b_U2 = tl.load(U + rows2[:, None] * V + o_v[None, :], mask=m_v[None, :], other=0.0)
+            b_kk2 = tl.dot(b_kd, tl.trans(_dot_in(b_k2, W, F32)), input_precision=PREC)
+            b_A2 = _dot_in(
+                b_kk2 * (b_beta * b_rs)[:, None] * b_rs2[None, :] * tl.exp(b_G[:, None] - b_G2[None, :]), W, F32
+            )
+            b_X -= tl.dot(b_A2, _dot_in(b_W2, W, F32), input_precision=PREC)
+            b_Y -= tl.dot(b_A2, _dot_in(b_U2, W, F32), input_precision=PREC)
+        rows = aux + a * 64 + o_r
+        b_Ti = _dot_in(tl.load(Ti + rows[:, None] * 64 + o_r[None, :], mask=m_tri, other=0.0), W, F32)
+        b_W = tl.dot(b_Ti, _dot_in(b_X, W, F32), input_precision=PREC)
+        b_U = tl.dot(b_Ti, _dot_in(b_Y, W, F32), input_precision=PREC)
+        tl.store(W + rows[:, None] * K + o_k[None, :], b_W.to(W.dtype.element_ty), mask=m_k[None, :])
+        tl.store(U + rows[:, None] * V + o_v[None, :], b_U.to(U.dtype.element_ty), mask=m_v[None, :])
+        tl.debug_barrier()
+
+
+@triton.jit
+def _state_kernel(
+    k,
+    W,
+    U,
+    D,
+    gcum,
+    rstd,
+    bnd,
+    ht,
+    h0,
+    T,
+    H: tl.constexpr,
+    NH: tl.constexpr,
+    K: tl.constexpr,
+    V: tl.constexpr,
+    BK: tl.constexpr,
+    BV: tl.constexpr,
+    HAS_H0: tl.constexpr,
+    STORE_FINAL: tl.constexpr,
+    F32: tl.constexpr,
+    PREC: tl.constexpr,
+):
+    """One program per (value tile, batch*head), looping over chunks: store S_c, D = U - W S_c,
+    S_{c+1} = e^{G_L} S_c + sum_s e^{G_L - G_s} k_s D_s^T (the n_h blocks of a chunk share S_c)."""
+    i_v, i_bh = tl.program_id(0), tl.program_id(1)
+    i_b, i_h = i_bh // H, i_bh % H
+    NCH = tl.cdiv(T, 64)
+    L: tl.constexpr = 64 * NH
+    TS = T * NH
+    o_r = tl.arange(0, 64)
+    o_k = tl.arange(0, BK)
+    o_v = i_v * BV + tl.arange(0, BV)
+    m_k = o_k < K
+    m_v = o_v < V
+    m_h = m_k[:, None] & m_v[None, :]
+    k_base = k + (i_b.to(tl.int64) * TS * H + i_h) * K
+    aux0 = i_bh.to(tl.int64) * NCH * L
+    p_hkv = o_k[:, None] * V + o_v[None, :]
+    if HAS_H0:
+        b_h = tl.load(h0 + i_bh.to(tl.int64) * K * V + p_hkv, mask=m_h, other=0.0).to(tl.float32)
+    else:
+        b_h = tl.zeros([BK, BV], dtype=tl.float32)
+    for c in range(NCH):
+        tl.store(bnd + ((i_b.to(tl.int64) * (NCH + 1) + c) * H + i_h) * K * V + p_hkv, b_h, mask=m_h)
+        aux = aux0 + c * L
+        b_hd = _dot_in(b_h, k, F32)
+        b_GL = tl.load(gcum + aux + L - 1)
+        b_upd = tl.zeros([BK, BV], dtype=tl.float32)
+        for a in tl.static_range(NH):
+            rows = aux + a * 64 + o_r
+            s = c * L + a * 64 + o_r
+            b_w = tl.load(W + rows[:, None] * K + o_k[None, :], mask=m_k[None, :], other=0.0)
+            b_u = tl.load(U + rows[:, None] * V + o_v[None, :], mask=m_v[None, :], other=0.0)
+            b_d = b_u.to(tl.float32) - tl.dot(_dot_in(b_w, k, F32), b_hd, input_precision=PREC)
+            tl.store(D + rows[:, None] * V + o_v[None, :], b_d.to(D.dtype.element_ty), mask=m_v[None, :])
+            p_k = k_base + s[:, None] * (H * K) + o_k[None, :]
+            b_k = tl.load(p_k, mask=(s < TS)[:, None] & m_k[None, :], other=0.0)
+            b_ds = b_d * (tl.load(rstd + rows) * tl.exp(b_GL - tl.load(gcum + rows)))[:, None]
+            b_upd += tl.dot(tl.trans(_dot_in(b_k, k, F32)), _dot_in(b_ds, k, F32), input_precision=PREC)
+        b_h = b_h * tl.exp(b_GL) + b_upd
+    tl.store(bnd + ((i_b.to(tl.int64) * (NCH + 1) + NCH) * H + i_h) * K * V + p_hkv, b_h, mask=m_h)
+    if STORE_FINAL:
+        tl.store(ht + i_bh.to(tl.int64) * K * V + p_hkv, b_h, mask=m_h)
+
+
+@triton.jit
+def _transition_kernel(
+    k,
+    X,
+    gcum,
+    rstd,
+    out,
+    T,
+    H: tl.constexpr,
+    NH: tl.constexpr,
+    K: tl.constexpr,
+    N: tl.constexpr,
+    BK: tl.constexpr,
+    BN: tl.constexpr,
+    F32: tl.constexpr,
+    PREC: tl.constexpr,
+):
+    """One program per (column tile, chunk, batch*head): out_c = sum_s e^{G_L - G_s} k_s X_s^T [K, N].
+
+    With X = W this is the chunk's low-rank transition part M_c, with X = U its input B_c, so that
+    S_{c+1} = e^{G_L} S_c - M_c S_c + B_c needs one matrix product per chunk in the sequential kernel.
+    """
+    i_n, i_c, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_b, i_h = i_bh // H, i_bh % H
+    NCH = tl.cdiv(T, 64)
+    L: tl.constexpr = 64 * NH
+    TS = T * NH
+    o_r = tl.arange(0, 64)
+    o_k = tl.arange(0, BK)
+    o_n = i_n * BN + tl.arange(0, BN)
+    m_k = o_k < K
+    m_n = o_n < N
+    aux = i_bh.to(tl.int64) * NCH * L + i_c * L
+    k_base = k + (i_b.to(tl.int64) * TS * H + i_h) * K
+    b_GL = tl.load(gcum + aux + L - 1)
+    b_acc = tl.zeros([BK, BN], dtype=tl.float32)
+    for a in tl.static_range(NH):
+        rows = aux + a * 64 + o_r
+        s = i_c * L + a * 64 + o_r
+        p_k = k_base + s[:, None] * (H * K) + o_k[None, :]
+        b_k = tl.load(p_k, mask=(s < TS)[:, None] & m_k[None, :], other=0.0)
+        b_ks = b_k.to(tl.float32) * (tl.load(rstd + rows) * tl.exp(b_GL - tl.load(gcum + rows)))[:, None]
+        b_x = tl.load(X + rows[:, None] * N + o_n[None, :], mask=m_n[None, :], other=0.0)
+        b_acc += tl.dot(tl.trans(_dot_in(b_ks, X, F32)), _dot_in(b_x, X, F32), input_precision=PREC)
+    p_out = out + (i_bh.to(tl.int64) * NCH + i_c) * K * N + o_k[:, None] * N + o_n[None, :]
+    tl.store(p_out, b_acc.to(out.dtype.element_ty), mask=m_k[:, None] & m_n[None, :])
+
+
+@triton.jit
+def _recurrence_kernel(
+    M,
+    Bc,
+    gcum,
+    bnd,
+    ht,
+    h0,
+    T,
+    H: tl.constexpr,
+    NH: tl.constexpr,
+    K: tl.constexpr,
+    V: tl.constexpr,
+    BK: tl.constexpr,
+    BV: tl.constexpr,
+    HAS_H0: tl.constexpr,
+    STORE_FINAL: tl.constexpr,
+    F32: tl.constexpr,
+    PREC: tl.constexpr,
+):
+    """One program per (value tile, batch*head): S_{c+1} = e^{G_L} S_c - M_c S_c + B_c, storing every S_c."""
+    i_v, i_bh = tl.program_id(0), tl.program_id(1)
+    i_b, i_h = i_bh // H, i_bh % H
+    NCH = tl.cdiv(T, 64)
+    L: tl.constexpr = 64 * NH
+    o_k = tl.arange(0, BK)
+    o_v = i_v * BV + tl.arange(0, BV)
+    m_k = o_k < K
+    m_h = m_k[:, None] & (o_v < V)[None, :]
+    p_hkv = o_k[:, None] * V + o_v[None, :]
+    p_mkk = o_k[:, None] * K + o_k[None, :]
+    m_kk = m_k[:, None] & m_k[None, :]
+    if HAS_H0:
+        b_h = tl.load(h0 + i_bh.to(tl.int64) * K * V + p_hkv, mask=m_h, other=0.0).to(tl.float32)
+    else:
+        b_h = tl.zeros([BK, BV], dtype=tl.float32)
+    for c in range(NCH):
+        tl.store(bnd + ((i_b.to(tl.int64) * (NCH + 1) + c) * H + i_h) * K * V + p_hkv, b_h, mask=m_h)
+        cc = i_bh.to(tl.int64) * NCH + c
+        b_m = tl.load(M + cc * K * K + p_mkk, mask=m_kk, other=0.0)
+        b_b = tl.load(Bc + cc * K * V + p_hkv, mask=m_h, other=0.0).to(tl.float32)
+        b_GL = tl.load(gcum + (i_bh.to(tl.int64) * NCH + c) * L + L - 1)
+        b_mh = tl.dot(_dot_in(b_m, M, F32), _dot_in(b_h, M, F32), input_precision=PREC)
+        b_h = b_h * tl.exp(b_GL) - b_mh + b_b
+    tl.store(bnd + ((i_b.to(tl.int64) * (NCH + 1) + NCH) * H + i_h) * K * V + p_hkv, b_h, mask=m_h)
+    if STORE_FINAL:
+        tl.store(ht + i_bh.to(tl.int64) * K * V + p_hkv, b_h, mask=m_h)
+
+
+@triton.jit
+def _output_kernel(
+    q,
+    k,
+    D,
+    W,
+    U,
+    gcum,
+    rstd,
+    bnd,
+    o,
+    T,
+    scale,
+    H: tl.constexpr,
+    NH: tl.constexpr,
+    K: tl.constexpr,
+    V: tl.constexpr,
+    BK: tl.constexpr,
+    BV: tl.constexpr,
+    NORM: tl.constexpr,
+    D_FROM_WU: tl.constexpr,
+    F32: tl.constexpr,
+    PREC: tl.constexpr,
+):
+    """One program per (value tile, chunk, batch*head): o = scale (e^G q S_c + (q K^T * decay * mask) D),
+    D read from memory, or rebuilt as U - W S_c (D_FROM_WU)."""
+    i_v, i_c, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_b, i_h = i_bh // H, i_bh % H
+    NCH = tl.cdiv(T, 64)
+    L: tl.constexpr = 64 * NH
+    TS = T * NH
+    o_r = tl.arange(0, 64)
+    o_k = tl.arange(0, BK)
+    o_v = i_v * BV + tl.arange(0, BV)
+    m_k = o_k < K
+    m_v = o_v < V
+    aux = i_bh.to(tl.int64) * NCH * L + i_c * L
+    t = i_c * 64 + o_r
+    m_t = t < T
+    b_q = tl.load(
+        q + (i_b.to(tl.int64) * T * H + i_h) * K + t[:, None] * (H * K) + o_k[None, :],
+        mask=m_t[:, None] & m_k[None, :],
+        other=0.0,
+    )
+    if NORM:
+        b_qf = b_q.to(tl.float32)
+        b_rq = 1.0 / tl.sqrt(tl.sum(b_qf * b_qf, 1) + 1e-6)
+    else:
+        b_rq = tl.full([64], 1.0, dtype=tl.float32)
+    b_Gq = tl.load(gcum + aux + o_r * NH + NH - 1)
+    b_qd = _dot_in(b_q, k, F32)
+    p_h = bnd + ((i_b.to(tl.int64) * (NCH + 1) + i_c) * H + i_h) * K * V + o_k[:, None] * V + o_v[None, :]
+    b_h = tl.load(p_h, mask=m_k[:, None] & m_v[None, :], other=0.0)
+    b_hd = _dot_in(b_h, k, F32)
+    b_o = tl.dot(b_qd, b_hd, input_precision=PREC) * (b_rq * tl.exp(b_Gq))[:, None]
+    k_base = k + (i_b.to(tl.int64) * TS * H + i_h) * K
+    for a in tl.static_range(NH):
+        rows = aux + a * 64 + o_r
+        s = i_c * L + a * 64 + o_r
+        b_k = tl.load(k_base + s[:, None] * (H * K) + o_k[None, :], mask=(s < TS)[:, None] & m_k[None, :], other=0.0)
+        b_G = tl.load(gcum + rows)
+        b_rs = tl.load(rstd + rows)
+        tok = (a * 64 + o_r) // NH
+        m_a = tok[None, :] <= o_r[:, None]
+        b_s = tl.dot(b_qd, tl.trans(_dot_in(b_k, k, F32)), input_precision=PREC)
+        b_dec = tl.exp(tl.where(m_a, b_Gq[:, None] - b_G[None, :], 0.0))
+        b_s = tl.where(m_a, b_s * b_rq[:, None] * b_rs[None, :] * b_dec, 0.0)
+        if D_FROM_WU:
+            b_w = tl.load(W + rows[:, None] * K + o_k[None, :], mask=m_k[None, :], other=0.0)
+            b_u = tl.load(U + rows[:, None] * V + o_v[None, :], mask=m_v[None, :], other=0.0)
+            b_d = b_u.to(tl.float32) - tl.dot(_dot_in(b_w, k, F32), b_hd, input_precision=PREC)
+        else:
+            b_d = tl.load(D + rows[:, None] * V + o_v[None, :], mask=m_v[None, :], other=0.0)
+        b_o += tl.dot(_dot_in(b_s, k, F32), _dot_in(b_d, k, F32), input_precision=PREC)
+    p_o = o + (i_b.to(tl.int64) * T * H + i_h) * V + t[:, None] * (H * V) + o_v[None, :]
+    tl.store(p_o, (b_o * scale).to(o.dtype.element_ty), mask=m_t[:, None] & m_v[None, :])
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    """Launch choices; None picks the default for the shape (see `default_config`).
+
+    mode "direct": the sequential kernel computes D = U - W S_c itself (two products per chunk, stores D);
+    "transition": chunk transitions M_c, B_c are built in parallel, the sequential kernel does one product
+    per chunk and the output kernel rebuilds D from W, U and S_c.
+    """
+
+    mode: str | None = None
+    state_bv: int | None = None  # value tile of the sequential kernel
+    tri_warps: int = 2
+    wu_warps: int = 8
+    state_warps: int = 4
+    state_stages: int = 2
+    out_warps: int = 4
+    out_bv: int = 128
+    tri_programs_per_sm: int = 8
+
+
+def _pow2(n: int) -> int:
+    return max(16, triton.next_power_of_2(n))
+
+
+@functools.cache
+def _num_sms() -> int:
+    return torch.cuda.get_device_properties(0).multi_processor_count if torch.cuda.is_available() else 132
+
+
+def default_config(B: int, H: int, V: int, n_h: int = 1) -> LaunchConfig:
+    """Value tiles of the sequential kernel: 16 while batch * head leaves SMs idle (parallelism), 32 once
+    there is about a program per SM, 64 for n_h <= 2 at that occupancy (W and K are re-read per tile).
+
+    Measured on an H200 (B=8, T=8192, H=8, dk=dv=128): n_h=1 bv 64/32/16 = 1.14/1.14/1.34 ms, n_h=2
+    2.27/2.58/3.17 ms, n_h=3 4.55/4.46/5.36 ms; mode "transition" was slower everywhere (1.65, 2.99, 4.91).
+    """
+    n_sm = _num_sms()
+    bv = 16
+    if B * H * triton.cdiv(V, 32) >= 0.9 * n_sm:
+        bv = 32
+    if B * H * triton.cdiv(V, 64) >= (0.9 if n_h <= 2 else 2.0) * n_sm:
+        bv = 64
+    return LaunchConfig(mode="direct", state_bv=min(bv, _pow2(V)))
+
+
+def _check(q, k, v, beta, g, initial_state, chunk_size) -> None:
+    if q.dim() != 4 or k.dim() != 5 or v.dim() != 5 or beta.dim() != 4:
+        raise ValueError(
+            "expected q [B,T,H,K], k [B,T,n_h,H,K], v [B,T,n_h,H,V], beta [B,T,n_h,H]; got "
+            f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}, {tuple(beta.shape)}"
+        )
+    B, T, H, K = q.shape
+    n_h = k.shape[2]
+    if k.shape != (B, T, n_h, H, K) or v.shape[:4] != (B, T, n_h, H) or beta.shape != (B, T, n_h, H):
+        raise ValueError(
+            f"shapes disagree: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}, beta {tuple(beta.shape)}"
+        )
+    if g is not None and g.shape != (B, T, H):
+        raise ValueError(f"g must be [B,T,H] = {(B, T, H)}, got {tuple(g.shape)}")
+    if initial_state is not None and initial_state.shape != (B, H, K, v.shape[-1]):
+        raise ValueError(
+            f"initial_state must be [B,H,K,V] = {(B, H, K, v.shape[-1])}, got {tuple(initial_state.shape)}"
+        )
+    if chunk_size != CHUNK_SIZE:
+        raise ValueError(f"the Triton forward uses chunk_size={CHUNK_SIZE}; use chunk_delta_product for {chunk_size}")
+    if q.dtype not in (torch.bfloat16, torch.float16, torch.float32):
+        raise ValueError(f"q dtype {q.dtype} unsupported: pass bf16, fp16 or fp32 (chunk_delta_product for fp64)")
+    if max(K, v.shape[-1]) > 256:
+        raise ValueError(f"head dims up to 256 are supported, got K={K}, V={v.shape[-1]}")
+    if not (q.is_cuda or _interpreting()):
+        raise ValueError("the Triton forward needs CUDA tensors (or TRITON_INTERPRET=1 on the CPU)")
+
+
+def triton_delta_product(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    beta: torch.Tensor,
+    g: torch.Tensor | None = None,
+    scale: float | None = None,
+    initial_state: torch.Tensor | None = None,
+    chunk_size: int = CHUNK_SIZE,
+    normalize_qk: bool = True,
+    output_final_state: bool = True,
+    output_boundary_states: bool = True,
+    config: LaunchConfig | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """Return (o [B,T,H,V] in q's dtype, final state [B,H,K,V] fp32, boundary states [B,NC,H,K,V] fp32).
+
+    Forward only. NC = ceil(T/64) + 1: boundary c is the state before token 64c, the last is the final
+    state. bf16/fp16 inputs run the matrix products in half precision with fp32 accumulation.
+    """
+    _check(q, k, v, beta, g, initial_state, chunk_size)
+    B, T, H, K = q.shape
+    n_h, V = k.shape[2], v.shape[-1]
+    dtype = q.dtype
+    q, k, v = q.contiguous(), k.to(dtype).contiguous(), v.to(dtype).contiguous()
+    beta = beta.contiguous()
+    g = g.contiguous() if g is not None else None
+    h0 = initial_state.contiguous() if initial_state is not None else None
+    scale = K**-0.5 if scale is None else float(scale)
+    dev = q.device
+    NCH = triton.cdiv(T, CHUNK_SIZE)
+    BK, BVF = _pow2(K), _pow2(V)
+    interp = _interpreting()
+    F32 = interp or dtype == torch.float32  # fp32 operands in tl.dot (the interpreter's bf16 dot is wrong)
+    PREC = "ieee" if dtype == torch.float32 else "tf32"
+    d = default_config(B, H, V, n_h)
+    cfg = replace(config or d, mode=(config or d).mode or d.mode, state_bv=(config or d).state_bv or d.state_bv)
+    if cfg.mode not in ("transition", "direct"):
+        raise ValueError(f"LaunchConfig.mode must be 'transition' or 'direct', got {cfg.mode!r}")
+    BV = min(cfg.state_bv, BVF)
+
+    f32 = torch.float32
+    NB = NCH * n_h  # 64-sub-step blocks per (batch, head)
+    Ti = torch.empty(B * H, NB * BLOCK, BLOCK, dtype=dtype, device=dev)
+    rstd = torch.empty(B * H, NB * BLOCK, dtype=f32, device=dev)
+    n_prog = min(B * H * NB, 3 if interp else _num_sms() * cfg.tri_programs_per_sm)
+    scratch = torch.empty(n_prog, BLOCK, BLOCK, dtype=f32, device=dev)
+    _tri_kernel[(n_prog,)](
+        k,
+        beta,
+        g,
+        Ti,
+        rstd,
+        scratch,
+        T,
+        B * H * NB,
+        H=H,
+        NH=n_h,
+        K=K,
+        BK=BK,
+        USE_G=g is not None,
+        NORM=normalize_qk,
+        F32=F32,
+        PREC=PREC,
+        num_warps=cfg.tri_warps,
+    )
+    W = torch.empty(B * H, NB * BLOCK, K, dtype=dtype, device=dev)
+    U = torch.empty(B * H, NB * BLOCK, V, dtype=dtype, device=dev)
+    gcum = torch.empty(B * H, NB * BLOCK, dtype=f32, device=dev)
+    _wu_kernel[(NCH, B * H)](
+        k,
+        v,
+        beta,
+        g,
+        Ti,
+        W,
+        U,
+        gcum,
+        rstd,
+        T,
+        H=H,
+        NH=n_h,
+        K=K,
+        V=V,
+        BK=BK,
+        BV=BVF,
+        USE_G=g is not None,
+        F32=F32,
+        PREC=PREC,
+        num_warps=cfg.wu_warps,
+    )
+    bnd = torch.empty(B, NCH + 1, H, K, V, dtype=f32, device=dev)  # also the output kernel's input
+    ht = torch.empty(B, H, K, V, dtype=f32, device=dev) if output_final_state else None
+    o = torch.empty(B, T, H, V, dtype=dtype, device=dev)
+    common = dict(H=H, NH=n_h, K=K, F32=F32, PREC=PREC)
+    state_consts = dict(V=V, BK=BK, BV=BV, HAS_H0=h0 is not None, STORE_FINAL=output_final_state, **common)
+    D = None
+    if cfg.mode == "transition":
+        # M_c in the operand dtype of the product; B_c adds to the state, so it stays fp32
+        M = torch.empty(B * H, NCH, K, K, dtype=dtype, device=dev)
+        Bc = torch.empty(B * H, NCH, K, V, dtype=f32, device=dev)
+        for X, out, N in ((W, M, K), (U, Bc, V)):
+            BN = min(64, _pow2(N))
+            _transition_kernel[(triton.cdiv(N, BN), NCH, B * H)](
+                k, X, gcum, rstd, out, T, N=N, BK=BK, BN=BN, num_warps=4, **common
+            )
+        smem = BK * BK * q.element_size() + BK * BV * 4
+        _launch(_recurrence_kernel, (triton.cdiv(V, BV), B * H), cfg, (M, Bc, gcum, bnd, ht, h0, T), state_consts, smem)
+        del M, Bc
+    else:
+        D = torch.empty(B * H, NB * BLOCK, V, dtype=dtype, device=dev)
+        smem = n_h * 64 * (2 * BK + BV) * q.element_size()
+        _launch(
+            _state_kernel,
+            (triton.cdiv(V, BV), B * H),
+            cfg,
+            (k, W, U, D, gcum, rstd, bnd, ht, h0, T),
+            state_consts,
+            smem,
+        )
+    obv = min(cfg.out_bv, BVF)
+    _output_kernel[(triton.cdiv(V, obv), NCH, B * H)](
+        q,
+        k,
+        D,
+        W,
+        U,
+        gcum,
+        rstd,
+        bnd,
+        o,
+        T,
+        scale,
+        V=V,
+        BK=BK,
+        BV=obv,
+        NORM=normalize_qk,
+        D_FROM_WU=D is None,
+        num_warps=cfg.out_warps,
+        **common,
+    )
+    return o, ht, (bnd if output_boundary_states else None)
+
+
+SMEM_PER_SM = 225 * 1024  # shared memory a sequential kernel's resident programs may take (H100/H200: 227 KiB)
+
+
+def _launch(kernel, grid, cfg: LaunchConfig, args: tuple, consts: dict, smem_per_stage: int) -> None:
+    """Launch a sequential kernel so that all its programs are resident at once (one wave): as many
+    pipeline stages as the shared memory of ceil(programs / SMs) programs per SM allows, at least one."""
+    per_sm = -(-grid[0] * grid[1] // _num_sms())
+    stages = max(1, min(cfg.state_stages, SMEM_PER_SM // max(per_sm * smem_per_stage, 1)))
+    try:
+        kernel[grid](*args, num_warps=cfg.state_warps, num_stages=stages, **consts)
+    except OutOfResources:
+        if stages == 1:
+            raise
+        kernel[grid](*args, num_warps=cfg.state_warps, num_stages=1, **consts)

@@ -1,0 +1,375 @@
+"""Run a checkpoint over data under nnsight and stream its hook points into a deltalab store.
+
+One batch = one chunk of the store along `seq`: the model runs the batch in an nnsight trace that
+caches the requested hook points, a background thread writes the arrays and then the batch's
+`complete` flags, and at most `QUEUE_DEPTH` batches wait in memory, whatever the data size.
+Rerunning the same command skips complete batches (resume); a new data spec appends. Under
+`torchrun` (WORLD_SIZE > 1) rank r takes batches r, r + N, ...; rank 0 creates the store first.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import os
+import queue
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from store import schema
+from store.data import Data, load_data
+from store.errors import StoreError, StoreMismatchError
+from store.writer import Segment, StoreWriter
+
+QUEUE_DEPTH = 2
+"""Batches computed but not yet written; bounds memory (plus one being computed, one being written)."""
+
+DEFAULT_BATCH_SIZE = 8
+
+
+class CaptureError(StoreError):
+    """Bad capture arguments (layers, hooks, batch size, device)."""
+
+
+# --- provenance --------------------------------------------------------------------------
+
+def checkpoint_digest(folder: str | Path) -> str:
+    """`sha256:<hex>` of the checkpoint's weights file (model.safetensors, else pytorch_model.bin)."""
+    folder = Path(folder)
+    for name in ("model.safetensors", "pytorch_model.bin"):
+        f = folder / name
+        if f.is_file():
+            h = hashlib.sha256()
+            with open(f, "rb") as fh:
+                for block in iter(lambda: fh.read(1 << 22), b""):
+                    h.update(block)
+            return "sha256:" + h.hexdigest()
+    return "sha256:unknown"
+
+
+def _deltalab_version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("deltalab")
+    except Exception:  # noqa: BLE001 - not installed (running from a clone)
+        return "unknown"
+
+
+def _train_length(folder: Path, model_config: dict[str, Any]) -> int | None:
+    """Training sequence length, if the checkpoint records it (config or a training json beside it)."""
+    import json
+
+    for key in ("train_length", "max_length", "seq_len"):
+        if isinstance(model_config.get(key), int):
+            return int(model_config[key])
+    for name in ("train_config.json", "training.json", "train.json", "task.json"):
+        f = folder / name
+        if f.is_file():
+            try:
+                raw = json.loads(f.read_text())
+            except (OSError, ValueError):
+                continue
+            for key in ("train_length", "length", "seq_len", "max_length"):
+                if isinstance(raw, dict) and isinstance(raw.get(key), int):
+                    return int(raw[key])
+    return None
+
+
+# --- arguments ---------------------------------------------------------------------------
+
+def parse_list(text: str | Sequence | None) -> list[str] | None:
+    """"a,b" -> ["a", "b"]; lists pass through; None stays None."""
+    if text is None:
+        return None
+    if isinstance(text, str):
+        return [t.strip() for t in text.split(",") if t.strip()]
+    return [str(t) for t in text]
+
+
+def resolve_layers(layers: str | Sequence[int] | None, num_layers: int) -> list[int]:
+    """Captured layer indices (sorted, unique); CaptureError if one is outside 0..num_layers-1."""
+    if layers is None:
+        return list(range(num_layers))
+    out = []
+    for item in parse_list(layers) or []:
+        try:
+            i = int(item)
+        except ValueError:
+            raise CaptureError(f"--layers {item!r} is not an integer; pass e.g. --layers 0,1") from None
+        if not 0 <= i < num_layers:
+            raise CaptureError(f"layer {i} is out of range: the model has {num_layers} layer(s) "
+                               f"(0..{num_layers - 1})")
+        out.append(i)
+    if not out:
+        raise CaptureError("--layers is empty; pass e.g. --layers 0 or omit it for all layers")
+    return sorted(set(out))
+
+
+def _dist_env() -> tuple[int, int, int]:
+    """(rank, world size, local rank) from torchrun's environment; (0, 1, 0) otherwise."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world <= 1:
+        return 0, 1, 0
+    return int(os.environ.get("RANK", "0")), world, int(os.environ.get("LOCAL_RANK", "0"))
+
+
+# --- the traced forward ------------------------------------------------------------------
+
+class HookedRunner:
+    """Run batches through `model` under nnsight, returning numpy arrays named as the store's variables."""
+
+    def __init__(self, model: Any, variables: list[str], layers: list[int], dtype: str,
+                 num_classes: int | None = None) -> None:
+        import torch
+        from nnsight import NNsight
+
+        self.model = model
+        self.nn = NNsight(model)
+        self.layers = layers
+        self.variables = variables
+        self.torch_dtype = {"float16": torch.float16, "float32": torch.float32}[dtype]
+        self.num_classes = num_classes
+        self.per_layer = [v for v in variables if v in schema.MODEL_HOOK_POINTS]
+        self.envoys: dict[str, list[Any]] = {}
+        for var in self.per_layer:
+            self.envoys[var] = []
+            for i in layers:
+                env = self.nn.layers[i]
+                for part in schema.MODEL_HOOK_POINTS[var].split("."):
+                    env = getattr(env, part)
+                self.envoys[var].append(env)
+
+    def __call__(self, tokens: np.ndarray, labels: np.ndarray,
+                 doc_start: np.ndarray) -> dict[str, np.ndarray]:
+        import torch
+
+        device = next(self.model.parameters()).device
+        ids = torch.from_numpy(np.ascontiguousarray(tokens, dtype=np.int64)).to(device)
+        with torch.no_grad():
+            if self.per_layer:
+                flat = [e for envs in self.envoys.values() for e in envs]
+                with self.nn.trace(ids) as tracer:
+                    cache = tracer.cache(modules=flat, dtype=self.torch_dtype)
+                    out = self.nn.output.save()
+                logits = out.logits
+            else:
+                cache, logits = None, self.model(ids).logits
+            result: dict[str, np.ndarray] = {}
+            for var, envs in self.envoys.items():
+                stacked = torch.stack([cache[e.path].output for e in envs], dim=1)
+                result[var] = stacked.to(self.torch_dtype).cpu().numpy()
+            if "loss" in self.variables or "correct" in self.variables:
+                lab = torch.from_numpy(np.ascontiguousarray(labels, dtype=np.int64)).to(device)
+                result.update(_token_loss(logits, lab, self.num_classes))
+        if "tokens" in self.variables:
+            result["tokens"] = np.asarray(tokens, dtype=np.int32)
+        if "doc_start" in self.variables:
+            result["doc_start"] = np.asarray(doc_start, dtype=bool)
+        if "labels" in self.variables:
+            result["labels"] = np.asarray(labels, dtype=np.int32)
+        return result
+
+
+def _token_loss(logits: Any, labels: Any, num_classes: int | None) -> dict[str, np.ndarray]:
+    """Per-token cross-entropy (NaN where no label) and argmax correctness (over the first num_classes)."""
+    import torch
+    import torch.nn.functional as F
+
+    logits = logits.float()
+    has = labels != schema.NO_LABEL
+    ce = F.cross_entropy(logits.flatten(0, 1), labels.clamp(min=0).flatten(), reduction="none")
+    ce = ce.view(labels.shape)
+    ce = torch.where(has, ce, torch.full_like(ce, float("nan")))
+    pred = (logits[..., :num_classes] if num_classes else logits).argmax(-1)
+    correct = (pred == labels) & has
+    return {"loss": ce.cpu().numpy().astype(np.float32), "correct": correct.cpu().numpy()}
+
+
+# --- background writing --------------------------------------------------------------------
+
+class BackgroundWriter:
+    """Writes batches on a thread so the model never waits on disk; errors resurface on the caller."""
+
+    def __init__(self, writer: StoreWriter, depth: int = QUEUE_DEPTH, on_done: Any = None) -> None:
+        self.writer = writer
+        self.on_done = on_done
+        self.error: BaseException | None = None
+        self._queue: queue.Queue = queue.Queue(maxsize=depth)
+        self._thread = threading.Thread(target=self._run, name="deltalab-store-writer", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            if self.error is not None:
+                continue  # drain, so a producer blocked on put() wakes up
+            start, arrays = item
+            try:
+                self.writer.write_batch(start, arrays)
+                if self.on_done is not None:
+                    self.on_done(len(next(iter(arrays.values()))))
+            except BaseException as err:  # noqa: BLE001 - handed to the producer thread
+                self.error = err
+
+    def put(self, start: int, arrays: dict[str, np.ndarray]) -> None:
+        self.raise_error()
+        self._queue.put((start, arrays))
+
+    def raise_error(self) -> None:
+        if self.error is not None:
+            raise self.error
+
+    def close(self) -> None:
+        """Finish the queued batches; re-raise a write error."""
+        self.stop()
+        self.raise_error()
+
+    def stop(self) -> None:
+        """Finish the queued batches (they are valid data) and end the thread; idempotent."""
+        if self._thread.is_alive():
+            self._queue.put(None)
+            self._thread.join()
+
+
+# --- capture ---------------------------------------------------------------------------------
+
+def _store_batch_size(out: Path) -> int | None:
+    """batch_size of an existing store at `out` (None if there is none)."""
+    if not (out / "zarr.json").exists():
+        return None
+    from store.reader import check_store
+
+    return int(check_store(out)["batch_size"])
+
+
+def capture(checkpoint: str | Path, data: str | Data, out: str | Path, *,
+            hooks: str | Sequence[str] | None = None, layers: str | Sequence[int] | None = None,
+            batch_size: int | None = None, device: str = "cpu",
+            dtype: str = "float32", progress: bool = True, command_line: list[str] | None = None,
+            model: Any = None) -> dict[str, Any]:
+    """Capture `checkpoint` over `data` (a spec string or Data) into store `out`; returns a summary dict.
+
+    Creates the store, resumes the same data spec (skipping complete sequences), or appends a new
+    spec. Runs data-parallel when launched by torchrun. `model` may pass the already-loaded model.
+    """
+    import torch
+
+    t0 = time.perf_counter()
+    checkpoint, out = Path(checkpoint), Path(out)
+    rank, world, local_rank = _dist_env()
+    if dtype not in schema.FLOAT_DTYPES:
+        raise CaptureError(f"--dtype {dtype!r} is not supported; use one of {', '.join(schema.FLOAT_DTYPES)}")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise CaptureError("--device cuda but no CUDA GPU is visible; use --device cpu")
+    if device == "cuda" and world > 1:
+        device = f"cuda:{local_rank}"
+    hook_list = parse_list(hooks) or list(schema.DEFAULT_HOOKS)
+    if model is None:
+        from models import load_checkpoint
+
+        model = load_checkpoint(checkpoint, device=device, dtype=torch.float32)
+    cfg = model.config
+    layer_list = resolve_layers(layers, cfg.num_hidden_layers)
+    try:
+        variables = schema.variables_for(hook_list, gated=bool(cfg.use_forget_gate))
+    except ValueError as err:
+        raise CaptureError(str(err)) from None
+    data = data if isinstance(data, Data) else load_data(data, checkpoint)
+    data.check_vocab(cfg.vocab_size)
+
+    stored_batch = _store_batch_size(out)
+    if batch_size is not None and batch_size < 1:
+        raise CaptureError(f"--batch-size must be >= 1, got {batch_size}")
+    if stored_batch is not None and batch_size is not None and batch_size != stored_batch:
+        raise StoreMismatchError(f"{out} is chunked by {stored_batch} sequences: "
+                                 f"pass --batch-size {stored_batch} or omit it")
+    batch = stored_batch or batch_size or DEFAULT_BATCH_SIZE
+
+    model_config = cfg.to_dict()
+    sizes = {"pos": data.length, "layer": len(layer_list), "head": cfg.num_heads, "step": cfg.num_householder,
+             "dk": cfg.head_k_dim, "dv": cfg.head_v_dim, "chunk": schema.n_chunks(data.length),
+             "hidden": cfg.hidden_size}
+    attrs = {
+        "deltalab_format": schema.FORMAT_VERSION, "model_config": model_config,
+        "checkpoint_digest": checkpoint_digest(checkpoint), "deltalab_version": _deltalab_version(),
+        "command_line": list(command_line if command_line is not None else sys.argv),
+        "chunk_size": schema.CHUNK_SIZE,
+        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "hooks": hook_list, "variables": variables, "layers": layer_list, "dtype": dtype,
+        "batch_size": batch, "sizes": sizes, "data_meta": data.meta, "world_size": world,
+    }
+    train_length = _train_length(checkpoint, model_config)
+    if train_length is not None:
+        attrs["train_length"] = train_length
+
+    writer, segment, own_group = _open_store(out, attrs, data, rank, world, device)
+    todo = [b for i, b in enumerate(writer.batches(segment)) if i % world == rank]
+    pending = set(writer.pending(segment))
+    todo_pending = [b for b in todo if b in pending]
+    n_todo = sum(b - a for a, b in todo_pending)
+    runner = HookedRunner(model, variables, layer_list, dtype, data.num_classes) if todo_pending else None
+    from tqdm.auto import tqdm
+
+    desc = f"capture -> {out.name}" + (f" [rank {rank}]" if world > 1 else "")
+    bar = tqdm(total=n_todo, unit="seq", desc=desc,
+               disable=not progress or (world > 1 and rank != 0), position=0, leave=False)
+    bg = BackgroundWriter(writer, on_done=bar.update)
+    try:
+        for a, b in todo_pending:
+            s, e = a - segment.start, b - segment.start
+            arrays = runner(data.tokens[s:e], data.labels[s:e], data.doc_start[s:e])
+            bg.put(a, arrays)
+        bg.close()
+    finally:
+        bg.stop()
+        bar.close()
+        if own_group:
+            import torch.distributed as dist
+
+            dist.destroy_process_group()
+    return {
+        "store": str(out), "data_spec": segment.data_spec, "segment": [segment.start, segment.stop],
+        "rank": rank, "world_size": world, "written": n_todo,
+        "skipped": sum(b - a for a, b in todo) - n_todo, "complete": writer.n_complete(),
+        "sequences": writer.segments()[-1].stop, "seconds": round(time.perf_counter() - t0, 3),
+    }
+
+
+def _open_store(out: Path, attrs: dict[str, Any], data: Data, rank: int, world: int,
+                device: str) -> tuple[StoreWriter, Segment, bool]:
+    """Rank 0 creates/opens the store; other ranks wait for it, then open it.
+
+    Returns (writer, segment, whether this call initialised torch.distributed)."""
+    if world <= 1:
+        return (*StoreWriter.create_or_append(out, attrs, data.spec, len(data), data.digest()), False)
+    import torch.distributed as dist
+
+    own_group = not dist.is_initialized()
+    if own_group:
+        dist.init_process_group(backend="nccl" if device.startswith("cuda") else "gloo")
+    error: list[str] = [""]
+    result = None
+    if rank == 0:
+        try:
+            result = StoreWriter.create_or_append(out, attrs, data.spec, len(data), data.digest())
+        except Exception as err:  # noqa: BLE001 - every rank must hear of it, or they wait forever
+            error[0] = str(err) if isinstance(err, StoreError) else f"creating {out} failed ({err})"
+    dist.broadcast_object_list(error, src=0)  # also the barrier: the store exists after it
+    if error[0]:
+        if own_group:
+            dist.destroy_process_group()
+        raise StoreError(error[0])
+    if result is not None:
+        return (*result, own_group)
+    writer = StoreWriter(out)
+    writer.check_identity(attrs)
+    return writer, writer.segment(data.spec), own_group

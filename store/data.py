@@ -1,0 +1,237 @@
+"""Data specs for capture: task generators, word-problem CSVs and text files -> fixed-length token arrays.
+
+Spec grammar (one string, as `deltalab capture --data` takes it):
+
+    S4:length=128,samples=512,seed=0        a models.tasks task (any name get_task knows; min_length= too)
+    csv:PATH  or  PATH.csv                   word-problem CSV: seed,input,target (space-separated ints)
+    text:PATH[:length=256,tokenizer=auto]    a .txt file, a folder of *.txt (sorted) or a glob; one
+                                             document per file, cut into non-overlapping windows of
+                                             `length` tokens (the last partial window is dropped);
+                                             tokenizer = auto (the checkpoint's tokenizer.json, else
+                                             bytes) | bytes | PATH/to/tokenizer.json
+
+Token ids are int32; labels are aligned with positions (-100 = none). For text the label at t is the
+next token of the same document. `doc_start` marks the first token of each document.
+"""
+
+from __future__ import annotations
+
+import glob as globmod
+import hashlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from store.errors import DataError
+from store.schema import NO_LABEL
+
+TEXT_DEFAULT_LENGTH = 256
+
+
+@dataclass
+class Data:
+    """Token sequences ready for capture (all [N, T])."""
+
+    spec: str  # canonical spec: the key a store's segment is recorded under
+    tokens: np.ndarray  # int32
+    labels: np.ndarray  # int32, NO_LABEL = none
+    doc_start: np.ndarray  # bool
+    num_classes: int | None = None  # `correct` compares the argmax over logits[:num_classes] (tasks)
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return int(self.tokens.shape[0])
+
+    @property
+    def length(self) -> int:
+        return int(self.tokens.shape[1])
+
+    def digest(self) -> str:
+        """sha256 of tokens and labels: a resumed segment must hold the same data."""
+        h = hashlib.sha256()
+        for a in (self.tokens, self.labels):
+            h.update(np.ascontiguousarray(a).tobytes())
+        return "sha256:" + h.hexdigest()
+
+    def check_vocab(self, vocab_size: int) -> None:
+        """DataError naming the first token (or label) id outside [0, vocab_size)."""
+        for what, arr, allowed in (("token", self.tokens, None), ("label", self.labels, NO_LABEL)):
+            bad = (arr < 0) | (arr >= vocab_size)
+            if allowed is not None:
+                bad &= arr != allowed
+            if bad.any():
+                s, t = (int(i) for i in np.argwhere(bad)[0])
+                raise DataError(f"data {self.spec!r}: {what} id {int(arr[s, t])} at sequence {s}, "
+                                f"position {t} is outside the model's vocabulary (0..{vocab_size - 1}); "
+                                "use data made for this model (or its tokenizer)")
+
+
+def _parse_options(text: str, spec: str) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        if "=" not in part:
+            raise DataError(f"data spec {spec!r}: option {part!r} must be key=value (e.g. length=128)")
+        key, value = (s.strip() for s in part.split("=", 1))
+        out[key] = value
+    return out
+
+
+def _int_option(opts: dict[str, str], key: str, spec: str, default: int | None = None) -> int | None:
+    if key not in opts:
+        return default
+    try:
+        return int(opts[key])
+    except ValueError:
+        raise DataError(f"data spec {spec!r}: {key}={opts[key]!r} must be an integer") from None
+
+
+def load_data(spec: str, checkpoint: str | Path | None = None) -> Data:
+    """Parse `spec` and build its token arrays (see the module docstring); DataError on bad input."""
+    spec = spec.strip()
+    if not spec:
+        raise DataError("empty --data spec: pass e.g. S4:length=128,samples=512,seed=0, a .csv or text:PATH")
+    if spec.startswith("csv:") or (spec.endswith(".csv") and ":" not in spec.split("/")[0]):
+        return _csv(spec.removeprefix("csv:"))
+    if spec.startswith("text:"):
+        body = spec.removeprefix("text:")
+        path, _, options = body.partition(":")
+        return _text(path, _parse_options(options, spec), checkpoint, spec)
+    if Path(spec).is_dir() or spec.endswith(".txt"):
+        return _text(spec, {}, checkpoint, spec)
+    return _task(spec)
+
+
+def _task(spec: str) -> Data:
+    from models.tasks import TaskError, get_task
+
+    name, _, options = spec.partition(":")
+    opts = _parse_options(options, spec)
+    unknown = sorted(set(opts) - {"length", "samples", "seed", "min_length"})
+    if unknown:
+        raise DataError(f"data spec {spec!r}: unknown option(s) {', '.join(unknown)} "
+                        "(tasks take length, samples, seed, min_length)")
+    if "length" not in opts or "samples" not in opts:
+        raise DataError(f"data spec {spec!r} needs length= and samples= "
+                        f"(e.g. {name}:length=128,samples=512,seed=0)")
+    length, samples = _int_option(opts, "length", spec), _int_option(opts, "samples", spec)
+    seed, min_length = _int_option(opts, "seed", spec, 0), _int_option(opts, "min_length", spec)
+    try:
+        task = get_task(name)
+        x, y = task.generate(length, samples, seed, min_length)
+    except TaskError as err:
+        raise DataError(f"data spec {spec!r}: {err}") from None
+    canonical = f"{name}:" + ",".join(f"{k}={v}" for k, v in
+                                      (("length", length), ("samples", samples), ("seed", seed),
+                                       ("min_length", min_length)) if v is not None)
+    tokens = np.asarray(x, dtype=np.int32)
+    doc_start = np.zeros(tokens.shape, dtype=bool)
+    doc_start[:, 0] = True
+    return Data(canonical, tokens, np.asarray(y, dtype=np.int32), doc_start, task.num_classes,
+                {"kind": "task", "task": task.spec()})
+
+
+def _csv(path_text: str) -> Data:
+    from models.tasks import TaskError, read_csv
+
+    path = Path(path_text).expanduser()
+    try:
+        rows = read_csv(path)
+    except TaskError as err:
+        raise DataError(f"data file {path}: {err}") from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise DataError(f"data file {path} cannot be read ({err}); pass a seed,input,target CSV") from None
+    tokens = np.asarray(rows.inputs, dtype=np.int32)
+    doc_start = np.zeros(tokens.shape, dtype=bool)
+    doc_start[:, 0] = True
+    return Data(f"csv:{path.resolve()}", tokens, np.asarray(rows.labels, dtype=np.int32), doc_start, None,
+                {"kind": "csv", "path": str(path.resolve())})
+
+
+def _text_files(path_text: str, spec: str) -> list[Path]:
+    path = Path(path_text).expanduser()
+    if path.is_dir():
+        files = sorted(p for p in path.rglob("*.txt") if p.is_file())
+    elif path.is_file():
+        files = [path]
+    else:
+        files = sorted(Path(p) for p in globmod.glob(str(path), recursive=True) if Path(p).is_file())
+    if not files:
+        raise DataError(f"data spec {spec!r}: no text files at {path} "
+                        "(pass a .txt file, a folder of .txt or a glob)")
+    return files
+
+
+def _tokenizer(choice: str, checkpoint: str | Path | None, spec: str) -> tuple[Any, str]:
+    """(encode function str -> list[int], description)."""
+    if choice == "auto":
+        found = Path(checkpoint) / "tokenizer.json" if checkpoint is not None else None
+        choice = str(found) if found is not None and found.is_file() else "bytes"
+    if choice == "bytes":
+        return (lambda s: list(s.encode("utf-8"))), "bytes"
+    path = Path(choice).expanduser()
+    if not path.is_file():
+        raise DataError(f"data spec {spec!r}: tokenizer {path} not found "
+                        "(use tokenizer=bytes or a tokenizer.json)")
+    try:
+        from tokenizers import Tokenizer
+    except ImportError:
+        raise DataError("reading tokenizer.json needs the `tokenizers` package: pip install tokenizers "
+                        "(or use tokenizer=bytes)") from None
+    try:
+        tok = Tokenizer.from_file(str(path))
+    except Exception as err:  # noqa: BLE001 - any parse failure is a bad file
+        raise DataError(f"tokenizer {path} cannot be read ({str(err).splitlines()[0]})") from None
+    desc = f"tokenizer.json sha256:{_sha256(path)[:16]}"
+    return (lambda s: tok.encode(s, add_special_tokens=False).ids), desc
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _text(path_text: str, opts: dict[str, str], checkpoint: str | Path | None, spec: str) -> Data:
+    unknown = sorted(set(opts) - {"length", "tokenizer"})
+    if unknown:
+        raise DataError(f"data spec {spec!r}: unknown option(s) {', '.join(unknown)} "
+                        "(text takes length, tokenizer)")
+    length = _int_option(opts, "length", spec, TEXT_DEFAULT_LENGTH)
+    if length < 1:
+        raise DataError(f"data spec {spec!r}: length must be >= 1")
+    files = _text_files(path_text, spec)
+    encode, tok_desc = _tokenizer(opts.get("tokenizer", "auto"), checkpoint, spec)
+    ids: list[np.ndarray] = []
+    starts: list[np.ndarray] = []
+    for f in files:
+        try:
+            doc = np.asarray(encode(f.read_text(encoding="utf-8")), dtype=np.int64)
+        except (OSError, UnicodeDecodeError) as err:
+            raise DataError(f"text file {f} cannot be read as UTF-8 ({err})") from None
+        if doc.size == 0:
+            continue
+        start = np.zeros(doc.size, dtype=bool)
+        start[0] = True
+        ids.append(doc)
+        starts.append(start)
+    stream = np.concatenate(ids) if ids else np.zeros(0, dtype=np.int64)
+    is_start = np.concatenate(starts) if starts else np.zeros(0, dtype=bool)
+    n = stream.size // length
+    if n == 0:
+        raise DataError(f"data spec {spec!r}: the text has {stream.size} tokens, fewer than one window of "
+                        f"{length}; pass a smaller length= or more text")
+    nxt = np.full(stream.size, NO_LABEL, dtype=np.int64)
+    nxt[:-1] = np.where(is_start[1:], NO_LABEL, stream[1:])  # next token of the same document
+    if np.any(stream > np.iinfo(np.int32).max):
+        raise DataError(f"data spec {spec!r}: token ids exceed int32")
+    cut = n * length
+    where = Path(path_text).expanduser().resolve()
+    canonical = f"text:{where}:length={length},tokenizer={opts.get('tokenizer', 'auto')}"
+    return Data(canonical, stream[:cut].reshape(n, length).astype(np.int32),
+                nxt[:cut].reshape(n, length).astype(np.int32), is_start[:cut].reshape(n, length), None,
+                {"kind": "text", "files": [str(f.resolve()) for f in files], "tokenizer": tok_desc,
+                 "dropped_tokens": int(stream.size - cut)})

@@ -1,0 +1,227 @@
+"""Open a deltalab store as a lazy, dask-backed xarray.Dataset; select layers/heads/steps; summarise.
+
+Only sequences whose `complete` flag is set are visible by default, so a store a killed capture
+left behind reads correctly. Every failure to open is a one-line StoreError naming the fix.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from store import schema
+from store.errors import FormatVersionError, NotAStoreError, TruncatedStoreError
+
+
+def _read_json(path: Path, store: Path, what: str) -> dict[str, Any]:
+    try:
+        meta = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        raise TruncatedStoreError(
+            f"{store} is truncated: {what} metadata ({path.relative_to(store)}) is missing or unreadable; "
+            "recapture it (rerun the capture command into a new --out)") from None
+    if not isinstance(meta, dict):
+        raise TruncatedStoreError(f"{store} is truncated: {path.relative_to(store)} is not a JSON object")
+    return meta
+
+
+def check_store(path: str | Path) -> dict[str, Any]:
+    """Validate `path` as a readable deltalab store of a supported format; return its root attrs."""
+    path = Path(path)
+    if not path.exists():
+        raise NotAStoreError(f"store {path} does not exist: create it with `deltalab capture CHECKPOINT "
+                             f"--data SPEC --out {path}`")
+    root = path / "zarr.json"
+    if not path.is_dir() or not root.exists():
+        raise NotAStoreError(f"{path} is not a deltalab store (no zarr.json): pass the folder "
+                             "`deltalab capture --out` wrote")
+    meta = _read_json(root, path, "root")
+    attrs = meta.get("attributes") or {}
+    if meta.get("zarr_format") != 3 or meta.get("node_type") != "group" or "deltalab_format" not in attrs:
+        raise NotAStoreError(f"{path} is a zarr store but not a deltalab store (no deltalab_format "
+                             "attribute): pass a store written by `deltalab capture`")
+    version = attrs["deltalab_format"]
+    if not isinstance(version, int) or version < 1:
+        raise NotAStoreError(f"{path} has an invalid deltalab_format {version!r}: recapture it")
+    if version > schema.FORMAT_VERSION:
+        raise FormatVersionError(f"{path} has store format {version}, newer than this deltalab reads "
+                                 f"(<= {schema.FORMAT_VERSION}): upgrade deltalab")
+    missing = [k for k in schema.REQUIRED_ATTRS if k not in attrs]
+    if missing:
+        raise TruncatedStoreError(f"{path} is truncated: root attribute(s) {', '.join(missing)} missing; "
+                                  "recapture it")
+    n_seq = sum(int(s["count"]) for s in attrs["segments"])
+    for var in attrs["variables"]:
+        vmeta = _read_json(path / var / "zarr.json", path, f"variable {var!r}")
+        shape = vmeta.get("shape") or [0]
+        if vmeta.get("node_type") != "array" or int(shape[0]) < n_seq:
+            raise TruncatedStoreError(f"{path} is truncated: variable {var!r} holds {shape[0]} of {n_seq} "
+                                      "sequences; rerun the capture command to resume it")
+    return attrs
+
+
+def _missing_chunk(path: Path, attrs: dict[str, Any], complete: np.ndarray) -> str | None:
+    """First captured chunk/shard file absent for a complete sequence (cheap: one stat per file)."""
+    batch = int(attrs["batch_size"])
+    chunk_ids = np.unique(np.flatnonzero(complete) // batch)
+    for var in attrs["variables"]:
+        tail = "/".join("0" for _ in schema.VARIABLES[var].dims[1:])
+        for i in chunk_ids:
+            key = f"c/{i}/{tail}" if tail else f"c/{i}"
+            if not (path / var / key).is_file():
+                return f"{var}/{key}"
+    return None
+
+
+def open(path: str | Path, *, complete_only: bool = True, verify: bool = True) -> Any:  # noqa: A001
+    """Open store `path` as a lazy xarray.Dataset (dask arrays, one dask chunk per stored chunk).
+
+    Coordinates: `seq` (global sequence index), `layer` (model layer index), `chunk_pos`
+    (first token of each chunk boundary; the final state's is the sequence length).
+    Root attributes (provenance) become `ds.attrs`. With `complete_only` (default), sequences
+    whose capture did not finish are dropped. `verify` checks each complete sequence's chunk
+    files exist (a stat per file) and raises TruncatedStoreError otherwise.
+    """
+    import xarray as xr
+
+    path = Path(path)
+    attrs = check_store(path)
+    try:
+        ds = xr.open_zarr(str(path), consolidated=False, zarr_format=3, chunks={}, mask_and_scale=False,
+                          use_zarr_fill_value_as_mask=False, decode_times=False)
+        complete = np.asarray(ds["complete"].values, dtype=bool)
+    except (OSError, ValueError, KeyError) as err:
+        first = str(err).splitlines()[0] if str(err) else ""
+        raise TruncatedStoreError(f"{path} cannot be read ({type(err).__name__}: {first}); "
+                                  "recapture it") from None
+    if verify:
+        missing = _missing_chunk(path, attrs, complete)
+        if missing:
+            raise TruncatedStoreError(f"{path} is truncated: {missing} is missing for complete sequences; "
+                                      "recapture it into a new --out")
+    coords: dict[str, Any] = {"seq": np.arange(ds.sizes["seq"], dtype=np.int64)}
+    if "layer" in ds.dims:
+        coords["layer"] = np.asarray(attrs["layers"], dtype=np.int64)
+    if "chunk" in ds.dims:
+        length = int(attrs["sizes"]["pos"])
+        starts = np.arange(ds.sizes["chunk"]) * int(attrs["chunk_size"])
+        coords["chunk_pos"] = ("chunk", np.minimum(starts, length))
+    ds = ds.assign_coords(coords)
+    ds.attrs = dict(attrs)
+    if complete_only and not complete.all():
+        ds = _take_seq(ds, np.flatnonzero(complete))
+    return ds
+
+
+def _take_seq(ds: Any, idx: np.ndarray) -> Any:
+    """ds.isel(seq=idx) that keeps the stored seq chunks (dask's fancy indexing would rebalance them)."""
+    import xarray as xr
+
+    runs = np.split(idx, np.flatnonzero(np.diff(idx) != 1) + 1) if idx.size else []
+    if len(runs) == 0 or len(runs) > 256:
+        return ds.isel(seq=idx)
+    parts = [ds.isel(seq=slice(int(r[0]), int(r[-1]) + 1)) for r in runs]
+    if len(parts) == 1:
+        return parts[0]
+    return xr.concat(parts, dim="seq", data_vars="minimal", coords="minimal", compat="override",
+                     join="override", combine_attrs="override")
+
+
+def select(ds: Any, *, layer: Any = None, head: Any = None, step: Any = None, seq: Any = None) -> Any:
+    """Narrow `ds` (Dataset or DataArray). `layer` and `seq` are coordinate values (model layer index,
+    global sequence index); `head` and `step` are 0-based indices. Each accepts an int, a list or a
+    slice; an int drops the dim. Variables without a dim are left as they are."""
+    by_value = {k: v for k, v in (("layer", layer), ("seq", seq)) if v is not None}
+    by_index = {k: v for k, v in (("head", head), ("step", step)) if v is not None}
+    for dim in (*by_value, *by_index):
+        if dim not in ds.dims:
+            raise ValueError(f"cannot select {dim}: the data has no {dim!r} dimension "
+                             f"(dims: {', '.join(map(str, ds.dims))})")
+    try:
+        if by_value:
+            ds = ds.sel(by_value)
+        if by_index:
+            ds = ds.isel(by_index)
+    except (KeyError, IndexError) as err:
+        have = {d: (ds[d].values.tolist() if d in ds.coords else f"0..{ds.sizes[d] - 1}")
+                for d in (*by_value, *by_index)}
+        raise ValueError(f"selection out of range ({err}); available: {have}") from None
+    return ds
+
+
+def _dir_bytes(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+
+
+def _node_type(meta: Path) -> str | None:
+    try:
+        return json.loads(meta.read_text()).get("node_type")
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError):
+        return None
+
+
+def list_results(path: str | Path) -> list[str]:
+    """Names of the `results/<name>` sub-groups probes wrote: groups holding arrays (nested names use '/')."""
+    root = Path(path) / "results"
+    if not root.is_dir():
+        return []
+    out = []
+    for meta in sorted(root.rglob("zarr.json")):
+        group = meta.parent
+        if group == root or _node_type(meta) != "group":
+            continue
+        if any(_node_type(child / "zarr.json") == "array" for child in group.iterdir() if child.is_dir()):
+            out.append(group.relative_to(root).as_posix())
+    return out
+
+
+def open_results(path: str | Path, name: str) -> Any:
+    """Open results sub-group `name` (written by store.write_results) as a lazy xarray.Dataset."""
+    import xarray as xr
+
+    path = Path(path)
+    check_store(path)
+    if not (path / "results" / name / "zarr.json").exists():
+        have = ", ".join(list_results(path)) or "none"
+        raise NotAStoreError(f"{path} has no results {name!r} (has: {have})")
+    return xr.open_zarr(str(path), group=f"results/{name}", consolidated=False, zarr_format=3, chunks={})
+
+
+def info(path: str | Path) -> dict[str, Any]:
+    """Summary of a store: sizes, variables (dims, shape, dtype, bytes on disk), completeness, provenance."""
+    path = Path(path)
+    attrs = check_store(path)
+    ds = open(path, complete_only=False, verify=False)
+    complete = np.asarray(ds["complete"].values, dtype=bool)
+    variables = {}
+    order = list(schema.VARIABLES)
+    names = sorted(map(str, ds.data_vars), key=lambda n: (order.index(n) if n in order else len(order), n))
+    for name in names:
+        da = ds[name]
+        enc = da.encoding
+        variables[str(name)] = {
+            "dims": list(da.dims), "shape": list(da.shape), "dtype": str(da.dtype),
+            "chunks": list(enc.get("chunks") or []), "shards": list(enc.get("shards") or []),
+            "bytes": int(da.size * da.dtype.itemsize), "stored_bytes": _dir_bytes(path / str(name)),
+            "captured": str(name) in attrs["variables"],
+        }
+    segments = []
+    for seg in attrs["segments"]:
+        start, count = int(seg["start"]), int(seg["count"])
+        segments.append({**seg, "complete": int(complete[start:start + count].sum())})
+    provenance = {k: v for k, v in attrs.items() if k not in ("segments", "variables", "sizes")}
+    return {
+        "path": str(path),
+        "format": attrs["deltalab_format"],
+        "sequences": int(sum(s["count"] for s in segments)),
+        "complete": int(complete.sum()),
+        "sizes": {"seq": int(complete.size), **attrs["sizes"]},
+        "variables": variables,
+        "segments": segments,
+        "results": list_results(path),
+        "stored_bytes": _dir_bytes(path),
+        "provenance": provenance,
+    }

@@ -1,0 +1,186 @@
+"""The deltalab store schema: dimensions, variables, dtypes, chunking and format version.
+
+This module is the contract between capture (writer), probes and the dashboard (readers).
+Names and dims here are stable; a change that breaks readers bumps FORMAT_VERSION.
+
+Layout of one store (zarr v3, one group, no consolidated metadata):
+
+    STORE/zarr.json                 root attrs (provenance, see REQUIRED_ATTRS)
+    STORE/<var>/...                 captured arrays, named dims (zarr `dimension_names`)
+    STORE/<probe var>/...           variables probes add later (store.add_variables)
+    STORE/results/<name>/...        result sub-groups probes add later (store.write_results)
+
+Chunking: along `seq` every array is chunked by the capture batch size (`batch_size` attr), so a
+batch (and a torchrun rank) owns whole chunks/shards and never shares one with another writer.
+Per-layer arrays are zarr v3 sharded: one shard per (sequence batch) holding all layers, with one
+inner chunk per (batch, layer). `complete[seq]` is written last for each batch: a sequence is
+visible to readers only once its flag is set.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+FORMAT_VERSION = 1
+"""Integer format version (root attr `deltalab_format`). Readers refuse newer versions."""
+
+CHUNK_SIZE = 64
+"""Tokens per recurrence chunk: `state` holds the state before tokens 0, 64, 128, ... plus the final."""
+
+DIMS = ("seq", "pos", "layer", "head", "step", "dk", "dv", "chunk", "hidden")
+"""All dimension names. `step` = Householder sub-step, `chunk` = boundary index (see CHUNK_SIZE).
+`hidden` (model width) is used only by the optional residual-stream hooks."""
+
+FLOAT_DTYPES = ("float16", "float32")
+"""Activation dtypes (numpy has no bfloat16)."""
+
+NO_LABEL = -100
+"""Label value meaning "no target at this position"."""
+
+
+@dataclass(frozen=True)
+class VarSpec:
+    """One variable: its dims, storage dtype ("act" = the capture's --dtype) and fill value."""
+
+    dims: tuple[str, ...]
+    dtype: str
+    fill: object
+    doc: str
+
+
+VARIABLES: dict[str, VarSpec] = {
+    "tokens": VarSpec(("seq", "pos"), "int32", 0, "input token ids"),
+    "labels": VarSpec(("seq", "pos"), "int32", NO_LABEL, "target of the prediction at pos (-100 = none)"),
+    "doc_start": VarSpec(("seq", "pos"), "bool", False, "True where a document starts (text data)"),
+    "loss": VarSpec(("seq", "pos"), "float32", float("nan"), "per-token cross-entropy (NaN = no label)"),
+    "correct": VarSpec(("seq", "pos"), "bool", False, "argmax prediction equals the label"),
+    "q": VarSpec(("seq", "layer", "pos", "head", "dk"), "act", float("nan"), "normalised queries"),
+    "k": VarSpec(("seq", "layer", "pos", "step", "head", "dk"), "act", float("nan"), "normalised keys"),
+    "v": VarSpec(("seq", "layer", "pos", "step", "head", "dv"), "act", float("nan"), "values"),
+    "beta": VarSpec(("seq", "layer", "pos", "step", "head"), "act", float("nan"),
+                    "betas (after the sigmoid, and the x2 with negative eigenvalues)"),
+    "g": VarSpec(("seq", "layer", "pos", "head"), "act", float("nan"), "log forget gate (gated models)"),
+    "state": VarSpec(("seq", "layer", "chunk", "head", "dk", "dv"), "act", float("nan"),
+                     "state before each chunk of CHUNK_SIZE tokens, plus the final state"),
+    "o": VarSpec(("seq", "layer", "pos", "head", "dv"), "act", float("nan"), "recurrence output"),
+    "resid_pre": VarSpec(("seq", "layer", "pos", "hidden"), "act", float("nan"), "residual stream in"),
+    "resid_mid": VarSpec(("seq", "layer", "pos", "hidden"), "act", float("nan"), "residual after attn"),
+    "resid_post": VarSpec(("seq", "layer", "pos", "hidden"), "act", float("nan"), "residual stream out"),
+    "complete": VarSpec(("seq",), "bool", False, "sequence fully written (set last)"),
+}
+"""Every variable capture can write. Probes may add others (never with these names)."""
+
+HOOKS: dict[str, tuple[str, ...]] = {
+    "tokens": ("tokens", "doc_start"),
+    "labels": ("labels",),
+    "loss": ("loss", "correct"),
+    "q": ("q",),
+    "k": ("k",),
+    "v": ("v",),
+    "beta": ("beta",),
+    "g": ("g",),
+    "state": ("state",),
+    "o": ("o",),
+    "resid_pre": ("resid_pre",),
+    "resid_mid": ("resid_mid",),
+    "resid_post": ("resid_post",),
+}
+"""`--hooks` names -> variables they write."""
+
+DEFAULT_HOOKS = ("tokens", "labels", "loss", "q", "k", "v", "beta", "g", "state")
+
+MODEL_HOOK_POINTS: dict[str, str] = {
+    "q": "attn.hook_q",
+    "k": "attn.hook_k",
+    "v": "attn.hook_v",
+    "beta": "attn.hook_beta",
+    "g": "attn.hook_g",
+    "state": "attn.hook_state",
+    "o": "attn.hook_o",
+    "resid_pre": "hook_resid_pre",
+    "resid_mid": "hook_resid_mid",
+    "resid_post": "hook_resid_post",
+}
+"""Per-layer variable -> hook module path below `layers.{i}` (see DESIGN.md)."""
+
+REQUIRED_ATTRS = (
+    "deltalab_format",  # int, FORMAT_VERSION
+    "model_config",  # dict, ModelConfig.to_dict()
+    "checkpoint_digest",  # "sha256:<hex>" of model.safetensors
+    "data_spec",  # str, the first data spec captured (all of them: `segments`)
+    "deltalab_version",
+    "command_line",  # list[str]
+    "chunk_size",  # CHUNK_SIZE
+    "created",  # ISO 8601 UTC
+    "hooks",  # list[str], --hooks actually captured
+    "variables",  # list[str], captured variable names
+    "layers",  # list[int], captured layer indices (the `layer` coordinate)
+    "dtype",  # "float16" | "float32"
+    "batch_size",  # chunk length along seq
+    "sizes",  # {dim: length} except seq
+    "segments",  # [{"data_spec": str, "start": int, "count": int}], one per capture command
+)
+"""Root attributes (JSON data only, never evaluated). Optional: `train_length`."""
+
+
+def n_chunks(length: int, chunk_size: int = CHUNK_SIZE) -> int:
+    """Number of chunk-boundary states for a sequence of `length` tokens (starts + final)."""
+    return math.ceil(length / chunk_size) + 1
+
+
+def storage_dtype(var: str, act_dtype: str) -> np.dtype:
+    """numpy dtype of `var` when activations are stored as `act_dtype`."""
+    if act_dtype not in FLOAT_DTYPES:
+        raise ValueError(f"dtype {act_dtype!r} is not supported; use one of {', '.join(FLOAT_DTYPES)}")
+    spec = VARIABLES[var]
+    return np.dtype(act_dtype if spec.dtype == "act" else spec.dtype)
+
+
+def shape_of(var: str, sizes: dict[str, int]) -> tuple[int, ...]:
+    """Full shape of `var` given dim sizes (must include `seq`)."""
+    return tuple(int(sizes[d]) for d in VARIABLES[var].dims)
+
+
+def chunking(var: str, sizes: dict[str, int],
+             batch_size: int) -> tuple[tuple[int, ...], tuple[int, ...] | None]:
+    """(inner chunk shape, shard shape or None) of `var`.
+
+    Along seq: `batch_size`. Per-layer arrays: shard = all layers, inner chunk = one layer.
+    Every other dim is whole.
+    """
+    dims = VARIABLES[var].dims if var in VARIABLES else tuple(sizes)
+    full = [int(sizes[d]) for d in dims]
+    chunk = [max(1, batch_size) if d == "seq" else max(1, n) for d, n in zip(dims, full, strict=True)]
+    if "layer" not in dims:
+        return tuple(chunk), None
+    shard = list(chunk)
+    chunk[dims.index("layer")] = 1
+    return tuple(chunk), tuple(shard)
+
+
+def variables_for(hooks: list[str] | tuple[str, ...], *, gated: bool) -> list[str]:
+    """Variables a capture with `hooks` writes (g dropped for ungated models), plus `complete`."""
+    unknown = [h for h in hooks if h not in HOOKS]
+    if unknown:
+        raise ValueError(f"unknown hook(s) {', '.join(unknown)}; choose from {', '.join(HOOKS)}")
+    out: list[str] = []
+    for h in hooks:
+        if h == "g" and not gated:
+            continue
+        for var in HOOKS[h]:
+            if var not in out:
+                out.append(var)
+    return [*out, "complete"]
+
+
+def compressors_for(var: str) -> list | None:
+    """Codecs of `var`: activations compress ~1.09x (not worth the CPU), so they are stored raw;
+    token/label/flag arrays compress >10x with zstd level 1."""
+    if var in VARIABLES and VARIABLES[var].dtype in ("act", "float32"):
+        return None
+    from zarr.codecs import ZstdCodec
+
+    return [ZstdCodec(level=1)]

@@ -1,0 +1,225 @@
+"""Triton chunked forward vs the float64 token loop (CPU: TRITON_INTERPRET=1 on tiny shapes; GPU: marked).
+
+Errors are max |ours - ref| / max |ref| per output (o, final state, boundary states). The reference gets
+the same (half-rounded) inputs in float64, so the tolerance only measures the kernel's arithmetic:
+fp32 1e-4; bf16 3e-2 and fp16 8e-3 (half-precision operands of the matrix products, fp32 accumulation).
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+triton = pytest.importorskip("triton")
+
+from kernels.naive import naive_delta_product, num_boundaries  # noqa: E402
+
+ON_CPU = not torch.cuda.is_available()
+INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+TOL = {torch.float32: 1e-4, torch.bfloat16: 3e-2, torch.float16: 8e-3}
+
+cpu_only = pytest.mark.skipif(
+    not INTERPRET, reason="CPU tests of the Triton kernels need TRITON_INTERPRET=1 (set by `make test`)"
+)
+
+
+def _inputs(B, T, H, K, V, n_h, gate, h0, device="cpu", beta_max=2.0, seed=0):
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    q = torch.randn(B, T, H, K, generator=gen)
+    k = torch.randn(B, T, n_h, H, K, generator=gen)
+    v = torch.randn(B, T, n_h, H, V, generator=gen)
+    beta = torch.rand(B, T, n_h, H, generator=gen) * beta_max
+    g = -torch.rand(B, T, H, generator=gen) * 0.7 if gate else None
+    s0 = torch.randn(B, H, K, V, generator=gen) * 0.3 if h0 else None
+    return [x.to(device) if x is not None else None for x in (q, k, v, beta, g, s0)]
+
+
+def _rel(a, b):
+    return ((a.double() - b.double()).abs().max() / b.double().abs().max().clamp_min(1e-30)).item()
+
+
+MODES = {"direct": dict(mode="direct"), "transition": dict(mode="transition")}
+
+
+def _check_against_naive(shape, dtype, device="cpu", mode="direct", normalize=True, beta_max=2.0, seed=0):
+    from kernels.triton_chunk import LaunchConfig, triton_delta_product
+
+    B, T, H, K, V, n_h, gate, h0 = shape
+    q, k, v, beta, g, s0 = _inputs(B, T, H, K, V, n_h, gate, h0, device, beta_max, seed)
+    q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
+    o, fin, bnd = triton_delta_product(
+        q, k, v, beta, g, initial_state=s0, normalize_qk=normalize, config=LaunchConfig(**MODES[mode])
+    )
+    d = torch.float64
+    ro, rfin, rbnd = naive_delta_product(
+        q.to(d),
+        k.to(d),
+        v.to(d),
+        beta.to(d),
+        None if g is None else g.to(d),
+        initial_state=None if s0 is None else s0.to(d),
+        normalize_qk=normalize,
+    )
+    assert o.shape == (B, T, H, V) and o.dtype == dtype
+    assert fin.shape == (B, H, K, V) and fin.dtype == torch.float32
+    assert bnd.shape == (B, num_boundaries(T), H, K, V) and bnd.dtype == torch.float32
+    assert torch.equal(bnd[:, -1], fin)
+    errs = _rel(o, ro), _rel(fin, rfin), _rel(bnd, rbnd)
+    assert max(errs) < TOL[dtype], f"{shape} {dtype}: rel errors o/final/boundary {errs}"
+    return errs
+
+
+# (B, T, H, K, V, n_h, gate, initial state): every variant on tiny shapes, T not a multiple of 64
+CPU_CASES = [
+    (1, 70, 2, 16, 16, 1, False, False),  # DeltaNet
+    (2, 100, 1, 16, 32, 1, True, False),  # Gated DeltaNet, K != V
+    (1, 100, 2, 32, 16, 2, False, True),  # DeltaProduct n_h = 2, initial state
+    (1, 90, 1, 32, 32, 3, True, True),  # Gated DeltaProduct n_h = 3
+]
+
+
+@cpu_only
+@pytest.mark.parametrize("shape", CPU_CASES)
+@pytest.mark.parametrize("mode", list(MODES))
+def test_fp32_matches_float64_reference(shape, mode):
+    _check_against_naive(shape, torch.float32, mode=mode)
+
+
+@cpu_only
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("shape", [CPU_CASES[1], CPU_CASES[3]])
+def test_half_inputs_match_float64_reference(shape, dtype):
+    _check_against_naive(shape, dtype)
+
+
+@cpu_only
+def test_without_normalisation_and_reflections():
+    """normalize_qk=False with unit keys and beta = 2 everywhere (pure reflections): states stay bounded."""
+    from kernels.triton_chunk import triton_delta_product
+
+    B, T, H, K, V, n_h = 1, 80, 1, 16, 16, 2
+    q, k, v, _, g, _ = _inputs(B, T, H, K, V, n_h, True, False, seed=3)
+    k = torch.nn.functional.normalize(k, dim=-1)
+    beta = torch.full((B, T, n_h, H), 2.0)
+    o, fin, bnd = triton_delta_product(q, k, v, beta, g, normalize_qk=False)
+    ro, rfin, rbnd = naive_delta_product(q.double(), k.double(), v.double(), beta.double(), g.double())
+    assert max(_rel(o, ro), _rel(fin, rfin), _rel(bnd, rbnd)) < TOL[torch.float32]
+
+
+@cpu_only
+def test_optional_outputs_and_chunk_boundary():
+    from kernels.triton_chunk import LaunchConfig, triton_delta_product
+
+    q, k, v, beta, g, _ = _inputs(1, 64, 1, 16, 16, 1, True, False, seed=5)
+    for mode in MODES:
+        o, fin, bnd = triton_delta_product(
+            q,
+            k,
+            v,
+            beta,
+            g,
+            output_final_state=False,
+            output_boundary_states=False,
+            config=LaunchConfig(**MODES[mode]),
+        )
+        assert fin is None and bnd is None
+        ro = naive_delta_product(q.double(), k.double(), v.double(), beta.double(), g.double(), normalize_qk=True)[0]
+        assert _rel(o, ro) < TOL[torch.float32]
+
+
+@cpu_only
+def test_bad_input_raises_one_line_value_error():
+    from kernels.triton_chunk import triton_delta_product
+
+    q, k, v, beta, g, _ = _inputs(1, 16, 1, 16, 16, 1, True, False)
+    with pytest.raises(ValueError, match="chunk_size"):
+        triton_delta_product(q, k, v, beta, g, chunk_size=32)
+    with pytest.raises(ValueError, match="shapes disagree"):
+        triton_delta_product(q, k[:, :, :, :, :8], v, beta, g)
+    with pytest.raises(ValueError, match="fp64"):
+        triton_delta_product(q.double(), k, v, beta, g)
+    with pytest.raises(ValueError, match="g must be"):
+        triton_delta_product(q, k, v, beta, g[:, :8])
+
+
+# ---------------------------------------------------------------- GPU (run on the device)
+
+gpu = pytest.mark.gpu
+needs_cuda = pytest.mark.skipif(ON_CPU or INTERPRET, reason="needs a CUDA GPU without TRITON_INTERPRET")
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize(
+    "n_h, gate, mode",
+    [(n, gt, "direct") for n in (1, 2, 3) for gt in (False, True)] + [(1, True, "transition"), (3, True, "transition")],
+)
+def test_gpu_bf16_vs_float64(n_h, gate, mode):
+    """dk = dv = 128, H = 8 (as the benchmark, so compiled kernels are shared), T with a partial chunk."""
+    _check_against_naive((1, 300, 8, 128, 128, n_h, gate, True), torch.bfloat16, device="cuda", mode=mode)
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+def test_gpu_fp16_fp32_vs_float64(dtype):
+    _check_against_naive((1, 300, 8, 128, 128, 2, True, True), dtype, device="cuda")
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("n_h", [3])
+def test_gpu_long_sequence_vs_chunked_float64(n_h):
+    """T = 2048 against the PyTorch chunked form run in float64 (the token loop is too slow here)."""
+    from kernels.chunk import chunk_delta_product
+    from kernels.triton_chunk import triton_delta_product
+
+    q, k, v, beta, g, s0 = _inputs(1, 2048, 8, 128, 128, n_h, True, True, "cuda")
+    qb, kb, vb = q.bfloat16(), k.bfloat16(), v.bfloat16()
+    o, fin, bnd = triton_delta_product(qb, kb, vb, beta, g, initial_state=s0)
+    d = torch.float64
+    ro, rfin, rbnd = chunk_delta_product(
+        qb.to(d), kb.to(d), vb.to(d), beta.to(d), g.to(d), initial_state=s0.to(d), normalize_qk=True
+    )
+    errs = _rel(o, ro), _rel(fin, rfin), _rel(bnd, rbnd)
+    assert max(errs) < TOL[torch.bfloat16], errs
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("n_h", [1, 3])
+@pytest.mark.parametrize("gate", [False, True])
+def test_gpu_matches_fla(n_h, gate):
+    fla = pytest.importorskip("fla.ops.gated_delta_product")
+    from kernels.triton_chunk import triton_delta_product
+
+    B, T, H, K = 1, 1000, 8, 128
+    q, k, v, beta, g, s0 = _inputs(B, T, H, K, K, n_h, gate, True, "cuda", beta_max=1.0)
+    q, k, v, beta = q.bfloat16(), k.bfloat16(), v.bfloat16(), beta.bfloat16()
+    o, fin, _ = triton_delta_product(q, k, v, beta, g, initial_state=s0)
+    fo, ffin = fla.chunk_gated_delta_product(
+        q,
+        k.reshape(B, T * n_h, H, K),
+        v.reshape(B, T * n_h, H, K),
+        g,
+        beta.reshape(B, T * n_h, H),
+        num_householder=n_h,
+        initial_state=s0,
+        output_final_state=True,
+        use_qk_l2norm_in_kernel=True,
+    )
+    errs = _rel(o, fo), _rel(fin, ffin)
+    assert max(errs) < 3e-2, f"ours vs fla (o, final): {errs}"
+
+
+def test_dispatch_falls_back_to_pytorch_on_cpu():
+    from kernels.chunk import chunk_delta_product
+    from kernels.dispatch import delta_product_forward
+
+    q, k, v, beta, g, s0 = _inputs(1, 20, 2, 16, 16, 2, True, True)
+    got = delta_product_forward(q, k, v, beta, g, initial_state=s0)
+    want = chunk_delta_product(q, k, v, beta, g, initial_state=s0)
+    for a, b in zip(got, want):
+        assert torch.equal(a, b)
