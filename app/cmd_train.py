@@ -46,6 +46,8 @@ def train(
     seed: int = typer.Option(0, "--seed"),
     device: str = typer.Option("auto", "--device", help="auto, cpu or cuda[:N]."),
     precision: str = typer.Option("fp32", "--precision", help="fp32, tf32 or bf16 (autocast)."),
+    init_from: str | None = typer.Option(None, "--init-from",
+                                         help="Start from this checkpoint's weights (e.g. a length curriculum)."),
     log_every: int = typer.Option(10, "--log-every"),
     save_every: int = typer.Option(500, "--save-every",
                                    help="Checkpoint period in steps (0: only at the end)."),
@@ -71,7 +73,8 @@ def train(
             forget_gate=forget_gate, short_conv=short_conv, output_gate=output_gate, steps=steps,
             batch_size=batch_size, train_length=train_length, min_length=min_length,
             train_samples=train_samples, lr=lr, weight_decay=weight_decay, warmup_steps=warmup_steps,
-            min_lr=min_lr, grad_clip=grad_clip, seed=seed, precision=precision, log_every=log_every,
+            min_lr=min_lr, grad_clip=grad_clip, seed=seed, precision=precision, init_from=init_from,
+            log_every=log_every,
             save_every=save_every, eval_every=eval_every, eval_samples=eval_samples, eval_lengths=lengths)
         if time_limit is not None and time_limit <= 0:
             raise ValueError(f"--time-limit must be > 0 seconds (got {time_limit})")

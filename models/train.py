@@ -82,6 +82,7 @@ class TrainConfig:
     grad_clip: float | None = None
     seed: int = 0
     precision: str = "fp32"
+    init_from: str | None = None  # checkpoint whose weights start the run (length curriculum, fine-tuning)
     # bookkeeping
     log_every: int = 10
     save_every: int = 500
@@ -285,6 +286,20 @@ def load_trainer_state(out: Path) -> dict:
         raise TrainError(f"{path} cannot be read safely ({type(err).__name__}): start a new run") from None
 
 
+def _init_weights_from(model: DeltaProductForCausalLM, path: str) -> None:
+    """Start from another checkpoint's weights; its architecture must equal the run's."""
+    from models.checkpoint import CheckpointError, load_checkpoint
+
+    try:
+        source = load_checkpoint(path)
+    except CheckpointError as err:
+        raise TrainError(f"--init-from: {err}") from None
+    if source.config.to_dict() != model.config.to_dict():
+        raise TrainError(f"--init-from {path} has another architecture than this run: "
+                         "pass the same model flags it was trained with")
+    model.load_state_dict(source.state_dict())
+
+
 def train(cfg: TrainConfig, out: str | os.PathLike, *, resume: bool = False, device: str = "auto",
           progress: bool = True, stop_after: int | None = None, time_limit_s: float | None = None,
           on_log: Callable[[dict], None] | None = None) -> TrainResult:
@@ -318,6 +333,8 @@ def train(cfg: TrainConfig, out: str | os.PathLike, *, resume: bool = False, dev
         raise TrainError(str(err)) from None
     torch.manual_seed(cfg.seed)
     model = DeltaProductForCausalLM(mcfg).to(dev)
+    if cfg.init_from and saved is None:
+        _init_weights_from(model, cfg.init_from)
     decay = [p for n, p in model.named_parameters() if p.ndim >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.ndim < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},

@@ -195,3 +195,16 @@ def test_cli_train_refuses_to_overwrite_a_run(tmp_path):
     r = CliRunner().invoke(app, ["train", "S3", "--out", str(tmp_path), "--no-progress"])
     assert r.exit_code == 2 and "--resume" in r.output
     assert (tmp_path / STATE_FILE).read_bytes() == before
+
+
+def test_init_from_starts_at_another_runs_weights(tmp_path):
+    first = TrainConfig(task="S3", steps=2, **TINY)
+    train(first, tmp_path / "short", device="cpu", progress=False)
+    source = load_checkpoint(tmp_path / "short")
+    follow = TrainConfig(task="S3", steps=5, init_from=str(tmp_path / "short"), **{**TINY, "train_length": 32})
+    train(follow, tmp_path / "long", device="cpu", progress=False, stop_after=0)
+    again = load_checkpoint(tmp_path / "long")
+    assert all(torch.equal(a, b) for a, b in zip(source.state_dict().values(), again.state_dict().values()))
+    other = TrainConfig(task="S3", steps=1, init_from=str(tmp_path / "short"), **{**TINY, "heads": 4})
+    with pytest.raises(TrainError, match="another architecture"):
+        train(other, tmp_path / "bad", device="cpu", progress=False)
