@@ -105,8 +105,10 @@ def train_length(checkpoint: Path) -> int:
 
 
 def data_spec(checkpoint: Path, samples: int | None = None) -> str:
-    """S4 sequences twice the training length, so length generalisation shows on the dashboard."""
-    return f"S4:length={2 * train_length(checkpoint)},samples={samples or default_samples()},seed={DEFAULT_SEED}"
+    """S4 sequences of at least 128 tokens (the papers' training length) and at least twice the model's
+    own training length, so length generalisation and several state chunks show on the dashboard."""
+    length = max(128, 2 * train_length(checkpoint))
+    return f"S4:length={length},samples={samples or default_samples()},seed={DEFAULT_SEED}"
 
 
 def _marker(out: Path) -> Path:

@@ -208,6 +208,7 @@ class StudySettings:
     throughput: bool = True
     throughput_batch: int = 8
     save_dir: str | None = None
+    keep_scale: bool = False
 
 
 def run_study(model, data: StudyData, settings: StudySettings, device: torch.device, model_name: str = "model",
@@ -221,7 +222,8 @@ def run_study(model, data: StudyData, settings: StudySettings, device: torch.dev
     length = data.eval_x.shape[1]
     rank_x = data.eval_x[: settings.rank_windows]
     common = {"model": model_name, "model_type": cfg.model_type, "num_householder": cfg.num_householder,
-              "head_dim": dk, "head_v_dim": dv, "seed": settings.seed, "device": str(device)}
+              "head_dim": dk, "head_v_dim": dv, "seed": settings.seed, "device": str(device),
+              "keep_scale": settings.keep_scale}
 
     def measure(m) -> dict[str, Any]:
         out = evaluate(m, data, settings.batch_size, device)
@@ -248,7 +250,7 @@ def run_study(model, data: StudyData, settings: StudySettings, device: torch.dev
     for compression, method in it:
         kept_dim(dk, compression)  # validates
         t0 = time.perf_counter()
-        pruned, plan = prune(model, method, compression, calib, settings.seed, settings.rrqr_f)
+        pruned, plan = prune(model, method, compression, calib, settings.seed, settings.rrqr_f, settings.keep_scale)
         select_s = time.perf_counter() - t0
         res = measure(pruned)
         by_dim.setdefault(plan.kept, pruned)
@@ -299,28 +301,48 @@ def _copy_beside(source: Path | None, folder: Path) -> None:
 
 # --- presentation -----------------------------------------------------------------------------------
 
+HEADERS = ["Method", "Compr.", "dk'", "ppl", "Δppl", "acc", "rank util", "stable rank", "tok/s", "speedup",
+           "mixer speedup"]
+
+
+def _rows(records: list[dict[str, Any]]) -> tuple[list[str], list[list[str]]]:
+    """Headers and formatted cells, ordered like the paper's Table 9 (highest compression first, baseline last)."""
+    has_acc = any(r.get("accuracy") is not None for r in records)
+    ordered = sorted((r for r in records if r["method"] != "baseline"), key=lambda r: (-r["compression"], r["method"]))
+    ordered += [r for r in records if r["method"] == "baseline"]
+    rows = []
+    for r in ordered:
+        rows.append([r["method"], f"{r['compression']:.0%}", str(r["head_dim_kept"]), f"{r['perplexity']:.4g}",
+                     f"{r['perplexity_change']:+.1%}", _f(r.get("accuracy"), ".4f"),
+                     _f(r.get("rank_utilisation"), ".3f"), _f(r.get("stable_rank"), ".2f"),
+                     _f(r.get("tokens_per_s"), ",.0f"), _f(r.get("speedup"), ".2f"), _f(r.get("mixer_speedup"), ".2f")])
+    keep = [i for i, h in enumerate(HEADERS) if h != "acc" or has_acc]
+    return [HEADERS[i] for i in keep], [[row[i] for i in keep] for row in rows]
+
+
 def table(records: list[dict[str, Any]], title: str):
-    """A rich Table like the paper's Table 9: compressions from the highest down, baseline last."""
+    """A rich Table of the records, one section per compression."""
     from rich.table import Table
 
-    has_acc = any(r.get("accuracy") is not None for r in records)
+    headers, rows = _rows(records)
     t = Table(title=title)
-    for col in ("Method", "Compr.", "dk'", "ppl", "Δppl", *(["acc"] if has_acc else []), "rank util",
-                "stable rank", "tok/s", "speedup", "mixer speedup"):
+    for col in headers:
         t.add_column(col, justify="left" if col == "Method" else "right")
-    rows = sorted((r for r in records if r["method"] != "baseline"), key=lambda r: (-r["compression"],
-                                                                                   r["method"]))
-    rows += [r for r in records if r["method"] == "baseline"]
     last = None
-    for r in rows:
-        if last is not None and r["compression"] != last:
+    for row in rows:
+        if last is not None and row[1] != last:
             t.add_section()
-        last = r["compression"]
-        t.add_row(r["method"], f"{r['compression']:.0%}", str(r["head_dim_kept"]), f"{r['perplexity']:.4g}",
-                  f"{r['perplexity_change']:+.1%}", *([_f(r.get("accuracy"), ".4f")] if has_acc else []),
-                  _f(r.get("rank_utilisation"), ".3f"), _f(r.get("stable_rank"), ".2f"),
-                  _f(r.get("tokens_per_s"), ",.0f"), _f(r.get("speedup"), ".2f"), _f(r.get("mixer_speedup"), ".2f"))
+        last = row[1]
+        t.add_row(*row)
     return t
+
+
+def markdown(records: list[dict[str, Any]]) -> str:
+    """The same table as GitHub markdown (for model cards and notes)."""
+    headers, rows = _rows(records)
+    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines) + "\n"
 
 
 def _f(v, spec: str) -> str:
@@ -357,7 +379,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("checkpoint", help="checkpoint folder (config.json + model.safetensors)")
     p.add_argument("--methods", default="all", help="comma-separated: l1,random,wanda,grad,drrqr,pca (default all)")
     p.add_argument("--compressions", type=_floats, default=list(DEFAULT_COMPRESSIONS),
-                   help="fractions of key channels removed per head (default 0,0.3,0.4,0.5,0.75)")
+                   help="fractions of key channels removed per head, or percents >= 1 (default 0,0.3,0.4,0.5,0.75)")
     p.add_argument("--task", default=None, help="state-tracking task (default: task.json beside the checkpoint; "
                                                 "without one the model is treated as a language model)")
     p.add_argument("--length", type=int, default=None, help="task sequence length (default: the training length)")
@@ -372,9 +394,13 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="auto", help="auto (cuda if available), cpu or cuda")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     p.add_argument("--no-throughput", action="store_true", help="skip the throughput measurements")
+    p.add_argument("--throughput-batch", type=int, default=8, help="sequences per timed forward (default 8)")
+    p.add_argument("--keep-scale", action="store_true",
+                   help="keep the original attention scale (folded into norm_eps) instead of fla's dk'**-0.5")
     p.add_argument("--save-dir", default=None, help="write each pruned checkpoint to DIR/<method>-<percent>/")
     p.add_argument("--out", default=None, help="write the records, command and settings to this JSON file")
     p.add_argument("--json", action="store_true", help="print the records as a JSON list on stdout")
+    p.add_argument("--markdown", action="store_true", help="print the table as markdown (for model cards)")
     p.add_argument("--no-progress", action="store_true")
     return p
 
@@ -394,7 +420,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.threads:
             torch.set_num_threads(args.threads)
-        for name in ("calib_windows", "eval_windows", "rank_windows", "batch_size", "rrqr_rows"):
+        for name in ("calib_windows", "eval_windows", "rank_windows", "batch_size", "rrqr_rows", "throughput_batch"):
             if getattr(args, name) < 1:
                 raise StudyError(f"--{name.replace('_', '-')} must be >= 1")
         if args.rrqr_f < 1:
@@ -412,7 +438,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise StudyError(f"the data has token ids beyond the model's vocabulary ({model.config.vocab_size}): "
                              "pass the checkpoint's task or corpus")
         settings = StudySettings(methods, args.compressions, args.batch_size, args.rank_windows, args.rrqr_rows,
-                                 args.rrqr_f, args.seed, not args.no_throughput, save_dir=args.save_dir)
+                                 args.rrqr_f, args.seed, not args.no_throughput, args.throughput_batch,
+                                 save_dir=args.save_dir,
+                                 keep_scale=args.keep_scale)
         records = run_study(model, data, settings, device, ckpt.resolve().name, ckpt, progress=not args.no_progress)
     except (StudyError, PruneError, CheckpointError, CorpusError, TaskError, ValueError, OSError) as err:
         msg = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
@@ -433,6 +461,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         tmp.replace(out)
     if args.json:
         print(json.dumps(records, indent=1))
+    elif args.markdown:
+        print(markdown(records), end="")
     else:
         from rich.console import Console
 
