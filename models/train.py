@@ -261,13 +261,14 @@ def _set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def _write_json(path: Path, obj: dict) -> None:
+def write_json(path: Path, obj: dict) -> None:
+    """Write JSON atomically (temp file + rename), so a kill never leaves half a file."""
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(obj, indent=2) + "\n")
     os.replace(tmp, path)
 
 
-def _truncate_log(path: Path, step: int) -> None:
+def truncate_log(path: Path, step: int) -> None:
     """Drop log lines past `step` (written after the last checkpoint of an interrupted run)."""
     if not path.exists():
         return
@@ -350,10 +351,10 @@ def train(cfg: TrainConfig, out: str | os.PathLike, *, resume: bool = False, dev
         sched.load_state_dict(saved["scheduler"])
         _set_rng_state(saved["rng"])
         step = int(saved["step"])
-        _truncate_log(log_path, step)
+        truncate_log(log_path, step)
     else:
         log_path.write_text("")
-        _write_json(out / CONFIG_FILE, cfg.to_dict())
+        write_json(out / CONFIG_FILE, cfg.to_dict())
 
     stream = BatchStream(task, cfg)
     end = cfg.steps if stop_after is None else min(cfg.steps, step + stop_after)
@@ -370,7 +371,7 @@ def train(cfg: TrainConfig, out: str | os.PathLike, *, resume: bool = False, dev
         nonlocal saved_at
         saved_at = at
         save_checkpoint(model, out)
-        _write_json(out / TASK_FILE, {**task.spec(), "train_length": cfg.train_length, "step": at,
+        write_json(out / TASK_FILE, {**task.spec(), "train_length": cfg.train_length, "step": at,
                                       "train_config": CONFIG_FILE})
         state = {"version": 1, "step": at, "config": cfg.to_dict(), "model": model.state_dict(),
                  "optimizer": opt.state_dict(), "scheduler": sched.state_dict(), "rng": _rng_state(),

@@ -40,6 +40,7 @@ from models.lm_data import (
     random_windows,
     write_tokenizer,
 )
+from models.train import TrainError, lr_lambda, resolve_device, truncate_log, write_json
 
 STATE_FILE = "trainer_state.pt"
 LOG_FILE = "train_log.jsonl"
@@ -50,7 +51,7 @@ MODEL_TYPES = ("delta_net", "gated_deltanet", "gated_deltaproduct")
 PRECISIONS = ("fp32", "tf32", "bf16")
 
 
-class LMTrainError(ValueError):
+class LMTrainError(TrainError):
     """A language-model training request that cannot run as given; the message names the fix."""
 
 
@@ -149,34 +150,6 @@ def model_config(cfg: LMTrainConfig) -> ModelConfig:
         raise LMTrainError(str(err)) from None
 
 
-def lr_factor(cfg: LMTrainConfig) -> Callable[[int], float]:
-    """Linear warm-up, then cosine from lr to min_lr at the last step (a factor on lr)."""
-    floor = cfg.min_lr / cfg.lr
-
-    def factor(step: int) -> float:
-        if step < cfg.warmup_steps:
-            return (step + 1) / cfg.warmup_steps
-        progress = min((step - cfg.warmup_steps) / max(cfg.steps - cfg.warmup_steps, 1), 1.0)
-        return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress))
-
-    return factor
-
-
-def resolve_device(device: str) -> torch.device:
-    """'auto' -> cuda when visible, else cpu; a missing GPU is a one-line error."""
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        dev = torch.device(device)
-    except RuntimeError:
-        raise LMTrainError(f"unknown --device {device!r}: use auto, cpu or cuda[:N]") from None
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise LMTrainError("--device cuda but no CUDA GPU is visible: use --device cpu")
-    if dev.type not in ("cpu", "cuda"):
-        raise LMTrainError(f"unsupported --device {device!r}: use auto, cpu or cuda[:N]")
-    return dev
-
-
 @torch.no_grad()
 def perplexity(model: torch.nn.Module, inputs: np.ndarray | torch.Tensor, labels: np.ndarray | torch.Tensor,
                batch_size: int = 32, device: torch.device | str = "cpu",
@@ -206,19 +179,6 @@ class LMTrainResult:
     finished: bool
     last: dict
     eval: dict | None
-
-
-def _write_json(path: Path, obj: dict) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=2) + "\n")
-    os.replace(tmp, path)
-
-
-def _truncate_log(path: Path, step: int) -> None:
-    """Drop log lines past `step` (written after the last checkpoint of an interrupted run)."""
-    if path.exists():
-        keep = [ln for ln in path.read_text().splitlines() if ln.strip() and json.loads(ln).get("step", 0) <= step]
-        path.write_text("".join(ln + "\n" for ln in keep))
 
 
 def model_card(name: str, cfg: LMTrainConfig, mcfg: ModelConfig, n_params: int, result: dict, data_spec: dict,
@@ -301,7 +261,7 @@ def train_lm(cfg: LMTrainConfig, out: str | os.PathLike, *, resume: bool = False
     no_decay = [p for p in model.parameters() if p.ndim < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
                              {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr, betas=cfg.betas)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_factor(cfg))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(cfg))
     step = 0
     out.mkdir(parents=True, exist_ok=True)
     log_path = out / LOG_FILE
@@ -311,11 +271,11 @@ def train_lm(cfg: LMTrainConfig, out: str | os.PathLike, *, resume: bool = False
         opt.load_state_dict(saved["optimizer"])
         sched.load_state_dict(saved["scheduler"])
         step, elapsed0 = int(saved["step"]), float(saved.get("elapsed_s", 0.0))
-        _truncate_log(log_path, step)
+        truncate_log(log_path, step)
     else:
         log_path.write_text("")
-        _write_json(out / CONFIG_FILE, cfg.to_dict())
-    _write_json(out / DATA_FILE, {**corpus.spec, "context_length": cfg.context_length})
+        write_json(out / CONFIG_FILE, cfg.to_dict())
+    write_json(out / DATA_FILE, {**corpus.spec, "context_length": cfg.context_length})
     write_tokenizer(out)
     held_x, held_y = eval_windows(corpus.eval, cfg.context_length, cfg.eval_windows)
     t0 = time.perf_counter()
@@ -387,7 +347,7 @@ def train_lm(cfg: LMTrainConfig, out: str | os.PathLike, *, resume: bool = False
     if step >= cfg.steps:
         final = perplexity(model, held_x, held_y, device=dev, autocast_dtype=autocast_dtype)
         final = {**final, "windows": int(len(held_x)), "context_length": cfg.context_length, "step": step}
-        _write_json(out / EVAL_FILE, final)
+        write_json(out / EVAL_FILE, final)
         with open(log_path, "a") as log:
             log.write(json.dumps({"step": step, "split": "eval", **final}) + "\n")
         n_params = sum(p.numel() for p in model.parameters())
