@@ -163,13 +163,28 @@ def _text_files(path_text: str, spec: str) -> list[Path]:
     return files
 
 
-def _tokenizer(choice: str, checkpoint: str | Path | None, spec: str) -> tuple[Any, str]:
-    """(encode function str -> list[int], description)."""
+EOS_NAMES = ("<|endoftext|>", "</s>", "<eos>", "<|eos|>", "<|end_of_text|>")
+
+
+def _end_of_document(tok: Any) -> int | None:
+    """The id of the tokenizer's end-of-document special token, if it declares one."""
+    for added in tok.get_added_tokens_decoder().values():
+        if added.special and added.content in EOS_NAMES:
+            return tok.token_to_id(added.content)
+    return None
+
+
+def _tokenizer(choice: str, checkpoint: str | Path | None, spec: str) -> tuple[Any, str, int | None]:
+    """(encode function str -> list[int], description, end-of-document id or None).
+
+    A tokenizer.json with an end-of-document special token (e.g. `deltalab train lm`'s byte tokenizer,
+    whose `<|endoftext|>` is 256) gets that token after every document, as the model saw in training.
+    """
     if choice == "auto":
         found = Path(checkpoint) / "tokenizer.json" if checkpoint is not None else None
         choice = str(found) if found is not None and found.is_file() else "bytes"
     if choice == "bytes":
-        return (lambda s: list(s.encode("utf-8"))), "bytes"
+        return (lambda s: list(s.encode("utf-8"))), "bytes", None
     path = Path(choice).expanduser()
     if not path.is_file():
         raise DataError(f"data spec {spec!r}: tokenizer {path} not found "
@@ -184,7 +199,7 @@ def _tokenizer(choice: str, checkpoint: str | Path | None, spec: str) -> tuple[A
     except Exception as err:  # noqa: BLE001 - any parse failure is a bad file
         raise DataError(f"tokenizer {path} cannot be read ({str(err).splitlines()[0]})") from None
     desc = f"tokenizer.json sha256:{_sha256(path)[:16]}"
-    return (lambda s: tok.encode(s, add_special_tokens=False).ids), desc
+    return (lambda s: tok.encode(s, add_special_tokens=False).ids), desc, _end_of_document(tok)
 
 
 def _sha256(path: Path) -> str:
@@ -204,7 +219,7 @@ def _text(path_text: str, opts: dict[str, str], checkpoint: str | Path | None, s
     if length < 1:
         raise DataError(f"data spec {spec!r}: length must be >= 1")
     files = _text_files(path_text, spec)
-    encode, tok_desc = _tokenizer(opts.get("tokenizer", "auto"), checkpoint, spec)
+    encode, tok_desc, eos = _tokenizer(opts.get("tokenizer", "auto"), checkpoint, spec)
     ids: list[np.ndarray] = []
     starts: list[np.ndarray] = []
     for f in files:
@@ -214,6 +229,8 @@ def _text(path_text: str, opts: dict[str, str], checkpoint: str | Path | None, s
             raise DataError(f"text file {f} cannot be read as UTF-8 ({err})") from None
         if doc.size == 0:
             continue
+        if eos is not None:
+            doc = np.append(doc, eos)
         start = np.zeros(doc.size, dtype=bool)
         start[0] = True
         ids.append(doc)

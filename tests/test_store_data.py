@@ -84,3 +84,20 @@ def test_text_shorter_than_a_window(tmp_path):
     (tmp_path / "t.txt").write_text("ab")
     with pytest.raises(DataError, match="fewer than one window"):
         load_data(f"text:{tmp_path / 't.txt'}:length=8,tokenizer=bytes")
+
+
+def test_text_with_an_end_of_document_token_gets_it_after_every_document(tmp_path):
+    """`deltalab train lm`'s tokenizer.json ends each document with <|endoftext|> (256), as in training."""
+    pytest.importorskip("tokenizers")
+    from models.lm_data import EOS_ID, write_tokenizer
+
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    write_tokenizer(ckpt)
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "a.txt").write_text("abc")
+    (tmp_path / "docs" / "b.txt").write_text("de")
+    d = load_data(f"text:{tmp_path / 'docs'}:length=7", checkpoint=ckpt)
+    assert d.tokens.tolist() == [[97, 98, 99, EOS_ID, 100, 101, EOS_ID]]
+    assert d.doc_start.tolist() == [[True, False, False, False, True, False, False]]
+    assert d.labels[0, 2] == EOS_ID and d.labels[0, 3] < 0  # the boundary is predicted, nothing after it
