@@ -76,7 +76,7 @@ def _train_length(folder: Path, model_config: dict[str, Any]) -> int | None:
                 raw = json.loads(f.read_text())
             except (OSError, ValueError):
                 continue
-            for key in ("train_length", "length", "seq_len", "max_length"):
+            for key in ("train_length", "context_length", "length", "seq_len", "max_length"):
                 if isinstance(raw, dict) and isinstance(raw.get(key), int):
                     return int(raw[key])
     return None
