@@ -2,7 +2,7 @@
 # One device call's worth of GPU work, by section; logs and JSON go to $OUT (the device tool's folder).
 #   usage (on the device, from the repo root, after the wheel install line of ../shared/device/README.md):
 #     bash scripts/device_run.sh s4 | tests | kernels | probes | store  [more sections ...]
-# s4:      continue the bundled S4 model with a length curriculum (64, then 128) and evaluate it
+# s4:      continue the bundled S4 model (trained up to length 128) at 128, then 256, and evaluate it
 # tests:   the GPU-marked tests (realistic shapes, fla 0.6.0 comparisons)
 # kernels: python -m kernels.bench (forward vs fla) and kernels.bench_analysis (spectra, ranks)
 # probes:  erank/spectra probe throughput on a GPU capture of the bundled model
@@ -14,14 +14,14 @@ export PYTHONUNBUFFERED=1 TQDM_MININTERVAL=30
 for section in "$@"; do
   case "$section" in
     s4)
-      DELTALAB_KERNEL=torch $DL train S4 --out /tmp/s4-64 --init-from models/zoo/s4-deltaproduct2 --device cuda \
-        --batch-size 512 --train-length 64 --steps 3000 --lr 5e-4 --warmup-steps 50 --log-every 100 --eval-every 0 \
-        --save-every 0 --time-limit 150 2>&1 | tail -3 | tee "$OUT/s4-64.log"
-      DELTALAB_KERNEL=torch $DL train S4 --out /tmp/s4-128 --init-from /tmp/s4-64 --device cuda \
-        --batch-size 256 --train-length 128 --steps 3000 --lr 3e-4 --warmup-steps 50 --log-every 100 --eval-every 0 \
+      DELTALAB_KERNEL=torch $DL train S4 --out /tmp/s4-128 --init-from models/zoo/s4-deltaproduct2 --device cuda \
+        --batch-size 512 --train-length 128 --steps 1500 --lr 2e-4 --warmup-steps 50 --log-every 100 --eval-every 0 \
         --save-every 0 --time-limit 150 2>&1 | tail -3 | tee "$OUT/s4-128.log"
-      $DL eval /tmp/s4-128 --task S4 --lengths 128,512 --samples 1000 --json | tee "$OUT/s4-eval.json"
-      (cd /tmp/s4-128 && tar cf "$OUT/s4-128.tar" config.json model.safetensors train_log.jsonl task.json \
+      DELTALAB_KERNEL=torch $DL train S4 --out /tmp/s4-256 --init-from /tmp/s4-128 --device cuda \
+        --batch-size 256 --train-length 256 --steps 1500 --lr 1e-4 --warmup-steps 50 --log-every 100 --eval-every 0 \
+        --save-every 0 --time-limit 150 2>&1 | tail -3 | tee "$OUT/s4-256.log"
+      $DL eval /tmp/s4-256 --task S4 --lengths 128,512 --samples 1000 --json | tee "$OUT/s4-eval.json"
+      (cd /tmp/s4-256 && tar cf "$OUT/s4-256.tar" config.json model.safetensors train_log.jsonl task.json \
         train_config.json length_curve.json) ;;
     tests)
       python3 -m pytest -q -m gpu tests 2>&1 | tail -30 | tee "$OUT/gpu-tests.log" ;;
