@@ -92,6 +92,14 @@ class Context:
         self.chosen[probe] = name
         return loading.read_result(self.path, name)
 
+    def layer_index(self, res: xr.Dataset) -> int | None:
+        """Index of the selected layer in a probe's results; a warning (and None) if they do not cover it."""
+        layers = [int(x) for x in res["layer"].values]
+        if self.sel.layer not in layers:
+            st.warning(f"Layer {self.sel.layer} is not in these results (they cover layers {layers}).")
+            return None
+        return layers.index(self.sel.layer)
+
     def result_or_preview(self, probe: str, what: str, preview: bool = True) -> tuple[xr.Dataset | None, bool]:
         """(results, is_preview): the stored results, else an info box with the command and, if `preview`,
         an in-memory run of the probe on the first few sequences."""

@@ -33,12 +33,11 @@ def render(ctx) -> None:
     if res is None:
         return
     sel, bmax = ctx.sel, ctx.beta_max
-    li, head = sel.li, sel.head
-    layers = [int(x) for x in res["layer"].values]
-    if sel.layer not in layers:
-        st.warning(f"Layer {sel.layer} is not in these results (they cover layers {layers}).")
+    head = sel.head
+    li = ctx.layer_index(res)
+    if li is None:
         return
-    li = layers.index(sel.layer)
+    layers = [int(x) for x in res["layer"].values]
 
     stat = st.segmented_control("Statistic", list(STATS), default="mean β", key="beta_stat",
                                 persist_state="session", required=True) or "mean β"

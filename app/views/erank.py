@@ -56,11 +56,10 @@ def render(ctx) -> None:
     if res is None:
         return
     sel = ctx.sel
-    layers = [int(x) for x in res["layer"].values]
-    if sel.layer not in layers:
-        st.warning(f"Layer {sel.layer} is not in these results (they cover layers {layers}).")
+    li = ctx.layer_index(res)
+    if li is None:
         return
-    li = layers.index(sel.layer)
+    layers = [int(x) for x in res["layer"].values]
     c1, c2 = st.columns(2)
     metric = c1.radio("Measure", list(METRICS), horizontal=True, key="rank_metric", persist_state="session",
                       help="entropy effective rank = exp(−Σ p log p), p = σ/Σσ; stable rank = ‖H‖_F²/‖H‖₂²; "

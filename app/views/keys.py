@@ -44,11 +44,10 @@ def render(ctx) -> None:
     if res is None:
         return
     sel = ctx.sel
-    layers = [int(x) for x in res["layer"].values]
-    if sel.layer not in layers:
-        st.warning(f"Layer {sel.layer} is not in these results (they cover layers {layers}).")
+    li = ctx.layer_index(res)
+    if li is None:
         return
-    li, head = layers.index(sel.layer), sel.head
+    head = sel.head
 
     evr = np.asarray(res["explained_variance_ratio"].isel(layer=li, head=head).values)  # [step, comp]
     joint = np.asarray(res["explained_variance_ratio_joint"].isel(layer=li, head=head).values)

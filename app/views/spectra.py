@@ -55,11 +55,11 @@ def render(ctx) -> None:
     if res is None:
         return
     sel = ctx.sel
-    layers = [int(x) for x in res["layer"].values]
-    if sel.layer not in layers:
-        st.warning(f"Layer {sel.layer} is not in these results (they cover layers {layers}).")
+    li = ctx.layer_index(res)
+    if li is None:
         return
-    li, head = layers.index(sel.layer), sel.head
+    layers = [int(x) for x in res["layer"].values]
+    head = sel.head
 
     st.plotly_chart(figures.layer_head_heatmap(
         np.asarray(res["frac_rotation"].values), layers, "Fraction of tokens whose P_t is a rotation",
