@@ -50,8 +50,32 @@ class TrainError(ValueError):
     """A training request that cannot run as given; the message names the fix."""
 
 
+class RunConfig:
+    """What every training config shares (task runs and `train lm`): JSON round trip and n_h default."""
+
+    model_type: str
+    num_householder: int | None
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, raw: dict) -> RunConfig:
+        """From a saved train_config.json: unknown keys dropped, JSON lists back to tuples."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        kwargs = {k: tuple(v) if isinstance(v, list) else v for k, v in raw.items() if k in names}
+        return cls(**kwargs)
+
+    @property
+    def householders(self) -> int:
+        """n_h: as given, else 2 for gated_deltaproduct and 1 for the DeltaNets."""
+        if self.num_householder is not None:
+            return self.num_householder
+        return 2 if self.model_type == "gated_deltaproduct" else 1
+
+
 @dataclass
-class TrainConfig:
+class TrainConfig(RunConfig):
     """Everything that determines a run (saved with it; a resumed run uses the saved copy)."""
 
     task: str
@@ -89,25 +113,6 @@ class TrainConfig:
     eval_every: int = 500
     eval_samples: int = 256
     eval_lengths: tuple[int, ...] | None = None  # default (train_length, 4 * train_length)
-
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, raw: dict) -> TrainConfig:
-        names = {f.name for f in dataclasses.fields(cls)}
-        kwargs = {k: v for k, v in raw.items() if k in names}
-        if kwargs.get("betas") is not None:
-            kwargs["betas"] = tuple(kwargs["betas"])
-        if kwargs.get("eval_lengths") is not None:
-            kwargs["eval_lengths"] = tuple(kwargs["eval_lengths"])
-        return cls(**kwargs)
-
-    @property
-    def householders(self) -> int:
-        if self.num_householder is not None:
-            return self.num_householder
-        return 2 if self.model_type == "gated_deltaproduct" else 1
 
     @property
     def val_lengths(self) -> tuple[int, ...]:

@@ -13,7 +13,6 @@ perplexity), README.md (a model card with the command) and trainer_state.pt (res
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import os
@@ -40,7 +39,7 @@ from models.lm_data import (
     random_windows,
     write_tokenizer,
 )
-from models.train import TrainError, lr_lambda, resolve_device, truncate_log, write_json
+from models.train import RunConfig, TrainError, lr_lambda, resolve_device, truncate_log, write_json
 
 STATE_FILE = "trainer_state.pt"
 LOG_FILE = "train_log.jsonl"
@@ -56,7 +55,7 @@ class LMTrainError(TrainError):
 
 
 @dataclass
-class LMTrainConfig:
+class LMTrainConfig(RunConfig):
     """Everything that fixes a run (saved beside it; a resumed run uses the saved copy)."""
 
     model_type: str = "gated_deltaproduct"
@@ -86,23 +85,6 @@ class LMTrainConfig:
     eval_every: int = 250
     log_every: int = 10
     save_every: int = 250
-
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, raw: dict) -> LMTrainConfig:
-        names = {f.name for f in dataclasses.fields(cls)}
-        kwargs = {k: v for k, v in raw.items() if k in names}
-        if kwargs.get("betas") is not None:
-            kwargs["betas"] = tuple(kwargs["betas"])
-        return cls(**kwargs)
-
-    @property
-    def householders(self) -> int:
-        if self.num_householder is not None:
-            return self.num_householder
-        return 2 if self.model_type == "gated_deltaproduct" else 1
 
     def validate(self) -> None:
         """One-line LMTrainError for settings that cannot work."""
