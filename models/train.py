@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 
 from models.checkpoint import save_checkpoint
-from models.config import ConfigError, ModelConfig
+from models.config import MODEL_TYPES, ConfigError, ModelConfig
 from models.evaluate import evaluate
 from models.lm import DeltaProductForCausalLM
 from models.tasks import IGNORE_INDEX, Task, get_task
@@ -43,7 +43,6 @@ LOG_FILE = "train_log.jsonl"
 TASK_FILE = "task.json"
 CONFIG_FILE = "train_config.json"
 PRECISIONS = ("fp32", "tf32", "bf16")
-MODEL_TYPES = ("gated_deltaproduct", "delta_net", "gated_deltanet")
 
 
 class TrainError(ValueError):

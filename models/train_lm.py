@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from models.checkpoint import save_checkpoint
-from models.config import ConfigError, ModelConfig
+from models.config import MODEL_TYPES, ConfigError, ModelConfig
 from models.lm import DeltaProductForCausalLM
 from models.lm_data import (
     DATA_FILE,
@@ -39,15 +39,21 @@ from models.lm_data import (
     random_windows,
     write_tokenizer,
 )
-from models.train import RunConfig, TrainError, lr_lambda, resolve_device, truncate_log, write_json
+from models.train import (
+    CONFIG_FILE,
+    LOG_FILE,
+    PRECISIONS,
+    STATE_FILE,
+    RunConfig,
+    TrainError,
+    lr_lambda,
+    resolve_device,
+    truncate_log,
+    write_json,
+)
 
-STATE_FILE = "trainer_state.pt"
-LOG_FILE = "train_log.jsonl"
-CONFIG_FILE = "train_config.json"
 EVAL_FILE = "eval.json"
 CARD_FILE = "README.md"
-MODEL_TYPES = ("delta_net", "gated_deltanet", "gated_deltaproduct")
-PRECISIONS = ("fp32", "tf32", "bf16")
 
 
 class LMTrainError(TrainError):
