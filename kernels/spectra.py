@@ -26,8 +26,10 @@ ones included, is multiplied by exp(g); over a window by exp(sum of g).
 tr C = 2 - b1 G11 - b2 G22 + b1 b2 G12^2 (two reflections b = 2 whose planes meet at angle phi give
 lambda^2 - 2 cos(2 phi) lambda + 1: a rotation by 2 phi). n = 3: the characteristic cubic, one real root
 by Cardano/trigonometric formulas polished by Newton steps, then a deflated quadratic. The quadratic
-uses the cancellation-free formula. n > 3 (wide windows, n_h > 3): torch.linalg.eigvals on the n x n
-matrices (on the CPU, where LAPACK handles millions of tiny matrices quickly).
+uses the cancellation-free formula. n > 3 (wide windows, n_h > 3): C is replaced by the similar
+Z = I - R M R^T, K = Q R (Q^T P Q on the span of the keys, orthogonal when P is; C can be far from
+normal when keys are dependent, which costs digits), solved by a Francis QR Triton kernel on CUDA
+(`kernels.triton_eig`) and by LAPACK on the CPU.
 
 Eigenvalues are returned sorted by angle in (-pi, pi], then by modulus (real ones have an imaginary part
 of exactly +0, so negative reals have angle +pi).
@@ -201,6 +203,41 @@ def sort_eigenvalues(eig: torch.Tensor) -> torch.Tensor:
     return eig.gather(-1, order)
 
 
+def wide_eigenvalues(keys: torch.Tensor, betas: torch.Tensor) -> torch.Tensor:
+    """keys [N, n, K], betas [N, n] -> eigenvalues [N, n] (complex128) for n > 3, through the similar
+    m x m matrix Z = I - R M R^T with K^T = Q R (m = min(n, K)), orthogonal whenever P is, so that its
+    eigenvalues are as well conditioned as P's (C itself is far from normal when keys are dependent).
+    CUDA: one Triton kernel (`kernels.triton_eig`); CPU: batched QR and LAPACK."""
+    if keys.is_cuda:
+        from kernels.triton_eig import householder_eigvals
+
+        return householder_eigvals(keys, betas)
+    keys, betas = keys.to(torch.float64), betas.to(torch.float64)
+    N, n, _ = keys.shape
+    gram = keys @ keys.transpose(-1, -2)
+    m_wy = compact_wy(gram, betas)
+    r = torch.linalg.qr(keys.transpose(-1, -2), mode="r").R  # [N, m, n]
+    m = r.shape[-2]
+    z = torch.eye(m, dtype=keys.dtype) - r @ m_wy @ r.transpose(-1, -2)
+    eig = _cpu_eigvals(z)
+    if m < n:
+        eig = torch.cat([eig, torch.ones(N, n - m, dtype=eig.dtype)], -1)
+    return eig
+
+
+def compact_wy(gram: torch.Tensor, beta: torch.Tensor) -> torch.Tensor:
+    """M = (I + B tril(G, -1))^{-1} B [..., n, n], so that P = I - K M K^T."""
+    n = gram.shape[-1]
+    rows = []
+    for i in range(n):  # M_i = b_i (e_i - sum_{j<i} G_ij M_j)
+        row = torch.zeros_like(gram[..., i, :])
+        row[..., i] = 1
+        for j in range(i):
+            row = row - gram[..., i, j, None] * rows[j]
+        rows.append(beta[..., i, None] * row)
+    return torch.stack(rows, -2)
+
+
 def _block_spectra(keys: torch.Tensor, betas: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """keys [N, n, K], betas [N, n] -> unsorted eigenvalues [N, n]."""
     keys, betas = keys.to(dtype), betas.to(dtype)
@@ -208,10 +245,13 @@ def _block_spectra(keys: torch.Tensor, betas: torch.Tensor, dtype: torch.dtype) 
     if n == 1:
         lam = 1 - betas[:, 0] * (keys[:, 0] * keys[:, 0]).sum(-1)
         return torch.complex(lam, torch.zeros_like(lam))[:, None]
+    if n > 3:
+        eig = wide_eigenvalues(keys, betas)
+        return eig.to(torch.complex64) if dtype == torch.float32 else eig
     gram = keys @ keys.transpose(-1, -2)
     c = reduced_matrix(gram, betas)
     det = (1 - betas * gram.diagonal(dim1=-2, dim2=-1)).prod(-1)
-    return small_eigenvalues(c, det if n <= 3 else None)
+    return small_eigenvalues(c, det)
 
 
 def householder_spectra(
