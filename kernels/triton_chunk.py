@@ -6,12 +6,14 @@ Householder sub-steps, split into n_h blocks of 64 sub-steps. Kernels:
 1. `_tri_kernel` (persistent, parallel over blocks): T_aa = (I + A_aa)^-1 of each 64-sub-step block,
    A_ij = beta_i e^{Gamma_i - Gamma_j} k_i.k_j (j < i), from four 16x16 forward substitutions merged
    by block rows; also the reciprocal key norms.
-2. `_wu_kernel` (parallel over chunks): blocked forward substitution across the chunk's blocks,
-   W_a = T_aa (X_a - sum_{b<a} A_ab W_b), U_a likewise, X = diag(beta e^Gamma) K, Y = diag(beta) V.
-3. `_state_kernel` (sequential over chunks, parallel over batch * head * value tiles): the boundary
-   states S_c and the pseudo-values D = U - W S_c. (Or, mode "transition": `_transition_kernel` builds
-   each chunk's S -> S' map in parallel and `_recurrence_kernel` applies it.)
-4. `_output_kernel` (parallel over chunks): o = scale (e^Gamma q S_c + (q K^T * decay * mask) D).
+2. `_wu_kernel` (parallel over chunks): each block's WY factors W_a = T_aa X_a, U_a = T_aa Y_a,
+   X = diag(beta e^{Gamma - Gamma_a}) K, Y = diag(beta) V (Gamma_a: the log-decay at the block start).
+3. `_state_kernel` (sequential over chunks and their blocks, parallel over batch * head * value tiles):
+   the boundary states S_c and the pseudo-values D_a = U_a - W_a S_a, S_a the state at block a's start.
+   (An earlier version solved the whole 64 n_h-sub-step chunk as one WY system, so that the blocks of a
+   chunk shared S_c; its cross-block substitution made `_wu_kernel` 2.7x fla's on an H100 at n_h = 3.)
+4. `_output_kernel` (parallel over chunks): o = scale (e^Gamma q S_c + (q K^T * decay * mask) D); D holds
+   each sub-step's true pseudo-value, so one chunk-level formula covers all its blocks.
 
 L2 normalisation of q and k happens in-kernel through per-row reciprocal norms.
 """
@@ -159,8 +161,8 @@ def _wu_kernel(
     F32: tl.constexpr,
     PREC: tl.constexpr,
 ):
-    """One program per (chunk, batch*head): Gamma from the chunk start and, block by block,
-    W_a = T_aa (X_a - sum_{b<a} A_ab W_b), U_a = T_aa (Y_a - sum_{b<a} A_ab U_b)."""
+    """One program per (chunk, batch*head): Gamma from the chunk start, and each block's own WY factors
+    W_a = T_aa diag(beta e^{Gamma - Gamma_a}) K_a, U_a = T_aa diag(beta) V_a (Gamma_a: Gamma at the block start)."""
     i_c, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
     NCH = tl.cdiv(T, 64)
@@ -182,41 +184,25 @@ def _wu_kernel(
         if USE_G:
             m_g = m_s & (s % NH == 0)
             b_gs = tl.load(g + (i_b.to(tl.int64) * T + s // NH) * H + i_h, mask=m_g, other=0.0).to(tl.float32)
-            b_G = tl.cumsum(b_gs, 0) + carry
+            b_Gblk = tl.cumsum(b_gs, 0)  # from the block start
+            tl.store(gcum + aux + a * 64 + o_r, b_Gblk + carry)
             carry += tl.sum(b_gs, 0)
+            b_dec = tl.exp(b_Gblk)
         else:
-            b_G = tl.zeros([64], dtype=tl.float32)
-        tl.store(gcum + aux + a * 64 + o_r, b_G)
+            tl.store(gcum + aux + a * 64 + o_r, tl.zeros([64], dtype=tl.float32))
+            b_dec = tl.full([64], 1.0, dtype=tl.float32)
         b_k = tl.load(k_base + s[:, None] * (H * K) + o_k[None, :], mask=m_s[:, None] & m_k[None, :], other=0.0)
         b_beta = tl.load(beta + (i_b.to(tl.int64) * TS + s) * H + i_h, mask=m_s, other=0.0).to(tl.float32)
         b_rs = tl.load(rstd + aux + a * 64 + o_r)
         b_v = tl.load(v_base + s[:, None] * (H * V) + o_v[None, :], mask=m_s[:, None] & m_v[None, :], other=0.0)
-        b_X = b_k.to(tl.float32) * (b_beta * b_rs * tl.exp(b_G))[:, None]
+        b_X = b_k.to(tl.float32) * (b_beta * b_rs * b_dec)[:, None]
         b_Y = b_v.to(tl.float32) * b_beta[:, None]
-        b_kd = _dot_in(b_k, W, F32)
-        for bb in tl.static_range(a):
-            rows2 = aux + bb * 64 + o_r
-            s2 = i_c * L + bb * 64 + o_r
-            b_k2 = tl.load(
-                k_base + s2[:, None] * (H * K) + o_k[None, :], mask=(s2 < TS)[:, None] & m_k[None, :], other=0.0
-            )
-            b_rs2 = tl.load(rstd + rows2)
-            b_G2 = tl.load(gcum + rows2)
-            b_W2 = tl.load(W + rows2[:, None] * K + o_k[None, :], mask=m_k[None, :], other=0.0)
-            b_U2 = tl.load(U + rows2[:, None] * V + o_v[None, :], mask=m_v[None, :], other=0.0)
-            b_kk2 = tl.dot(b_kd, tl.trans(_dot_in(b_k2, W, F32)), input_precision=PREC)
-            b_A2 = _dot_in(
-                b_kk2 * (b_beta * b_rs)[:, None] * b_rs2[None, :] * tl.exp(b_G[:, None] - b_G2[None, :]), W, F32
-            )
-            b_X -= tl.dot(b_A2, _dot_in(b_W2, W, F32), input_precision=PREC)
-            b_Y -= tl.dot(b_A2, _dot_in(b_U2, W, F32), input_precision=PREC)
         rows = aux + a * 64 + o_r
         b_Ti = _dot_in(tl.load(Ti + rows[:, None] * 64 + o_r[None, :], mask=m_tri, other=0.0), W, F32)
         b_W = tl.dot(b_Ti, _dot_in(b_X, W, F32), input_precision=PREC)
         b_U = tl.dot(b_Ti, _dot_in(b_Y, W, F32), input_precision=PREC)
         tl.store(W + rows[:, None] * K + o_k[None, :], b_W.to(W.dtype.element_ty), mask=m_k[None, :])
         tl.store(U + rows[:, None] * V + o_v[None, :], b_U.to(U.dtype.element_ty), mask=m_v[None, :])
-        tl.debug_barrier()
 
 
 @triton.jit
@@ -242,8 +228,9 @@ def _state_kernel(
     F32: tl.constexpr,
     PREC: tl.constexpr,
 ):
-    """One program per (value tile, batch*head), looping over chunks: store S_c, D = U - W S_c,
-    S_{c+1} = e^{G_L} S_c + sum_s e^{G_L - G_s} k_s D_s^T (the n_h blocks of a chunk share S_c)."""
+    """One program per (value tile, batch*head), looping over chunks and their n_h blocks: store S_c (at
+    chunk starts), D_a = U_a - W_a S_a and S_{a+1} = e^{G_a'} S_a + sum_{s in a} e^{G_a' - G_s} k_s D_s^T,
+    G_a' the log-decay over block a. D is each sub-step's true pseudo-value, whatever the blocking."""
     i_v, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
     NCH = tl.cdiv(T, 64)
@@ -265,118 +252,25 @@ def _state_kernel(
     for c in range(NCH):
         tl.store(bnd + ((i_b.to(tl.int64) * (NCH + 1) + c) * H + i_h) * K * V + p_hkv, b_h, mask=m_h)
         aux = aux0 + c * L
-        b_hd = _dot_in(b_h, k, F32)
-        b_GL = tl.load(gcum + aux + L - 1)
-        b_upd = tl.zeros([BK, BV], dtype=tl.float32)
         for a in tl.static_range(NH):
             rows = aux + a * 64 + o_r
             s = c * L + a * 64 + o_r
+            if a == 0:
+                b_G0 = 0.0
+            else:
+                b_G0 = tl.load(gcum + aux + a * 64 - 1)
+            b_G1 = tl.load(gcum + aux + a * 64 + 63)
             b_w = tl.load(W + rows[:, None] * K + o_k[None, :], mask=m_k[None, :], other=0.0)
             b_u = tl.load(U + rows[:, None] * V + o_v[None, :], mask=m_v[None, :], other=0.0)
-            b_d = b_u.to(tl.float32) - tl.dot(_dot_in(b_w, k, F32), b_hd, input_precision=PREC)
-            tl.store(D + rows[:, None] * V + o_v[None, :], b_d.to(D.dtype.element_ty), mask=m_v[None, :])
             p_k = k_base + s[:, None] * (H * K) + o_k[None, :]
             b_k = tl.load(p_k, mask=(s < TS)[:, None] & m_k[None, :], other=0.0)
-            b_ds = b_d * (tl.load(rstd + rows) * tl.exp(b_GL - tl.load(gcum + rows)))[:, None]
-            b_upd += tl.dot(tl.trans(_dot_in(b_k, k, F32)), _dot_in(b_ds, k, F32), input_precision=PREC)
-        b_h = b_h * tl.exp(b_GL) + b_upd
-    tl.store(bnd + ((i_b.to(tl.int64) * (NCH + 1) + NCH) * H + i_h) * K * V + p_hkv, b_h, mask=m_h)
-    if STORE_FINAL:
-        tl.store(ht + i_bh.to(tl.int64) * K * V + p_hkv, b_h, mask=m_h)
-
-
-@triton.jit
-def _transition_kernel(
-    k,
-    X,
-    gcum,
-    rstd,
-    out,
-    T,
-    H: tl.constexpr,
-    NH: tl.constexpr,
-    K: tl.constexpr,
-    N: tl.constexpr,
-    BK: tl.constexpr,
-    BN: tl.constexpr,
-    F32: tl.constexpr,
-    PREC: tl.constexpr,
-):
-    """One program per (column tile, chunk, batch*head): out_c = sum_s e^{G_L - G_s} k_s X_s^T [K, N].
-
-    With X = W this is the chunk's low-rank transition part M_c, with X = U its input B_c, so that
-    S_{c+1} = e^{G_L} S_c - M_c S_c + B_c needs one matrix product per chunk in the sequential kernel.
-    """
-    i_n, i_c, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    i_b, i_h = i_bh // H, i_bh % H
-    NCH = tl.cdiv(T, 64)
-    L: tl.constexpr = 64 * NH
-    TS = T * NH
-    o_r = tl.arange(0, 64)
-    o_k = tl.arange(0, BK)
-    o_n = i_n * BN + tl.arange(0, BN)
-    m_k = o_k < K
-    m_n = o_n < N
-    aux = i_bh.to(tl.int64) * NCH * L + i_c * L
-    k_base = k + (i_b.to(tl.int64) * TS * H + i_h) * K
-    b_GL = tl.load(gcum + aux + L - 1)
-    b_acc = tl.zeros([BK, BN], dtype=tl.float32)
-    for a in tl.static_range(NH):
-        rows = aux + a * 64 + o_r
-        s = i_c * L + a * 64 + o_r
-        p_k = k_base + s[:, None] * (H * K) + o_k[None, :]
-        b_k = tl.load(p_k, mask=(s < TS)[:, None] & m_k[None, :], other=0.0)
-        b_ks = b_k.to(tl.float32) * (tl.load(rstd + rows) * tl.exp(b_GL - tl.load(gcum + rows)))[:, None]
-        b_x = tl.load(X + rows[:, None] * N + o_n[None, :], mask=m_n[None, :], other=0.0)
-        b_acc += tl.dot(tl.trans(_dot_in(b_ks, X, F32)), _dot_in(b_x, X, F32), input_precision=PREC)
-    p_out = out + (i_bh.to(tl.int64) * NCH + i_c) * K * N + o_k[:, None] * N + o_n[None, :]
-    tl.store(p_out, b_acc.to(out.dtype.element_ty), mask=m_k[:, None] & m_n[None, :])
-
-
-@triton.jit
-def _recurrence_kernel(
-    M,
-    Bc,
-    gcum,
-    bnd,
-    ht,
-    h0,
-    T,
-    H: tl.constexpr,
-    NH: tl.constexpr,
-    K: tl.constexpr,
-    V: tl.constexpr,
-    BK: tl.constexpr,
-    BV: tl.constexpr,
-    HAS_H0: tl.constexpr,
-    STORE_FINAL: tl.constexpr,
-    F32: tl.constexpr,
-    PREC: tl.constexpr,
-):
-    """One program per (value tile, batch*head): S_{c+1} = e^{G_L} S_c - M_c S_c + B_c, storing every S_c."""
-    i_v, i_bh = tl.program_id(0), tl.program_id(1)
-    i_b, i_h = i_bh // H, i_bh % H
-    NCH = tl.cdiv(T, 64)
-    L: tl.constexpr = 64 * NH
-    o_k = tl.arange(0, BK)
-    o_v = i_v * BV + tl.arange(0, BV)
-    m_k = o_k < K
-    m_h = m_k[:, None] & (o_v < V)[None, :]
-    p_hkv = o_k[:, None] * V + o_v[None, :]
-    p_mkk = o_k[:, None] * K + o_k[None, :]
-    m_kk = m_k[:, None] & m_k[None, :]
-    if HAS_H0:
-        b_h = tl.load(h0 + i_bh.to(tl.int64) * K * V + p_hkv, mask=m_h, other=0.0).to(tl.float32)
-    else:
-        b_h = tl.zeros([BK, BV], dtype=tl.float32)
-    for c in range(NCH):
-        tl.store(bnd + ((i_b.to(tl.int64) * (NCH + 1) + c) * H + i_h) * K * V + p_hkv, b_h, mask=m_h)
-        cc = i_bh.to(tl.int64) * NCH + c
-        b_m = tl.load(M + cc * K * K + p_mkk, mask=m_kk, other=0.0)
-        b_b = tl.load(Bc + cc * K * V + p_hkv, mask=m_h, other=0.0).to(tl.float32)
-        b_GL = tl.load(gcum + (i_bh.to(tl.int64) * NCH + c) * L + L - 1)
-        b_mh = tl.dot(_dot_in(b_m, M, F32), _dot_in(b_h, M, F32), input_precision=PREC)
-        b_h = b_h * tl.exp(b_GL) - b_mh + b_b
+            b_scale = tl.load(rstd + rows) * tl.exp(b_G1 - tl.load(gcum + rows))
+            b_d = b_u.to(tl.float32) - tl.dot(_dot_in(b_w, k, F32), _dot_in(b_h, k, F32), input_precision=PREC)
+            tl.store(D + rows[:, None] * V + o_v[None, :], b_d.to(D.dtype.element_ty), mask=m_v[None, :])
+            b_ds = b_d * b_scale[:, None]
+            b_h = b_h * tl.exp(b_G1 - b_G0) + tl.dot(
+                tl.trans(_dot_in(b_k, k, F32)), _dot_in(b_ds, k, F32), input_precision=PREC
+            )
     tl.store(bnd + ((i_b.to(tl.int64) * (NCH + 1) + NCH) * H + i_h) * K * V + p_hkv, b_h, mask=m_h)
     if STORE_FINAL:
         tl.store(ht + i_bh.to(tl.int64) * K * V + p_hkv, b_h, mask=m_h)
@@ -387,8 +281,6 @@ def _output_kernel(
     q,
     k,
     D,
-    W,
-    U,
     gcum,
     rstd,
     bnd,
@@ -402,12 +294,10 @@ def _output_kernel(
     BK: tl.constexpr,
     BV: tl.constexpr,
     NORM: tl.constexpr,
-    D_FROM_WU: tl.constexpr,
     F32: tl.constexpr,
     PREC: tl.constexpr,
 ):
-    """One program per (value tile, chunk, batch*head): o = scale (e^G q S_c + (q K^T * decay * mask) D),
-    D read from memory, or rebuilt as U - W S_c (D_FROM_WU)."""
+    """One program per (value tile, chunk, batch*head): o = scale (e^G q S_c + (q K^T * decay * mask) D)."""
     i_v, i_c, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_b, i_h = i_bh // H, i_bh % H
     NCH = tl.cdiv(T, 64)
@@ -449,12 +339,7 @@ def _output_kernel(
         b_s = tl.dot(b_qd, tl.trans(_dot_in(b_k, k, F32)), input_precision=PREC)
         b_dec = tl.exp(tl.where(m_a, b_Gq[:, None] - b_G[None, :], 0.0))
         b_s = tl.where(m_a, b_s * b_rq[:, None] * b_rs[None, :] * b_dec, 0.0)
-        if D_FROM_WU:
-            b_w = tl.load(W + rows[:, None] * K + o_k[None, :], mask=m_k[None, :], other=0.0)
-            b_u = tl.load(U + rows[:, None] * V + o_v[None, :], mask=m_v[None, :], other=0.0)
-            b_d = b_u.to(tl.float32) - tl.dot(_dot_in(b_w, k, F32), b_hd, input_precision=PREC)
-        else:
-            b_d = tl.load(D + rows[:, None] * V + o_v[None, :], mask=m_v[None, :], other=0.0)
+        b_d = tl.load(D + rows[:, None] * V + o_v[None, :], mask=m_v[None, :], other=0.0)
         b_o += tl.dot(_dot_in(b_s, k, F32), _dot_in(b_d, k, F32), input_precision=PREC)
     p_o = o + (i_b.to(tl.int64) * T * H + i_h) * V + t[:, None] * (H * V) + o_v[None, :]
     tl.store(p_o, (b_o * scale).to(o.dtype.element_ty), mask=m_t[:, None] & m_v[None, :])
@@ -462,17 +347,15 @@ def _output_kernel(
 
 @dataclass(frozen=True)
 class LaunchConfig:
-    """Launch choices; None picks the default for the shape (see `default_config`).
+    """Launch choices; state_bv None picks the default for the shape (see `default_config`).
 
-    mode "direct": the sequential kernel computes D = U - W S_c itself (two products per chunk, stores D);
-    "transition": chunk transitions M_c, B_c are built in parallel, the sequential kernel does one product
-    per chunk and the output kernel rebuilds D from W, U and S_c.
+    Defaults from `scripts/fwd_tune.py` on an H100 (B=8, T=8192): wu_warps 4 beat 8 at every point (4.33 vs
+    4.54 ms at n_h=3); 4 tri or 8 state warps, or 64-wide output tiles, were slower.
     """
 
-    mode: str | None = None
     state_bv: int | None = None  # value tile of the sequential kernel
     tri_warps: int = 2
-    wu_warps: int = 8
+    wu_warps: int = 4
     state_warps: int = 4
     state_stages: int = 2
     out_warps: int = 4
@@ -502,7 +385,7 @@ def default_config(B: int, H: int, V: int, n_h: int = 1) -> LaunchConfig:
         bv = 32
     if B * H * triton.cdiv(V, 64) >= (0.9 if n_h <= 2 else 2.0) * n_sm:
         bv = 64
-    return LaunchConfig(mode="direct", state_bv=min(bv, _pow2(V)))
+    return LaunchConfig(state_bv=min(bv, _pow2(V)))
 
 
 def _check(q, k, v, beta, g, initial_state, chunk_size) -> None:
@@ -568,9 +451,7 @@ def triton_delta_product(
     F32 = interp or dtype == torch.float32  # fp32 operands in tl.dot (the interpreter's bf16 dot is wrong)
     PREC = "ieee" if dtype == torch.float32 else "tf32"
     d = default_config(B, H, V, n_h)
-    cfg = replace(config or d, mode=(config or d).mode or d.mode, state_bv=(config or d).state_bv or d.state_bv)
-    if cfg.mode not in ("transition", "direct"):
-        raise ValueError(f"LaunchConfig.mode must be 'transition' or 'direct', got {cfg.mode!r}")
+    cfg = replace(config or d, state_bv=(config or d).state_bv or d.state_bv)
     BV = min(cfg.state_bv, BVF)
 
     f32 = torch.float32
@@ -628,37 +509,21 @@ def triton_delta_product(
     o = torch.empty(B, T, H, V, dtype=dtype, device=dev)
     common = dict(H=H, NH=n_h, K=K, F32=F32, PREC=PREC)
     state_consts = dict(V=V, BK=BK, BV=BV, HAS_H0=h0 is not None, STORE_FINAL=output_final_state, **common)
-    D = None
-    if cfg.mode == "transition":
-        # M_c in the operand dtype of the product; B_c adds to the state, so it stays fp32
-        M = torch.empty(B * H, NCH, K, K, dtype=dtype, device=dev)
-        Bc = torch.empty(B * H, NCH, K, V, dtype=f32, device=dev)
-        for X, out, N in ((W, M, K), (U, Bc, V)):
-            BN = min(64, _pow2(N))
-            _transition_kernel[(triton.cdiv(N, BN), NCH, B * H)](
-                k, X, gcum, rstd, out, T, N=N, BK=BK, BN=BN, num_warps=4, **common
-            )
-        smem = BK * BK * q.element_size() + BK * BV * 4
-        _launch(_recurrence_kernel, (triton.cdiv(V, BV), B * H), cfg, (M, Bc, gcum, bnd, ht, h0, T), state_consts, smem)
-        del M, Bc
-    else:
-        D = torch.empty(B * H, NB * BLOCK, V, dtype=dtype, device=dev)
-        smem = n_h * 64 * (2 * BK + BV) * q.element_size()
-        _launch(
-            _state_kernel,
-            (triton.cdiv(V, BV), B * H),
-            cfg,
-            (k, W, U, D, gcum, rstd, bnd, ht, h0, T),
-            state_consts,
-            smem,
-        )
+    D = torch.empty(B * H, NB * BLOCK, V, dtype=dtype, device=dev)
+    smem = 64 * (2 * BK + BV) * q.element_size()  # one block's W, K and U tiles per pipeline stage
+    _launch(
+        _state_kernel,
+        (triton.cdiv(V, BV), B * H),
+        cfg,
+        (k, W, U, D, gcum, rstd, bnd, ht, h0, T),
+        state_consts,
+        smem,
+    )
     obv = min(cfg.out_bv, BVF)
     _output_kernel[(triton.cdiv(V, obv), NCH, B * H)](
         q,
         k,
         D,
-        W,
-        U,
         gcum,
         rstd,
         bnd,
@@ -669,7 +534,6 @@ def triton_delta_product(
         BK=BK,
         BV=obv,
         NORM=normalize_qk,
-        D_FROM_WU=D is None,
         num_warps=cfg.out_warps,
         **common,
     )

@@ -54,11 +54,7 @@ def main() -> None:
                 replace(base, state_warps=8),
                 replace(base, state_stages=1),
                 replace(base, state_stages=3),
-                replace(base, wu_warps=4),
-                replace(base, tri_warps=4),
-                replace(base, tri_programs_per_sm=16),
-                replace(base, out_warps=8),
-                replace(base, out_bv=64),
+                replace(base, wu_warps=8),
             ]
             sweep = {}
             for c in cands:

@@ -40,17 +40,17 @@ def _rel(a, b):
     return ((a.double() - b.double()).abs().max() / b.double().abs().max().clamp_min(1e-30)).item()
 
 
-MODES = {"direct": dict(mode="direct"), "transition": dict(mode="transition")}
+TILINGS = {"default": dict(), "bv16": dict(state_bv=16)}  # value tiles of the sequential kernel
 
 
-def _check_against_naive(shape, dtype, device="cpu", mode="direct", normalize=True, beta_max=2.0, seed=0):
+def _check_against_naive(shape, dtype, device="cpu", tiling="default", normalize=True, beta_max=2.0, seed=0):
     from kernels.triton_chunk import LaunchConfig, triton_delta_product
 
     B, T, H, K, V, n_h, gate, h0 = shape
     q, k, v, beta, g, s0 = _inputs(B, T, H, K, V, n_h, gate, h0, device, beta_max, seed)
     q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
     o, fin, bnd = triton_delta_product(
-        q, k, v, beta, g, initial_state=s0, normalize_qk=normalize, config=LaunchConfig(**MODES[mode])
+        q, k, v, beta, g, initial_state=s0, normalize_qk=normalize, config=LaunchConfig(**TILINGS[tiling])
     )
     d = torch.float64
     ro, rfin, rbnd = naive_delta_product(
@@ -82,9 +82,9 @@ CPU_CASES = [
 
 @cpu_only
 @pytest.mark.parametrize("shape", CPU_CASES)
-@pytest.mark.parametrize("mode", list(MODES))
-def test_fp32_matches_float64_reference(shape, mode):
-    _check_against_naive(shape, torch.float32, mode=mode)
+@pytest.mark.parametrize("tiling", list(TILINGS))
+def test_fp32_matches_float64_reference(shape, tiling):
+    _check_against_naive(shape, torch.float32, tiling=tiling)
 
 
 @cpu_only
@@ -113,7 +113,7 @@ def test_optional_outputs_and_chunk_boundary():
     from kernels.triton_chunk import LaunchConfig, triton_delta_product
 
     q, k, v, beta, g, _ = _inputs(1, 64, 1, 16, 16, 1, True, False, seed=5)
-    for mode in MODES:
+    for tiling in TILINGS:
         o, fin, bnd = triton_delta_product(
             q,
             k,
@@ -122,7 +122,7 @@ def test_optional_outputs_and_chunk_boundary():
             g,
             output_final_state=False,
             output_boundary_states=False,
-            config=LaunchConfig(**MODES[mode]),
+            config=LaunchConfig(**TILINGS[tiling]),
         )
         assert fin is None and bnd is None
         ro = naive_delta_product(q.double(), k.double(), v.double(), beta.double(), g.double(), normalize_qk=True)[0]
@@ -153,12 +153,12 @@ needs_cuda = pytest.mark.skipif(ON_CPU or INTERPRET, reason="needs a CUDA GPU wi
 @gpu
 @needs_cuda
 @pytest.mark.parametrize(
-    "n_h, gate, mode",
-    [(n, gt, "direct") for n in (1, 2, 3) for gt in (False, True)] + [(1, True, "transition"), (3, True, "transition")],
+    "n_h, gate, tiling",
+    [(n, gt, "default") for n in (1, 2, 3) for gt in (False, True)] + [(1, True, "bv16"), (3, True, "bv16")],
 )
-def test_gpu_bf16_vs_float64(n_h, gate, mode):
+def test_gpu_bf16_vs_float64(n_h, gate, tiling):
     """dk = dv = 128, H = 8 (as the benchmark, so compiled kernels are shared), T with a partial chunk."""
-    _check_against_naive((1, 300, 8, 128, 128, n_h, gate, True), torch.bfloat16, device="cuda", mode=mode)
+    _check_against_naive((1, 300, 8, 128, 128, n_h, gate, True), torch.bfloat16, device="cuda", tiling=tiling)
 
 
 @gpu
