@@ -7,6 +7,7 @@
 # kernels: python -m kernels.bench (forward vs fla) and kernels.bench_analysis (spectra, ranks)
 # probes:  erank/spectra probe throughput on a GPU capture of the bundled model
 # store:   capture vs plain forward, write rate vs dd, memory (store.bench) on the GPU
+# dist:    torchrun capture on every GPU of the machine (NCCL) against one GPU; same values (nvidia-h200-x2)
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 DL="python3 -m app.cli"
@@ -36,6 +37,10 @@ for section in "$@"; do
       $DL probe bench --store /tmp/s4.zarr --device cpu --json | tee "$OUT/probe-bench-cpu.json" ;;
     store)
       python3 -m store.bench --device cuda --json-out "$OUT/store-bench.json" 2>&1 | tee "$OUT/store-bench.txt" ;;
-    *) echo "unknown section $section: use s4, tests, kernels, probes or store" >&2; exit 2 ;;
+    dist)
+      export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1  # required on shared hosts
+      python3 scripts/dist_capture_check.py --gpus "$(nvidia-smi -L | wc -l)" --json "$OUT/dist.json" 2>&1 \
+        | tee "$OUT/dist.txt" ;;
+    *) echo "unknown section $section: use s4, tests, kernels, probes, store or dist" >&2; exit 2 ;;
   esac
 done
