@@ -373,16 +373,13 @@ def _num_sms() -> int:
 
 
 def default_config(B: int, H: int, V: int, n_h: int = 1) -> LaunchConfig:
-    """Value tiles of the sequential kernel: 16 while batch * head leaves SMs idle (parallelism), 32 once
-    there is about a program per SM, 64 for n_h <= 2 at that occupancy (W and K are re-read per tile).
-
-    Measured on an H200 (B=8, T=8192, H=8, dk=dv=128): n_h=1 bv 64/32/16 = 1.14/1.14/1.34 ms, n_h=2
-    2.27/2.58/3.17 ms, n_h=3 4.55/4.46/5.36 ms; mode "transition" was slower everywhere (1.65, 2.99, 4.91).
+    """Value tiles of the sequential kernel: 32, or 64 for n_h <= 2 once batch * head gives about a program
+    per SM (W and K are re-read per tile). Never 16 with dk = 128: on an H100 (Triton 3.6) the compiled
+    state kernel with 16-wide tiles faulted (n_h = 3) or returned wrong states (n_h = 1) at B = 8, T >= 1024,
+    while the interpreter and T = 300 agreed with the reference; see tests/test_triton_chunk.py.
     """
     n_sm = _num_sms()
-    bv = 16
-    if B * H * triton.cdiv(V, 32) >= 0.9 * n_sm:
-        bv = 32
+    bv = 32
     if B * H * triton.cdiv(V, 64) >= (0.9 if n_h <= 2 else 2.0) * n_sm:
         bv = 64
     return LaunchConfig(state_bv=min(bv, _pow2(V)))
@@ -452,6 +449,8 @@ def triton_delta_product(
     PREC = "ieee" if dtype == torch.float32 else "tf32"
     d = default_config(B, H, V, n_h)
     cfg = replace(config or d, state_bv=(config or d).state_bv or d.state_bv)
+    if cfg.state_bv < 32 and V > 16 and not interp:
+        raise ValueError(f"state_bv={cfg.state_bv} miscompiles on CUDA (see default_config); use 32, 64 or 128")
     BV = min(cfg.state_bv, BVF)
 
     f32 = torch.float32

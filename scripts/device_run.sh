@@ -33,7 +33,7 @@ for section in "$@"; do
     probes)
       $DL capture models/zoo/s4-deltaproduct2 --data S4:length=512,samples=256,seed=1 --out /tmp/s4.zarr \
         --device cuda --batch-size 64 2>&1 | tail -2
-      $DL probe bench --store /tmp/s4.zarr --device cuda --json | tee "$OUT/probe-bench-gpu.json"
+      $DL probe bench --store /tmp/s4.zarr --device cuda --repeat 2 --json | tee "$OUT/probe-bench-gpu.json"
       $DL probe bench --store /tmp/s4.zarr --device cpu --json | tee "$OUT/probe-bench-cpu.json" ;;
     store)
       python3 -m store.bench --device cuda --json-out "$OUT/store-bench.json" 2>&1 | tee "$OUT/store-bench.txt" ;;

@@ -50,7 +50,7 @@ def main() -> None:
         for who in ("profile_ours", "profile_fla"):
             print(f"   {who}: " + ", ".join(f"{k} {v:.3f}" for k, v in rec.get(who, {}).items()), flush=True)
         if not args.no_sweep:
-            cands = [replace(base, state_bv=bv) for bv in (16, 32, 64) if bv != base.state_bv] + [
+            cands = [replace(base, state_bv=bv) for bv in (32, 64, 128) if bv != base.state_bv] + [
                 replace(base, state_warps=8),
                 replace(base, state_stages=1),
                 replace(base, state_stages=3),
