@@ -31,7 +31,7 @@ for section in "$@"; do
       python3 -m kernels.bench_analysis --targets spectra,ranks --out "$OUT/bench_analysis.json" 2>&1 \
         | tee "$OUT/bench_analysis.txt" ;;
     probes)
-      $DL capture models/zoo/s4-deltaproduct2 --data S4:length=512,samples=256,seed=1 --out /tmp/s4.zarr \
+      $DL capture models/zoo/s4-deltaproduct2 --data S4:length=512,samples=128,seed=1 --out /tmp/s4.zarr \
         --device cuda --batch-size 64 2>&1 | tail -2
       $DL probe bench --store /tmp/s4.zarr --device cuda --repeat 2 --json | tee "$OUT/probe-bench-gpu.json"
       $DL probe bench --store /tmp/s4.zarr --device cpu --json | tee "$OUT/probe-bench-cpu.json" ;;

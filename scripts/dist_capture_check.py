@@ -28,7 +28,7 @@ def run(cmd: list[str]) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--checkpoint", default="models/zoo/s4-deltaproduct2")
-    ap.add_argument("--data", default="S4:length=512,samples=2048,seed=3")
+    ap.add_argument("--data", default="S4:length=512,samples=1024,seed=3")
     ap.add_argument("--gpus", type=int, default=2)
     ap.add_argument("--batch-size", type=int, default=64)
     ap.add_argument("--workdir", default="/tmp/dist-check")
