@@ -188,9 +188,32 @@ def _cpu_eigvals(flat: torch.Tensor, per_task: int = 8192) -> torch.Tensor:
     """LAPACK eigvals of [N, n, n] on the CPU, blocks spread over threads (torch loops a batch serially)."""
     workers = min(os.cpu_count() or 1, -(-flat.shape[0] // per_task))
     if workers <= 1:
-        return torch.linalg.eigvals(flat)
+        return _robust_eigvals(flat)
     with ThreadPoolExecutor(workers) as pool:
-        return torch.cat(list(pool.map(torch.linalg.eigvals, flat.split(per_task))))
+        return torch.cat(list(pool.map(_robust_eigvals, flat.split(per_task))))
+
+
+def _robust_eigvals(block: torch.Tensor, tries: int = 3) -> torch.Tensor:
+    """torch.linalg.eigvals, except that a matrix on which LAPACK's QR fails to converge (seen on Z of
+    windows whose keys span 3 dimensions: clusters of exact 1s) is solved again after a random orthogonal
+    similarity Q^T A Q, which keeps the eigenvalues (to rounding) and breaks the stalling structure."""
+    try:
+        return torch.linalg.eigvals(block)
+    except torch.linalg.LinAlgError:
+        pass
+    out = []
+    gen = torch.Generator().manual_seed(0)
+    for a in block:
+        for attempt in range(tries + 1):
+            try:
+                out.append(torch.linalg.eigvals(a))
+                break
+            except torch.linalg.LinAlgError:
+                if attempt == tries:
+                    raise
+                q, _ = torch.linalg.qr(torch.randn(a.shape, dtype=a.dtype, generator=gen))
+                a = q.T @ a @ q
+    return torch.stack(out)
 
 
 def sort_eigenvalues(eig: torch.Tensor) -> torch.Tensor:

@@ -355,7 +355,14 @@ def _open_store(out: Path, attrs: dict[str, Any], data: Data, rank: int, world: 
 
     own_group = not dist.is_initialized()
     if own_group:
-        dist.init_process_group(backend="nccl" if device.startswith("cuda") else "gloo")
+        if device.startswith("cuda"):
+            import torch
+
+            # NCCL's collectives run on the current device: without this every rank sits on cuda:0
+            torch.cuda.set_device(torch.device(device))
+            dist.init_process_group(backend="nccl", device_id=torch.device(device))
+        else:
+            dist.init_process_group(backend="gloo")
     error: list[str] = [""]
     result = None
     if rank == 0:

@@ -132,3 +132,18 @@ def test_gpu_window_spectra_match_dense():
     keys = keys_in_subspace(4096, 12, 128, 3, seed=0)
     eig = householder_eigvals(keys.cuda(), torch.full((4096, 12), 2.0, dtype=torch.float64).cuda())
     assert (eig.abs() - 1).abs().max() < 1e-12
+
+
+def test_cpu_path_survives_lapack_stall():
+    """A window of the bundled S4 model (the same two tokens twice: keys in 3 dimensions, 8 factors) on which
+    LAPACK's batched QR failed to converge; the CPU path retries it after a random orthogonal similarity."""
+    import json
+    from pathlib import Path
+
+    fixture = json.loads((Path(__file__).parent / "fixtures" / "lapack_stall_window.json").read_text())
+    keys = torch.tensor(fixture["keys"], dtype=torch.float64)[None]
+    betas = torch.tensor(fixture["betas"], dtype=torch.float64)[None]
+    eig = wide_eigenvalues(keys, betas)
+    dense = dense_eigvals(keys, betas)
+    ours = torch.cat([eig, torch.ones(1, keys.shape[-1] - keys.shape[1], dtype=eig.dtype)], -1)
+    assert matched_error(ours, dense) < 1e-12
