@@ -14,6 +14,7 @@ import os
 import re
 import shutil
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -83,6 +84,7 @@ class StoreWriter:
         self.group = zarr.open_group(str(self.path), mode="r+", zarr_format=3)
         self.attrs: dict[str, Any] = dict(self.group.attrs)
         self._arrays: dict[str, zarr.Array] = {}
+        self._executor: ThreadPoolExecutor | None = None
 
     # --- opening ------------------------------------------------------------------------
 
@@ -220,16 +222,26 @@ class StoreWriter:
         if missing:
             raise ValueError(f"batch lacks variable(s) {', '.join(missing)}")
         n = len(next(iter(arrays.values())))
+        for var in wanted:
+            shape = (n, *self.array(var).shape[1:])
+            if np.shape(arrays[var]) != shape:
+                raise ValueError(f"{var}: batch shape {np.shape(arrays[var])} != store shape {shape}")
+
+        def write(var: str) -> None:
+            arr = self.array(var)
+            arr[start:start + n] = np.asarray(arrays[var]).astype(arr.dtype, copy=False)
+
         try:
-            for var in wanted:
-                arr = self.array(var)
-                data = np.asarray(arrays[var])
-                if data.shape != (n, *arr.shape[1:]):
-                    raise ValueError(f"{var}: batch shape {data.shape} != store shape {(n, *arr.shape[1:])}")
-                arr[start:start + n] = data.astype(arr.dtype, copy=False)
-            self.array("complete")[start:start + n] = True
+            # variables go to separate files: write them concurrently (page-cache copies run in parallel)
+            list(self._pool().map(write, wanted))
+            self.array("complete")[start:start + n] = True  # only after every array of the batch
         except OSError as err:
             raise _write_error(self.path, err, self._safe_n_complete()) from None
+
+    def _pool(self) -> ThreadPoolExecutor:
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(min(8, os.cpu_count() or 1), thread_name_prefix="deltalab-write")
+        return self._executor
 
     def _safe_n_complete(self) -> int:
         try:
