@@ -156,7 +156,9 @@ class HookedRunner:
             if self.per_layer:
                 flat = [e for envs in self.envoys.values() for e in envs]
                 with self.nn.trace(ids) as tracer:
-                    cache = tracer.cache(modules=flat, dtype=self.torch_dtype)
+                    # device=None: keep captures on the model's device (nnsight's default, CPU, copies
+                    # each hook synchronously in the middle of the forward); one copy per variable below
+                    cache = tracer.cache(modules=flat, device=None, dtype=self.torch_dtype)
                     out = self.nn.output.save()
                 logits = out.logits
             else:
