@@ -26,8 +26,26 @@ app.command("app")(cmd_app.app_command)
 
 
 def main() -> None:
-    """Console-script entry point."""
-    app()
+    """Console-script entry point: usage errors become one line (`error: CMD: what (see 'CMD --help')`)."""
+    import sys
+
+    from typer.exceptions import TyperException  # base of the click exceptions typer vendors
+
+    try:
+        code = app(prog_name="deltalab", standalone_mode=False)
+    except TyperException as err:
+        ctx = getattr(err, "ctx", None)
+        if type(err).__name__ == "NoArgsIsHelpError" and ctx is not None:  # a bare group: show its help
+            print(ctx.get_help(), file=sys.stderr)
+            sys.exit(2)
+        cmd = ctx.command_path if ctx is not None else "deltalab"
+        message = err.format_message() if hasattr(err, "format_message") else str(err)
+        print(f"error: {cmd}: {message} (see '{cmd} --help')", file=sys.stderr)
+        sys.exit(getattr(err, "exit_code", 2) or 2)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        sys.exit(130)
+    sys.exit(code if isinstance(code, int) else 0)
 
 
 if __name__ == "__main__":

@@ -19,6 +19,8 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
+from store.cliparse import OneLineParser
+
 
 class ProbeError(ValueError):
     """Bad input to a probe (missing variable, wrong flag, missing checkpoint): one line, names the fix."""
@@ -92,7 +94,7 @@ def parse_int_list(text: str) -> list[int]:
 
 def make_parser(name: str, description: str, *, checkpoint: bool = False) -> argparse.ArgumentParser:
     """The options every probe takes; the probe adds its own with `add_arguments`."""
-    p = argparse.ArgumentParser(prog=f"deltalab probe {name}", description=description)
+    p = OneLineParser(prog=f"deltalab probe {name}", description=description)
     p.add_argument("--store", required=True, help="store folder written by `deltalab capture`")
     p.add_argument("--checkpoint", required=checkpoint, default=None,
                    help="checkpoint folder" + (" (required)" if checkpoint else

@@ -33,6 +33,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from store.cliparse import OneLineParser
+
 NAME = "prune"
 DEFAULT_COMPRESSIONS = (0.0, 0.3, 0.4, 0.5, 0.75)
 TABLE_KEYS = ["method", "compression", "head_dim_kept", "perplexity", "perplexity_change", "accuracy",
@@ -375,7 +377,7 @@ def _floats(text: str) -> list[float]:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="deltalab probe prune", description=(__doc__ or "").splitlines()[0])
+    p = OneLineParser(prog="deltalab probe prune", description=(__doc__ or "").splitlines()[0])
     p.add_argument("checkpoint", help="checkpoint folder (config.json + model.safetensors)")
     p.add_argument("--methods", default="all", help="comma-separated: l1,random,wanda,grad,drrqr,pca (default all)")
     p.add_argument("--compressions", type=_floats, default=list(DEFAULT_COMPRESSIONS),

@@ -7,16 +7,16 @@ i with i % N == rank and writes only their chunks; rank 0 creates the store firs
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 
 from store.capture import capture
+from store.cliparse import OneLineParser
 from store.errors import StoreError
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m store.capture_dist", description=__doc__.splitlines()[0])
+    p = OneLineParser(prog="python -m store.capture_dist", description=__doc__.splitlines()[0])
     p.add_argument("checkpoint")
     p.add_argument("--data", required=True)
     p.add_argument("--out", required=True)
