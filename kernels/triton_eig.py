@@ -1,14 +1,16 @@
 """Eigenvalues of many small real general matrices (n <= 32) in one Triton kernel, one matrix per program.
 
-The reduced matrices of window spectra (`kernels.spectra`, n = w * n_h, e.g. 12) have no closed form, and
-torch.linalg.eigvals on CUDA hands them to the CPU. This is the textbook method, held in registers in
-float64: Householder reduction to upper Hessenberg form, then the Francis double-shift QR iteration
-with deflation by small subdiagonals (Golub & Van Loan, Algorithms 7.4.2 and 7.5.2; the exceptional
-shifts of LAPACK's dlahqr every 10 iterations). A subdiagonal deflates when it is below eps times its two
-diagonal neighbours, or below n eps ||C||_F: clusters of equal eigenvalues (dependent keys give many 1s)
-otherwise stall at the rounding-noise level. Backward stable: each eigenvalue is off by about
-eps * ||C|| * its condition number. A matrix that does not converge within 30 n sweeps is flagged, and
-`small_eigvals` re-solves it with LAPACK. The reference is torch.linalg.eigvals.
+Window spectra (`kernels.spectra`, n = w * n_h factors, e.g. 12) have no closed form, and
+torch.linalg.eigvals on CUDA hands its work to the CPU. `householder_eigvals` builds, per window, the
+n x n matrix Z = I - R M R^T from the keys (LQ by Householder, K^T = Q R; M the compact-WY factor), which
+is orthogonal whenever the product is, and then applies the textbook method, in float64 registers:
+Householder reduction to upper Hessenberg form and the Francis double-shift QR iteration with deflation
+by small subdiagonals (Golub & Van Loan, Algorithms 7.4.2 and 7.5.2; LAPACK dlahqr's exceptional shifts
+every 10 iterations). A subdiagonal deflates when it is below eps times its two diagonal neighbours, or
+below n eps ||Z||_F: clusters of equal eigenvalues (dependent keys give many 1s) otherwise stall at the
+rounding-noise level. Backward stable: each eigenvalue is off by about eps ||Z|| times its condition
+number. A matrix that has not converged after 30 n sweeps is flagged and re-solved on the CPU.
+`triton_eigvals` exposes the same solver for any square matrices; the reference is torch.linalg.eigvals.
 """
 
 from __future__ import annotations
