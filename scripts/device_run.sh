@@ -4,7 +4,8 @@
 #     bash scripts/device_run.sh s4 | tests | kernels | probes | store  [more sections ...]
 # s4:      continue the bundled S4 model (trained up to length 128) at 128, then 256, and evaluate it
 # tests:   the GPU-marked tests (realistic shapes, fla 0.6.0 comparisons)
-# kernels: python -m kernels.bench (forward vs fla) and kernels.bench_analysis (spectra, ranks)
+# kernels: python -m kernels.bench (forward vs fla, accuracy; ~9 min on an H100, so a call of its own)
+# analysis: python -m kernels.bench_analysis (spectra incl. windows, state ranks vs the authors' loop)
 # probes:  erank/spectra probe throughput on a GPU capture of the bundled model
 # store:   capture vs plain forward, write rate vs dd, memory (store.bench) on the GPU
 # dist:    torchrun capture on every GPU of the machine (NCCL) against one GPU; same values (nvidia-h200-x2)
@@ -27,7 +28,8 @@ for section in "$@"; do
     tests)
       python3 -m pytest -q -m gpu tests 2>&1 | tail -30 | tee "$OUT/gpu-tests.log" ;;
     kernels)
-      python3 -m kernels.bench --json "$OUT/bench.json" 2>&1 | tee "$OUT/bench.txt"
+      python3 -m kernels.bench --skip analysis --json "$OUT/bench.json" 2>&1 | tee "$OUT/bench.txt" ;;
+    analysis)
       python3 -m kernels.bench_analysis --targets spectra,ranks --out "$OUT/bench_analysis.json" 2>&1 \
         | tee "$OUT/bench_analysis.txt" ;;
     probes)
@@ -41,6 +43,6 @@ for section in "$@"; do
       export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1  # required on shared hosts
       python3 scripts/dist_capture_check.py --gpus "$(nvidia-smi -L | wc -l)" --json "$OUT/dist.json" 2>&1 \
         | tee "$OUT/dist.txt" ;;
-    *) echo "unknown section $section: use s4, tests, kernels, probes, store or dist" >&2; exit 2 ;;
+    *) echo "unknown section $section: use s4, tests, kernels, analysis, probes, store or dist" >&2; exit 2 ;;
   esac
 done
