@@ -102,7 +102,7 @@ def _forward_point(B, T, n_h, gate, bw, peak, sweep, fla) -> dict:
     cfg = default_config(B, H, K, n_h)
     cands = [cfg]
     if sweep and B >= 8 and T >= 8192 and gate:  # alternatives where the GPU is full (B=1: see the report)
-        cands += [replace(cfg, state_bv=bv) for bv in (16, 32, 64) if bv != cfg.state_bv]
+        cands += [replace(cfg, state_bv=bv) for bv in (32, 64, 128) if bv != cfg.state_bv]
     times = {}
     for c in cands:
         try:

@@ -78,16 +78,21 @@ def window_keys(
 
 
 def reduced_matrix(gram: torch.Tensor, beta: torch.Tensor) -> torch.Tensor:
-    """C = (I + B tril(G,-1))^{-1} (I - B triu(G)) [..., n, n]: its eigenvalues are P's non-trivial ones."""
+    """C = (I + B tril(G,-1))^{-1} (I - B triu(G)) = I - M G [..., n, n]: eigenvalues = P's non-trivial ones."""
+    eye = torch.eye(gram.shape[-1], dtype=gram.dtype, device=gram.device)
+    return eye - compact_wy(gram, beta) @ gram
+
+
+def compact_wy(gram: torch.Tensor, beta: torch.Tensor) -> torch.Tensor:
+    """M = (I + B tril(G, -1))^{-1} B [..., n, n], so that P = I - K M K^T."""
     n = gram.shape[-1]
-    eye = torch.eye(n, dtype=gram.dtype, device=gram.device)
-    rhs = eye - beta[..., :, None] * gram.triu()
     rows = []
-    for j in range(n):  # forward substitution, row by row: C_j = rhs_j - b_j sum_{i<j} G_ji C_i
-        row = rhs[..., j, :]
-        for i in range(j):
-            row = row - (beta[..., j] * gram[..., j, i])[..., None] * rows[i]
-        rows.append(row)
+    for i in range(n):  # M_i = b_i (e_i - sum_{j<i} G_ij M_j)
+        row = torch.zeros_like(gram[..., i, :])
+        row[..., i] = 1
+        for j in range(i):
+            row = row - gram[..., i, j, None] * rows[j]
+        rows.append(beta[..., i, None] * row)
     return torch.stack(rows, -2)
 
 
@@ -145,7 +150,7 @@ def cubic_real_root(a2: torch.Tensor, a1: torch.Tensor, a0: torch.Tensor, newton
 
 
 def small_eigenvalues(c: torch.Tensor, det: torch.Tensor | None = None) -> torch.Tensor:
-    """Eigenvalues [..., n] (complex) of real [..., n, n]: closed forms for n <= 3, LAPACK otherwise.
+    """Eigenvalues [..., n] (complex) of real [..., n, n], n <= 3, by closed forms (wider: `wide_eigenvalues`).
 
     det: optional exact determinant (prod(1 - b_i G_ii) for Householder products), more accurate than
     expanding C.
@@ -178,10 +183,7 @@ def small_eigenvalues(c: torch.Tensor, det: torch.Tensor | None = None) -> torch
         re = torch.cat([r[..., None], re], -1)
         im = torch.cat([torch.zeros_like(r)[..., None], im], -1)
         return torch.complex(re, im)
-    eig = _cpu_eigvals(c.reshape(-1, n, n).to("cpu", torch.float64)).to(c.device)
-    if c.dtype == torch.float32:
-        eig = eig.to(torch.complex64)
-    return eig.reshape(*c.shape[:-1])
+    raise ValueError(f"small_eigenvalues has closed forms for n <= 3, got n = {n}: use wide_eigenvalues")
 
 
 def _cpu_eigvals(flat: torch.Tensor, per_task: int = 8192) -> torch.Tensor:
@@ -246,19 +248,6 @@ def wide_eigenvalues(keys: torch.Tensor, betas: torch.Tensor) -> torch.Tensor:
     if m < n:
         eig = torch.cat([eig, torch.ones(N, n - m, dtype=eig.dtype)], -1)
     return eig
-
-
-def compact_wy(gram: torch.Tensor, beta: torch.Tensor) -> torch.Tensor:
-    """M = (I + B tril(G, -1))^{-1} B [..., n, n], so that P = I - K M K^T."""
-    n = gram.shape[-1]
-    rows = []
-    for i in range(n):  # M_i = b_i (e_i - sum_{j<i} G_ij M_j)
-        row = torch.zeros_like(gram[..., i, :])
-        row[..., i] = 1
-        for j in range(i):
-            row = row - gram[..., i, j, None] * rows[j]
-        rows.append(beta[..., i, None] * row)
-    return torch.stack(rows, -2)
 
 
 def _block_spectra(keys: torch.Tensor, betas: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
