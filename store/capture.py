@@ -122,8 +122,32 @@ def _dist_env() -> tuple[int, int, int]:
 
 # --- the traced forward ------------------------------------------------------------------
 
+class HostBatch:
+    """One batch's captured arrays on their way to host memory; `arrays()` waits for the copies.
+
+    On CUDA the device-to-host copies are queued asynchronously into pinned memory, so the next
+    batch's forward starts at once and the writer thread waits (on an event) instead of the model.
+    Per-layer variables arrive as (layer, seq, ...) buffers and leave as (seq, layer, ...) views:
+    each layer's block is contiguous, so the store writes a shard's inner chunks without a copy.
+    """
+
+    def __init__(self, tensors: dict[str, Any], host: dict[str, np.ndarray], layer_major: set[str],
+                 ready: Any = None) -> None:
+        self._tensors, self._host, self._layer_major, self._ready = tensors, host, layer_major, ready
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        if self._ready is not None:
+            self._ready.synchronize()
+        out = dict(self._host)
+        for var, tensor in self._tensors.items():
+            arr = tensor.numpy()
+            out[var] = arr.swapaxes(0, 1) if var in self._layer_major else arr
+        return out
+
+
+
 class HookedRunner:
-    """Run batches through `model` under nnsight, returning numpy arrays named as the store's variables."""
+    """Run batches through `model` under nnsight, returning the store's variables as a HostBatch."""
 
     def __init__(self, model: Any, variables: list[str], layers: list[int], dtype: str,
                  num_classes: int | None = None) -> None:
@@ -146,12 +170,13 @@ class HookedRunner:
                     env = getattr(env, part)
                 self.envoys[var].append(env)
 
-    def __call__(self, tokens: np.ndarray, labels: np.ndarray,
-                 doc_start: np.ndarray) -> dict[str, np.ndarray]:
+    def __call__(self, tokens: np.ndarray, labels: np.ndarray, doc_start: np.ndarray) -> HostBatch:
         import torch
 
         device = next(self.model.parameters()).device
-        ids = torch.from_numpy(np.ascontiguousarray(tokens, dtype=np.int64)).to(device)
+        cuda = device.type == "cuda"
+        ids = torch.from_numpy(np.ascontiguousarray(tokens, dtype=np.int64)).to(device, non_blocking=cuda)
+        on_device: dict[str, Any] = {}
         with torch.no_grad():
             if self.per_layer:
                 flat = [e for envs in self.envoys.values() for e in envs]
@@ -163,23 +188,29 @@ class HookedRunner:
                 logits = out.logits
             else:
                 cache, logits = None, self.model(ids).logits
-            result: dict[str, np.ndarray] = {}
-            for var, envs in self.envoys.items():
-                stacked = torch.stack([cache[e.path].output for e in envs], dim=1)
-                result[var] = stacked.to(self.torch_dtype).cpu().numpy()
+            for var, envs in self.envoys.items():  # (layer, seq, ...): one contiguous block per layer
+                on_device[var] = torch.stack([cache[e.path].output for e in envs], dim=0).to(self.torch_dtype)
             if "loss" in self.variables or "correct" in self.variables:
-                lab = torch.from_numpy(np.ascontiguousarray(labels, dtype=np.int64)).to(device)
-                result.update(_token_loss(logits, lab, self.num_classes))
+                lab = torch.from_numpy(np.ascontiguousarray(labels, dtype=np.int64)).to(device, non_blocking=cuda)
+                on_device.update(_token_loss(logits, lab, self.num_classes))
+            tensors, ready = on_device, None
+            if cuda:
+                tensors = {var: torch.empty(t.shape, dtype=t.dtype, pin_memory=True) for var, t in on_device.items()}
+                for var, t in on_device.items():
+                    tensors[var].copy_(t, non_blocking=True)
+                ready = torch.cuda.Event(blocking=True)  # the writer sleeps on it instead of spinning
+                ready.record()
+        host: dict[str, np.ndarray] = {}
         if "tokens" in self.variables:
-            result["tokens"] = np.asarray(tokens, dtype=np.int32)
+            host["tokens"] = np.asarray(tokens, dtype=np.int32)
         if "doc_start" in self.variables:
-            result["doc_start"] = np.asarray(doc_start, dtype=bool)
+            host["doc_start"] = np.asarray(doc_start, dtype=bool)
         if "labels" in self.variables:
-            result["labels"] = np.asarray(labels, dtype=np.int32)
-        return result
+            host["labels"] = np.asarray(labels, dtype=np.int32)
+        return HostBatch(tensors, host, set(self.envoys), ready)
 
 
-def _token_loss(logits: Any, labels: Any, num_classes: int | None) -> dict[str, np.ndarray]:
+def _token_loss(logits: Any, labels: Any, num_classes: int | None) -> dict[str, Any]:
     """Per-token cross-entropy (NaN where no label) and argmax correctness (over the first num_classes)."""
     import torch
     import torch.nn.functional as F
@@ -191,18 +222,22 @@ def _token_loss(logits: Any, labels: Any, num_classes: int | None) -> dict[str, 
     ce = torch.where(has, ce, torch.full_like(ce, float("nan")))
     pred = (logits[..., :num_classes] if num_classes else logits).argmax(-1)
     correct = (pred == labels) & has
-    return {"loss": ce.cpu().numpy().astype(np.float32), "correct": correct.cpu().numpy()}
+    return {"loss": ce, "correct": correct}
 
 
 # --- background writing --------------------------------------------------------------------
 
 class BackgroundWriter:
-    """Writes batches on a thread so the model never waits on disk; errors resurface on the caller."""
+    """Writes batches on a thread so the model never waits on disk; errors resurface on the caller.
+
+    `busy_s` is the thread's time waiting for copies and writing; `blocked_s` the producer's time
+    waiting for queue space (the model waiting on the disk)."""
 
     def __init__(self, writer: StoreWriter, depth: int = QUEUE_DEPTH, on_done: Any = None) -> None:
         self.writer = writer
         self.on_done = on_done
         self.error: BaseException | None = None
+        self.busy_s = self.blocked_s = 0.0
         self._queue: queue.Queue = queue.Queue(maxsize=depth)
         self._thread = threading.Thread(target=self._run, name="deltalab-store-writer", daemon=True)
         self._thread.start()
@@ -214,17 +249,22 @@ class BackgroundWriter:
                 return
             if self.error is not None:
                 continue  # drain, so a producer blocked on put() wakes up
-            start, arrays = item
+            start, batch = item
+            t0 = time.perf_counter()
             try:
+                arrays = batch.arrays() if isinstance(batch, HostBatch) else batch
                 self.writer.write_batch(start, arrays)
                 if self.on_done is not None:
                     self.on_done(len(next(iter(arrays.values()))))
             except BaseException as err:  # noqa: BLE001 - handed to the producer thread
                 self.error = err
+            self.busy_s += time.perf_counter() - t0
 
-    def put(self, start: int, arrays: dict[str, np.ndarray]) -> None:
+    def put(self, start: int, batch: HostBatch | dict[str, np.ndarray]) -> None:
         self.raise_error()
-        self._queue.put((start, arrays))
+        t0 = time.perf_counter()
+        self._queue.put((start, batch))
+        self.blocked_s += time.perf_counter() - t0
 
     def raise_error(self) -> None:
         if self.error is not None:
@@ -328,8 +368,7 @@ def capture(checkpoint: str | Path, data: str | Data, out: str | Path, *,
     try:
         for a, b in todo_pending:
             s, e = a - segment.start, b - segment.start
-            arrays = runner(data.tokens[s:e], data.labels[s:e], data.doc_start[s:e])
-            bg.put(a, arrays)
+            bg.put(a, runner(data.tokens[s:e], data.labels[s:e], data.doc_start[s:e]))
         bg.close()
     finally:
         bg.stop()
@@ -343,6 +382,7 @@ def capture(checkpoint: str | Path, data: str | Data, out: str | Path, *,
         "rank": rank, "world_size": world, "written": n_todo,
         "skipped": sum(b - a for a, b in todo) - n_todo, "complete": writer.n_complete(),
         "sequences": writer.segments()[-1].stop, "seconds": round(time.perf_counter() - t0, 3),
+        "writer_busy_s": round(bg.busy_s, 3), "model_blocked_s": round(bg.blocked_s, 3),
     }
 
 

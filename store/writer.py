@@ -1,9 +1,10 @@
 """Create, append to and resume deltalab stores; write batches, then their `complete` flags.
 
-Crash safety rests on three facts: zarr's LocalStore writes every chunk/shard atomically
-(temp file + rename), each batch of sequences owns whole chunks along `seq`, and a batch's
-`complete` flags are written only after all its arrays. A killed capture therefore leaves a
-store whose complete sequences are intact; rerunning the same command rewrites the rest.
+Crash safety rests on three facts: zarr's LocalStore (and store.shards, for whole shards) writes
+every chunk/shard atomically (temp file + rename), each batch of sequences owns whole chunks
+along `seq`, and a batch's `complete` flags are written only after all its arrays. A killed
+capture therefore leaves a store whose complete sequences are intact; rerunning the same command
+rewrites the rest.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import zarr
 
 from store import schema
 from store.errors import StoreMismatchError, StoreWriteError
+from store.shards import ShardLayout
 
 IDENTITY_KEYS = ("checkpoint_digest", "model_config", "variables", "layers", "dtype", "sizes", "chunk_size",
                  "batch_size")
@@ -61,6 +63,15 @@ def _write_error(path: Path, err: OSError, done: int) -> StoreWriteError:
     )
 
 
+def _split(values: np.ndarray, layout: ShardLayout) -> list[np.ndarray]:
+    """A shard's inner chunks, in order along the split axis (views: no copy)."""
+    if layout.axis < 0:
+        return [values]
+    step = layout.chunk_shape[layout.axis]
+    return [values[(slice(None),) * layout.axis + (slice(i, i + step),)]
+            for i in range(0, values.shape[layout.axis], step)]
+
+
 def _describe_mismatch(key: str, old: Any, new: Any) -> str:
     if key == "checkpoint_digest":
         return f"another checkpoint ({str(old)[:19]}..., this one {str(new)[:19]}...)"
@@ -85,6 +96,8 @@ class StoreWriter:
         self.attrs: dict[str, Any] = dict(self.group.attrs)
         self._arrays: dict[str, zarr.Array] = {}
         self._executor: ThreadPoolExecutor | None = None
+        self._layouts: dict[str, ShardLayout | None] = {}
+        self.fast_shards = True  # write whole shards with store.shards (False: always through zarr)
 
     # --- opening ------------------------------------------------------------------------
 
@@ -229,14 +242,29 @@ class StoreWriter:
 
         def write(var: str) -> None:
             arr = self.array(var)
-            arr[start:start + n] = np.asarray(arrays[var]).astype(arr.dtype, copy=False)
+            values = np.asarray(arrays[var]).astype(arr.dtype, copy=False)
+            layout = self._layout(var)
+            if layout is not None and start % self.batch_size == 0 and n == layout.shard_shape[0]:
+                layout.write((start // n, *([0] * (values.ndim - 1))), _split(values, layout))
+            else:  # partial or unshardable chunk: zarr merges it into the stored shard
+                arr[start:start + n] = values
 
         try:
             # variables go to separate files: write them concurrently (page-cache copies run in parallel)
-            list(self._pool().map(write, wanted))
+            futures = [self._pool().submit(write, var) for var in wanted]
+            for future in futures:  # wait for all before raising: nothing is still writing after an error
+                future.exception()
+            for future in futures:
+                future.result()
             self.array("complete")[start:start + n] = True  # only after every array of the batch
         except OSError as err:
             raise _write_error(self.path, err, self._safe_n_complete()) from None
+
+    def _layout(self, var: str) -> ShardLayout | None:
+        """Whole-shard fast path of `var` (None: zarr writes it)."""
+        if var not in self._layouts:
+            self._layouts[var] = ShardLayout.of(self.array(var)) if self.fast_shards else None
+        return self._layouts[var]
 
     def _pool(self) -> ThreadPoolExecutor:
         if self._executor is None:

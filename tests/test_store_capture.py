@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-import zarr
+from conftest import fill_disk
 from typer.testing import CliRunner
 
 import store
@@ -128,18 +128,11 @@ def test_sigkill_then_resume_is_bit_identical(ckpt, tmp_path):
 
 def test_disk_full_during_capture_then_resume(ckpt, tmp_path, monkeypatch):
     out, clean = tmp_path / "s.zarr", tmp_path / "clean.zarr"
-    original = zarr.storage.LocalStore.set
-
-    async def full_disk(self, key, value):
-        if key.startswith("k/c/2/"):
-            raise OSError(28, "No space left on device")
-        return await original(self, key, value)
-
-    monkeypatch.setattr(zarr.storage.LocalStore, "set", full_disk)
-    with pytest.raises(store.StoreWriteError, match="disk full") as err:
-        store.capture(ckpt, SPEC, out, batch_size=2, progress=False)
+    with monkeypatch.context() as patch:
+        fill_disk(patch, lambda key: key.startswith("k/c/2/"))
+        with pytest.raises(store.StoreWriteError, match="disk full") as err:
+            store.capture(ckpt, SPEC, out, batch_size=2, progress=False)
     assert "\n" not in str(err.value)
-    monkeypatch.setattr(zarr.storage.LocalStore, "set", original)
     assert store.open(out)["seq"].values.tolist() == [0, 1, 2, 3]
     store.capture(ckpt, SPEC, out, progress=False)
     store.capture(ckpt, SPEC, clean, batch_size=2, progress=False)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import json
 from pathlib import Path
@@ -11,6 +10,7 @@ import numpy as np
 import pytest
 import xarray as xr
 import zarr
+from conftest import fill_disk
 
 import store
 from store import schema
@@ -139,26 +139,37 @@ def test_append_and_mismatch_refused(tmp_path):
     assert store.open(path).sizes["seq"] == 11  # nothing lost
 
 
-def test_disk_full_keeps_complete_sequences(tmp_path, monkeypatch):
+def test_shard_writer_and_zarr_write_identical_stores(tmp_path):
+    """Whole batches go through store.shards, the partial last batch and appended segments through zarr."""
+    trees = []
+    for fast in (True, False):
+        path = tmp_path / f"{fast}.zarr"
+        for spec, n in ((SPEC, 10), ("S4:length=70,samples=3,seed=1", 3)):  # 10 = 4 + 4 + 2; then 2 + 1
+            w, seg = StoreWriter.create_or_append(path, make_attrs(), spec, n, "sha256:data")
+            w.fast_shards = fast
+            assert (w._layout("k") is not None) == fast
+            for a, b in w.pending(seg):
+                w.write_batch(a, batch_arrays(a, b))
+        trees.append(tree_bytes(path, skip_root=True))
+    assert trees[0] == trees[1]
+    np.testing.assert_array_equal(store.open(tmp_path / "True.zarr")["v"].values, batch_arrays(0, 13)["v"])
+
+
+@pytest.mark.parametrize("fast_shards", [True, False], ids=["shard-writer", "zarr-writer"])
+def test_disk_full_keeps_complete_sequences(tmp_path, monkeypatch, fast_shards):
     full, path = tmp_path / "full.zarr", tmp_path / "s.zarr"
     write_all(full, 10)
     w, seg = StoreWriter.create_or_append(path, make_attrs(), SPEC, 10, "sha256:data")
+    w.fast_shards = fast_shards
     w.write_batch(0, batch_arrays(0, 4))
-    original = zarr.storage.LocalStore.set
-    calls = {"n": 0}
-
-    async def failing_set(self, key, value):
-        calls["n"] += 1
-        if calls["n"] > 3:
-            raise OSError(errno.ENOSPC, "No space left on device")
-        return await original(self, key, value)
-
-    monkeypatch.setattr(zarr.storage.LocalStore, "set", failing_set)
-    with pytest.raises(store.StoreWriteError) as err:
-        w.write_batch(4, batch_arrays(4, 8))
+    with monkeypatch.context() as patch:
+        fill_disk(patch, lambda key: key.startswith("v/c/1/"))  # k of batch 1 lands, v does not
+        with pytest.raises(store.StoreWriteError) as err:
+            w.write_batch(4, batch_arrays(4, 8))
     msg = str(err.value)
     assert "disk full" in msg and "4 complete" in msg and "\n" not in msg
-    monkeypatch.setattr(zarr.storage.LocalStore, "set", original)
+    assert any(p.is_file() for p in (path / "k" / "c" / "1").rglob("*"))  # k's shard landed
+    assert not list(path.rglob("*.partial"))  # the failed write left no temp file
     ds = store.open(path)
     assert ds["seq"].values.tolist() == [0, 1, 2, 3]
     np.testing.assert_array_equal(ds["k"].values, batch_arrays(0, 4)["k"])

@@ -1,0 +1,121 @@
+"""Write whole zarr v3 shards of uncompressed arrays straight from memory: one writev, no copies.
+
+zarr-python builds a shard by filling a new buffer, copying every inner chunk into it, and
+concatenating the encoded chunks with the index: three passes over the data before the file
+write. For a capture batch that fills a shard exactly, the shard file is only the inner chunks
+back to back, then their (offset, nbytes) index and its crc32c. `ShardLayout.of` accepts only
+the codec chain deltalab creates (raw little-endian chunks split along one axis, index at the
+end with bytes + crc32c); anything else is left to zarr. The tests check the files are
+byte-identical to the ones zarr writes.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import google_crc32c
+import numpy as np
+import zarr
+
+_IOV_MAX = 512
+"""Buffers per writev call (Linux allows 1024)."""
+
+
+@dataclass(frozen=True)
+class ShardLayout:
+    """Where and how one sharded array stores a shard: folder, inner chunk shape, split axis."""
+
+    folder: Path
+    shard_shape: tuple[int, ...]
+    chunk_shape: tuple[int, ...]
+    axis: int  # the one axis along which inner chunks tile the shard (-1: one inner chunk per shard)
+    dtype: np.dtype
+    separator: str
+
+    @classmethod
+    def of(cls, arr: zarr.Array) -> ShardLayout | None:
+        """The layout of `arr` if it is a local, sharded, uncompressed array this module can write; else None."""
+        from zarr.codecs import BytesCodec, Crc32cCodec, ShardingCodec
+        from zarr.storage import LocalStore
+
+        meta = arr.metadata
+        store = arr.store_path.store
+        codecs = getattr(meta, "codecs", ())
+        if not isinstance(store, LocalStore) or len(codecs) != 1 or not isinstance(codecs[0], ShardingCodec):
+            return None
+        sharding = codecs[0]
+        dtype = np.dtype(arr.dtype)
+        little = [c for c in sharding.codecs if isinstance(c, BytesCodec)
+                  and (c.endian.value == "little" if c.endian is not None else dtype.itemsize == 1)]
+        index = sharding.index_codecs
+        if (len(sharding.codecs) != 1 or not little or sharding.index_location.value != "end"
+                or len(index) != 2 or not isinstance(index[0], BytesCodec) or index[0].endian.value != "little"
+                or not isinstance(index[1], Crc32cCodec)):
+            return None
+        encoding = meta.chunk_key_encoding
+        if getattr(encoding, "name", None) != "default":
+            return None
+        if dtype.byteorder == ">" or dtype.hasobject:
+            return None
+        shard = tuple(int(s) for s in meta.chunk_grid.chunk_shape)
+        chunk = tuple(int(c) for c in sharding.chunk_shape)
+        split = [i for i, (s, c) in enumerate(zip(shard, chunk, strict=True)) if s != c]
+        if len(split) > 1 or any(s % c for s, c in zip(shard, chunk, strict=True)):
+            return None  # several split axes would need zarr's Morton order of inner chunks
+        folder = Path(store.root) / arr.store_path.path
+        return cls(folder, shard, chunk, split[0] if split else -1, dtype, encoding.separator)
+
+    def n_inner(self) -> int:
+        return 1 if self.axis < 0 else self.shard_shape[self.axis] // self.chunk_shape[self.axis]
+
+    def key(self, shard_coords: tuple[int, ...]) -> Path:
+        return self.folder / self.separator.join(["c", *map(str, shard_coords)])
+
+    def write(self, shard_coords: tuple[int, ...], inner: list[np.ndarray]) -> int:
+        """Write the shard at `shard_coords` from its inner chunks (in order along the split axis).
+
+        Each chunk must have the inner chunk shape and the array's dtype; C-contiguous ones are
+        written without a copy. The file appears atomically (temp file, then rename), as zarr's do.
+        Returns the bytes written.
+        """
+        if len(inner) != self.n_inner():
+            raise ValueError(f"shard needs {self.n_inner()} inner chunks, got {len(inner)}")
+        views = []
+        for part in inner:
+            if part.shape != self.chunk_shape or part.dtype != self.dtype:
+                raise ValueError(f"inner chunk {part.shape} {part.dtype} != {self.chunk_shape} {self.dtype}")
+            views.append(memoryview(np.ascontiguousarray(part)).cast("B"))
+        sizes = np.array([v.nbytes for v in views], dtype=np.uint64)
+        offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.uint64)
+        index_shape = tuple(1 if i != self.axis else len(inner) for i in range(len(self.shard_shape)))
+        index = np.stack([offsets, sizes], axis=-1).reshape(*index_shape, 2).astype("<u8").tobytes()
+        tail = index + np.array([google_crc32c.value(index)], dtype="<u4").tobytes()
+        return _atomic_writev(self.key(shard_coords), [*views, memoryview(tail)])
+
+
+def _atomic_writev(path: Path, buffers: list[memoryview]) -> int:
+    """Write `buffers` to `path` through a `*.partial` temp file renamed into place (zarr's own scheme)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f"{path.name}.{uuid.uuid4().hex}.partial")
+    total = sum(b.nbytes for b in buffers)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # umask applies, as to zarr's
+    try:
+        try:
+            pending = list(buffers)
+            while pending:
+                done = os.writev(fd, pending[:_IOV_MAX])
+                while pending and done >= pending[0].nbytes:  # drop what was written, keep the rest
+                    done -= pending[0].nbytes
+                    pending.pop(0)
+                if done:
+                    pending[0] = pending[0][done:]
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return total
