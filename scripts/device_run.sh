@@ -7,7 +7,7 @@
 # kernels: python -m kernels.bench (forward vs fla, accuracy; ~9 min on an H100, so a call of its own)
 # analysis: python -m kernels.bench_analysis (spectra incl. windows, state ranks vs the authors' loop)
 # probes:  erank/spectra probe throughput on a GPU capture of the bundled model
-# store:   capture vs plain forward, write rate vs dd, memory (store.bench) on the GPU
+# store:   capture vs plain forward, write rate vs dd, memory (store.bench) on the GPU; hidden 512 and 1024
 # dist:    torchrun capture on every GPU of the machine (NCCL) against one GPU; same values (nvidia-h200-x2)
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -38,7 +38,10 @@ for section in "$@"; do
       $DL probe bench --store /tmp/s4.zarr --device cuda --repeat 2 --json | tee "$OUT/probe-bench-gpu.json"
       $DL probe bench --store /tmp/s4.zarr --device cpu --json | tee "$OUT/probe-bench-cpu.json" ;;
     store)
-      python3 -m store.bench --device cuda --json-out "$OUT/store-bench.json" 2>&1 | tee "$OUT/store-bench.txt" ;;
+      python3 -m store.bench --device cuda --length 512 --samples 256 --batch-size 32 --hidden 512 \
+        --json-out "$OUT/store-bench.json" 2>&1 | tee "$OUT/store-bench.txt"
+      python3 -m store.bench --device cuda --length 512 --samples 256 --batch-size 32 --hidden 1024 --layers 4 \
+        --skip-memory --json-out "$OUT/store-bench-1024.json" 2>&1 | tee "$OUT/store-bench-1024.txt" ;;
     dist)
       export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1  # required on shared hosts
       python3 scripts/dist_capture_check.py --gpus "$(nvidia-smi -L | wc -l)" --json "$OUT/dist.json" 2>&1 \

@@ -81,6 +81,36 @@ def test_capture_matches_model_and_float64_reference(ckpt, tmp_path):
     np.testing.assert_allclose(lay["state"].values[:, -1], final.numpy(), rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.gpu
+def test_gpu_capture_equals_the_hooked_forward(tmp_path):
+    """On CUDA the capture copies asynchronously into pinned memory: every batch must still be the one hooked."""
+    torch.manual_seed(2)
+    ck = save_checkpoint(DeltaProductForCausalLM(tiny_config(hidden_size=64, head_dim=32)), tmp_path / "ck")
+    out = tmp_path / "gpu.zarr"
+    n, batch = 40, 4  # ten batches: the writer queue fills and the copies overlap the next forward
+    store.capture(ck, f"S4:length=200,samples={n},seed=0", out, batch_size=batch, device="cuda",
+                  dtype="float32", progress=False)
+    ds = store.open(out)
+    model = load_checkpoint(ck, device="cuda")
+    seen: dict[str, list[torch.Tensor]] = {}
+    for i, block in enumerate(model.layers):
+        for name in ("q", "k", "v", "beta", "g", "state"):
+            getattr(block.attn, f"hook_{name}").register_forward_hook(
+                lambda m, a, o, key=f"{name}{i}": seen.setdefault(key, []).append(o.float().cpu()))
+    x = torch.from_numpy(ds["tokens"].values.astype(np.int64)).cuda()
+    with torch.no_grad():
+        for a in range(0, n, batch):
+            model(x[a:a + batch])
+    for i in range(2):
+        for name in ("q", "k", "v", "beta", "g", "state"):
+            np.testing.assert_array_equal(ds[name].sel(layer=i).values, torch.cat(seen[f"{name}{i}"]).numpy(),
+                                          err_msg=f"{name}, layer {i}")
+    lay = store.select(ds, layer=0)
+    args = [torch.from_numpy(lay[v].values).double() for v in ("q", "k", "v", "beta", "g")]
+    _, _, bounds = naive_delta_product(*args, scale=32 ** -0.5)
+    np.testing.assert_allclose(lay["state"].values, bounds.numpy(), rtol=1e-3, atol=1e-4)
+
+
 def test_layers_dtype_and_ungated(tmp_path):
     torch.manual_seed(1)
     ck = save_checkpoint(DeltaProductForCausalLM(tiny_config(use_forget_gate=False, num_householder=1)),
