@@ -11,6 +11,7 @@ byte-identical to the ones zarr writes.
 
 from __future__ import annotations
 
+import json
 import os
 import uuid
 from dataclasses import dataclass
@@ -37,36 +38,39 @@ class ShardLayout:
 
     @classmethod
     def of(cls, arr: zarr.Array) -> ShardLayout | None:
-        """The layout of `arr` if it is a local, sharded, uncompressed array this module can write; else None."""
-        from zarr.codecs import BytesCodec, Crc32cCodec, ShardingCodec
+        """The layout of `arr` if it is a local, sharded, uncompressed array this module can write; else None.
+
+        Decided on the array's JSON metadata (the zarr v3 spec), which is the same in every zarr version.
+        """
         from zarr.storage import LocalStore
 
-        meta = arr.metadata
         store = arr.store_path.store
-        codecs = getattr(meta, "codecs", ())
-        if not isinstance(store, LocalStore) or len(codecs) != 1 or not isinstance(codecs[0], ShardingCodec):
+        meta = json.loads(json.dumps(arr.metadata.to_dict(), default=str))  # tuples -> lists, as on disk
+        codecs = meta.get("codecs") or []
+        if not isinstance(store, LocalStore) or len(codecs) != 1 or codecs[0].get("name") != "sharding_indexed":
             return None
-        sharding = codecs[0]
         dtype = np.dtype(arr.dtype)
-        little = [c for c in sharding.codecs if isinstance(c, BytesCodec)
-                  and (c.endian.value == "little" if c.endian is not None else dtype.itemsize == 1)]
-        index = sharding.index_codecs
-        if (len(sharding.codecs) != 1 or not little or sharding.index_location.value != "end"
-                or len(index) != 2 or not isinstance(index[0], BytesCodec) or index[0].endian.value != "little"
-                or not isinstance(index[1], Crc32cCodec)):
+        config = codecs[0].get("configuration", {})
+        raw = {"name": "bytes", "configuration": {"endian": "little"}}
+        inner = config.get("codecs")
+        inner_ok = inner == [raw] or (dtype.itemsize == 1 and inner == [{"name": "bytes"}])
+        if (not inner_ok or config.get("index_location", "end") != "end"
+                or config.get("index_codecs") != [raw, {"name": "crc32c"}]):
             return None
-        encoding = meta.chunk_key_encoding
-        if getattr(encoding, "name", None) != "default":
+        encoding = meta.get("chunk_key_encoding") or {}
+        separator = (encoding.get("configuration") or {}).get("separator", "/")
+        if encoding.get("name") != "default" or dtype.byteorder == ">" or dtype.hasobject:
             return None
-        if dtype.byteorder == ">" or dtype.hasobject:
-            return None
-        shard = tuple(int(s) for s in meta.chunk_grid.chunk_shape)
-        chunk = tuple(int(c) for c in sharding.chunk_shape)
+        try:
+            shard = tuple(int(s) for s in meta["chunk_grid"]["configuration"]["chunk_shape"])
+            chunk = tuple(int(c) for c in config["chunk_shape"])
+        except (KeyError, TypeError, ValueError):
+            return None  # a chunk grid other than zarr's regular one
         split = [i for i, (s, c) in enumerate(zip(shard, chunk, strict=True)) if s != c]
         if len(split) > 1 or any(s % c for s, c in zip(shard, chunk, strict=True)):
             return None  # several split axes would need zarr's Morton order of inner chunks
         folder = Path(store.root) / arr.store_path.path
-        return cls(folder, shard, chunk, split[0] if split else -1, dtype, encoding.separator)
+        return cls(folder, shard, chunk, split[0] if split else -1, dtype, separator)
 
     def n_inner(self) -> int:
         return 1 if self.axis < 0 else self.shard_shape[self.axis] // self.chunk_shape[self.axis]
