@@ -1,8 +1,9 @@
 """Run a checkpoint over data under nnsight and stream its hook points into a deltalab store.
 
 One batch = one chunk of the store along `seq`: the model runs the batch in an nnsight trace that
-caches the requested hook points, a background thread writes the arrays and then the batch's
-`complete` flags, and at most `QUEUE_DEPTH` batches wait in memory, whatever the data size.
+caches the requested hook points, their device-to-host copies are queued without waiting (pinned
+memory on CUDA), a background thread writes the arrays and then the batch's `complete` flags, and
+at most `QUEUE_DEPTH` batches wait in memory, whatever the data size.
 Rerunning the same command skips complete batches (resume); a new data spec appends. Under
 `torchrun` (WORLD_SIZE > 1) rank r takes batches r, r + N, ...; rank 0 creates the store first.
 """
