@@ -4,8 +4,8 @@ Measures, in one run:
 - capture throughput (default hooks, nnsight, store writes) vs the plain forward at the same batch size;
 - the store's write rate vs a raw `dd` write of the same number of bytes (both to the page cache of
   the same folder, and with fdatasync);
-- peak memory (RSS of a fresh process, and tracemalloc's Python-heap peak) as the number of captured
-  sequences grows 10x.
+- memory as the number of captured sequences grows 10x: each capture runs in a fresh process, and the
+  RSS it adds above the process's warmed-up baseline is sampled while it runs.
 Prints a table and writes JSON.
 """
 
@@ -165,7 +165,40 @@ def _child(args: argparse.Namespace, samples: int, work: Path) -> dict[str, Any]
     return json.loads(res.stdout.strip().splitlines()[-1])
 
 
+class _RssPeak:
+    """Peak resident memory while active, sampled from /proc every 5 ms (ru_maxrss where /proc is missing)."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self.peak_kb = self.now_kb()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    @staticmethod
+    def now_kb() -> int:
+        try:
+            pages = int(Path("/proc/self/statm").read_text().split()[1])
+            return pages * os.sysconf("SC_PAGE_SIZE") // 1024
+        except (OSError, ValueError, IndexError):
+            return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.005):
+            self.peak_kb = max(self.peak_kb, self.now_kb())
+
+    def __enter__(self) -> _RssPeak:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.peak_kb = max(self.peak_kb, self.now_kb())
+
+
 def child_main(args: argparse.Namespace) -> None:
+    """One capture in a fresh process: RSS growth above the warmed-up baseline, and the Python-heap peak."""
     import tracemalloc
 
     from models import save_checkpoint
@@ -177,21 +210,31 @@ def child_main(args: argparse.Namespace) -> None:
     if not ckpt.exists():
         save_checkpoint(model.cpu(), ckpt)
         model.to(args.device)
+    kw = dict(batch_size=args.batch_size, device=args.device, dtype=args.dtype, progress=False, model=model)
+    warm = work / f"mem-warm-{args.child}.zarr"
+    shutil.rmtree(warm, ignore_errors=True)
+    capture(ckpt, _spec(args, args.batch_size), warm, **kw)  # kernels, imports, allocator pools: not the data's
     out = work / f"mem-{args.child}.zarr"
     shutil.rmtree(out, ignore_errors=True)
+    baseline_kb = _RssPeak.now_kb()
     tracemalloc.start()
-    capture(ckpt, _spec(args, args.child), out, batch_size=args.batch_size, device=args.device, dtype=args.dtype,
-            progress=False, model=model)
+    with _RssPeak() as rss:
+        capture(ckpt, _spec(args, args.child), out, **kw)
     _, heap_peak = tracemalloc.get_traced_memory()
-    rss_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    print(json.dumps({"samples": args.child, "peak_rss_MB": rss_kb / 1024, "python_heap_peak_MB": heap_peak / 2**20,
+    print(json.dumps({"samples": args.child, "baseline_rss_MB": baseline_kb / 1024,
+                      "capture_rss_growth_MB": (rss.peak_kb - baseline_kb) / 1024,
+                      "peak_rss_MB": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                      "python_heap_peak_MB": heap_peak / 2**20,
                       "store_MB": sum(f.stat().st_size for f in out.rglob("*") if f.is_file()) / 2**20}))
 
 
 def bench_memory(args: argparse.Namespace, work: Path) -> dict[str, Any]:
-    small = _child(args, args.mem_samples, work)
-    large = _child(args, args.mem_samples * 10, work)
+    """The same capture at n and 10n sequences; n defaults to 4 batches, so the write pipeline is full in both."""
+    n = args.mem_samples or 4 * args.batch_size
+    small = _child(args, n, work)
+    large = _child(args, n * 10, work)
     return {"small": small, "large": large, "rss_ratio": large["peak_rss_MB"] / small["peak_rss_MB"],
+            "growth_ratio": large["capture_rss_growth_MB"] / max(small["capture_rss_growth_MB"], 1.0),
             "heap_ratio": large["python_heap_peak_MB"] / max(small["python_heap_peak_MB"], 1e-9)}
 
 
@@ -206,7 +249,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--hidden", type=int, default=256)
     p.add_argument("--heads", type=int, default=8)
     p.add_argument("--layers", type=int, default=2)
-    p.add_argument("--mem-samples", type=int, default=16, help="sequences of the small memory run (large: 10x)")
+    p.add_argument("--mem-samples", type=int, default=None,
+                   help="sequences of the small memory run (default: 4 batches; large: 10x)")
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     p.add_argument("--skip-memory", action="store_true", help="skip the 1x/10x memory runs")
     p.add_argument("--json-out", default="store-bench.json")
@@ -247,10 +291,12 @@ def main(argv: list[str] | None = None) -> int:
     ]
     if mem is not None:
         rows += [
-            (f"peak RSS, {mem['small']['samples']} seqs", f"{mem['small']['peak_rss_MB']:,.0f} MB",
-             f"heap {mem['small']['python_heap_peak_MB']:.1f} MB"),
-            (f"peak RSS, {mem['large']['samples']} seqs", f"{mem['large']['peak_rss_MB']:,.0f} MB",
-             f"heap {mem['large']['python_heap_peak_MB']:.1f} MB; x{mem['rss_ratio']:.2f} RSS for 10x data"),
+            (f"RSS growth, {mem['small']['samples']} seqs", f"{mem['small']['capture_rss_growth_MB']:,.0f} MB",
+             f"above {mem['small']['baseline_rss_MB']:,.0f} MB after warm-up; "
+             f"store {mem['small']['store_MB']:,.0f} MB"),
+            (f"RSS growth, {mem['large']['samples']} seqs", f"{mem['large']['capture_rss_growth_MB']:,.0f} MB",
+             f"x{mem['growth_ratio']:.2f} for 10x data (store {mem['large']['store_MB']:,.0f} MB); "
+             f"peak RSS x{mem['rss_ratio']:.2f}"),
         ]
     width = max(len(r[0]) for r in rows)
     print(f"store bench ({args.device}, {args.dtype}, B={args.batch_size}, T={args.length}, "
