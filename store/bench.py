@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import resource
 import shutil
@@ -229,11 +230,16 @@ def child_main(args: argparse.Namespace) -> None:
 
 
 def bench_memory(args: argparse.Namespace, work: Path) -> dict[str, Any]:
-    """The same capture at n and 10n sequences; n defaults to 4 batches, so the write pipeline is full in both."""
-    n = args.mem_samples or 4 * args.batch_size
+    """The same capture at n and 10n sequences. n defaults to 10 batches: past the first QUEUE_DEPTH + 2 the
+    write pipeline is full, so both runs reach the bound on batches held in memory at once."""
+    from store.capture import QUEUE_DEPTH
+
+    n = args.mem_samples or 10 * args.batch_size
     small = _child(args, n, work)
     large = _child(args, n * 10, work)
+    batch_mb = small["store_MB"] / math.ceil(n / args.batch_size)
     return {"small": small, "large": large, "rss_ratio": large["peak_rss_MB"] / small["peak_rss_MB"],
+            "pipeline_bound_MB": (QUEUE_DEPTH + 2) * batch_mb,
             "growth_ratio": large["capture_rss_growth_MB"] / max(small["capture_rss_growth_MB"], 1.0),
             "heap_ratio": large["python_heap_peak_MB"] / max(small["python_heap_peak_MB"], 1e-9)}
 
@@ -250,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--heads", type=int, default=8)
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--mem-samples", type=int, default=None,
-                   help="sequences of the small memory run (default: 4 batches; large: 10x)")
+                   help="sequences of the small memory run (default: 10 batches; large: 10x)")
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     p.add_argument("--skip-memory", action="store_true", help="skip the 1x/10x memory runs")
     p.add_argument("--json-out", default="store-bench.json")
@@ -296,7 +302,7 @@ def main(argv: list[str] | None = None) -> int:
              f"store {mem['small']['store_MB']:,.0f} MB"),
             (f"RSS growth, {mem['large']['samples']} seqs", f"{mem['large']['capture_rss_growth_MB']:,.0f} MB",
              f"x{mem['growth_ratio']:.2f} for 10x data (store {mem['large']['store_MB']:,.0f} MB); "
-             f"peak RSS x{mem['rss_ratio']:.2f}"),
+             f"bound: {mem['pipeline_bound_MB']:,.0f} MB of batches in flight"),
         ]
     width = max(len(r[0]) for r in rows)
     print(f"store bench ({args.device}, {args.dtype}, B={args.batch_size}, T={args.length}, "
