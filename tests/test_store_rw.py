@@ -144,7 +144,7 @@ def test_shard_writer_and_zarr_write_identical_stores(tmp_path):
     trees = []
     for fast in (True, False):
         path = tmp_path / f"{fast}.zarr"
-        for spec, n in ((SPEC, 10), ("S4:length=70,samples=3,seed=1", 3)):  # 10 = 4 + 4 + 2; then 2 + 1
+        for spec, n in ((SPEC, 10), ("S4:length=70,samples=7,seed=1", 7)):  # 4 + 4 + 2; then 2 + 4 + 1
             w, seg = StoreWriter.create_or_append(path, make_attrs(), spec, n, "sha256:data")
             w.fast_shards = fast
             assert (w._layout("k") is not None) == fast
@@ -152,7 +152,7 @@ def test_shard_writer_and_zarr_write_identical_stores(tmp_path):
                 w.write_batch(a, batch_arrays(a, b))
         trees.append(tree_bytes(path, skip_root=True))
     assert trees[0] == trees[1]
-    np.testing.assert_array_equal(store.open(tmp_path / "True.zarr")["v"].values, batch_arrays(0, 13)["v"])
+    np.testing.assert_array_equal(store.open(tmp_path / "True.zarr")["v"].values, batch_arrays(0, 17)["v"])
 
 
 @pytest.mark.parametrize("fast_shards", [True, False], ids=["shard-writer", "zarr-writer"])
