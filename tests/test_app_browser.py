@@ -88,6 +88,16 @@ def _settle(page, timeout: float = 90.0) -> None:
                            "document.querySelectorAll('[data-testid=stPlotlyChart]').length", timeout=30000)
 
 
+def _first_chart(page, sync_api, timeout_ms: int = 60000) -> None:
+    """On a loaded machine the script can pause before its first chart (CI's 2 cores): wait for one, then
+    settle again. Absent after the timeout, the caller's assertion names the page."""
+    try:
+        page.locator(".js-plotly-plot").first.wait_for(state="attached", timeout=timeout_ms)
+    except sync_api.TimeoutError:
+        return
+    _settle(page)
+
+
 def _shot(page, path: Path) -> None:
     """Screenshot the whole page: grow the viewport to the main area's scroll height (it scrolls inside)."""
     height = page.evaluate("() => document.querySelector('[data-testid=stMain]')?.scrollHeight || 1000")
@@ -130,6 +140,7 @@ def test_every_page_in_chromium(server, tmp_path):
                     _settle(page)
                 heading = page.locator("h1").first.inner_text()
                 assert heading.startswith(name), heading
+                _first_chart(page, sync_api)
                 assert page.get_by_test_id("stException").count() == 0, f"{name}: exception shown"
                 assert page.get_by_test_id("stAlertContentError").count() == 0, f"{name}: error shown"
                 assert page.locator(".js-plotly-plot").count() > 0, f"{name}: no chart drawn"
