@@ -54,6 +54,33 @@ class RunConfig:
 
     model_type: str
     num_householder: int | None
+    lr: float
+    min_lr: float
+    precision: str
+    save_every: int
+    eval_every: int
+    warmup_steps: int
+
+    def check_shared(self, error: type[TrainError], positive: tuple[str, ...]) -> None:
+        """The checks every trainer makes (counts, schedule, learning rates, model type, Householders,
+        precision); the first failure raises `error` with a one-line message naming the flag."""
+        for name in positive:
+            if getattr(self, name) < 1:
+                raise error(f"--{name.replace('_', '-')} must be >= 1 (got {getattr(self, name)})")
+        for name in ("save_every", "eval_every", "warmup_steps"):
+            if getattr(self, name) < 0:
+                raise error(f"--{name.replace('_', '-')} must be >= 0")
+        if not self.lr > 0 or not 0 <= self.min_lr <= self.lr:
+            raise error(f"need lr > 0 and 0 <= min-lr <= lr (got lr={self.lr}, min-lr={self.min_lr})")
+        if self.model_type not in MODEL_TYPES:
+            raise error(f"unknown --model-type {self.model_type!r}: choose {', '.join(MODEL_TYPES)}")
+        if self.model_type != "gated_deltaproduct" and self.householders != 1:
+            raise error(f"{self.model_type} has one Householder step per token: drop --num-householder "
+                        "or use --model-type gated_deltaproduct")
+        if self.householders < 1:
+            raise error("--num-householder must be >= 1")
+        if self.precision not in PRECISIONS:
+            raise error(f"unknown --precision {self.precision!r}: choose {', '.join(PRECISIONS)}")
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -119,26 +146,8 @@ class TrainConfig(RunConfig):
 
     def validate(self, task: Task) -> None:
         """One-line TrainError for settings that cannot work."""
-        positive = {"steps": self.steps, "batch_size": self.batch_size, "train_length": self.train_length,
-                    "layers": self.layers, "heads": self.heads, "head_dim": self.head_dim,
-                    "log_every": self.log_every, "eval_samples": self.eval_samples}
-        for name, value in positive.items():
-            if value < 1:
-                raise TrainError(f"--{name.replace('_', '-')} must be >= 1 (got {value})")
-        for name in ("save_every", "eval_every", "warmup_steps"):
-            if getattr(self, name) < 0:
-                raise TrainError(f"--{name.replace('_', '-')} must be >= 0")
-        if not self.lr > 0 or not 0 <= self.min_lr <= self.lr:
-            raise TrainError(f"need lr > 0 and 0 <= min-lr <= lr (got lr={self.lr}, min-lr={self.min_lr})")
-        if self.model_type not in MODEL_TYPES:
-            raise TrainError(f"unknown --model-type {self.model_type!r}: choose {', '.join(MODEL_TYPES)}")
-        if self.model_type != "gated_deltaproduct" and self.householders != 1:
-            raise TrainError(f"{self.model_type} has one Householder per token: drop --num-householder "
-                             "or use --model-type gated_deltaproduct")
-        if self.householders < 1:
-            raise TrainError("--num-householder must be >= 1")
-        if self.precision not in PRECISIONS:
-            raise TrainError(f"unknown --precision {self.precision!r}: choose {', '.join(PRECISIONS)}")
+        self.check_shared(TrainError, ("steps", "batch_size", "train_length", "layers", "heads", "head_dim",
+                                       "log_every", "eval_samples"))
         if self.train_samples is not None and self.train_samples < self.batch_size:
             raise TrainError(f"--train-samples {self.train_samples} is smaller than --batch-size "
                              f"{self.batch_size}: raise it or drop it to sample fresh data each step")

@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from models.checkpoint import save_checkpoint
-from models.config import MODEL_TYPES, ConfigError, ModelConfig
+from models.config import ConfigError, ModelConfig
 from models.lm import DeltaProductForCausalLM
 from models.lm_data import (
     DATA_FILE,
@@ -42,7 +42,6 @@ from models.lm_data import (
 from models.train import (
     CONFIG_FILE,
     LOG_FILE,
-    PRECISIONS,
     STATE_FILE,
     RunConfig,
     TrainError,
@@ -94,24 +93,8 @@ class LMTrainConfig(RunConfig):
 
     def validate(self) -> None:
         """One-line LMTrainError for settings that cannot work."""
-        if self.model_type not in MODEL_TYPES:
-            raise LMTrainError(f"unknown --model-type {self.model_type!r}: choose {', '.join(MODEL_TYPES)}")
-        for name in ("layers", "hidden_size", "heads", "head_dim", "context_length", "batch_size", "steps",
-                     "eval_windows", "log_every"):
-            if getattr(self, name) < 1:
-                raise LMTrainError(f"--{name.replace('_', '-')} must be >= 1 (got {getattr(self, name)})")
-        for name in ("eval_every", "save_every", "warmup_steps"):
-            if getattr(self, name) < 0:
-                raise LMTrainError(f"--{name.replace('_', '-')} must be >= 0")
-        if not self.lr > 0 or not 0 <= self.min_lr <= self.lr:
-            raise LMTrainError(f"need lr > 0 and 0 <= min-lr <= lr (got lr={self.lr}, min-lr={self.min_lr})")
-        if self.model_type != "gated_deltaproduct" and self.householders != 1:
-            raise LMTrainError(f"{self.model_type} has one Householder step per token: drop --num-householder "
-                               "or use --model-type gated_deltaproduct")
-        if self.householders < 1:
-            raise LMTrainError("--num-householder must be >= 1")
-        if self.precision not in PRECISIONS:
-            raise LMTrainError(f"unknown --precision {self.precision!r}: choose {', '.join(PRECISIONS)}")
+        self.check_shared(LMTrainError, ("layers", "hidden_size", "heads", "head_dim", "context_length",
+                                         "batch_size", "steps", "eval_windows", "log_every"))
         if not 0 < self.eval_fraction < 1:
             raise LMTrainError(f"--eval-fraction must be in (0, 1), got {self.eval_fraction}")
 
