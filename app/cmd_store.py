@@ -9,6 +9,7 @@ from pathlib import Path
 import typer
 
 from app.cmd_tasks import fail
+from app.dash.derive import human_bytes
 
 store_app = typer.Typer(help="Inspect capture stores.", no_args_is_help=True)
 
@@ -53,14 +54,6 @@ def capture(
                    f"({summary['seconds']:.1f} s)")
 
 
-def _size(n: int) -> str:
-    for unit in ("B", "kB", "MB", "GB", "TB"):
-        if n < 1000 or unit == "TB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1000
-    return str(n)
-
-
 @store_app.command("info")
 def info(
     store_path: Path = typer.Argument(..., metavar="STORE",
@@ -80,7 +73,7 @@ def info(
     prov = summary["provenance"]
     cfg = prov.get("model_config", {})
     typer.echo(f"{summary['path']}  (deltalab store format {summary['format']}, "
-               f"{_size(summary['stored_bytes'])} on disk)")
+               f"{human_bytes(summary['stored_bytes'])} on disk)")
     typer.echo(f"sequences: {summary['complete']}/{summary['sequences']} complete")
     for seg in summary["segments"]:
         typer.echo(f"  {seg['data_spec']}  seq [{seg['start']}, {seg['start'] + seg['count']})  "
@@ -101,6 +94,6 @@ def info(
         dims = ",".join(f"{d}" for d in v["dims"])
         tag = "" if v["captured"] else "  (added)"
         typer.echo(f"  {name:<{width}}  {v['dtype']:<8} [{dims}] {tuple(v['shape'])}  "
-                   f"{_size(v['stored_bytes'])} stored{tag}")
+                   f"{human_bytes(v['stored_bytes'])} stored{tag}")
     if summary["results"]:
         typer.echo("results: " + ", ".join(summary["results"]))
