@@ -418,6 +418,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from models.lm_data import CorpusError
     from models.prune import PruneError, parse_methods
     from models.tasks import TaskError
+    from models.train import resolve_device
 
     try:
         if args.threads:
@@ -427,7 +428,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 raise StudyError(f"--{name.replace('_', '-')} must be >= 1")
         if args.rrqr_f < 1:
             raise StudyError("--rrqr-f must be >= 1")
-        device = _device(args.device)
+        device = resolve_device(args.device)
         methods = parse_methods(args.methods)
         ckpt = Path(args.checkpoint)
         model = load_checkpoint(ckpt, device=device)
@@ -474,18 +475,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.out:
             console.print(f"results written to {args.out}")
     return 0
-
-
-def _device(text: str) -> torch.device:
-    if text == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        dev = torch.device(text)
-    except RuntimeError:
-        raise StudyError(f"unknown --device {text!r}: use auto, cpu or cuda[:N]") from None
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise StudyError("--device cuda but no CUDA GPU is visible: use --device cpu")
-    return dev
 
 
 if __name__ == "__main__":
