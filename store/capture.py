@@ -146,7 +146,6 @@ class HostBatch:
         return out
 
 
-
 class HookedRunner:
     """Run batches through `model` under nnsight, returning the store's variables as a HostBatch."""
 
@@ -253,7 +252,7 @@ class BackgroundWriter:
             start, batch = item
             t0 = time.perf_counter()
             try:
-                arrays = batch.arrays() if isinstance(batch, HostBatch) else batch
+                arrays = batch.arrays()
                 self.writer.write_batch(start, arrays)
                 if self.on_done is not None:
                     self.on_done(len(next(iter(arrays.values()))))
@@ -261,7 +260,7 @@ class BackgroundWriter:
                 self.error = err
             self.busy_s += time.perf_counter() - t0
 
-    def put(self, start: int, batch: HostBatch | dict[str, np.ndarray]) -> None:
+    def put(self, start: int, batch: HostBatch) -> None:
         self.raise_error()
         t0 = time.perf_counter()
         self._queue.put((start, batch))

@@ -72,29 +72,30 @@ class ShardLayout:
         folder = Path(store.root) / arr.store_path.path
         return cls(folder, shard, chunk, split[0] if split else -1, dtype, separator)
 
-    def n_inner(self) -> int:
-        return 1 if self.axis < 0 else self.shard_shape[self.axis] // self.chunk_shape[self.axis]
-
     def key(self, shard_coords: tuple[int, ...]) -> Path:
         return self.folder / self.separator.join(["c", *map(str, shard_coords)])
 
-    def write(self, shard_coords: tuple[int, ...], inner: list[np.ndarray]) -> int:
-        """Write the shard at `shard_coords` from its inner chunks (in order along the split axis).
+    def inner_chunks(self, shard: np.ndarray) -> list[np.ndarray]:
+        """The shard's inner chunks in order along the split axis (views, no copy)."""
+        if self.axis < 0:
+            return [shard]
+        step = self.chunk_shape[self.axis]
+        lead = (slice(None),) * self.axis
+        return [shard[(*lead, slice(i, i + step))] for i in range(0, shard.shape[self.axis], step)]
 
-        Each chunk must have the inner chunk shape and the array's dtype; C-contiguous ones are
-        written without a copy. The file appears atomically (temp file, then rename), as zarr's do.
-        Returns the bytes written.
+    def write(self, shard_coords: tuple[int, ...], shard: np.ndarray) -> int:
+        """Write `shard` (the shard's full shape and the array's dtype) at `shard_coords`; returns the bytes.
+
+        Inner chunks that are C-contiguous (e.g. layer blocks of a layer-major buffer seen as
+        (seq, layer, ...)) are written without a copy. The file appears atomically (temp file, then
+        rename), as zarr's do.
         """
-        if len(inner) != self.n_inner():
-            raise ValueError(f"shard needs {self.n_inner()} inner chunks, got {len(inner)}")
-        views = []
-        for part in inner:
-            if part.shape != self.chunk_shape or part.dtype != self.dtype:
-                raise ValueError(f"inner chunk {part.shape} {part.dtype} != {self.chunk_shape} {self.dtype}")
-            views.append(memoryview(np.ascontiguousarray(part)).cast("B"))
+        if shard.shape != self.shard_shape or shard.dtype != self.dtype:
+            raise ValueError(f"shard {shard.shape} {shard.dtype} != {self.shard_shape} {self.dtype}")
+        views = [memoryview(np.ascontiguousarray(part)).cast("B") for part in self.inner_chunks(shard)]
         sizes = np.array([v.nbytes for v in views], dtype=np.uint64)
         offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.uint64)
-        index_shape = tuple(1 if i != self.axis else len(inner) for i in range(len(self.shard_shape)))
+        index_shape = tuple(len(views) if i == self.axis else 1 for i in range(len(self.shard_shape)))
         index = np.stack([offsets, sizes], axis=-1).reshape(*index_shape, 2).astype("<u8").tobytes()
         tail = index + np.array([google_crc32c.value(index)], dtype="<u4").tobytes()
         return _atomic_writev(self.key(shard_coords), [*views, memoryview(tail)])

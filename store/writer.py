@@ -15,7 +15,7 @@ import os
 import re
 import shutil
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -61,15 +61,6 @@ def _write_error(path: Path, err: OSError, done: int) -> StoreWriteError:
         f"writing {path} failed ({what}); the {done} complete sequence(s) are kept: "
         "free space (or fix the cause) and rerun the same command to resume"
     )
-
-
-def _split(values: np.ndarray, layout: ShardLayout) -> list[np.ndarray]:
-    """A shard's inner chunks, in order along the split axis (views: no copy)."""
-    if layout.axis < 0:
-        return [values]
-    step = layout.chunk_shape[layout.axis]
-    return [values[(slice(None),) * layout.axis + (slice(i, i + step),)]
-            for i in range(0, values.shape[layout.axis], step)]
 
 
 def _describe_mismatch(key: str, old: Any, new: Any) -> str:
@@ -245,15 +236,14 @@ class StoreWriter:
             values = np.asarray(arrays[var]).astype(arr.dtype, copy=False)
             layout = self._layout(var)
             if layout is not None and start % self.batch_size == 0 and n == layout.shard_shape[0]:
-                layout.write((start // n, *([0] * (values.ndim - 1))), _split(values, layout))
+                layout.write((start // n, *([0] * (values.ndim - 1))), values)
             else:  # partial or unshardable chunk: zarr merges it into the stored shard
                 arr[start:start + n] = values
 
         try:
             # variables go to separate files: write them concurrently (page-cache copies run in parallel)
             futures = [self._pool().submit(write, var) for var in wanted]
-            for future in futures:  # wait for all before raising: nothing is still writing after an error
-                future.exception()
+            wait(futures)  # all of them, so nothing is still writing when an error is raised
             for future in futures:
                 future.result()
             self.array("complete")[start:start + n] = True  # only after every array of the batch

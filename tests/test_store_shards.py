@@ -33,9 +33,7 @@ def test_shard_files_equal_zarrs(tmp_path, dtype, layers):
     layout = ShardLayout.of(ours)
     assert layout is not None and layout.axis == (1 if layers > 1 else -1)
     for i in range(2):
-        block = values[i * batch:(i + 1) * batch]
-        parts = [block[:, j:j + 1] for j in range(layers)] if layers > 1 else [block]
-        written = layout.write((i, 0, 0, 0, 0), parts)
+        written = layout.write((i, 0, 0, 0, 0), values[i * batch:(i + 1) * batch])
         assert written == (tmp_path / "ours" / "c" / str(i) / "0" / "0" / "0" / "0").stat().st_size
     assert files(tmp_path / "ours") == files(tmp_path / "theirs")
     np.testing.assert_array_equal(zarr.open_array(str(tmp_path / "ours"))[:], values)
@@ -47,9 +45,9 @@ def test_layer_major_buffer_is_written_without_reordering(tmp_path):
     layer_major = rng.standard_normal((4, 2, 9)).astype(np.float32)  # (layer, seq, pos)
     view = layer_major.transpose(1, 0, 2)  # (seq, layer, pos), no copy
     arr = sharded(tmp_path / "a", (2, 4, 9), (2, 1, 9), (2, 4, 9), "float32")
-    parts = [view[:, j:j + 1] for j in range(4)]
-    assert all(p.flags.c_contiguous for p in parts)
-    ShardLayout.of(arr).write((0, 0, 0), parts)
+    layout = ShardLayout.of(arr)
+    assert all(p.flags.c_contiguous for p in layout.inner_chunks(view))
+    layout.write((0, 0, 0), view)
     np.testing.assert_array_equal(zarr.open_array(str(tmp_path / "a"))[:], view)
 
 
@@ -68,33 +66,34 @@ def test_layouts_it_cannot_write_go_to_zarr(tmp_path):
                                             shards=(2, 2), dtype="float32", compressors=None)) is None
 
 
-def test_wrong_chunks_are_refused_before_anything_is_written(tmp_path):
+def test_wrong_shards_are_refused_before_anything_is_written(tmp_path):
     arr = sharded(tmp_path / "a", (2, 2, 3), (2, 1, 3), (2, 2, 3), "float32")
     layout = ShardLayout.of(arr)
-    good = np.zeros((2, 1, 3), np.float32)
-    with pytest.raises(ValueError, match="needs 2 inner chunks"):
-        layout.write((0, 0, 0), [good])
-    with pytest.raises(ValueError, match="inner chunk"):
-        layout.write((0, 0, 0), [good, good.astype(np.float64)])
+    with pytest.raises(ValueError, match=r"shard \(2, 1, 3\) float32 != \(2, 2, 3\)"):
+        layout.write((0, 0, 0), np.zeros((2, 1, 3), np.float32))
+    with pytest.raises(ValueError, match="float64 != "):
+        layout.write((0, 0, 0), np.zeros((2, 2, 3), np.float64))
     assert not (tmp_path / "a" / "c").exists()
 
 
 def test_long_writes_span_several_writev_calls(tmp_path, monkeypatch):
-    """More buffers than one writev takes, and short writes, still give the whole file."""
+    """More inner chunks than one writev takes (600 > 512), and short writes, still give zarr's file."""
     import os
 
     original = os.writev
+    calls = {"n": 0, "most": 0}
 
     def short_writev(fd, buffers):  # the kernel may write less than asked: at most 100 bytes here
-        first = bytes(buffers[0][:100])
-        return original(fd, [first])
+        calls["n"] += 1
+        calls["most"] = max(calls["most"], len(buffers))
+        return original(fd, [bytes(buffers[0][:100])])
 
     monkeypatch.setattr(os, "writev", short_writev)
-    values = np.arange(600 * 2 * 3, dtype=np.float32).reshape(600, 2, 3)
-    ours = sharded(tmp_path / "ours", (600, 2, 3), (600, 1, 3), (600, 2, 3), "float32")
-    layout = ShardLayout.of(ours)
-    layout.write((0, 0, 0), [values[:, 0:1], values[:, 1:2]])
+    values = np.arange(2 * 600 * 3, dtype=np.float32).reshape(2, 600, 3)
+    ours = sharded(tmp_path / "ours", (2, 600, 3), (2, 1, 3), (2, 600, 3), "float32")
+    ShardLayout.of(ours).write((0, 0, 0), values)
     monkeypatch.setattr(os, "writev", original)
-    theirs = sharded(tmp_path / "theirs", (600, 2, 3), (600, 1, 3), (600, 2, 3), "float32")
+    assert calls["most"] == 512 and calls["n"] > 600
+    theirs = sharded(tmp_path / "theirs", (2, 600, 3), (2, 1, 3), (2, 600, 3), "float32")
     theirs[:] = values
     assert files(tmp_path / "ours") == files(tmp_path / "theirs")
