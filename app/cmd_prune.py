@@ -1,27 +1,39 @@
-"""`deltalab probe prune CHECKPOINT ...`: the key/query channel-pruning study (probes.prune).
+"""`deltalab prune CHECKPOINT ...`: the key/query channel-pruning study (train.prune_study).
 
 It works on a checkpoint, not on a capture store, so it has its own parser; the arguments pass through
-unchanged, and `deltalab probe prune ...` is the same program as `python -m probes.prune ...`.
+unchanged, and `deltalab prune ...` is the same program as `python -m train.prune_study ...`.
+`deltalab probe prune ...` still runs it for one release, after a deprecation line on stderr.
 """
 
 from __future__ import annotations
+
+import sys
 
 import typer
 
 HELP = ("Prune key/query channels per head (L1, random, S-Wanda, gradient, DRRQR, PCA) at several compressions: "
         "held-out perplexity, state rank utilisation, throughput; writes smaller fla checkpoints.")
+DEPRECATION = "warning: `deltalab probe prune` is deprecated and will be removed: use `deltalab prune`"
 _PASS_THROUGH = {"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": []}
 
 
 def prune(ctx: typer.Context) -> None:
-    """Hand the arguments to probes.prune.main (lazy import keeps `deltalab --help` fast)."""
-    from probes.prune import main
+    """Hand the arguments to train.prune_study.main (lazy import keeps `deltalab --help` fast)."""
+    from train.prune_study import main
 
     code = main(list(ctx.args))
     if code:
         raise typer.Exit(code)
 
 
-def register(probe_app: typer.Typer) -> None:
-    """Add `prune` to the `deltalab probe` group."""
-    probe_app.command("prune", help=HELP, context_settings=_PASS_THROUGH, add_help_option=False)(prune)
+def deprecated_probe_prune(ctx: typer.Context) -> None:
+    """The old spelling: one warning line, then the same program."""
+    print(DEPRECATION, file=sys.stderr)
+    prune(ctx)
+
+
+def register(app: typer.Typer, probe_app: typer.Typer) -> None:
+    """Add `prune` at the top level and the deprecated `probe prune` alias."""
+    app.command("prune", help=HELP, context_settings=_PASS_THROUGH, add_help_option=False)(prune)
+    probe_app.command("prune", help="Deprecated: use `deltalab prune`.", context_settings=_PASS_THROUGH,
+                      add_help_option=False, hidden=True)(deprecated_probe_prune)

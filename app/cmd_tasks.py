@@ -32,7 +32,7 @@ def data(
     """Write TASK sequences and their labels as `seed,input,target` rows (space-separated indices)."""
     import numpy as np
 
-    from models.tasks import GroupWordTask, TaskError, get_task, reference_sequences, write_csv
+    from tasks.state_tracking import GroupWordTask, TaskError, get_task, reference_sequences, write_csv
 
     if out.exists() and not force:
         fail(f"{out} exists: pass --force to overwrite it or choose another --out")

@@ -62,8 +62,8 @@ def train(
     as_json: bool = typer.Option(False, "--json", help="Print the final log entry as JSON."),
 ) -> None:
     """Train a DeltaProduct-family model on TASK (defaults: the DeltaProduct paper's state-tracking setup)."""
-    from models.train import TrainConfig, TrainError
-    from models.train import train as run_training
+    from train.state_tracking import TrainConfig, TrainError
+    from train.state_tracking import train as run_training
 
     try:
         lengths = _parse_lengths(eval_lengths) if eval_lengths else None
@@ -120,10 +120,10 @@ def evaluate(
     import torch
 
     from models import CheckpointError, load_checkpoint
-    from models.evaluate import evaluate as run_eval
-    from models.evaluate import save_length_curve
-    from models.tasks import TaskError, get_task
-    from models.train import TASK_FILE, TrainError, resolve_device
+    from tasks.state_tracking import TaskError, get_task
+    from train.evaluate import evaluate as run_eval
+    from train.evaluate import save_length_curve
+    from train.state_tracking import TASK_FILE, TrainError, resolve_device
 
     try:
         wanted = _parse_lengths(lengths)

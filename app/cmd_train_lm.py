@@ -64,8 +64,8 @@ def train_lm(
     """Train DeltaNet / Gated DeltaNet / Gated DeltaProduct on the Python standard library, byte-level."""
     import torch
 
-    from models.train_lm import LMTrainConfig, LMTrainError
-    from models.train_lm import train_lm as run
+    from train.lm import LMTrainConfig, LMTrainError
+    from train.lm import train_lm as run
 
     if threads:
         torch.set_num_threads(threads)

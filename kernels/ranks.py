@@ -24,7 +24,7 @@ from kernels import cusolver_eigh
 from kernels.naive import CHUNK_SIZE, l2_normalize
 
 METHODS = ("auto", "gram64", "triton", "svd", "svd64")
-# What "auto" picks on CUDA. Measured on an H200 (kernels.bench_analysis, dk = dv = 128): the Triton kernel
+# What "auto" picks on CUDA. Measured on an H200 (benchmarks.kernels_analysis, dk = dv = 128): the Triton kernel
 # 3.8 us per matrix, cuSOLVER XsyevBatched on the float64 Gram 9.7 us, torch.linalg.eigvalsh 581 us,
 # torch.linalg.svdvals 5.8 ms.
 CUDA_METHOD = "triton"

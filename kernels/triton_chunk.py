@@ -349,7 +349,7 @@ def _output_kernel(
 class LaunchConfig:
     """Launch choices; state_bv None picks the default for the shape (see `default_config`).
 
-    Defaults from `scripts/fwd_tune.py` on an H100 (B=8, T=8192): wu_warps 4 beat 8 at every point (4.33 vs
+    Defaults from `python -m benchmarks.fwd_tune` on an H100 (B=8, T=8192): wu_warps 4 beat 8 at every point (4.33 vs
     4.54 ms at n_h=3); 4 tri or 8 state warps, or 64-wide output tiles, were slower.
     """
 

@@ -1,4 +1,4 @@
-"""nn.Modules, configs, checkpoint I/O, tasks and training for the DeltaProduct family."""
+"""nn.Modules, configs and checkpoint I/O for the DeltaProduct family: what defines and loads a model."""
 
 from models.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from models.config import ConfigError, ModelConfig

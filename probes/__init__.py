@@ -13,7 +13,6 @@ PROBES: dict[str, str] = {
     "linear": "Logistic-regression probes from the recurrence read-out (or a stored variable) to the labels.",
     "lengthgen": "Accuracy and loss against position, within and beyond the training length.",
     "intervene": "nnsight interventions (set a beta, ablate a head, project keys); change in accuracy and loss.",
-    "bench": "Tokens per second of the erank and spectra probes on a store (no results written).",
 }
 """Probe name -> one-line description (the CLI lists these)."""
 

@@ -14,6 +14,7 @@ import re
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from types import ModuleType
 from typing import Any
 
 import numpy as np
@@ -148,15 +149,15 @@ def cli_main(name: str, description: str, add_arguments: Callable[[argparse.Argu
     return 0
 
 
-def run_module(name: str, argv: Sequence[str] | None = None) -> int:
-    """Run probe module `probes.<name>` as a script; returns the exit code (shared by both entry points).
+def run_module(name: str, argv: Sequence[str] | None = None, module: ModuleType | None = None) -> int:
+    """Run probe module `probes.<name>` (or `module`) as a script; returns the exit code (shared by both entry points).
 
     The module provides NAME, a docstring, add_arguments and from_args; optional NEEDS_CHECKPOINT
     (bool) and WRITES (bool, default True: results go into the store).
     """
     import importlib
 
-    module = importlib.import_module(f"probes.{name}")
+    module = module or importlib.import_module(f"probes.{name}")
     description = (module.__doc__ or name).strip().splitlines()[0]
     try:
         return cli_main(module.NAME, description, module.add_arguments, module.from_args, argv,

@@ -4,10 +4,10 @@
 #     bash scripts/device_run.sh s4 | tests | kernels | probes | store  [more sections ...]
 # s4:      continue the bundled S4 model (trained up to length 128) at 128, then 256, and evaluate it
 # tests:   the GPU-marked tests (realistic shapes, fla 0.6.0 comparisons)
-# kernels: python -m kernels.bench (forward vs fla, accuracy; ~9 min on an H100, so a call of its own)
-# analysis: python -m kernels.bench_analysis (spectra incl. windows, state ranks vs the authors' loop)
+# kernels: python -m benchmarks.kernels (forward vs fla, accuracy; ~9 min on an H100, so a call of its own)
+# analysis: python -m benchmarks.kernels_analysis (spectra incl. windows, state ranks vs the authors' loop)
 # probes:  erank/spectra probe throughput on a GPU capture of the bundled model
-# store:   capture vs plain forward, write rate vs dd, memory (store.bench) on the GPU; hidden 512 and 1024
+# store:   capture vs plain forward, write rate vs dd, memory (benchmarks.store) on the GPU; hidden 512 and 1024
 # dist:    torchrun capture on every GPU of the machine (NCCL) against one GPU; same values (nvidia-h200-x2)
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -28,9 +28,9 @@ for section in "$@"; do
     tests)
       python3 -m pytest -q -m gpu tests 2>&1 | tail -30 | tee "$OUT/gpu-tests.log" ;;
     kernels)
-      python3 -m kernels.bench --skip analysis --json "$OUT/bench.json" 2>&1 | tee "$OUT/bench.txt" ;;
+      python3 -m benchmarks.kernels --skip analysis --json "$OUT/bench.json" 2>&1 | tee "$OUT/bench.txt" ;;
     analysis)
-      python3 -m kernels.bench_analysis --targets spectra,ranks --out "$OUT/bench_analysis.json" 2>&1 \
+      python3 -m benchmarks.kernels_analysis --targets spectra,ranks --out "$OUT/bench_analysis.json" 2>&1 \
         | tee "$OUT/bench_analysis.txt" ;;
     probes)
       $DL capture models/zoo/s4-deltaproduct2 --data S4:length=512,samples=128,seed=1 --out /tmp/s4.zarr \
@@ -38,9 +38,9 @@ for section in "$@"; do
       $DL probe bench --store /tmp/s4.zarr --device cuda --repeat 2 --json | tee "$OUT/probe-bench-gpu.json"
       $DL probe bench --store /tmp/s4.zarr --device cpu --json | tee "$OUT/probe-bench-cpu.json" ;;
     store)
-      python3 -m store.bench --device cuda --length 512 --samples 256 --batch-size 32 --hidden 512 \
+      python3 -m benchmarks.store --device cuda --length 512 --samples 256 --batch-size 32 --hidden 512 \
         --json-out "$OUT/store-bench.json" 2>&1 | tee "$OUT/store-bench.txt"
-      python3 -m store.bench --device cuda --length 512 --samples 256 --batch-size 32 --hidden 1024 --layers 4 \
+      python3 -m benchmarks.store --device cuda --length 512 --samples 256 --batch-size 32 --hidden 1024 --layers 4 \
         --skip-memory --json-out "$OUT/store-bench-1024.json" 2>&1 | tee "$OUT/store-bench-1024.txt" ;;
     dist)
       export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1  # required on shared hosts

@@ -2,7 +2,7 @@
 
 Spec grammar (one string, as `deltalab capture --data` takes it):
 
-    S4:length=128,samples=512,seed=0        a models.tasks task (any name get_task knows; min_length= too)
+    S4:length=128,samples=512,seed=0        a tasks.state_tracking task (any name get_task knows; min_length= too)
     csv:PATH  or  PATH.csv                   word-problem CSV: seed,input,target (space-separated ints)
     text:PATH[:length=256,tokenizer=auto]    a .txt file, a folder of *.txt (sorted) or a glob; one
                                              document per file, cut into non-overlapping windows of
@@ -104,7 +104,7 @@ def load_data(spec: str, checkpoint: str | Path | None = None) -> Data:
 
 
 def _task(spec: str) -> Data:
-    from models.tasks import TaskError, get_task
+    from tasks.state_tracking import TaskError, get_task
 
     name, _, options = spec.partition(":")
     opts = _parse_options(options, spec)
@@ -133,7 +133,7 @@ def _task(spec: str) -> Data:
 
 
 def _csv(path_text: str) -> Data:
-    from models.tasks import TaskError, read_csv
+    from tasks.state_tracking import TaskError, read_csv
 
     path = Path(path_text).expanduser()
     try:

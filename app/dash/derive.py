@@ -145,7 +145,7 @@ def token_names(attrs: dict[str, Any], vocab_size: int | None = None) -> list[st
     if not task:
         return None
     try:
-        from models.tasks import get_task
+        from tasks.state_tracking import get_task
 
         names = list(get_task(task).token_names)
     except Exception:  # noqa: BLE001 - unknown or changed task: fall back to ids

@@ -108,8 +108,8 @@ def run() -> None:
 
     attrs = ds.attrs
     meta = json.dumps({k: attrs.get(k) for k in ("data_meta", "data_spec")}, sort_keys=True, default=str)
-    # token names import models.tasks (and torch): not on the first page, unless already loaded
-    needs_names = st.session_state[state.PAGE_KEY] != "Overview" or "models.tasks" in sys.modules
+    # token names import tasks.state_tracking (and torch): not on the first page, unless already loaded
+    needs_names = st.session_state[state.PAGE_KEY] != "Overview" or "tasks.state_tracking" in sys.modules
     names = _token_names(meta, (attrs.get("model_config") or {}).get("vocab_size")) if needs_names else None
     sel = state.sidebar_selection(ds, path, names)
 
@@ -125,7 +125,7 @@ _PREWARMED: list[bool] = []
 
 
 def _prewarm() -> None:
-    """After the first page is drawn, import the heavy modules other pages need (torch via models.tasks for
+    """After the first page is drawn, import the heavy modules other pages need (torch via tasks.state_tracking for
     token names, scikit-learn) in a background thread, so the first visit to those pages is quick."""
     if _PREWARMED:
         return
@@ -134,7 +134,7 @@ def _prewarm() -> None:
     import threading
 
     def work() -> None:
-        for name in ("models.tasks", "kernels.spectra", "sklearn.decomposition"):
+        for name in ("tasks.state_tracking", "kernels.spectra", "sklearn.decomposition"):
             try:
                 importlib.import_module(name)
             except Exception:  # noqa: BLE001 - a missing optional module only costs time later

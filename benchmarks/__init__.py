@@ -1,0 +1,1 @@
+"""Benchmarks (run as `python -m benchmarks.NAME`); each prints a table of ratios against its peer."""

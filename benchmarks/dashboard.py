@@ -1,0 +1,201 @@
+"""Time to first page of the dashboard on a multi-GB store: `python -m benchmarks.dashboard [--gb 4] [--out DIR]`.
+
+Builds the store cheaply: one batch of sequences is captured-shaped random data written through
+store.writer, and the chunk/shard files of every other batch are hard links to it. To every reader
+the store is what a real capture of that size is (same metadata, same number and size of files, all
+sequences complete); only the disk usage and the page cache see one batch. The dashboard is then run
+with streamlit's AppTest: a warm-up on a tiny store loads the Python modules (as a running server has
+them), then the first page (Overview) and the drill-down Token page are timed on the big store.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+DASHBOARD = Path(__file__).resolve().parent / "dashboard.py"
+
+
+def build(out: Path, gb: float, *, layers: int = 4, heads: int = 8, dk: int = 32, n_h: int = 2, length: int = 512,
+          batch: int = 16, seed: int = 0) -> dict[str, float]:
+    """Write a store of about `gb` GB (logical = on-disk file sizes) at `out`; returns its facts."""
+    from datetime import datetime, timezone
+
+    from store import schema
+    from store.writer import StoreWriter
+
+    rng = np.random.default_rng(seed)
+    nc = schema.n_chunks(length)
+    per_seq = (4 * layers * length * heads * (dk + 2 * n_h * dk + n_h + 1)  # q, k, v, beta, g
+               + 4 * layers * nc * heads * dk * dk + 4 * 5 * length)  # state, per-token flags
+    n_batches = max(2, int(round(gb * 1e9 / (per_seq * batch))))
+    n_seq = n_batches * batch
+    hooks = list(schema.DEFAULT_HOOKS)
+    variables = schema.variables_for(hooks, gated=True)
+    sizes = {"pos": length, "layer": layers, "head": heads, "step": n_h, "dk": dk, "dv": dk, "chunk": nc,
+             "hidden": heads * dk}
+    config = {"model_type": "gated_deltaproduct", "vocab_size": 24, "hidden_size": heads * dk,
+              "num_hidden_layers": layers, "num_heads": heads, "head_dim": dk, "expand_v": 1.0, "num_householder": n_h,
+              "use_forget_gate": True, "use_output_gate": False, "use_short_conv": False, "allow_neg_eigval": True}
+    attrs = {"deltalab_format": schema.FORMAT_VERSION, "model_config": config, "checkpoint_digest": "sha256:bench",
+             "deltalab_version": "bench", "command_line": ["python", "-m", "benchmarks.dashboard"],
+             "chunk_size": schema.CHUNK_SIZE, "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+             "hooks": hooks, "variables": variables, "layers": list(range(layers)), "dtype": "float32",
+             "batch_size": batch, "sizes": sizes, "train_length": length // 2}
+    if out.exists():
+        shutil.rmtree(out)
+    t0 = time.perf_counter()
+    writer, segment = StoreWriter.create_or_append(out, attrs, f"bench:seqs={n_seq},length={length}", n_seq)
+
+    def unit(shape: tuple[int, ...]) -> np.ndarray:
+        x = rng.standard_normal(shape, dtype=np.float32)
+        return x / np.linalg.norm(x, axis=-1, keepdims=True)
+
+    b, L, T, H = batch, layers, length, heads
+    arrays = {
+        "tokens": rng.integers(0, 24, (b, T)).astype(np.int32), "labels": rng.integers(0, 24, (b, T)).astype(np.int32),
+        "doc_start": np.zeros((b, T), bool), "loss": rng.random((b, T), dtype=np.float32),
+        "correct": rng.random((b, T)) < 0.9, "q": unit((b, L, T, H, dk)), "k": unit((b, L, T, n_h, H, dk)),
+        "v": rng.standard_normal((b, L, T, n_h, H, dk), dtype=np.float32),
+        "beta": 2 * rng.random((b, L, T, n_h, H), dtype=np.float32),
+        "g": -rng.random((b, L, T, H), dtype=np.float32) * 0.1,
+        "state": rng.standard_normal((b, L, nc, H, dk, dk), dtype=np.float32),
+    }
+    arrays["doc_start"][:, 0] = True
+    writer.write_batch(0, arrays)
+    for var in variables:
+        if var == "complete":
+            continue
+        src = out / var / "c" / "0"
+        files = [f for f in src.rglob("*") if f.is_file()] if src.is_dir() else [out / var / "c" / "0"]
+        for i in range(1, n_batches):
+            for f in files:
+                rel = f.relative_to(out / var / "c" / "0") if src.is_dir() else None
+                dst = out / var / "c" / str(i) / rel if rel is not None else out / var / "c" / str(i)
+                dst.parent.mkdir(parents=True, exist_ok=True)
+                os.link(f, dst)
+    writer.array("complete")[:] = True
+    logical = sum(f.stat().st_size for f in out.rglob("*") if f.is_file())
+    return {"sequences": n_seq, "bytes": logical, "files": sum(1 for f in out.rglob("*") if f.is_file()),
+            "build_s": time.perf_counter() - t0}
+
+
+def _tiny(out: Path) -> None:
+    from probes.synthetic import write_synthetic_store
+
+    write_synthetic_store(out, n_seq=4, length=64, n_layers=1, n_heads=4, dk=4, dv=4)
+
+
+def time_pages(store: Path, warm: Path, pages: list[str]) -> dict[str, float]:
+    """Seconds of each AppTest script run on `store` (first run = Overview), after a warm-up on `warm`."""
+    from streamlit.testing.v1 import AppTest
+
+    os.environ["DELTALAB_STORE"] = str(warm)
+    at = AppTest.from_file(str(DASHBOARD), default_timeout=300)
+    at.run()
+    out: dict[str, float] = {}
+    os.environ["DELTALAB_STORE"] = str(store)
+    at = AppTest.from_file(str(DASHBOARD), default_timeout=300)
+    t = time.perf_counter()
+    at.run()
+    out["Overview (first page)"] = time.perf_counter() - t
+    _check(at, "Overview")
+    for page in pages:
+        t = time.perf_counter()
+        at.sidebar.radio(key="page").set_value(page).run()
+        out[page] = time.perf_counter() - t
+        _check(at, page)
+    return out
+
+
+def bare_first_page(store: Path, warm: Path) -> float:
+    """Seconds of the dashboard's own code for the first page (Streamlit bare mode: no server, no AppTest
+    polling), after a warm-up on `warm`: what the store costs, apart from the harness."""
+    import logging
+
+    import streamlit as st
+
+    logging.getLogger("streamlit").setLevel(logging.ERROR)
+    import contextlib
+    import io
+
+    from app.dash import main as dash_main
+
+    os.environ["DELTALAB_STORE"] = str(warm)
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        dash_main.run()  # bare mode prints a "run it with streamlit run" hint once
+    st.cache_resource.clear()
+    st.cache_data.clear()
+    os.environ["DELTALAB_STORE"] = str(store)
+    t = time.perf_counter()
+    dash_main.run()
+    return time.perf_counter() - t
+
+
+def cold_first_page(store: Path) -> float:
+    """Seconds of the first AppTest run in a fresh Python process (imports included), as a cold server."""
+    import subprocess
+
+    code = ("import os, time; t = time.perf_counter(); from streamlit.testing.v1 import AppTest; "
+            f"os.environ['DELTALAB_STORE'] = {str(store)!r}; "
+            f"at = AppTest.from_file({str(DASHBOARD)!r}, default_timeout=300); at.run(); "
+            "assert not at.exception and not at.error; print(time.perf_counter() - t)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    return float(done.stdout.strip().splitlines()[-1])
+
+
+def _check(at, page: str) -> None:
+    if at.exception or at.error:
+        msgs = [e.message for e in at.exception] + [e.value for e in at.error]
+        raise RuntimeError(f"{page}: {msgs[0][:300]}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.dashboard", description=__doc__.splitlines()[0])
+    p.add_argument("--gb", type=float, default=4.0, help="logical store size in GB (default 4)")
+    p.add_argument("--out", type=Path, default=None, help="store folder (default: a temporary one, removed)")
+    p.add_argument("--pages", default="Token", help="pages timed after the first (comma-separated)")
+    p.add_argument("--json", action="store_true")
+    args = p.parse_args(argv)
+    tmp = Path(tempfile.mkdtemp(prefix="deltalab-bench-"))
+    out = args.out or tmp / "big.zarr"
+    try:
+        os.environ.setdefault("TQDM_DISABLE", "1")
+        facts = build(out, args.gb)
+        _tiny(tmp / "warm.zarr")
+        facts["cold_first_page_s"] = cold_first_page(out)
+        import store
+
+        store.open(tmp / "warm.zarr")  # imports (xarray, zarr, dask) out of the timing
+        t = time.perf_counter()
+        store.open(out)
+        facts["store_open_s"] = time.perf_counter() - t
+        facts["bare_first_page_s"] = bare_first_page(out, tmp / "warm.zarr")
+        facts["pages_s"] = time_pages(out, tmp / "warm.zarr", [x for x in args.pages.split(",") if x])
+    finally:
+        if args.out is None:
+            shutil.rmtree(tmp, ignore_errors=True)
+    if args.json:
+        print(json.dumps(facts, indent=1))
+    else:
+        print(f"store: {facts['sequences']} sequences, {facts['bytes'] / 1e9:.2f} GB in {facts['files']} files "
+              f"(built in {facts['build_s']:.1f} s); store.open {facts['store_open_s']:.2f} s")
+        print(f"  first page in a fresh process (imports included): {facts['cold_first_page_s']:.2f} s")
+        print("  dashboard code alone for the first page (bare mode, modules loaded): "
+              f"{facts['bare_first_page_s']:.2f} s")
+        print("  AppTest script runs in a running server (modules loaded, store not yet opened):")
+        for page, s in facts["pages_s"].items():
+            print(f"  {page}: {s:.2f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,398 @@
+"""Benchmark of issue 4's targets: `python -m benchmarks.kernels [--quick] [--json out.json]`.
+
+Forward table: every grid point of the issue (B in {1, 8}, T in {2048, 8192}, H = 8, dk = dv = 128,
+n_h in {1, 2, 3}, gate off/on, bf16) with our time, fla 0.6.0's `chunk_gated_delta_product` measured in
+the same run, their ratio, and our distance to the memory and FLOP floors. Then the accuracy check
+(max relative error vs a float64 reference, and vs fla) and the analysis rows of `benchmarks.kernels_analysis`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import json
+import math
+import sys
+import time
+from dataclasses import replace
+from functools import partial
+
+import torch
+
+# (peak bytes/s, dense bf16 FLOP/s) by device name; the first match wins
+PEAKS = [
+    ("H200", 4.8e12, 989e12),
+    ("H100 PCIe", 2.0e12, 756e12),
+    ("H100 NVL", 3.9e12, 835e12),
+    ("H100", 3.35e12, 989e12),
+    ("A100", 2.0e12, 312e12),
+]
+GRID = dict(B=(1, 8), T=(2048, 8192), H=8, K=128, n_h=(1, 2, 3), gate=(False, True))
+
+
+def device_peaks() -> tuple[str, float, float]:
+    name = torch.cuda.get_device_name(0)
+    for key, bw, flops in PEAKS:
+        if key in name:
+            return name, bw, flops
+    return name + " (unknown: H100 peaks assumed)", 3.35e12, 989e12
+
+
+def floors(B: int, T: int, H: int, K: int, V: int, n_h: int, gate: bool, elt: int = 2) -> tuple[float, float]:
+    """(bytes, FLOPs) a chunked forward cannot avoid: read q,k,v,beta,g once; write o, final and
+    boundary states (fp32); matrix products of the WY/UT chunk algorithm with C = 64 tokens."""
+    nc = math.ceil(T / 64) + 1
+    read = elt * B * T * H * (K + n_h * (K + V) + n_h) + (4 * B * T * H if gate else 0)
+    write = elt * B * T * H * V + 4 * B * H * K * V * (nc + 1)
+    C, L = 64, 64 * n_h
+    per_chunk = L * L * K + L * L * (K + V) + 4 * L * K * V + 2 * C * K * V + C * L * (K + V)
+    return float(read + write), float(per_chunk * B * H * math.ceil(T / 64))
+
+
+def make_inputs(B, T, H, K, V, n_h, gate, dtype=torch.bfloat16, seed=0, h0=False):
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    q = torch.randn(B, T, H, K, device="cuda", generator=gen).to(dtype)
+    k = torch.randn(B, T, n_h, H, K, device="cuda", generator=gen).to(dtype)
+    v = torch.randn(B, T, n_h, H, V, device="cuda", generator=gen).to(dtype)
+    beta = (torch.rand(B, T, n_h, H, device="cuda", generator=gen) * 2).to(dtype)
+    g = torch.nn.functional.logsigmoid(torch.randn(B, T, H, device="cuda", generator=gen) + 3) if gate else None
+    s0 = torch.randn(B, H, K, V, device="cuda", generator=gen) * 0.1 if h0 else None
+    return q, k, v, beta, g, s0
+
+
+def load_fla():
+    try:
+        from fla.ops.gated_delta_product import chunk_gated_delta_product
+    except Exception as exc:  # noqa: BLE001 - any import failure means "no peer"
+        return None, f"fla not importable ({type(exc).__name__}: {exc})"
+    return chunk_gated_delta_product, None
+
+
+def fla_call(fla, q, k, v, beta, g, s0=None):
+    B, T, n_h, H, K = k.shape
+    return fla(
+        q,
+        k.reshape(B, T * n_h, H, K),
+        v.reshape(B, T * n_h, H, v.shape[-1]),
+        g,
+        beta.reshape(B, T * n_h, H),
+        num_householder=n_h,
+        initial_state=s0,
+        output_final_state=True,
+        use_qk_l2norm_in_kernel=True,
+    )
+
+
+def timeit(fn) -> float:
+    """Median milliseconds (triton's do_bench: warm-up, L2 flushed between runs)."""
+    from triton.testing import do_bench
+
+    return float(do_bench(fn, warmup=25, rep=100, return_mode="median"))
+
+
+def _fmt_row(cols, widths):
+    return "  ".join(str(c).rjust(w) for c, w in zip(cols, widths))
+
+
+def _forward_point(B, T, n_h, gate, bw, peak, sweep, fla) -> dict:
+    from kernels.triton_chunk import default_config, triton_delta_product
+
+    H, K = GRID["H"], GRID["K"]
+    x = make_inputs(B, T, H, K, K, n_h, gate)[:5]
+    cfg = default_config(B, H, K, n_h)
+    cands = [cfg]
+    if sweep and B >= 8 and T >= 8192 and gate:  # alternatives where the GPU is full (B=1: see the report)
+        cands += [replace(cfg, state_bv=bv) for bv in (32, 64, 128) if bv != cfg.state_bv]
+    times = {}
+    for c in cands:
+        try:
+            times[repr(c)] = timeit(partial(triton_delta_product, *x, config=c))
+        except Exception as exc:  # noqa: BLE001 - a config that does not fit is a result, not a crash
+            times[repr(c)] = float("inf")
+            print(f"      config failed: {c}: {type(exc).__name__}: {str(exc)[:120]}", flush=True)
+    ours = times[repr(cfg)]
+    t_fla = timeit(partial(fla_call, fla, *x)) if fla is not None else float("nan")
+    nbytes, nflop = floors(B, T, H, K, K, n_h, gate)
+    mem_ms, flop_ms = nbytes / bw * 1e3, nflop / peak * 1e3
+    row = dict(
+        B=B,
+        T=T,
+        H=H,
+        K=K,
+        V=K,
+        n_h=n_h,
+        gate=gate,
+        ours_ms=ours,
+        fla_ms=t_fla,
+        speedup_vs_fla=t_fla / ours,
+        mem_floor_ms=mem_ms,
+        flop_floor_ms=flop_ms,
+        x_mem_floor=ours / mem_ms,
+        x_flop_floor=ours / flop_ms,
+        bytes=nbytes,
+        flops=nflop,
+        config=f"bv={cfg.state_bv}",
+    )
+    if len(times) > 1:
+        best = min(times, key=times.get)
+        row["sweep"] = times
+        row["best"] = dict(ms=times[best], config=best)
+    return row
+
+
+def bench_forward(quick: bool, bw: float, peak: float, sweep: bool, log, rows: list, dump) -> list[dict]:
+    """Fill `rows` point by point (dump() after each, so a killed run keeps what it measured)."""
+    fla, why = load_fla()
+    Bs, Ts = ((1, 8), (2048,)) if quick else (GRID["B"], GRID["T"])
+    nhs = (1, 3) if quick else GRID["n_h"]
+    head = [
+        "B",
+        "T",
+        "n_h",
+        "gate",
+        "ours ms",
+        "fla ms",
+        "fla/ours",
+        "mem floor",
+        "x floor",
+        "flop floor",
+        "x flop",
+        "config",
+    ]
+    widths = [2, 5, 3, 4, 8, 8, 8, 9, 7, 10, 6, 16]
+    log("\n== forward: triton_delta_product vs fla chunk_gated_delta_product (bf16, H=8, dk=dv=128) ==")
+    log("   ours: o, final state and the fp32 boundary states (every 64 tokens); fla: o and final state.")
+    log("   floors: bytes of the inputs + o + fp32 states / peak bandwidth; WY/UT chunk FLOPs / peak bf16.")
+    if fla is None:
+        log(f"   fla column empty: {why}")
+    log(_fmt_row(head, widths))
+    for B in Bs:
+        for T in Ts:
+            for n_h in nhs:
+                for gate in GRID["gate"]:
+                    r = _forward_point(B, T, n_h, gate, bw, peak, sweep, fla)
+                    rows.append(r)
+                    dump()
+                    log(
+                        _fmt_row(
+                            [
+                                B,
+                                T,
+                                n_h,
+                                "on" if gate else "off",
+                                f"{r['ours_ms']:.3f}",
+                                f"{r['fla_ms']:.3f}",
+                                f"{r['speedup_vs_fla']:.2f}x",
+                                f"{r['mem_floor_ms']:.3f}",
+                                f"{r['x_mem_floor']:.1f}x",
+                                f"{r['flop_floor_ms']:.3f}",
+                                f"{r['x_flop_floor']:.1f}x",
+                                r["config"],
+                            ],
+                            widths,
+                        )
+                    )
+                    if "best" in r:
+                        log(f"      best {r['best']['ms']:.3f} ms with {r['best']['config']}")
+                    torch.cuda.empty_cache()
+    ok = [r for r in rows if r["speedup_vs_fla"] == r["speedup_vs_fla"]]
+    if ok:
+        worst = min(ok, key=lambda r: r["speedup_vs_fla"])
+        log(
+            f"   target >= 1.0x fla on every point: {'MET' if worst['speedup_vs_fla'] >= 1.0 else 'NOT MET'}"
+            f" (worst {worst['speedup_vs_fla']:.2f}x at B={worst['B']} T={worst['T']} n_h={worst['n_h']}"
+            f" gate={worst['gate']})"
+        )
+    return rows
+
+
+def _rel(a, b) -> float:
+    return float((a.double() - b.double()).abs().max() / b.double().abs().max().clamp_min(1e-30))
+
+
+def bench_accuracy(log, B: int = 1, T: int = 512, H: int = 8, K: int = 128) -> list[dict]:
+    """Max relative error (max |x - ref| / max |ref|) vs a float64 token loop on the same rounded inputs."""
+    from kernels.naive import naive_delta_product
+    from kernels.triton_chunk import triton_delta_product
+
+    fla, why = load_fla()
+    log(
+        f"\n== accuracy: max relative error vs float64 reference (B={B}, T={T}, H={H}, dk=dv={K}, beta in [0,2],"
+        " initial state) =="
+    )
+    head = ["kernel", "dtype", "n_h", "gate", "o", "final", "boundary", "vs fla o", "vs fla final"]
+    widths = [6, 8, 3, 4, 9, 9, 9, 9, 12]
+    log(_fmt_row(head, widths))
+    rows = []
+    cases = [(n_h, gate, torch.bfloat16) for n_h in (1, 2, 3) for gate in (False, True)]
+    cases += [(n_h, True, dt) for dt in (torch.float16, torch.float32) for n_h in (1, 3)]
+    for n_h, gate, dtype in cases:
+        q, k, v, beta, g, s0 = make_inputs(B, T, H, K, K, n_h, gate, dtype, seed=1, h0=True)
+        d = torch.float64
+        ref = naive_delta_product(
+            q.to(d),
+            k.to(d),
+            v.to(d),
+            beta.to(d),
+            None if g is None else g.to(d),
+            initial_state=s0.to(d),
+            normalize_qk=True,
+        )
+        o, fin, bnd = triton_delta_product(q, k, v, beta, g, initial_state=s0)
+        row = dict(
+            kernel="ours",
+            dtype=str(dtype).split(".")[-1],
+            n_h=n_h,
+            gate=gate,
+            o=_rel(o, ref[0]),
+            final=_rel(fin, ref[1]),
+            boundary=_rel(bnd, ref[2]),
+        )
+        fla_row = None
+        if fla is not None and dtype != torch.float32:
+            fo, ffin = fla_call(fla, q, k, v, beta, g, s0)
+            row.update(vs_fla_o=_rel(o, fo), vs_fla_final=_rel(fin, ffin))
+            fla_row = dict(
+                kernel="fla",
+                dtype=row["dtype"],
+                n_h=n_h,
+                gate=gate,
+                o=_rel(fo, ref[0]),
+                final=_rel(ffin, ref[1]),
+                boundary=float("nan"),
+            )
+        for r in (row, fla_row):
+            if r is None:
+                continue
+            rows.append(r)
+            log(
+                _fmt_row(
+                    [
+                        r["kernel"],
+                        r["dtype"],
+                        n_h,
+                        "on" if gate else "off",
+                        f"{r['o']:.2e}",
+                        f"{r['final']:.2e}",
+                        f"{r['boundary']:.2e}",
+                        f"{r.get('vs_fla_o', float('nan')):.2e}",
+                        f"{r.get('vs_fla_final', float('nan')):.2e}",
+                    ],
+                    widths,
+                )
+            )
+    for dt in ("bfloat16", "float16", "float32"):
+        mine = [r for r in rows if r["kernel"] == "ours" and r["dtype"] == dt]
+        log(
+            f"   max over variants, ours {dt}: o {max(r['o'] for r in mine):.2e}, final "
+            f"{max(r['final'] for r in mine):.2e}, boundary {max(r['boundary'] for r in mine):.2e}"
+        )
+    if why:
+        log(f"   fla rows missing: {why}")
+    return rows
+
+
+def profile_breakdown(points, log) -> list[dict]:
+    """Per-kernel GPU time of one forward (torch.profiler), to see where the time goes."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from kernels.triton_chunk import triton_delta_product
+
+    fla, _ = load_fla()
+    out = []
+    for B, T, n_h, gate in points:
+        x = make_inputs(B, T, 8, 128, 128, n_h, gate)[:5]
+        for name, fn in (
+            ("ours", partial(triton_delta_product, *x)),
+            ("fla", partial(fla_call, fla, *x) if fla else None),
+        ):
+            if fn is None:
+                continue
+            fn()
+            torch.cuda.synchronize()
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                for _ in range(5):
+                    fn()
+                torch.cuda.synchronize()
+            evs = [(e.key, e.device_time_total / 5 / 1e3) for e in prof.key_averages() if e.device_time_total > 0]
+            evs.sort(key=lambda x: -x[1])
+            log(
+                f"-- profile {name} B={B} T={T} n_h={n_h} gate={gate}: "
+                + ", ".join(f"{kname[:40]} {ms:.3f}" for kname, ms in evs[:8])
+            )
+            out.append(dict(who=name, B=B, T=T, n_h=n_h, gate=gate, kernels_ms=dict(evs)))
+    return out
+
+
+def bench_analysis_rows(quick: bool, log):
+    try:
+        from benchmarks import kernels_analysis as bench_analysis
+    except ImportError as exc:
+        log(f"\n== analysis: benchmarks.kernels_analysis not available ({exc}) ==")
+        return {"skipped": str(exc)}
+    run = bench_analysis.run
+    kwargs = {"quick": quick} if "quick" in inspect.signature(run).parameters else {}
+    log("\n== analysis targets (benchmarks.kernels_analysis: spectra, state ranks) ==")
+    rows = run(**kwargs)
+    if hasattr(bench_analysis, "format_table") and isinstance(rows, list):
+        log(bench_analysis.format_table(rows))
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.kernels", description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="a few grid points only")
+    ap.add_argument("--json", metavar="OUT", help="write all results to this JSON file")
+    ap.add_argument("--sweep", action="store_true", help="at T=8192, gate on: also time other value tiles")
+    ap.add_argument("--profile", action="store_true", help="per-kernel breakdown of a few points")
+    ap.add_argument("--skip", default="", help="comma list of sections to skip: forward,accuracy,analysis")
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("benchmarks.kernels needs a CUDA GPU", file=sys.stderr)
+        return 2
+    skip = set(filter(None, args.skip.split(",")))
+    name, bw, peak = device_peaks()
+    results: dict = dict(
+        device=name,
+        peak_bytes_per_s=bw,
+        peak_flops=peak,
+        torch=torch.__version__,
+        started=time.strftime("%Y-%m-%d %H:%M:%S"),
+    )
+    try:
+        import triton
+
+        results["triton"] = triton.__version__
+    except ImportError:
+        pass
+    fla, why = load_fla()
+    results["fla"] = why or "fla " + getattr(sys.modules.get("fla"), "__version__", "?")
+
+    def log(msg: str) -> None:
+        print(msg, flush=True)
+
+    def dump() -> None:
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(results, f, indent=1, default=str)
+
+    log(f"device: {name}; peak {bw / 1e12:.2f} TB/s, {peak / 1e12:.0f} TFLOP/s bf16; {results['fla']}")
+    if "forward" not in skip:
+        results["forward"] = []
+        bench_forward(args.quick, bw, peak, args.sweep, log, results["forward"], dump)
+        dump()
+    if "accuracy" not in skip:
+        results["accuracy"] = bench_accuracy(log)
+        dump()
+    if args.profile:
+        pts = [(1, 8192, 3, True), (8, 8192, 3, True), (8, 8192, 1, False)]
+        results["profile"] = profile_breakdown(pts[:1] if args.quick else pts, log)
+        dump()
+    if "analysis" not in skip:
+        results["analysis"] = bench_analysis_rows(args.quick, log)
+        dump()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,389 @@
+"""The Streamlit dashboard under streamlit.testing.v1.AppTest: every page draws its plotly figures (checked in
+the figure specs: trace types, the unit circle, markers), the views are linked, and bad input is a message."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.app.stores import bare_store, default_store, probed_store
+
+pytest.importorskip("streamlit")
+from streamlit.testing.v1 import AppTest  # noqa: E402
+
+DASHBOARD = str(Path(__file__).resolve().parents[2] / "app" / "dashboard.py")
+PAGES = ["Overview", "Betas", "Keys", "Spectra", "Effective rank", "Probes", "Token"]
+
+
+def new_app(monkeypatch, store: Path | str | None, **env: str) -> AppTest:
+    if store is None:
+        monkeypatch.delenv("DELTALAB_STORE", raising=False)
+    else:
+        monkeypatch.setenv("DELTALAB_STORE", str(store))
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setenv("TQDM_DISABLE", "1")
+    return AppTest.from_file(DASHBOARD, default_timeout=120)
+
+
+def specs(at: AppTest) -> list[dict]:
+    """The plotly figure specs (JSON) of the page, in order."""
+    return [json.loads(c.proto.spec) for c in at.get("plotly_chart")]
+
+
+def arr(value) -> np.ndarray:
+    """A plotly spec array: a list, or plotly's typed-array form {"dtype", "bdata"[, "shape"]}."""
+    if isinstance(value, dict) and "bdata" in value:
+        import base64
+
+        out = np.frombuffer(base64.b64decode(value["bdata"]), dtype=np.dtype(value["dtype"]))
+        shape = value.get("shape")
+        if shape:
+            out = out.reshape([int(n) for n in str(shape).split(",")])
+        return out
+    return np.asarray(value, dtype=float)
+
+
+def trace_types(at: AppTest) -> list[set[str]]:
+    return [{d.get("type", "scatter") for d in s["data"]} for s in specs(at)]
+
+
+def traces(at: AppTest, name: str | None = None, type_: str | None = None) -> list[dict]:
+    return [d for s in specs(at) for d in s["data"]
+            if (name is None or d.get("name") == name) and (type_ is None or d.get("type", "scatter") == type_)]
+
+
+def assert_clean(at: AppTest) -> None:
+    assert not at.exception, [e.message for e in at.exception]
+    assert not at.error, [e.value for e in at.error]
+
+
+def goto(at: AppTest, page: str) -> AppTest:
+    at.sidebar.radio(key="page").set_value(page).run()
+    assert_clean(at)
+    return at
+
+
+@pytest.fixture(scope="module")
+def app(tmp_path_factory):
+    """One dashboard session on the probed synthetic store, shared by the page tests (they switch pages)."""
+    store = probed_store(tmp_path_factory)
+    mp = pytest.MonkeyPatch()
+    at = new_app(mp, store)
+    at.run()
+    assert_clean(at)
+    yield at
+    mp.undo()
+
+
+# --- every page ------------------------------------------------------------------------------
+
+def test_overview(app):
+    at = goto(app, "Overview")
+    assert at.title[0].value == "Overview"
+    assert {"bar"} in trace_types(at)
+    metrics = {m.label: m.value for m in at.metric}
+    assert metrics["Sequences complete"] == "8 / 8" and metrics["Heads × steps"] == "4 × 2"
+    md = " ".join(m.value for m in at.markdown)
+    assert "gated_deltaproduct n_h=2" in md and "synthetic:seqs=8,length=128" in md
+
+
+def test_betas_heatmaps_histogram_and_per_token_scatter(app):
+    at = goto(app, "Betas")
+    types = trace_types(at)
+    assert types[0] == {"heatmap"} and len(specs(at)[0]["data"]) == 2  # one heatmap per Householder step
+    assert {"histogram"} in types
+    assert traces(at, "input tokens", "scatter"), "per-token beta_0 vs beta_1 scatter"
+    # the planted rotation head: beta = 2 on both steps, flagged as a reflection head
+    assert any("layer 0 head 0" in s.value for s in at.success)
+    tok = traces(at, "input tokens")[0]
+    np.testing.assert_allclose(arr(tok["x"]), 2.0, atol=1e-5)
+    np.testing.assert_allclose(arr(tok["y"]), 2.0, atol=1e-5)
+    assert traces(at, "reflection (β = 2, 2)")
+
+
+def test_keys_explained_variance_scatter3d_and_angles(app):
+    at = goto(app, "Keys")
+    types = trace_types(at)
+    assert types[0] == {"bar", "scatter"}  # explained variance: bars + cumulative lines
+    assert "scatter3d" in types[1]
+    assert sum(t == {"heatmap"} for t in types) == 2  # step-step and head-head principal angles
+    # head 0 keys lie in a 3-D subspace: top-3 PCs hold all the variance
+    metrics = {m.label: m.value for m in at.metric}
+    assert metrics["Top-3 PCs, step 0"] == "100.0%"
+    assert traces(at, "selected token", "scatter3d")
+
+
+def test_spectra_unit_circle_angles_tokens_gate(app):
+    at = goto(app, "Spectra")
+    circle = traces(at, "unit circle")
+    assert circle and np.allclose(np.hypot(arr(circle[0]["x"]), arr(circle[0]["y"])), 1.0)
+    assert any("histogram" in t for t in trace_types(at))
+    assert any("box" in t for t in trace_types(at)), "gate scaling (the store is gated)"
+    # rotation head: every eigenvalue on the unit circle
+    eig = [d for d in traces(at, type_="scatter") if d.get("name", "").isdigit() or d.get("name", "")[:1].isdigit()]
+    pts = np.concatenate([np.hypot(arr(d["x"]), arr(d["y"])) for d in eig if d.get("mode") == "markers"])
+    assert pts.size and np.allclose(pts, 1.0, atol=1e-3)
+    rot = specs(at)[0]["data"][0]
+    assert rot["type"] == "heatmap" and abs(arr(rot["z"])[0, 0] - 1.0) < 1e-9  # layer 0 head 0: all rotations
+
+
+def test_effective_rank_lines_markers_and_measure_choice(app):
+    at = goto(app, "Effective rank")
+    lines = [d for d in traces(at, type_="scatter") if d.get("name", "").startswith("head ")]
+    assert len(lines) == 4
+    layout = specs(at)[0]["layout"]
+    notes = [a.get("text", "") for a in layout.get("annotations", [])]
+    assert "training length 64" in notes and "document start" in notes
+    assert any(t == {"heatmap"} for t in trace_types(at))
+    # head 1 is the planted low-rank head: rank <= 2
+    assert np.nanmax(arr(lines[1]["y"])) <= 2.0 + 1e-4
+    at.radio(key="rank_metric").set_value("stable rank").run()
+    assert_clean(at)
+    assert "Stable rank" in specs(at)[0]["layout"]["title"]["text"]
+    at.radio(key="rank_metric").set_value("entropy effective rank").run()
+
+
+def test_probes_linear_lengthgen_and_missing_interventions(app):
+    at = goto(app, "Probes")
+    assert any(t == {"heatmap"} for t in trace_types(at))
+    names = {d.get("name") for d in traces(at)}
+    assert {"token accuracy", "sequence accuracy (prefix)"} <= names
+    heat = specs(at)[0]["data"][0]
+    assert heat["x"][0] == "all heads" and arr(heat["z"])[0, 0] > 0.9  # layer 0 decodes the label (copy head)
+    assert any("deltalab probe intervene" in i.value for i in at.info)
+
+
+def test_token_drilldown(app):
+    at = goto(app, "Token")
+    assert at.title[0].value.startswith("Token")
+    assert traces(at, "unit circle") and traces(at, "non-trivial eigenvalues of P_t")
+    eig = traces(at, "non-trivial eigenvalues of P_t")[0]
+    assert np.allclose(np.hypot(arr(eig["x"]), arr(eig["y"])), 1.0, atol=1e-4)  # layer 0 head 0 is a rotation
+    assert sum(t == {"heatmap"} for t in trace_types(at)) >= 3  # keys, Gram, P_t
+
+
+# --- linked views ------------------------------------------------------------------------------
+
+def test_selection_carries_across_pages_and_drill_down(app):
+    at = goto(app, "Betas")
+    at.sidebar.number_input(key="sel_head").set_value(2).run()
+    at.sidebar.number_input(key="sel_pos").set_value(5).run()
+    assert_clean(at)
+    shapes = specs(at)[0]["layout"]["shapes"]
+    assert shapes and shapes[0]["x0"] == pytest.approx(1.5)  # head 2 outlined in the step heatmaps
+    at.button(key="drill_betas").click().run()
+    assert_clean(at)
+    assert at.session_state["page"] == "Token"
+    assert "pos 5" in at.title[0].value and "head 2" in at.caption[0].value
+    goto(at, "Spectra")
+    assert specs(at)[0]["layout"]["shapes"][0]["x0"] == pytest.approx(1.5)
+    at.sidebar.number_input(key="sel_head").set_value(0).run()
+    at.sidebar.number_input(key="sel_pos").set_value(0).run()
+
+
+def test_transition_matches_dense_eigenvalues():
+    from app.dash.derive import transition
+
+    rng = np.random.default_rng(1)
+    for n_h, dk in ((1, 5), (2, 8), (3, 6)):
+        k = rng.normal(size=(n_h, dk))
+        k /= np.linalg.norm(k, axis=1, keepdims=True)
+        b = rng.uniform(0, 2, n_h)
+        tr = transition(k, b, g=-0.3)
+        P = np.eye(dk)
+        for j in range(n_h):
+            P = (np.eye(dk) - b[j] * np.outer(k[j], k[j])) @ P
+        np.testing.assert_allclose(tr.P, P, atol=1e-12)
+        dense = np.sort_complex(np.linalg.eigvals(P))
+        ours = np.sort_complex(np.concatenate([tr.eigenvalues, np.ones(dk - n_h)]))
+        np.testing.assert_allclose(ours, dense, atol=1e-8)
+        np.testing.assert_allclose(tr.eigenvalues_A, tr.eigenvalues * np.exp(-0.3))
+
+
+# --- bad input -----------------------------------------------------------------------------------
+
+def _page_text(at: AppTest) -> str:
+    return " ".join([e.value for e in at.error] + [i.value for i in at.info] + [w.value for w in at.warning])
+
+
+def test_missing_path(monkeypatch, tmp_path):
+    at = new_app(monkeypatch, tmp_path / "nowhere.zarr")
+    at.run()
+    assert not at.exception
+    text = _page_text(at)
+    assert "No store at this path" in text and "deltalab capture" in text
+
+
+def test_folder_that_is_not_a_store(monkeypatch, tmp_path):
+    (tmp_path / "notes.txt").write_text("hello")
+    at = new_app(monkeypatch, tmp_path)
+    at.run()
+    assert not at.exception and "not a deltalab store" in _page_text(at)
+    group = tmp_path / "plain.zarr"
+    group.mkdir()
+    (group / "zarr.json").write_text(json.dumps({"zarr_format": 3, "node_type": "group", "attributes": {}}))
+    at = new_app(monkeypatch, group)
+    at.run()
+    assert not at.exception and "not a deltalab store" in _page_text(at)
+
+
+def test_store_of_a_newer_format(monkeypatch, tmp_path, tmp_path_factory):
+    src = bare_store(tmp_path_factory)
+    newer = tmp_path / "newer.zarr"
+    shutil.copytree(src, newer)
+    meta = json.loads((newer / "zarr.json").read_text())
+    meta["attributes"]["deltalab_format"] = 99
+    (newer / "zarr.json").write_text(json.dumps(meta))
+    at = new_app(monkeypatch, newer)
+    at.run()
+    assert not at.exception
+    text = _page_text(at)
+    assert "newer deltalab" in text and "Upgrade" in text
+
+
+def test_store_without_complete_sequences(monkeypatch, tmp_path, tmp_path_factory):
+    src = bare_store(tmp_path_factory)
+    empty = tmp_path / "empty.zarr"
+    shutil.copytree(src, empty)
+    import zarr
+
+    zarr.open_array(str(empty / "complete"), mode="r+")[:] = False
+    at = new_app(monkeypatch, empty)
+    at.run()
+    assert not at.exception and "no complete sequences" in _page_text(at)
+
+
+@pytest.mark.parametrize("page,probe", [("Betas", "betas"), ("Keys", "keys"), ("Spectra", "spectra"),
+                                        ("Effective rank", "erank"), ("Probes", "linear")])
+def test_store_without_probe_results(monkeypatch, tmp_path_factory, page, probe):
+    """Each page says which probe to run (the exact command) and shows a preview where one is cheap."""
+    store = bare_store(tmp_path_factory)
+    at = new_app(monkeypatch, store)
+    at.run()
+    goto(at, page)
+    infos = " ".join(i.value for i in at.info)
+    assert f"deltalab probe {probe} --store {store}" in infos
+    if page != "Probes":
+        assert at.get("plotly_chart"), "a preview from the first sequences"
+        assert any("Preview" in c.value for c in at.caption)
+
+
+def test_no_bundled_checkpoint_says_so(monkeypatch, tmp_path):
+    at = new_app(monkeypatch, None, DELTALAB_CACHE=str(tmp_path / "cache"),
+                 DELTALAB_DEFAULT_CHECKPOINT=str(tmp_path / "not-there"))
+    at.run()
+    assert not at.exception
+    assert any("bundled S4 checkpoint is not installed" in w.value for w in at.warning)
+    assert any("deltalab app STORE" in i.value for i in at.info)
+
+
+def test_default_store_build_shows_progress(monkeypatch, tmp_path_factory):
+    """With no store, the dashboard builds the default store with a progress bar inside an st.status."""
+    import app.default_store as dflt
+
+    target = probed_store(tmp_path_factory)
+    calls: list[float] = []
+
+    def fake_ensure(progress=None, **_):
+        for f in (0.0, 0.5, 1.0):
+            calls.append(f)
+            progress(f, f"stage {f}")
+        return target
+
+    monkeypatch.setattr(dflt, "is_built", lambda *a, **k: False)
+    monkeypatch.setattr(dflt, "has_bundled_checkpoint", lambda *a, **k: True)
+    monkeypatch.setattr(dflt, "ensure_default_store", fake_ensure)
+    at = new_app(monkeypatch, None)
+    at.run()
+    assert_clean(at)
+    assert calls == [0.0, 0.5, 1.0]
+    assert at.status and "Default store ready" in at.status[0].label
+    assert at.title[0].value == "Overview"
+
+
+# --- the default store, end to end ----------------------------------------------------------------
+
+def test_default_store_is_built_once_and_opens(monkeypatch, tmp_path_factory):
+    import time
+
+    from app.default_store import ensure_default_store, is_built
+
+    built = default_store(tmp_path_factory)
+    fractions = [f for f, _ in built["progress"]]
+    assert fractions == sorted(fractions) and fractions[-1] == 1.0
+    assert any("probe intervene" in m for _, m in built["progress"])
+    assert is_built(built["store"], built["checkpoint"], 8)
+    t = time.perf_counter()
+    assert ensure_default_store(checkpoint=built["checkpoint"], out=built["store"], samples=8) == built["store"]
+    assert time.perf_counter() - t < 1.0  # cached: no capture, no probe
+    at = new_app(monkeypatch, None, DELTALAB_CACHE=str(built["cache"]),
+                 DELTALAB_DEFAULT_CHECKPOINT=str(built["checkpoint"]), DELTALAB_DEFAULT_SAMPLES="8")
+    at.run()
+    assert_clean(at)
+    assert any("Tiny S4 stand-in" in m.value for m in at.markdown)  # the checkpoint's README as model card
+    goto(at, "Probes")
+    at.tabs  # noqa: B018 - all tabs are rendered in one run
+    names = [s["layout"]["title"]["text"] for s in specs(at)]
+    assert any("ablate head: Δ accuracy" in n for n in names) and any("set beta" in n for n in names)
+    goto(at, "Betas")
+    assert "(1, 2, 3, 4)" in " ".join(d.get("hovertext", [""])[0] for d in traces(at, "input tokens"))
+
+
+# --- the command line ------------------------------------------------------------------------------
+
+def test_cli_app_rejects_bad_store_and_binds_localhost(tmp_path):
+    from typer.testing import CliRunner
+
+    from app.cli import app as cli
+    from app.cmd_app import streamlit_argv
+
+    result = CliRunner().invoke(cli, ["app", str(tmp_path / "missing.zarr")])
+    assert result.exit_code == 2 and "does not exist" in result.output
+    argv = streamlit_argv(Path("s.zarr"), 8600, "127.0.0.1")
+    i = argv.index("--server.address")
+    assert argv[i + 1] == "127.0.0.1" and argv[argv.index("--server.headless") + 1] == "true"
+    assert argv[-2:] == ["--", "s.zarr"] and argv[argv.index("--server.port") + 1] == "8600"
+    assert os.path.basename(argv[argv.index("run") + 1]) == "dashboard.py"
+
+
+def test_sidebar_opens_another_store_and_back(monkeypatch, tmp_path, tmp_path_factory):
+    at = new_app(monkeypatch, bare_store(tmp_path_factory))
+    at.run()
+    at.sidebar.text_input(key="store_input").input(str(tmp_path / "typo.zarr")).run()
+    assert not at.exception and "No store at this path" in _page_text(at)
+    at.sidebar.text_input(key="store_input").input("").run()
+    assert_clean(at)
+    assert at.title[0].value == "Overview"
+
+
+def test_large_store_first_page_under_two_seconds(monkeypatch, tmp_path, tmp_path_factory):
+    """A ~1 GB store (benchmarks.dashboard: one real batch, the others hard links) opens and draws the Overview in < 2 s
+    in a running server (modules loaded; the store itself not yet opened). Best of two fresh opens."""
+    import time
+
+    import streamlit as st
+
+    from benchmarks.dashboard import build
+
+    facts = build(tmp_path / "big.zarr", 1.0, layers=2, heads=8, dk=32, length=512, batch=16)
+    assert facts["bytes"] > 0.9e9
+    warm = new_app(monkeypatch, bare_store(tmp_path_factory))
+    warm.run()
+    times = []
+    for _ in range(2):
+        st.cache_resource.clear()
+        st.cache_data.clear()
+        at = new_app(monkeypatch, tmp_path / "big.zarr")
+        t = time.perf_counter()
+        at.run()
+        times.append(time.perf_counter() - t)
+        assert_clean(at)
+        assert at.title[0].value == "Overview"
+    print(f"first page of a {facts['bytes'] / 1e9:.2f} GB store: {times}")
+    assert min(times) < 2.0, times

@@ -1,0 +1,80 @@
+"""`deltalab probe NAME` and `python -m probes.NAME`: JSON records, results written with provenance, errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from app.cli import app
+from probes.results import list_results, read_results
+from probes.synthetic import ROTATION_HEAD, write_synthetic_store
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    return write_synthetic_store(tmp_path_factory.mktemp("cli") / "s.zarr", n_seq=4, length=80, batch_size=2, seed=8)
+
+
+def _probe(*args: str):
+    return CliRunner().invoke(app, ["probe", *args])
+
+
+def test_betas_and_keys_json_records(store):
+    res = _probe("betas", "--store", str(store), "--json")
+    assert res.exit_code == 0, res.output
+    recs = json.loads(res.stdout)
+    assert len(recs) == 2 * 4 * 2
+    assert {"layer", "head", "step", "beta_mean", "reflection"} <= set(recs[0])
+    assert [(r["layer"], r["head"]) for r in recs if r["reflection"]] == [(0, ROTATION_HEAD)] * 2
+    res = _probe("keys", "--store", str(store), "--json")
+    recs = json.loads(res.stdout)
+    rec = next(r for r in recs if r["layer"] == 0 and r["head"] == ROTATION_HEAD and r["step"] == 0)
+    assert rec["explained_variance_3"] > 0.95 and len(rec["explained_variance_ratio"]) == 8
+
+
+def test_results_written_with_provenance_and_nothing_else_touched(store):
+    root_meta = (store / "zarr.json").read_bytes()
+    assert _probe("erank", "--store", str(store)).exit_code == 0
+    assert _probe("spectra", "--store", str(store), "--window", "2", "--json").exit_code == 0
+    assert {"erank", "spectra"} <= set(list_results(store))
+    out = read_results(store, "spectra")
+    assert out.attrs["complete"] is True and out.attrs["probe"] == "spectra"
+    assert out.attrs["params"]["window"] == 2
+    assert out.attrs["source"]["checkpoint_digest"] == "sha256:synthetic"
+    assert out.attrs["command_line"][:3] == ["deltalab", "probe", "spectra"]
+    assert out["eig_P"].sizes["seq"] == 4 and "frac_rotation" in out
+    assert out.attrs["records"][ROTATION_HEAD]["rotation"] is True
+    er = read_results(store, "erank")  # still there after another probe wrote
+    assert er.attrs["complete"] and er["erank"].shape == (4, 2, 80, 4)
+    assert (store / "zarr.json").read_bytes() == root_meta
+    # --no-write leaves the store as it was
+    before = sorted(p.name for p in (store / "results").iterdir())
+    assert _probe("lengthgen", "--store", str(store), "--no-write").exit_code == 0
+    assert sorted(p.name for p in (store / "results").iterdir()) == before
+
+
+def test_python_m_is_the_same_program(store):
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, "-m", "probes.lengthgen", "--store", str(store), "--json", "--no-write"],
+                          capture_output=True, text=True, cwd=ROOT, env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    via_cli = _probe("lengthgen", "--store", str(store), "--json", "--no-write")
+    assert json.loads(proc.stdout) == json.loads(via_cli.stdout)
+
+
+def test_bad_input_is_one_line_exit_2(store, tmp_path):
+    res = _probe("betas", "--store", str(tmp_path / "missing"))
+    assert res.exit_code == 2
+    assert res.stderr.strip().startswith("error:") and len(res.stderr.strip().splitlines()) == 1
+    res = _probe("erank", "--store", str(store), "--layers", "7")
+    assert res.exit_code == 2 and "layer(s) [7]" in res.stderr
+    res = _probe("spectra", "--store", str(store), "--bogus")
+    assert res.exit_code == 2
