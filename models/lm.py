@@ -17,6 +17,9 @@ from models.config import ModelConfig
 from models.hooks import HookPoint
 from models.layers import GatedMLP, RMSNorm
 
+IGNORE_INDEX = -100
+"""Label of a position with no target (Hugging Face's convention): the loss and every metric skip it."""
+
 
 @dataclass
 class CausalLMOutput:
@@ -63,14 +66,14 @@ class DeltaProductForCausalLM(nn.Module):
             nn.init.normal_(module.weight, std=0.02)
 
     def forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None) -> CausalLMOutput:
-        """labels are aligned with positions (no shift); -100 is ignored."""
+        """labels are aligned with positions (no shift); IGNORE_INDEX positions are skipped."""
         x = self.embeddings(input_ids)
         for block in self.layers:
             x = block(x)
         logits = self.lm_head(self.norm(x))
         loss = None
         if labels is not None:
-            loss = F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), ignore_index=-100)
+            loss = F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), ignore_index=IGNORE_INDEX)
         return CausalLMOutput(logits=logits, loss=loss)
 
     def summary(self) -> str:

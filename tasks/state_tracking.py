@@ -26,9 +26,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from models.lm import IGNORE_INDEX
 from tasks.groups import Group, GroupSpecError, parse_group, symmetric
-
-IGNORE_INDEX = -100
 
 
 class TaskError(ValueError):

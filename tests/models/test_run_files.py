@@ -1,0 +1,35 @@
+"""One reader for the files training leaves beside a checkpoint (task.json, train_config.json)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from models.run_files import RunFileError, read_task_file, training_length
+
+
+def test_training_length_from_task_file_and_lm_config(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "gated_deltaproduct"}))
+    assert training_length(tmp_path) is None
+    (tmp_path / "task.json").write_text(json.dumps({"name": "S4", "train_length": 48}))
+    assert training_length(tmp_path) == 48
+    (tmp_path / "train_config.json").write_text(json.dumps({"context_length": 256}))
+    assert training_length(tmp_path) == 256  # the run's own config comes before task.json
+
+
+def test_training_length_skips_unreadable_and_nonpositive(tmp_path):
+    (tmp_path / "config.json").write_text("{not json")
+    (tmp_path / "train_config.json").write_text(json.dumps({"train_length": 0, "seq_len": True}))
+    (tmp_path / "task.json").write_text(json.dumps({"train_length": 32}))
+    assert training_length(tmp_path) == 32
+
+
+def test_task_file_absent_empty_and_corrupt_is_one_line(tmp_path):
+    assert read_task_file(tmp_path) == {}
+    (tmp_path / "task.json").write_text("[1, 2]")
+    with pytest.raises(RunFileError, match="task.json does not hold a JSON object"):
+        read_task_file(tmp_path)
+    (tmp_path / "task.json").write_text("{oops")
+    with pytest.raises(RunFileError, match="not valid JSON: restore it or delete it"):
+        read_task_file(tmp_path)
