@@ -1,6 +1,6 @@
 """Plain token-by-token gated delta product: the oracle every fast path is checked against.
 
-Shapes follow DESIGN.md (fla's [K, V] state layout):
+Shapes follow docs/architecture.md (fla's [K, V] state layout):
   q [B, T, H, K], k [B, T, n_h, H, K], v [B, T, n_h, H, V], beta [B, T, n_h, H], g [B, T, H] or None.
 Computes in the dtype of the inputs (pass float64 for a reference).
 """

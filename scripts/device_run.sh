@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # One device call's worth of GPU work, by section; logs and JSON go to $OUT (the device tool's folder).
 #   usage (on the device, from the repo root, after the wheel install line of ../shared/device/README.md):
-#     bash scripts/device_run.sh s4 | tests | kernels | probes | store  [more sections ...]
+#     bash scripts/device_run.sh s4 | tests | kernels | analysis | probes | store | dist  [more sections ...]
 # s4:      continue the bundled S4 model (trained up to length 128) at 128, then 256, and evaluate it
 # tests:   the GPU-marked tests (realistic shapes, fla 0.6.0 comparisons)
 # kernels: python -m benchmarks.kernels (forward vs fla, accuracy; ~9 min on an H100, so a call of its own)
 # analysis: python -m benchmarks.kernels_analysis (spectra incl. windows, state ranks vs the authors' loop)
-# probes:  erank/spectra probe throughput on a GPU capture of the bundled model
+# probes:  erank/spectra probe throughput (python -m benchmarks.probes) on a GPU capture of the bundled model
 # store:   capture vs plain forward, write rate vs dd, memory (benchmarks.store) on the GPU; hidden 512 and 1024
 # dist:    torchrun capture on every GPU of the machine (NCCL) against one GPU; same values (nvidia-h200-x2)
 set -uo pipefail
@@ -35,8 +35,8 @@ for section in "$@"; do
     probes)
       $DL capture models/zoo/s4-deltaproduct2 --data S4:length=512,samples=128,seed=1 --out /tmp/s4.zarr \
         --device cuda --batch-size 64 2>&1 | tail -2
-      $DL probe bench --store /tmp/s4.zarr --device cuda --repeat 2 --json | tee "$OUT/probe-bench-gpu.json"
-      $DL probe bench --store /tmp/s4.zarr --device cpu --json | tee "$OUT/probe-bench-cpu.json" ;;
+      python3 -m benchmarks.probes --store /tmp/s4.zarr --device cuda --repeat 2 --json | tee "$OUT/probe-bench-gpu.json"
+      python3 -m benchmarks.probes --store /tmp/s4.zarr --device cpu --json | tee "$OUT/probe-bench-cpu.json" ;;
     store)
       python3 -m benchmarks.store --device cuda --length 512 --samples 256 --batch-size 32 --hidden 512 \
         --json-out "$OUT/store-bench.json" 2>&1 | tee "$OUT/store-bench.txt"

@@ -104,7 +104,7 @@ MODEL_HOOK_POINTS: dict[str, str] = {
     "resid_mid": "hook_resid_mid",
     "resid_post": "hook_resid_post",
 }
-"""Per-layer variable -> hook module path below `layers.{i}` (see DESIGN.md)."""
+"""Per-layer variable -> hook module path below `layers.{i}` (see docs/architecture.md)."""
 
 REQUIRED_ATTRS = (
     "deltalab_format",  # int, FORMAT_VERSION
