@@ -1,0 +1,112 @@
+"""Benchmark of issue 18's attention maps: `python -m benchmarks.attention [--T 4096] [--quick] [--json out.json]`.
+
+Full rows of alpha for a T-token window of one head (B = 1, dk = dv = 128, gate on, n_h in {1, 2, 3}):
+- `triton`: kernels.attention_triton.triton_attention (float32, 'ieee' dot);
+- `chunked`: kernels.attention.delta_attention in float32 on the same device;
+- `reference`: the float64 oracle kernels.attention_naive.naive_attention (dense transitions multiplied out),
+  timed on a few query rows and extrapolated to the window by the number of (query, source) pairs;
+- `dense Phi`: materialising every Phi(t, u) as a dk x dk matrix (P <- P A_u walking back from each query),
+  timed on a few query rows and extrapolated likewise.
+Accuracy: the triton rows against the float64 chunked form (max relative error over the window).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from functools import partial
+
+import torch
+
+from kernels.attention import delta_attention
+from kernels.attention_naive import naive_attention, transitions
+
+
+def _sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def timed(fn, device: str, repeat: int = 3) -> float:
+    """Best of `repeat` wall times in ms, after one warm-up call."""
+    fn()
+    best = float("inf")
+    for _ in range(repeat):
+        _sync(device)
+        t = time.perf_counter()
+        fn()
+        _sync(device)
+        best = min(best, time.perf_counter() - t)
+    return best * 1e3
+
+
+def dense_phi_rows(q, k, beta, g, rows: list[int]) -> torch.Tensor:
+    """alpha rows by materialising Phi(t, u) densely: [len(rows), T, n_h] for one head (float64)."""
+    B, T, n_h, H, K = k.shape
+    A = transitions(k.double(), beta.double(), None if g is None else g.double(), H)[0, :, :, 0]  # [T, n_h, K, K]
+    out = torch.zeros(len(rows), T, n_h, dtype=torch.float64, device=k.device)
+    scale = K**-0.5
+    for i, t in enumerate(rows):
+        phi = torch.eye(K, dtype=torch.float64, device=k.device)
+        for s in range(t, -1, -1):
+            for j in range(n_h - 1, -1, -1):
+                out[i, s, j] = scale * beta[0, s, j, 0] * (q[0, t, 0].double() @ phi @ k[0, s, j, 0].double())
+                phi = phi @ A[s, j]
+    return out
+
+
+def bench_one(T: int, n_h: int, device: str, sample_rows: int) -> dict:
+    """One table row: times in ms and the triton rows' error against float64."""
+    from kernels.attention_triton import triton_attention
+
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(1, T, 1, 128, generator=gen)
+    k = torch.nn.functional.normalize(torch.randn(1, T, n_h, 1, 128, generator=gen), dim=-1)
+    v = torch.randn(1, T, n_h, 1, 128, generator=gen)
+    beta = torch.rand(1, T, n_h, 1, generator=gen) * 2
+    g = -torch.rand(1, T, 1, generator=gen) * 0.05
+    x = [t.to(device) for t in (q, k, v, beta, g)]
+    row = dict(T=T, n_h=n_h, device=torch.cuda.get_device_name(0) if device == "cuda" else "cpu")
+    row["triton_ms"] = timed(partial(triton_attention, *x), device)
+    row["chunked_fp32_ms"] = timed(partial(delta_attention, *x), device)
+    pairs = T * (T + 1) / 2  # (query, source-token) pairs of the whole window
+    # the oracle's cost is per (query, sub-step) pair: time it on a short window and scale
+    t_short = max(sample_rows, 32)
+    ms_short = timed(partial(naive_attention, *(t[:, :t_short] for t in x)), device, repeat=1)
+    row["reference_fp64_ms_extrapolated"] = ms_short * pairs / (t_short * (t_short + 1) / 2)
+    sample = list(range(T - sample_rows, T))
+    ms_dense = timed(partial(dense_phi_rows, x[0], x[1], x[3], x[4], sample), device, repeat=1)
+    row["dense_phi_ms_extrapolated"] = ms_dense * pairs / sum(t + 1 for t in sample)
+    got = triton_attention(*x).weights
+    want = delta_attention(*(t.double() for t in x)).weights
+    row["max_rel_err_vs_fp64"] = ((got.double() - want).abs().max() / want.abs().max()).item()
+    return row
+
+
+def run(T: int, n_hs: list[int], device: str, sample_rows: int) -> list[dict]:
+    rows = []
+    for n_h in n_hs:
+        rows.append(bench_one(T, n_h, device, sample_rows))
+        print(json.dumps(rows[-1]))
+    return rows
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--T", type=int, default=4096)
+    p.add_argument("--n-h", type=int, nargs="+", default=[1, 2, 3])
+    p.add_argument("--sample-rows", type=int, default=4, help="query rows timed for the extrapolated baselines")
+    p.add_argument("--quick", action="store_true", help="T = 256, n_h = 2 (a smoke run, CPU or GPU)")
+    p.add_argument("--json", help="write the rows to this file")
+    a = p.parse_args(argv)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    T, n_hs = (256, [2]) if a.quick else (a.T, a.n_h)
+    rows = run(T, n_hs, device, a.sample_rows)
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(rows, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

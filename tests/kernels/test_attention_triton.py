@@ -1,0 +1,98 @@
+"""Triton exact attention maps against the float64 oracle (CPU: TRITON_INTERPRET=1, tiny shapes; GPU: marked).
+
+The kernel computes in float32 (tl.dot at 'ieee' precision); the references get the same inputs in float64,
+so the bounds measure float32 arithmetic: 1e-5 relative on the weights and rebuilt outputs.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from kernels.attention import delta_attention  # noqa: E402
+from kernels.attention_naive import naive_attention, naive_recurrence  # noqa: E402
+
+INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+cpu_only = pytest.mark.skipif(not INTERPRET, reason="CPU tests of the Triton kernels need TRITON_INTERPRET=1")
+
+
+def make_inputs(B, T, Hk, Hv, K, V, n_h, gate, device="cpu", seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    d = torch.float64
+    q = torch.randn(B, T, Hk, K, generator=gen, dtype=d)
+    k = torch.nn.functional.normalize(torch.randn(B, T, n_h, Hk, K, generator=gen, dtype=d), dim=-1)
+    v = torch.randn(B, T, n_h, Hv, V, generator=gen, dtype=d)
+    beta = torch.rand(B, T, n_h, Hv, generator=gen, dtype=d) * 2
+    g = -torch.rand(B, T, Hv, generator=gen, dtype=d) * 0.2 if gate else None
+    s0 = torch.randn(B, Hv, K, V, generator=gen, dtype=d)
+    return [None if x is None else x.to(device) for x in (q, k, v, beta, g, s0)]
+
+
+def rel(a, b):
+    return ((a.double() - b.double()).norm() / b.double().norm()).item()
+
+
+@cpu_only
+@pytest.mark.parametrize("n_h,gate", [(1, False), (2, True), (3, True)])
+def test_triton_matches_the_float64_oracle(n_h, gate):
+    """Two chunks and a partial third (T = 140), grouped heads, an initial state, a window not on chunk bounds."""
+    from kernels.attention_triton import triton_attention
+
+    q, k, v, beta, g, s0 = make_inputs(1, 140, 1, 2, 16, 8, n_h, gate)
+    m = triton_attention(q, k, v, beta, g, initial_state=s0, window=(60, 140), tile=64)
+    assert m.weights.shape == (1, 80, 2, 140, n_h) and m.weights.dtype == torch.float32
+    o, _ = naive_recurrence(q, k, v, beta, g, initial_state=s0)
+    rows = [70, 139] if n_h == 3 else [60, 64, 127, 130, 139]  # the oracle is slow: a few query rows
+    sub = [None if x is None else x[:, : max(rows) + 1] for x in (q, k, v, beta, g)]
+    a, init = naive_attention(*sub, initial_state=s0)
+    for t in rows:
+        assert rel(m.weights[:, t - 60, :, : t + 1], a[:, t, :, : t + 1]) < 1e-5
+        # the initial term decays to ~1e-6 of o_t by t = 139; float32 bounds it relative to o_t
+        assert (m.initial[:, t - 60] - init[:, t]).norm() / o[:, t].norm() < 1e-6
+    assert rel(m.output, o[:, 60:]) < 1e-5
+    assert m.weights[:, 0, :, 61:].abs().max() == 0  # causal
+
+
+@cpu_only
+def test_triton_top_k_matches_the_chunked_form():
+    from kernels.attention_triton import triton_attention
+
+    q, k, v, beta, g, s0 = make_inputs(2, 130, 2, 2, 16, 8, 2, True)
+    want = delta_attention(q, k, v, beta, g, initial_state=s0, window=(1, 130), top_k=6, rank_by="contribution")
+    got = triton_attention(q, k, v, beta, g, initial_state=s0, window=(1, 130), top_k=6, rank_by="contribution")
+    assert (got.top_index == want.top_index).float().mean() > 0.999  # float32 ties aside
+    assert rel(got.top_weight, want.top_weight) < 1e-5 and rel(got.top_norm, want.top_norm) < 1e-5
+    assert (got.top_index[:, 0, :, 4:] == -1).all() and (got.top_index[:, 0, :, :4] >= 0).all()  # token 1: 4 sources
+    assert rel(got.output, want.output) < 1e-5
+
+
+def test_triton_refuses_per_channel_gates():
+    from kernels.attention_triton import triton_attention
+
+    q, k, v, beta, _, _ = make_inputs(1, 8, 1, 1, 16, 8, 1, False)
+    with pytest.raises(ValueError, match="scalar gates"):
+        triton_attention(q, k, v, beta, torch.zeros(1, 8, 1, 16))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n_h,gate", [(1, False), (3, True)])
+def test_triton_gpu_4096_tokens(n_h, gate):
+    """T = 4096, one batch, 2 value heads on 1 key head, dk = dv = 128: against the float64 chunked form
+    (itself checked against the oracle above) and the float64 recurrence outputs."""
+    from kernels.attention_triton import triton_attention
+
+    q, k, v, beta, g, s0 = make_inputs(1, 4096, 1, 2, 128, 128, n_h, gate, device="cuda")
+    m = triton_attention(q, k, v, beta, g, initial_state=s0, window=(3000, 4096))
+    ref = delta_attention(q, k, v, beta, g, initial_state=s0, window=(3000, 4096))
+    assert rel(m.weights, ref.weights) < 1e-4 and rel(m.initial, ref.initial) < 1e-4
+    from kernels.chunk import chunk_delta_product
+
+    qh, kh = q.repeat_interleave(2, 2), k.repeat_interleave(2, 3)
+    o = chunk_delta_product(qh, kh, v, beta, g, initial_state=s0)[0]
+    assert rel(m.output, o[:, 3000:]) < 1e-4
+    top = triton_attention(q, k, v, beta, g, initial_state=s0, top_k=8)
+    assert rel(top.output, o) < 1e-4
