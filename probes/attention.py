@@ -1,0 +1,188 @@
+"""Exact attention maps of delta-rule layers: top-k sources of every token and the GLA approximation's error.
+
+o_t = (initial-state term) + sum_u alpha_{t,u} v_u exactly, alpha_{t,u} = scale b_u q_t^T Phi(t, u) k_u over the
+Householder sub-steps u = (s, j) (`kernels.attention`). Per sequence, layer, query token and head this stores the
+top-k sources (token s and step j) with their signed weights alpha and contribution norms |alpha| ||v_u||, the
+norm of the initial-state term, the same for the gated-linear-attention approximation (Phi replaced by the
+product of the gates, i.e. the delta rule's key removal dropped), the approximation's error over all sources,
+and, where the store has the read-out `o`, how well o is rebuilt from the map (a check of the whole chain).
+With --context N only the N tokens before the window (rounded down to a chunk start) are separate sources;
+earlier ones are folded into the initial-state term through the stored chunk-start state.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+import numpy as np
+import xarray as xr
+
+from probes import data
+from probes.base import ProbeError, ProbeResult, exit_main
+from probes.lazy import map_seq_layer
+
+NAME = "attention"
+SUMMARY_KEYS = ["layer", "head", "gla_weight_error_mean", "gla_output_error_mean", "top1_share_mean",
+                "top1_lag_mean", "initial_share_mean", "reconstruction_error_max"]
+MAPS = {"attn": True, "gla": False}  # variable prefix -> exact
+
+
+def parse_window(text: str | None, T: int) -> tuple[int, int]:
+    """'START:STOP' (either side may be empty) -> (start, stop) query tokens inside [0, T)."""
+    if text is None:
+        return 0, T
+    try:
+        lo, hi = str(text).split(":")
+        start, stop = int(lo) if lo.strip() else 0, int(hi) if hi.strip() else T
+    except ValueError:
+        raise ProbeError(f"--window {text!r}: write START:STOP in tokens, e.g. 0:256") from None
+    if not 0 <= start < stop <= T:
+        raise ProbeError(f"--window {text} is not inside the {T}-token sequences: pick 0 <= START < STOP <= {T}")
+    return start, stop
+
+
+def per_token(ds: xr.Dataset, *, window: tuple[int, int] | None = None, top_k: int = 8, rank_by: str = "weight",
+              context: int | None = None, budget: int = 1 << 30, device: str = "cpu") -> xr.Dataset:
+    """Lazy [seq, layer, pos, head(, rank)] arrays of the maps of query tokens in `window`."""
+    data.require(ds, ["q", "k", "v", "beta"], NAME)
+    T, H, n_h = ds.sizes["pos"], ds.sizes["head"], ds.sizes["step"]
+    start, stop = window or (0, T)
+    if top_k < 1:
+        raise ProbeError(f"--top-k {top_k}: pass a positive number of sources per token")
+    if context is not None and context < 0:
+        raise ProbeError(f"--context {context}: pass a number of tokens >= 0, or leave it out for all")
+    C = data.chunk_size(ds)
+    first = 0 if context is None else max(0, start - context) // C * C  # first token kept as a separate source
+    if first > 0:
+        data.require(ds, ["state"], NAME + " --context")
+    has_o, gated = "o" in ds, "g" in ds
+    Tw = stop - start
+
+    def fn(a: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        import torch
+
+        from kernels.attention import compare_attention
+
+        def t(x: np.ndarray) -> torch.Tensor:
+            return torch.from_numpy(np.ascontiguousarray(x[:, first:stop], dtype=np.float32)).to(device)
+
+        s0 = None
+        if "state" in a:
+            s0 = torch.from_numpy(np.ascontiguousarray(a["state"][:, first // C], dtype=np.float32)).to(device)
+        cmp = compare_attention(t(a["q"]), t(a["k"]), t(a["v"]), t(a["beta"]), t(a["g"]) if gated else None,
+                                initial_state=s0, window=(start - first, stop - first), top_k=top_k, rank_by=rank_by)
+        out: dict[str, np.ndarray] = {}
+        for prefix, m in (("attn", cmp.exact), ("gla", cmp.approx)):
+            idx = m.top_index.cpu().numpy()
+            out[f"{prefix}_source_pos"] = np.where(idx >= 0, idx // n_h + first, -1)
+            out[f"{prefix}_source_step"] = np.where(idx >= 0, idx % n_h, -1)
+            out[f"{prefix}_weight"] = m.top_weight.cpu().numpy()
+            out[f"{prefix}_norm"] = m.top_norm.cpu().numpy()
+            out[f"{prefix}_initial_norm"] = m.initial.norm(dim=-1).cpu().numpy()
+        out["attn_row_norm"] = cmp.exact.row_norm.cpu().numpy()
+        out["gla_weight_error"] = cmp.weight_error.cpu().numpy()
+        out["gla_output_error"] = cmp.output_error.cpu().numpy()
+        out["output_norm"] = cmp.exact.output.norm(dim=-1).cpu().numpy()
+        if has_o:
+            o = torch.from_numpy(np.ascontiguousarray(a["o"][:, start:stop], dtype=np.float64))
+            rebuilt = cmp.exact.output.double().cpu()
+            out["reconstruction_error"] = ((rebuilt - o).norm(dim=-1) / o.norm(dim=-1).clamp(min=1e-30)).numpy()
+        return out
+
+    tok, ranked = ("seq", "layer", "pos", "head"), ("seq", "layer", "pos", "head", "rank")
+    outputs: dict[str, tuple[tuple[str, ...], Any]] = {}
+    for prefix in MAPS:
+        outputs.update({f"{prefix}_source_pos": (ranked, np.int32), f"{prefix}_source_step": (ranked, np.int8),
+                        f"{prefix}_weight": (ranked, np.float32), f"{prefix}_norm": (ranked, np.float32),
+                        f"{prefix}_initial_norm": (tok, np.float32)})
+    outputs.update({n: (tok, np.float32) for n in ("attn_row_norm", "gla_weight_error", "gla_output_error",
+                                                    "output_norm")})
+    if has_o:
+        outputs["reconstruction_error"] = (tok, np.float32)
+    # working memory: the carried queries, a chunk's factors and the running top-k, beside the inputs
+    per_seq = data.bytes_per_seq(ds, ["q", "k", "v", "beta", "g", "state"]) / max(1, ds.sizes["layer"])
+    work = H * (Tw * (ds.sizes["dk"] + 4 * top_k + 2 * C * n_h) + (C * n_h) ** 2 * 4) * 4 * 3
+    names = ["q", "k", "v", "beta", "g", *(["state"] if "state" in ds else []), *(["o"] if has_o else [])]
+    lazy = map_seq_layer(ds, names, fn, outputs, {"pos": Tw, "head": H, "rank": top_k}, budget=budget,
+                         factor=1 + work / max(1.0, per_seq), coords={"pos": np.arange(start, stop),
+                                                                      "rank": np.arange(top_k)})
+    lazy["attn_weight"].attrs["description"] = "signed alpha_{t,u} = scale b_u q_t^T Phi(t,u) k_u of the top sources"
+    lazy["attn_norm"].attrs["description"] = "|alpha_{t,u}| ||v_u||: norm of the source's contribution to o_t"
+    lazy["gla_weight"].attrs["description"] = "the same with Phi replaced by the product of the gates (GLA)"
+    lazy["gla_weight_error"].attrs["description"] = "||alpha - alpha_gla|| / ||alpha|| over all sources"
+    lazy["gla_output_error"].attrs["description"] = "||o_gla - o|| / ||o||, o_gla rebuilt from the approximation"
+    lazy.attrs.update({"window_start": start, "window_stop": stop, "first_source": first, "top_k": top_k,
+                       "rank_by": rank_by, "chunk_size": C})
+    return lazy
+
+
+def summarize(tok: xr.Dataset) -> xr.Dataset:
+    """Per layer/head means over sequences and window tokens."""
+    w = np.abs(np.asarray(tok["attn_norm"].values, dtype=np.float64))  # [s, L, T, H, k]
+    share = w[..., 0] / np.maximum(w.sum(-1), 1e-30)
+    lag = tok["pos"].values[None, None, :, None] - np.asarray(tok["attn_source_pos"].values)[..., 0]
+    init = np.asarray(tok["attn_initial_norm"].values, dtype=np.float64)
+    init_share = init / np.maximum(init + w.sum(-1), 1e-30)
+    dims = ("layer", "head")
+    out = {
+        "gla_weight_error_mean": (dims, np.nanmean(tok["gla_weight_error"].values, axis=(0, 2))),
+        "gla_output_error_mean": (dims, np.nanmean(tok["gla_output_error"].values, axis=(0, 2))),
+        "top1_share_mean": (dims, share.mean((0, 2)), {"description": "top source's norm / sum of the top-k norms"}),
+        "top1_lag_mean": (dims, lag.mean((0, 2)), {"description": "tokens from the query back to its top source"}),
+        "initial_share_mean": (dims, init_share.mean((0, 2))),
+    }
+    if "reconstruction_error" in tok:
+        out["reconstruction_error_max"] = (dims, np.nanmax(tok["reconstruction_error"].values, axis=(0, 2)))
+    return xr.Dataset(out, coords={"layer": tok["layer"].values, "head": tok["head"].values if "head" in tok.coords
+                                   else np.arange(tok.sizes["head"])})
+
+
+def run(ds: xr.Dataset, *, window: tuple[int, int] | None = None, top_k: int = 8, rank_by: str = "weight",
+        context: int | None = None, budget: int = 1 << 30, device: str = "cpu", sink: Any = None) -> ProbeResult:
+    """Attention maps of `ds` (see the module docstring); per-token arrays are written first when `sink` is given."""
+    tok = per_token(ds, window=window, top_k=top_k, rank_by=rank_by, context=context, budget=budget, device=device)
+    attrs = dict(tok.attrs)
+    tok = sink.write(tok) if sink is not None else tok.compute()
+    summary = summarize(tok)
+    out = xr.merge([tok, summary], combine_attrs="drop")
+    out.attrs = attrs
+    return ProbeResult(NAME, out, records(out), SUMMARY_KEYS)
+
+
+def records(out: xr.Dataset) -> list[dict[str, Any]]:
+    """One record per layer/head."""
+    names = [k for k in SUMMARY_KEYS[2:] if k in out]
+    recs = []
+    for li, layer in enumerate(out["layer"].values):
+        for hi in range(out.sizes["head"]):
+            rec: dict[str, Any] = {"layer": int(layer), "head": hi}
+            rec.update({n: float(out[n].values[li, hi]) for n in names})
+            rec.update({k: out.attrs.get(k) for k in ("window_start", "window_stop", "top_k", "first_source")})
+            recs.append(rec)
+    return recs
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--window", default=None, help="query tokens START:STOP (default: every token)")
+    p.add_argument("--top-k", type=int, default=8, help="sources kept per token and head (default 8)")
+    p.add_argument("--rank-by", choices=["weight", "contribution"], default="weight",
+                   help="rank sources by |alpha| (weight) or by |alpha| ||v|| (contribution)")
+    p.add_argument("--context", type=int, default=None,
+                   help="tokens before the window kept as separate sources (default all); earlier ones enter "
+                        "through the stored chunk-start state")
+
+
+def from_args(ds: xr.Dataset, args: argparse.Namespace, sink: Any) -> ProbeResult:
+    window = parse_window(args.window, ds.sizes["pos"])
+    return run(ds, window=window, top_k=args.top_k, rank_by=args.rank_by, context=args.context,
+               budget=args.memory_budget, device=data.pick_device(args.device), sink=sink)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """`python -m probes.attention --store STORE [--window A:B] [--top-k K] [--json]`."""
+    exit_main(NAME, argv)
+
+
+if __name__ == "__main__":
+    main()
