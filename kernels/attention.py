@@ -379,3 +379,47 @@ def compare_attention(
     werr = diff.sqrt().reshape(inp.B, inp.Hv, -1).transpose(1, 2) / exact.row_norm.clamp(min=tiny)
     oerr = (approx.output - exact.output).norm(dim=-1) / exact.output.norm(dim=-1).clamp(min=tiny)
     return AttentionComparison(exact=exact, approx=approx, weight_error=werr, output_error=oerr)
+
+
+def chunk_recurrence(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    beta: torch.Tensor,
+    g: torch.Tensor | None = None,
+    *,
+    scale: float | None = None,
+    initial_state: torch.Tensor | None = None,
+    chunk_size: int = CHUNK_SIZE,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(o [B, T, Hv, dv], final state [B, Hv, dk, dv]) of the recurrence, chunked, for every family here.
+
+    Grouped heads and per-channel gates included (what state surgery needs to recompute a head's outputs);
+    the same UT factors as the map, walked forwards: Delta = T diag(b) V - W S, o = scale (e^{Gamma_p} q S + M Delta),
+    S <- e^{Gamma_L} S + K~^T Delta. Computes in float32 (float64 for float64 inputs).
+    """
+    inp = _prepare(q, k, v, beta, g, scale, initial_state, False, q.shape[1])
+    BH, T, K = inp.q.shape
+    n_h, V = inp.n_h, inp.v.shape[-1]
+    S = inp.q.new_zeros(BH, K, V) if inp.h0 is None else inp.h0.clone()
+    outs = []
+    for c0 in range(0, T, chunk_size):
+        c1 = min(c0 + chunk_size, T)
+        s0, s1 = c0 * n_h, c1 * n_h
+        L = s1 - s0
+        kc, bc, vc = inp.k[:, s0:s1], inp.b[:, s0:s1], inp.v[:, s0:s1]
+        gam = inp.lg[:, s0:s1].cumsum(1)
+        idx = torch.arange(L, device=kc.device)
+        A = _decayed(kc, gam, kc, gam, idx[:, None] > idx[None, :]) * bc[..., None]
+        lhs = A + torch.eye(L, dtype=A.dtype, device=A.device)
+        W = torch.linalg.solve_triangular(lhs, (bc[..., None] * gam.exp()) * kc, upper=False, unitriangular=True)
+        U = torch.linalg.solve_triangular(lhs, bc[..., None] * vc, upper=False, unitriangular=True)
+        delta = U - W @ S
+        p = torch.arange(c1 - c0, device=kc.device) * n_h + n_h - 1
+        qc = inp.q[:, c0:c1]
+        M = _decayed(qc, gam[:, p], kc, gam, p[:, None] >= idx[None, :])
+        outs.append(inp.scale * ((gam[:, p].exp() * qc) @ S + M @ delta))
+        gam_end = gam[:, -1:]
+        S = gam_end.transpose(1, 2).exp() * S + (kc * (gam_end - gam).exp()).transpose(1, 2) @ delta
+    o = torch.cat(outs, 1).reshape(inp.B, inp.Hv, T, V).transpose(1, 2)
+    return o, S.reshape(inp.B, inp.Hv, K, V)

@@ -7,7 +7,7 @@ import itertools
 import pytest
 import torch
 
-from kernels.attention import compare_attention, delta_attention, gla_attention
+from kernels.attention import chunk_recurrence, compare_attention, delta_attention, gla_attention
 from kernels.attention_naive import naive_attention, naive_gla_attention, naive_recurrence
 from kernels.naive import naive_delta_product
 
@@ -130,6 +130,15 @@ def test_reconstruction_float32_and_bfloat16_within_dtype_bounds():
         assert m.weights.dtype == torch.float32
         assert rel(m.output, o) < bound
         assert rel(rebuild(m.weights.double(), m.initial.double(), xr[2].double()), o) < bound
+
+
+@pytest.mark.parametrize("n_h,gate", [(1, None), (2, "scalar"), (3, "channel")])
+def test_chunked_recurrence_matches_the_token_loop(n_h, gate):
+    """The forward walk over the same UT factors (what state surgery recomputes heads with)."""
+    q, k, v, beta, g, s0 = make_inputs(T=13, n_h=n_h, gate=gate)
+    o, state = naive_recurrence(q, k, v, beta, g, initial_state=s0)
+    o2, state2 = chunk_recurrence(q, k, v, beta, g, initial_state=s0, chunk_size=4)
+    assert rel(o2, o) < 1e-12 and rel(state2, state) < 1e-12
 
 
 # ---------------------------------------------------------------- top-k
