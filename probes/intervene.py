@@ -5,6 +5,12 @@
 - `--ablate-head L:H`: zero the head's recurrence output (`hook_o.output[:, :, H]`);
 - `--project-keys L:H[:S]=K`: replace the keys by their projection on the top-K principal components
   (the `keys` probe's results in the store when present, else fitted now), renormalised to unit length.
+- state surgery (`probes.surgery`, applied at `hook_o` from the token on): `--erase L:H@T[:S]` erases the
+  association stored along token T's step-S key from H_T (H <- (I - k k^T) H); `--write L:H@T=SRC[:S]` writes
+  token SRC's step-S key/value pair into H_T (H <- H + k v^T); `--scale-decay L:H[:C]@T=F` multiplies the
+  head's forget factor (or dk channel C's) by F from token T on (F = 0: forget everything).
+Every edit reports the change of accuracy and loss and the KL divergence of the next-token distribution
+from the baseline's (mean over labelled positions, and per position).
 Without any of these, a sweep runs: every step's beta set to 0, every head ablated, and every head's
 keys projected on 3 components, one at a time. The baseline is the unmodified model on the same tokens.
 """
@@ -24,9 +30,12 @@ from probes.base import ProbeError, ProbeResult, exit_main
 
 NAME = "intervene"
 NEEDS_CHECKPOINT = True
-KINDS = {"baseline": 0, "set_beta": 1, "ablate_head": 2, "project_keys": 3}
-SUMMARY_KEYS = ["intervention", "layer", "head", "step", "value", "accuracy", "delta_accuracy", "loss", "delta_loss"]
-_HOOK_ORDER = {"hook_k": 0, "hook_beta": 1, "hook_o": 2}
+KINDS = {"baseline": 0, "set_beta": 1, "ablate_head": 2, "project_keys": 3, "erase": 4, "write": 5,
+         "scale_decay": 6}
+SURGERY = ("erase", "write", "scale_decay")
+SUMMARY_KEYS = ["intervention", "layer", "head", "step", "position", "value", "accuracy", "delta_accuracy", "loss",
+                "delta_loss", "kl"]
+_HOOK_ORDER = ("hook_q", "hook_k", "hook_v", "hook_beta", "hook_g", "hook_o")
 
 
 @dataclass(frozen=True)
@@ -38,11 +47,20 @@ class Edit:
     head: int | None = None
     step: int | None = None
     value: float | None = None
+    position: int | None = None  # state surgery: the token whose state is edited
+    source: int | None = None  # write: the token whose key/value pair is written
+    channel: int | None = None  # scale_decay: one dk channel
 
     @property
     def label(self) -> str:
         def f(x: int | None) -> str:
             return "*" if x is None else str(x)
+        if self.kind == "erase":
+            return f"erase {self.layer}:{self.head}@{self.position}:{f(self.step)}"
+        if self.kind == "write":
+            return f"write {self.layer}:{self.head}@{self.position}={self.source}:{f(self.step)}"
+        if self.kind == "scale_decay":
+            return f"scale_decay {self.layer}:{self.head}:{f(self.channel)}@{self.position}={self.value:g}"
         if self.kind == "ablate_head":
             return f"ablate_head {self.layer}:{f(self.head)}"
         return f"{self.kind} {self.layer}:{f(self.head)}:{f(self.step)}={self.value:g}"
@@ -68,6 +86,43 @@ def parse_edit(kind: str, text: str) -> Edit:
     if kind == "project_keys" and (value is None or value < 0 or value != int(value)):
         raise ProbeError(f"--project-keys {text!r}: K must be a whole number of components")
     return Edit(kind, int(m.group(1)), idx(m.group(2)), idx(m.group(3)), value)
+
+
+_SURGERY_SPEC = {
+    "erase": (re.compile(r"^\s*(\d+):(\d+)@(\d+)(?::(\d+))?\s*$"), "LAYER:HEAD@TOKEN[:STEP]"),
+    "write": (re.compile(r"^\s*(\d+):(\d+)@(\d+)\s*=\s*(\d+)(?::(\d+))?\s*$"), "LAYER:HEAD@TOKEN=SOURCE[:STEP]"),
+    "scale_decay": (re.compile(r"^\s*(\d+):(\d+)(?::(\d+))?@(\d+)\s*=\s*([-+0-9.eE]+)\s*$"),
+                    "LAYER:HEAD[:CHANNEL]@TOKEN=FACTOR"),
+}
+
+
+def parse_surgery(kind: str, text: str) -> Edit:
+    """'0:1@12:0' (erase), '0:1@12=5:0' (write), '0:1:3@12=0.5' (scale_decay) -> Edit; one-line ProbeError."""
+    pattern, form = _SURGERY_SPEC[kind]
+    m = pattern.match(text)
+    if not m:
+        raise ProbeError(f"cannot read --{kind.replace('_', '-')} {text!r}: write {form}")
+
+    def opt(x: str | None) -> int | None:
+        return None if x is None else int(x)
+    if kind == "erase":
+        return Edit(kind, int(m.group(1)), int(m.group(2)), opt(m.group(4)), position=int(m.group(3)))
+    if kind == "write":
+        return Edit(kind, int(m.group(1)), int(m.group(2)), opt(m.group(5)), position=int(m.group(3)),
+                    source=int(m.group(4)))
+    factor = float(m.group(5))
+    if factor < 0:
+        raise ProbeError(f"--scale-decay {text!r}: FACTOR must be >= 0")
+    return Edit(kind, int(m.group(1)), int(m.group(2)), None, factor, position=int(m.group(4)),
+                channel=opt(m.group(3)))
+
+
+def state_edit(e: Edit):
+    """The `probes.surgery.StateEdit` of a surgery Edit."""
+    from probes.surgery import StateEdit
+
+    return StateEdit(e.kind, e.head, e.position, step=e.step, source=e.source, channel=e.channel,
+                     factor=e.value if e.value is not None else 0.0)
 
 
 def sweep(ds: xr.Dataset, n_components: int = 3) -> list[Edit]:
@@ -112,41 +167,58 @@ def _key_bases(ds: xr.Dataset, store_path: str | None, edits: list[Edit], budget
     return out
 
 
-def _apply(nn_model: Any, edits: list[Edit], bases: dict[tuple, tuple]) -> None:
-    """Inside an nnsight trace: apply the edits in execution order (layer, then k -> beta -> o)."""
+def _apply(nn_model: Any, edits: list[Edit], bases: dict[tuple, tuple], gated: bool = False) -> None:
+    """Inside an nnsight trace: apply the edits in execution order (layer, then q -> k -> v -> beta -> g -> o),
+    reading each hook point at most once; state surgery reads q..g and rewrites o (`probes.surgery`)."""
     import torch
 
     hook_of = {"set_beta": "hook_beta", "ablate_head": "hook_o", "project_keys": "hook_k"}
-    groups: dict[tuple[int, str], list[Edit]] = {}
-    for e in edits:
-        groups.setdefault((e.layer, hook_of[e.kind]), []).append(e)
-    for (layer, hook), group in sorted(groups.items(), key=lambda kv: (kv[0][0], _HOOK_ORDER[kv[0][1]])):
-        out = getattr(nn_model.layers[layer].attn, hook).output
-        for e in group:
-            h = slice(None) if e.head is None else e.head
-            s = slice(None) if e.step is None else e.step
-            if e.kind == "set_beta":
-                out[..., s, h] = e.value
-            elif e.kind == "ablate_head":
-                out[:, :, h] = 0
-            else:
-                heads = range(out.shape[3]) if e.head is None else [e.head]
-                for hh in heads:
-                    mean, comps = bases[(layer, hh, e.step)]
-                    mean_t = torch.as_tensor(mean, dtype=out.dtype, device=out.device)
-                    comps_t = torch.as_tensor(comps, dtype=out.dtype, device=out.device)
-                    keys = out[:, :, s, hh]
-                    proj = mean_t + ((keys - mean_t) @ comps_t.T) @ comps_t
-                    proj = proj / proj.norm(dim=-1, keepdim=True).clamp_min(1e-6)
-                    out[:, :, s, hh] = proj
+    for layer in sorted({e.layer for e in edits}):
+        group = [e for e in edits if e.layer == layer]
+        surgery = [e for e in group if e.kind in SURGERY]
+        need = {hook_of[e.kind] for e in group if e.kind not in SURGERY}
+        if surgery:
+            need |= {"hook_q", "hook_k", "hook_v", "hook_beta", "hook_o"} | ({"hook_g"} if gated else set())
+        attn = nn_model.layers[layer].attn
+        seen: dict[str, Any] = {}
+        for hook in _HOOK_ORDER:
+            if hook not in need:
+                continue
+            out = seen[hook] = getattr(attn, hook).output
+            for e in (e for e in group if e.kind not in SURGERY and hook_of[e.kind] == hook):
+                h = slice(None) if e.head is None else e.head
+                s = slice(None) if e.step is None else e.step
+                if e.kind == "set_beta":
+                    out[..., s, h] = e.value
+                elif e.kind == "ablate_head":
+                    out[:, :, h] = 0
+                else:
+                    heads = range(out.shape[3]) if e.head is None else [e.head]
+                    for hh in heads:
+                        mean, comps = bases[(layer, hh, e.step)]
+                        mean_t = torch.as_tensor(mean, dtype=out.dtype, device=out.device)
+                        comps_t = torch.as_tensor(comps, dtype=out.dtype, device=out.device)
+                        keys = out[:, :, s, hh]
+                        proj = mean_t + ((keys - mean_t) @ comps_t.T) @ comps_t
+                        proj = proj / proj.norm(dim=-1, keepdim=True).clamp_min(1e-6)
+                        out[:, :, s, hh] = proj
+            if hook == "hook_o" and surgery:
+                from probes.surgery import edited_output
+
+                new = out
+                for e in surgery:
+                    new = edited_output(seen["hook_q"], seen["hook_k"], seen["hook_v"], seen["hook_beta"],
+                                        seen.get("hook_g"), new, state_edit(e))
+                out[:] = new
 
 
 def evaluate(model: Any, tokens: np.ndarray, labels: np.ndarray, edits: list[Edit], bases: dict[tuple, tuple], *,
-             batch_size: int = 16, device: str = "cpu",
-             nn_model: Any = None) -> tuple[float, float, np.ndarray, np.ndarray]:
+             batch_size: int = 16, device: str = "cpu", nn_model: Any = None,
+             kl: dict[str, np.ndarray] | None = None) -> tuple[float, float, np.ndarray, np.ndarray]:
     """(accuracy, loss, correct-by-position counts, labelled-by-position counts) with `edits` applied.
 
-    nn_model: the nnsight wrapper of `model` (made here when not given)."""
+    nn_model: the nnsight wrapper of `model` (made here when not given). kl: a dict that receives "sum_by_pos"
+    (summed over sequences) of KL(baseline || edited) of the next-token distribution at labelled positions."""
     import torch
     import torch.nn.functional as F
 
@@ -156,19 +228,26 @@ def evaluate(model: Any, tokens: np.ndarray, labels: np.ndarray, edits: list[Edi
         nn_model = NNsight(model)
     T = tokens.shape[1]
     right, count, loss_sum = np.zeros(T), np.zeros(T), 0.0
+    gated = bool(getattr(getattr(model, "config", None), "use_forget_gate", False))
+    if kl is not None:
+        kl["sum_by_pos"] = np.zeros(T)
     with torch.no_grad():
         for lo in range(0, len(tokens), batch_size):
             ids = torch.as_tensor(tokens[lo:lo + batch_size], dtype=torch.long, device=device)
             lab = torch.as_tensor(labels[lo:lo + batch_size], dtype=torch.long, device=device)
             if edits:
                 with nn_model.trace(ids):
-                    _apply(nn_model, edits, bases)
+                    _apply(nn_model, edits, bases, gated)
                     logits_proxy = nn_model.output.logits.save()
                 logits = logits_proxy
             else:
                 logits = model(ids).logits
             logits = logits.float()
             valid = lab != data.NO_LABEL
+            if kl is not None:
+                ref = F.log_softmax(model(ids).logits.float(), -1)
+                div = (ref.exp() * (ref - F.log_softmax(logits, -1))).sum(-1) * valid
+                kl["sum_by_pos"] += div.sum(0).cpu().numpy()
             loss = F.cross_entropy(logits.flatten(0, 1), lab.clamp_min(0).flatten(), reduction="none").view(lab.shape)
             loss_sum += float(loss[valid].sum())
             hit = (logits.argmax(-1) == lab) & valid
@@ -199,17 +278,23 @@ def run(ds: xr.Dataset, model: Any, *, edits: list[Edit] | None = None, store_pa
             raise ProbeError(f"{e.label}: head {e.head} out of range (model has {cfg.num_heads})")
         if e.step is not None and not 0 <= e.step < cfg.num_householder:
             raise ProbeError(f"{e.label}: step {e.step} out of range (model has {cfg.num_householder})")
+        for name, val in (("token", e.position), ("source token", e.source)):
+            if val is not None and not 0 <= val < tokens.shape[1]:
+                raise ProbeError(f"{e.label}: {name} {val} out of range (sequences have {tokens.shape[1]} tokens)")
+        if e.channel is not None and not 0 <= e.channel < cfg.head_k_dim:
+            raise ProbeError(f"{e.label}: channel {e.channel} out of range (keys have {cfg.head_k_dim} channels)")
     from nnsight import NNsight
 
     bases = _key_bases(ds, store_path, edits, budget)
     nn_model = NNsight(model)
     base_acc, base_loss, base_right, count = evaluate(model, tokens, labels, [], bases, batch_size=batch_size,
                                                       device=device)
-    rows = [(Edit("baseline", -1), base_acc, base_loss, base_right)]
+    rows = [(Edit("baseline", -1), base_acc, base_loss, base_right, np.zeros(len(count)))]
     for e in tqdm(edits, desc="interventions", leave=False, disable=len(edits) < 4):
+        stats: dict[str, np.ndarray] = {}
         acc, loss, right, _ = evaluate(model, tokens, labels, [e], bases, batch_size=batch_size, device=device,
-                                       nn_model=nn_model)
-        rows.append((e, acc, loss, right))
+                                       nn_model=nn_model, kl=stats)
+        rows.append((e, acc, loss, right, stats["sum_by_pos"]))
     T = tokens.shape[1]
 
     def opt(x: int | None) -> int:
@@ -221,6 +306,10 @@ def run(ds: xr.Dataset, model: Any, *, edits: list[Edit] | None = None, store_pa
             "loss": ("intervention", [r[2] for r in rows]),
             "delta_accuracy": ("intervention", [r[1] - base_acc for r in rows]),
             "delta_loss": ("intervention", [r[2] - base_loss for r in rows]),
+            "kl": ("intervention", [float(r[4].sum() / max(count.sum(), 1)) for r in rows],
+                   {"description": "mean KL(baseline || edited) of the next-token distribution, labelled positions"}),
+            "kl_by_pos": (("intervention", "pos"), np.stack([np.where(count > 0, r[4] / np.maximum(count, 1), np.nan)
+                                                             for r in rows])),
             "accuracy_by_pos": (("intervention", "pos"),
                                 np.stack([np.where(count > 0, r[3] / np.maximum(count, 1), np.nan) for r in rows])),
         },
@@ -230,6 +319,9 @@ def run(ds: xr.Dataset, model: Any, *, edits: list[Edit] | None = None, store_pa
             "head": ("intervention", [opt(r[0].head) for r in rows]),
             "step": ("intervention", [opt(r[0].step) for r in rows]),
             "value": ("intervention", [np.nan if r[0].value is None else r[0].value for r in rows]),
+            "position": ("intervention", [opt(r[0].position) for r in rows]),
+            "source": ("intervention", [opt(r[0].source) for r in rows]),
+            "channel": ("intervention", [opt(r[0].channel) for r in rows]),
             "pos": np.arange(T),
         },
         attrs={"kinds": KINDS, "labels": [r[0].label if r[0].kind != "baseline" else "baseline" for r in rows],
@@ -237,7 +329,9 @@ def run(ds: xr.Dataset, model: Any, *, edits: list[Edit] | None = None, store_pa
     )
     recs = [{"intervention": r[0].kind, "layer": None if r[0].kind == "baseline" else r[0].layer,
              "head": r[0].head, "step": r[0].step, "value": r[0].value, "accuracy": r[1], "loss": r[2],
-             "delta_accuracy": r[1] - base_acc, "delta_loss": r[2] - base_loss} for r in rows]
+             "delta_accuracy": r[1] - base_acc, "delta_loss": r[2] - base_loss,
+             "kl": float(r[4].sum() / max(count.sum(), 1)), "position": r[0].position, "source": r[0].source,
+             "channel": r[0].channel} for r in rows]
     return ProbeResult(NAME, out, recs, SUMMARY_KEYS)
 
 
@@ -247,6 +341,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ablate-head", action="append", default=[], metavar="L:H", help="zero a head's output")
     p.add_argument("--project-keys", action="append", default=[], metavar="L:H[:S]=K",
                    help="project keys on their top-K principal components (no S: joint basis of all steps)")
+    p.add_argument("--erase", action="append", default=[], metavar="L:H@T[:S]",
+                   help="erase the association along token T's step-S key from the state after token T")
+    p.add_argument("--write", action="append", default=[], metavar="L:H@T=SRC[:S]",
+                   help="write token SRC's step-S key/value pair into the state after token T")
+    p.add_argument("--scale-decay", action="append", default=[], metavar="L:H[:C]@T=F",
+                   help="multiply the head's (or dk channel C's) forget factor by F from token T on")
     p.add_argument("--components", type=int, default=3, help="components kept by the sweep's key projections")
     p.add_argument("--batch-size", type=int, default=16)
 
@@ -256,7 +356,8 @@ def from_args(ds: xr.Dataset, args: argparse.Namespace, sink: Any) -> ProbeResul
 
     edits = ([parse_edit("set_beta", s) for s in args.set_beta]
              + [parse_edit("ablate_head", s) for s in args.ablate_head]
-             + [parse_edit("project_keys", s) for s in args.project_keys])
+             + [parse_edit("project_keys", s) for s in args.project_keys]
+             + [parse_surgery(kind, s) for kind in SURGERY for s in getattr(args, kind)])
     device = data.pick_device(args.device)
     model = load_checkpoint(args.checkpoint, device=device)
     if ds.attrs.get("model_config") and "num_heads" in ds.attrs["model_config"]:
