@@ -145,3 +145,30 @@ def test_erasing_the_source_the_map_points_to_changes_the_prediction(lm):
     assert chr(int(top[0].argmax())) == "." and top[2] == 0  # the prediction changed (accuracy at QUERY: 1 -> 0)
     assert int(weak[0].argmax()) == int(base.argmax()) and weak[2] == 1
     assert top[1] > 0.1 and top[1] > 100 * weak[1]  # KL(base || edited) at the query
+
+
+def test_cli_runs_surgery_and_reports_kl(tmp_path):
+    import json
+
+    from typer.testing import CliRunner
+
+    from app.cli import app
+    from models import DeltaProductForCausalLM, ModelConfig, save_checkpoint
+    from probes.synthetic import write_synthetic_store
+
+    store = write_synthetic_store(tmp_path / "s.zarr", n_seq=2, length=24, seed=3)
+    cfg = ModelConfig(model_type="gated_deltaproduct", vocab_size=8, hidden_size=32, num_hidden_layers=2,
+                      num_heads=4, head_dim=8, expand_v=1.0, num_householder=2, use_forget_gate=True,
+                      use_output_gate=False, use_short_conv=False, allow_neg_eigval=True)
+    save_checkpoint(DeltaProductForCausalLM(cfg).eval(), tmp_path / "ckpt")
+    res = CliRunner().invoke(app, ["probe", "intervene", "--store", str(store), "--checkpoint", str(tmp_path / "ckpt"),
+                                   "--erase", "0:1@5", "--write", "0:2@6=3:0", "--scale-decay", "0:0:4@2=0",
+                                   "--json", "--no-write"])
+    assert res.exit_code == 0, res.output
+    recs = json.loads(res.stdout)
+    assert [r["intervention"] for r in recs] == ["baseline", "erase", "write", "scale_decay"]
+    assert recs[0]["kl"] == 0 and all(r["kl"] > 0 for r in recs[1:])
+    assert (recs[1]["position"], recs[2]["source"], recs[3]["channel"]) == (5, 3, 4)
+    res = CliRunner().invoke(app, ["probe", "intervene", "--store", str(store), "--checkpoint", str(tmp_path / "ckpt"),
+                                   "--erase", "0:1@99"])
+    assert res.exit_code == 2 and "token 99 out of range" in res.stderr
