@@ -13,9 +13,10 @@ import os
 import sys
 from pathlib import Path
 
-from tests.notebooks import stores as ns
 import numpy as np
 import pytest
+
+from tests.notebooks import stores as ns
 
 nbformat = pytest.importorskip("nbformat")
 nbclient = pytest.importorskip("nbclient")
