@@ -14,10 +14,8 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
+from kernels.constants import CHUNK_SIZE
 from probes.base import ProbeError
-
-CHUNK_SIZE = 64
-NO_LABEL = -100
 
 
 def open_store(path: str | Path) -> xr.Dataset:
@@ -124,7 +122,7 @@ def train_length(ds: xr.Dataset, override: int | None = None, checkpoint: str | 
 
 
 def chunk_size(ds: xr.Dataset) -> int:
-    """Tokens per recurrence chunk (the store's `chunk_size` attr, default 64)."""
+    """Tokens per recurrence chunk (the store's `chunk_size` attr, else CHUNK_SIZE)."""
     return int(ds.attrs.get("chunk_size", CHUNK_SIZE))
 
 

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
+from models import IGNORE_INDEX
 from probes import data
 from probes.base import ProbeError, ProbeResult, exit_main
 
@@ -168,7 +169,7 @@ def evaluate(model: Any, tokens: np.ndarray, labels: np.ndarray, edits: list[Edi
             else:
                 logits = model(ids).logits
             logits = logits.float()
-            valid = lab != data.NO_LABEL
+            valid = lab != IGNORE_INDEX
             loss = F.cross_entropy(logits.flatten(0, 1), lab.clamp_min(0).flatten(), reduction="none").view(lab.shape)
             loss_sum += float(loss[valid].sum())
             hit = (logits.argmax(-1) == lab) & valid

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
+from models import IGNORE_INDEX
 from probes import data
 from probes.base import ProbeResult, exit_main
 
@@ -30,7 +31,7 @@ def run(ds: xr.Dataset, *, train_length: int | None = None, bucket: int = 16, th
     n_valid, n_right, loss_sum, loss_n, seq_ok = (np.zeros(T) for _ in range(5))
     n_seq = 0
     for _, block in data.iter_blocks(ds, ["correct", "labels", "loss"], budget, desc="lengthgen"):
-        valid = np.asarray(block["labels"].values) != data.NO_LABEL
+        valid = np.asarray(block["labels"].values) != IGNORE_INDEX
         right = np.asarray(block["correct"].values, dtype=bool) & valid
         n_valid += valid.sum(0)
         n_right += right.sum(0)

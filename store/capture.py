@@ -23,6 +23,8 @@ from typing import Any
 
 import numpy as np
 
+from kernels.constants import CHUNK_SIZE
+from models import IGNORE_INDEX
 from store import schema
 from store.data import Data, load_data
 from store.errors import StoreError, StoreMismatchError
@@ -216,7 +218,7 @@ def _token_loss(logits: Any, labels: Any, num_classes: int | None) -> dict[str, 
     import torch.nn.functional as F
 
     logits = logits.float()
-    has = labels != schema.NO_LABEL
+    has = labels != IGNORE_INDEX
     ce = F.cross_entropy(logits.flatten(0, 1), labels.clamp(min=0).flatten(), reduction="none")
     ce = ce.view(labels.shape)
     ce = torch.where(has, ce, torch.full_like(ce, float("nan")))
@@ -344,7 +346,7 @@ def capture(checkpoint: str | Path, data: str | Data, out: str | Path, *,
         "deltalab_format": schema.FORMAT_VERSION, "model_config": model_config,
         "checkpoint_digest": checkpoint_digest(checkpoint), "deltalab_version": _deltalab_version(),
         "command_line": list(command_line if command_line is not None else sys.argv),
-        "chunk_size": schema.CHUNK_SIZE,
+        "chunk_size": CHUNK_SIZE,
         "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "hooks": hook_list, "variables": variables, "layers": layer_list, "dtype": dtype,
         "batch_size": batch, "sizes": sizes, "data_meta": data.meta, "world_size": world,

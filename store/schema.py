@@ -24,11 +24,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from kernels.constants import CHUNK_SIZE
+from models import IGNORE_INDEX
+
 FORMAT_VERSION = 1
 """Integer format version (root attr `deltalab_format`). Readers refuse newer versions."""
-
-CHUNK_SIZE = 64
-"""Tokens per recurrence chunk: `state` holds the state before tokens 0, 64, 128, ... plus the final."""
 
 DIMS = ("seq", "pos", "layer", "head", "step", "dk", "dv", "chunk", "hidden")
 """All dimension names. `step` = Householder sub-step, `chunk` = boundary index (see CHUNK_SIZE).
@@ -36,9 +36,6 @@ DIMS = ("seq", "pos", "layer", "head", "step", "dk", "dv", "chunk", "hidden")
 
 FLOAT_DTYPES = ("float16", "float32")
 """Activation dtypes (numpy has no bfloat16)."""
-
-NO_LABEL = -100
-"""Label value meaning "no target at this position"."""
 
 
 @dataclass(frozen=True)
@@ -53,7 +50,8 @@ class VarSpec:
 
 VARIABLES: dict[str, VarSpec] = {
     "tokens": VarSpec(("seq", "pos"), "int32", 0, "input token ids"),
-    "labels": VarSpec(("seq", "pos"), "int32", NO_LABEL, "target of the prediction at pos (-100 = none)"),
+    "labels": VarSpec(("seq", "pos"), "int32", IGNORE_INDEX,
+                      f"target of the prediction at pos ({IGNORE_INDEX} = none)"),
     "doc_start": VarSpec(("seq", "pos"), "bool", False, "True where a document starts (text data)"),
     "loss": VarSpec(("seq", "pos"), "float32", float("nan"), "per-token cross-entropy (NaN = no label)"),
     "correct": VarSpec(("seq", "pos"), "bool", False, "argmax prediction equals the label"),

@@ -12,6 +12,7 @@ import xarray as xr
 import zarr
 
 import store
+from kernels.constants import CHUNK_SIZE
 from store import schema
 from store.writer import StoreWriter
 from tests.conftest import fill_disk
@@ -26,7 +27,7 @@ def make_attrs(**over):
         "deltalab_format": schema.FORMAT_VERSION,
         "model_config": {"model_type": "gated_deltaproduct", "h": 3},
         "checkpoint_digest": "sha256:" + "ab" * 32, "deltalab_version": "test", "command_line": ["test"],
-        "chunk_size": schema.CHUNK_SIZE, "created": "2026-01-01T00:00:00+00:00",
+        "chunk_size": CHUNK_SIZE, "created": "2026-01-01T00:00:00+00:00",
         "hooks": list(schema.DEFAULT_HOOKS),
         "variables": VARS, "layers": [0, 3], "dtype": "float16", "batch_size": 4, "sizes": SIZES,
     }
