@@ -19,6 +19,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from models.run_files import training_length
+
 STORE_NAME = "default-s4.zarr"
 CHECKPOINT_NAME = "s4-deltaproduct2"
 DEFAULT_SAMPLES = 64
@@ -35,11 +37,10 @@ class DefaultStoreError(ValueError):
 
 
 def zoo_dir() -> Path:
-    """models/zoo, found without importing `models` (which imports torch)."""
-    spec = importlib.util.find_spec("models")
-    if spec is not None and spec.submodule_search_locations:
-        return Path(list(spec.submodule_search_locations)[0]) / "zoo"
-    return Path(__file__).resolve().parents[1] / "models" / "zoo"
+    """models/zoo: the bundled checkpoints ship inside the models package (importing it loads no torch)."""
+    import models
+
+    return Path(models.__file__).resolve().parent / "zoo"
 
 
 def bundled_checkpoint() -> Path:
@@ -91,17 +92,8 @@ def _fingerprint(checkpoint: Path, spec: str) -> dict[str, Any]:
 
 
 def train_length(checkpoint: Path) -> int:
-    """Training length recorded beside the checkpoint (config or a training JSON), else DEFAULT_TRAIN_LENGTH."""
-    for name in ("config.json", "train_config.json", "training.json", "train.json", "task.json"):
-        f = checkpoint / name
-        try:
-            raw = json.loads(f.read_text()) if f.is_file() else {}
-        except (OSError, ValueError):
-            continue
-        for key in ("train_length", "length", "seq_len", "max_length"):
-            if isinstance(raw, dict) and isinstance(raw.get(key), int) and raw[key] > 0:
-                return int(raw[key])
-    return DEFAULT_TRAIN_LENGTH
+    """Training length recorded beside the checkpoint (models.run_files), else DEFAULT_TRAIN_LENGTH."""
+    return training_length(checkpoint) or DEFAULT_TRAIN_LENGTH
 
 
 def data_spec(checkpoint: Path, samples: int | None = None) -> str:

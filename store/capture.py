@@ -25,6 +25,7 @@ import numpy as np
 
 from kernels.constants import CHUNK_SIZE
 from models import IGNORE_INDEX
+from models.run_files import training_length
 from store import schema
 from store.data import Data, load_data
 from store.errors import StoreError, StoreMismatchError
@@ -63,26 +64,6 @@ def _deltalab_version() -> str:
         return version("deltalab")
     except Exception:  # noqa: BLE001 - not installed (running from a clone)
         return "unknown"
-
-
-def _train_length(folder: Path, model_config: dict[str, Any]) -> int | None:
-    """Training sequence length, if the checkpoint records it (config or a training json beside it)."""
-    import json
-
-    for key in ("train_length", "max_length", "seq_len"):
-        if isinstance(model_config.get(key), int):
-            return int(model_config[key])
-    for name in ("train_config.json", "training.json", "train.json", "task.json"):
-        f = folder / name
-        if f.is_file():
-            try:
-                raw = json.loads(f.read_text())
-            except (OSError, ValueError):
-                continue
-            for key in ("train_length", "context_length", "length", "seq_len", "max_length"):
-                if isinstance(raw, dict) and isinstance(raw.get(key), int):
-                    return int(raw[key])
-    return None
 
 
 # --- arguments ---------------------------------------------------------------------------
@@ -351,7 +332,7 @@ def capture(checkpoint: str | Path, data: str | Data, out: str | Path, *,
         "hooks": hook_list, "variables": variables, "layers": layer_list, "dtype": dtype,
         "batch_size": batch, "sizes": sizes, "data_meta": data.meta, "world_size": world,
     }
-    train_length = _train_length(checkpoint, model_config)
+    train_length = training_length(checkpoint)
     if train_length is not None:
         attrs["train_length"] = train_length
 
