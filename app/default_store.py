@@ -115,16 +115,17 @@ def is_built(out: Path | None = None, checkpoint: Path | None = None, samples: i
         built = json.loads(_marker(out).read_text())
     except (OSError, ValueError):
         return False
-    return (out / "zarr.json").is_file() and has_bundled_checkpoint(checkpoint) and \
+    from store.reader import read_attrs
+
+    return read_attrs(out) is not None and has_bundled_checkpoint(checkpoint) and \
         built == _fingerprint(checkpoint, data_spec(checkpoint, samples))
 
 
 def _probe_done(out: Path, name: str) -> bool:
-    meta = out / "results" / name / "zarr.json"
-    try:
-        return bool(json.loads(meta.read_text()).get("attributes", {}).get("complete"))
-    except (OSError, ValueError):
-        return False
+    """Whether probe `name` finished writing its results into the store (the group's `complete` attr)."""
+    from store.reader import read_attrs
+
+    return bool((read_attrs(out, f"results/{name}") or {}).get("complete"))
 
 
 def run_probe(out: Path, name: str, extra: list[str] | None = None) -> None:
@@ -195,17 +196,13 @@ def _reset_if_stale(out: Path, checkpoint: Path, spec: str) -> None:
     """Remove a cached store captured from other weights or data (it is a cache: nothing is lost)."""
     import shutil
 
-    if not (out / "zarr.json").is_file():
-        if out.exists():
-            shutil.rmtree(out)
-        return
-    try:
-        attrs = json.loads((out / "zarr.json").read_text()).get("attributes", {})
-    except (OSError, ValueError):
-        attrs = {}
     from store.capture import checkpoint_digest
+    from store.reader import read_attrs
 
-    if attrs.get("checkpoint_digest") != checkpoint_digest(checkpoint) or attrs.get("data_spec") != spec:
+    attrs = read_attrs(out)
+    stale = attrs is None or attrs.get("checkpoint_digest") != checkpoint_digest(checkpoint) \
+        or attrs.get("data_spec") != spec
+    if stale and out.exists():
         shutil.rmtree(out)
 
 
