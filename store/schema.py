@@ -30,10 +30,6 @@ from models import IGNORE_INDEX
 FORMAT_VERSION = 1
 """Integer format version (root attr `deltalab_format`). Readers refuse newer versions."""
 
-DIMS = ("seq", "pos", "layer", "head", "step", "dk", "dv", "chunk", "hidden")
-"""All dimension names. `step` = Householder sub-step, `chunk` = boundary index (see CHUNK_SIZE).
-`hidden` (model width) is used only by the optional residual-stream hooks."""
-
 FLOAT_DTYPES = ("float16", "float32")
 """Activation dtypes (numpy has no bfloat16)."""
 
@@ -69,7 +65,10 @@ VARIABLES: dict[str, VarSpec] = {
     "resid_post": VarSpec(("seq", "layer", "pos", "hidden"), "act", float("nan"), "residual stream out"),
     "complete": VarSpec(("seq",), "bool", False, "sequence fully written (set last)"),
 }
-"""Every variable capture can write. Probes may add others (never with these names)."""
+"""Every variable capture can write. Probes may add others (never with these names).
+
+Dims: `step` = Householder sub-step, `chunk` = chunk-boundary index (CHUNK_SIZE tokens apart, then the
+final state), `hidden` = model width (only the optional residual-stream hooks)."""
 
 HOOKS: dict[str, tuple[str, ...]] = {
     "tokens": ("tokens", "doc_start"),

@@ -14,9 +14,6 @@ from app.dash import figures, loading, state
 from app.dash.derive import name_of, seqs_for_points
 from models import IGNORE_INDEX
 
-TITLE = "Keys"
-MAX_POINTS = 3000
-
 
 @st.cache_data(show_spinner=False, max_entries=64)
 def _points(path: str, stamp: float, result: str | None, n_preview: int, li: int, head: int, step: int | None,
