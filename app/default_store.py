@@ -19,6 +19,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from models.run_files import training_length
+
 STORE_NAME = "default-s4.zarr"
 CHECKPOINT_NAME = "s4-deltaproduct2"
 DEFAULT_SAMPLES = 64
@@ -35,11 +37,10 @@ class DefaultStoreError(ValueError):
 
 
 def zoo_dir() -> Path:
-    """models/zoo, found without importing `models` (which imports torch)."""
-    spec = importlib.util.find_spec("models")
-    if spec is not None and spec.submodule_search_locations:
-        return Path(list(spec.submodule_search_locations)[0]) / "zoo"
-    return Path(__file__).resolve().parents[1] / "models" / "zoo"
+    """models/zoo: the bundled checkpoints ship inside the models package (importing it loads no torch)."""
+    import models
+
+    return Path(models.__file__).resolve().parent / "zoo"
 
 
 def bundled_checkpoint() -> Path:
@@ -91,17 +92,8 @@ def _fingerprint(checkpoint: Path, spec: str) -> dict[str, Any]:
 
 
 def train_length(checkpoint: Path) -> int:
-    """Training length recorded beside the checkpoint (config or a training JSON), else DEFAULT_TRAIN_LENGTH."""
-    for name in ("config.json", "train_config.json", "training.json", "train.json", "task.json"):
-        f = checkpoint / name
-        try:
-            raw = json.loads(f.read_text()) if f.is_file() else {}
-        except (OSError, ValueError):
-            continue
-        for key in ("train_length", "length", "seq_len", "max_length"):
-            if isinstance(raw, dict) and isinstance(raw.get(key), int) and raw[key] > 0:
-                return int(raw[key])
-    return DEFAULT_TRAIN_LENGTH
+    """Training length recorded beside the checkpoint (models.run_files), else DEFAULT_TRAIN_LENGTH."""
+    return training_length(checkpoint) or DEFAULT_TRAIN_LENGTH
 
 
 def data_spec(checkpoint: Path, samples: int | None = None) -> str:
@@ -123,16 +115,17 @@ def is_built(out: Path | None = None, checkpoint: Path | None = None, samples: i
         built = json.loads(_marker(out).read_text())
     except (OSError, ValueError):
         return False
-    return (out / "zarr.json").is_file() and has_bundled_checkpoint(checkpoint) and \
+    from store.reader import read_attrs
+
+    return read_attrs(out) is not None and has_bundled_checkpoint(checkpoint) and \
         built == _fingerprint(checkpoint, data_spec(checkpoint, samples))
 
 
 def _probe_done(out: Path, name: str) -> bool:
-    meta = out / "results" / name / "zarr.json"
-    try:
-        return bool(json.loads(meta.read_text()).get("attributes", {}).get("complete"))
-    except (OSError, ValueError):
-        return False
+    """Whether probe `name` finished writing its results into the store (the group's `complete` attr)."""
+    from store.reader import read_attrs
+
+    return bool((read_attrs(out, f"results/{name}") or {}).get("complete"))
 
 
 def run_probe(out: Path, name: str, extra: list[str] | None = None) -> None:
@@ -203,17 +196,13 @@ def _reset_if_stale(out: Path, checkpoint: Path, spec: str) -> None:
     """Remove a cached store captured from other weights or data (it is a cache: nothing is lost)."""
     import shutil
 
-    if not (out / "zarr.json").is_file():
-        if out.exists():
-            shutil.rmtree(out)
-        return
-    try:
-        attrs = json.loads((out / "zarr.json").read_text()).get("attributes", {})
-    except (OSError, ValueError):
-        attrs = {}
     from store.capture import checkpoint_digest
+    from store.reader import read_attrs
 
-    if attrs.get("checkpoint_digest") != checkpoint_digest(checkpoint) or attrs.get("data_spec") != spec:
+    attrs = read_attrs(out)
+    stale = attrs is None or attrs.get("checkpoint_digest") != checkpoint_digest(checkpoint) \
+        or attrs.get("data_spec") != spec
+    if stale and out.exists():
         shutil.rmtree(out)
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-CHUNK_SIZE = 64
+from kernels.constants import CHUNK_SIZE
 
 
 def l2_normalize(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:

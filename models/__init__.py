@@ -1,9 +1,32 @@
-"""nn.Modules, configs and checkpoint I/O for the DeltaProduct family: what defines and loads a model."""
+"""nn.Modules, configs and checkpoint I/O for the DeltaProduct family: what defines and loads a model.
 
-from models.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
-from models.config import ConfigError, ModelConfig
-from models.hooks import HookPoint
-from models.lm import IGNORE_INDEX, DeltaProductForCausalLM
+The names below load on first use (PEP 562), so `from models import IGNORE_INDEX` or
+`import models.run_files` does not import torch: the store, probes and dashboard stay quick to import.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from models.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+    from models.config import ConfigError, ModelConfig
+    from models.hooks import HookPoint
+    from models.labels import IGNORE_INDEX
+    from models.lm import DeltaProductForCausalLM
+
+_HOMES = {
+    "CheckpointError": "models.checkpoint",
+    "ConfigError": "models.config",
+    "DeltaProductForCausalLM": "models.lm",
+    "HookPoint": "models.hooks",
+    "IGNORE_INDEX": "models.labels",
+    "ModelConfig": "models.config",
+    "load_checkpoint": "models.checkpoint",
+    "save_checkpoint": "models.checkpoint",
+}
+"""Public name -> the module defining it."""
 
 __all__ = [
     "CheckpointError",
@@ -15,3 +38,17 @@ __all__ = [
     "load_checkpoint",
     "save_checkpoint",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """Import a public name's module on first access (PEP 562)."""
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module 'models' has no attribute {name!r}")
+    value = getattr(importlib.import_module(home), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

@@ -1,7 +1,9 @@
 """The gated delta product token mixer, with every intermediate passing through a hook point.
 
 One module covers fla's GatedDeltaProduct, DeltaNet (n_h = 1, no gate) and GatedDeltaNet
-(n_h = 1, gate); parameter names and shapes are fla's.
+(n_h = 1, gate); parameter names and shapes are fla's. Every hook's output is what the layer goes on
+with, so overwriting one through nnsight changes the layer; `hook_state` (the chunk-start states) is
+honoured by replaying the recurrence from the edited states (see `_replay`).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from kernels.constants import CHUNK_SIZE
 from kernels.dispatch import delta_product_forward
 from kernels.naive import l2_normalize
 from models.config import ModelConfig
@@ -91,6 +94,38 @@ class DeltaProductAttention(nn.Module):
             q, k = F.normalize(q, p=1, dim=-1, eps=1e-6), F.normalize(k, p=1, dim=-1, eps=1e-6)
         return q, k, v
 
+    def _replay(self, q, k, v, beta, g, scale: float, initial_state: torch.Tensor | None, o: torch.Tensor,
+                states: torch.Tensor, hooked: torch.Tensor, version: int) -> torch.Tensor:
+        """Outputs after an intervention on `hook_state` ([B, NC + 1, H, dk, dv]: the state before each chunk
+        of CHUNK_SIZE tokens, then the final state).
+
+        An entry that differs from what the layer computed is a patch: the recurrence restarts from the
+        patched state at that chunk start, and later chunk starts carry the patched dynamics forward (unless
+        they are patched too). Chunks before the first patch keep their outputs; the final state feeds no
+        output. Only this path pays for the replay: without an intervention the forward is unchanged.
+        """
+        if hooked.shape != states.shape:
+            raise ValueError(f"hook_state must keep its shape {tuple(states.shape)}, got {tuple(hooked.shape)}")
+        if states._version == version:  # replaced, not edited in place: `states` still holds the clean values
+            clean = states
+        else:
+            _, _, clean = delta_product_forward(q, k, v, beta, g, scale=scale, initial_state=initial_state)
+        hooked = hooked.to(device=clean.device, dtype=clean.dtype)
+        n_chunks, T = states.shape[1] - 1, q.shape[1]
+        patched = hooked[:, :n_chunks] != clean[:, :n_chunks]  # [B, NC, H, dk, dv]
+        edited_chunks = patched.flatten(2).any(-1).any(0).nonzero().flatten()
+        if edited_chunks.numel() == 0:
+            return o
+        first = int(edited_chunks[0])
+        pieces, state = [o[:, : first * CHUNK_SIZE]], hooked[:, first]
+        for c in range(first, n_chunks):
+            state = torch.where(patched[:, c], hooked[:, c], state)
+            t = slice(c * CHUNK_SIZE, min((c + 1) * CHUNK_SIZE, T))
+            o_c, state, _ = delta_product_forward(q[:, t], k[:, t], v[:, t], beta[:, t],
+                                                  None if g is None else g[:, t], scale=scale, initial_state=state)
+            pieces.append(o_c)
+        return torch.cat(pieces, 1)
+
     def forward(self, x: torch.Tensor, initial_state: torch.Tensor | None = None) -> torch.Tensor:
         cfg, B, T = self.config, x.shape[0], x.shape[1]
         q, k, v = self._qkv(x)
@@ -106,10 +141,12 @@ class DeltaProductAttention(nn.Module):
         if cfg.use_forget_gate:
             g = -self.A_log.float().exp() * F.softplus(self.a_proj(x).float() + self.dt_bias)
             g = self.hook_g(g)
-        o, _, states = delta_product_forward(
-            q, k, v, beta, g, scale=self.head_k_dim**-0.5, initial_state=initial_state
-        )
-        self.hook_state(states)
+        scale = self.head_k_dim**-0.5
+        o, _, states = delta_product_forward(q, k, v, beta, g, scale=scale, initial_state=initial_state)
+        version = states._version  # bumped by an in-place edit (nnsight's `hook_state.output[...] = x`)
+        hooked = self.hook_state(states)
+        if hooked is not states or states._version != version:
+            o = self._replay(q, k, v, beta, g, scale, initial_state, o, states, hooked, version)
         o = self.hook_o(o.to(x.dtype))
         if cfg.use_output_gate:
             gate = self.g_proj(x).view(B, T, self.num_heads, self.head_v_dim)

@@ -15,10 +15,8 @@ from torch import nn
 from models.attention import DeltaProductAttention
 from models.config import ModelConfig
 from models.hooks import HookPoint
+from models.labels import IGNORE_INDEX
 from models.layers import GatedMLP, RMSNorm
-
-IGNORE_INDEX = -100
-"""Label of a position with no target (Hugging Face's convention): the loss and every metric skip it."""
 
 
 @dataclass

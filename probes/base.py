@@ -99,7 +99,7 @@ def make_parser(name: str, description: str, *, checkpoint: bool = False) -> arg
     p.add_argument("--store", required=True, help="store folder written by `deltalab capture`")
     p.add_argument("--checkpoint", required=checkpoint, default=None,
                    help="checkpoint folder" + (" (required)" if checkpoint else
-                                               " (optional: its task.json gives the training length)"))
+                                               " (optional: its run files give the training length)"))
     p.add_argument("--json", action="store_true", help="print the records as a JSON list on stdout")
     p.add_argument("--layers", type=parse_int_list, default=None, help="layers to analyse, e.g. 0,2-3 (default all)")
     p.add_argument("--max-seqs", type=int, default=None, help="use only the first N complete sequences")

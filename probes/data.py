@@ -14,10 +14,9 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
+from kernels.constants import CHUNK_SIZE
+from models.run_files import training_length
 from probes.base import ProbeError
-
-CHUNK_SIZE = 64
-NO_LABEL = -100
 
 
 def open_store(path: str | Path) -> xr.Dataset:
@@ -105,26 +104,18 @@ def beta_max(ds: xr.Dataset) -> float:
 
 
 def train_length(ds: xr.Dataset, override: int | None = None, checkpoint: str | Path | None = None) -> int | None:
-    """Training context length: the --train-length flag, else the store's `train_length` attr, else the
-    checkpoint's `task.json` (written by `deltalab train`), else None."""
+    """Training context length: the --train-length flag, else the store's `train_length` attr, else what the
+    checkpoint's run files record (`models.run_files.training_length`), else None."""
     if override is not None:
         return int(override)
     value = ds.attrs.get("train_length")
     if value is not None:
         return int(value)
-    if checkpoint is not None:
-        task = Path(checkpoint) / "task.json"
-        try:
-            value = json.loads(task.read_text()).get("train_length")
-        except (OSError, ValueError, AttributeError):
-            value = None
-        if isinstance(value, int):
-            return value
-    return None
+    return training_length(checkpoint) if checkpoint is not None else None
 
 
 def chunk_size(ds: xr.Dataset) -> int:
-    """Tokens per recurrence chunk (the store's `chunk_size` attr, default 64)."""
+    """Tokens per recurrence chunk (the store's `chunk_size` attr, else CHUNK_SIZE)."""
     return int(ds.attrs.get("chunk_size", CHUNK_SIZE))
 
 

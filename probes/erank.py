@@ -151,7 +151,7 @@ def records(out: xr.Dataset) -> list[dict[str, Any]]:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--train-length", type=int, default=None,
                    help="training context length to mark (default: the store's train_length attr, "
-                        "else --checkpoint's task.json)")
+                        "else what --checkpoint's run files record)")
 
 
 def from_args(ds: xr.Dataset, args: argparse.Namespace, sink: Any) -> ProbeResult:

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
+from models import IGNORE_INDEX
 from probes import data
 from probes.base import ProbeError, ProbeResult, exit_main
 
@@ -243,7 +244,7 @@ def evaluate(model: Any, tokens: np.ndarray, labels: np.ndarray, edits: list[Edi
             else:
                 logits = model(ids).logits
             logits = logits.float()
-            valid = lab != data.NO_LABEL
+            valid = lab != IGNORE_INDEX
             if kl is not None:
                 ref = F.log_softmax(model(ids).logits.float(), -1)
                 div = (ref.exp() * (ref - F.log_softmax(logits, -1))).sum(-1) * valid

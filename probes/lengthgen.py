@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
+from models import IGNORE_INDEX
 from probes import data
 from probes.base import ProbeResult, exit_main
 
@@ -30,7 +31,7 @@ def run(ds: xr.Dataset, *, train_length: int | None = None, bucket: int = 16, th
     n_valid, n_right, loss_sum, loss_n, seq_ok = (np.zeros(T) for _ in range(5))
     n_seq = 0
     for _, block in data.iter_blocks(ds, ["correct", "labels", "loss"], budget, desc="lengthgen"):
-        valid = np.asarray(block["labels"].values) != data.NO_LABEL
+        valid = np.asarray(block["labels"].values) != IGNORE_INDEX
         right = np.asarray(block["correct"].values, dtype=bool) & valid
         n_valid += valid.sum(0)
         n_right += right.sum(0)
@@ -62,7 +63,7 @@ def run(ds: xr.Dataset, *, train_length: int | None = None, bucket: int = 16, th
     fail = next((r["pos_start"] for r in recs if r["accuracy"] is not None and r["accuracy"] < threshold), None)
     out.attrs["first_failure_pos"] = -1 if fail is None else int(fail)
     if tl is None:
-        print("warning: the training length is unknown (no store attr, no --checkpoint task.json); "
+        print("warning: the training length is unknown (no store attr, none in the --checkpoint run files); "
               "pass --train-length to mark it", file=sys.stderr)
     elif not beyond.any():
         print(f"warning: sequences ({T} tokens) are not longer than the training length {tl}: "
@@ -94,7 +95,7 @@ def records(out: xr.Dataset, bucket: int) -> list[dict[str, Any]]:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--train-length", type=int, default=None,
-                   help="training length (default: the store's attr, else --checkpoint's task.json)")
+                   help="training length (default: the store's attr, else --checkpoint's run files)")
     p.add_argument("--bucket", type=int, default=16, help="positions per record (default 16)")
     p.add_argument("--threshold", type=float, default=0.9, help="accuracy below which a bucket counts as failed")
 

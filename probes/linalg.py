@@ -10,6 +10,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from kernels.constants import CHUNK_SIZE
+
 RANK_FIELDS = ("erank", "stable_rank", "rank_utilisation", "frobenius", "spectral", "nuclear")
 
 
@@ -34,7 +36,7 @@ def token_spectra(k: np.ndarray, beta: np.ndarray, g: np.ndarray | None = None, 
 # --- per-token states and their ranks --------------------------------------------------------
 
 def token_ranks(k: np.ndarray, v: np.ndarray, beta: np.ndarray, g: np.ndarray | None,
-                boundary: np.ndarray | None, *, chunk_size: int = 64, device: str = "cpu",
+                boundary: np.ndarray | None, *, chunk_size: int = CHUNK_SIZE, device: str = "cpu",
                 dtype: torch.dtype = torch.float32) -> dict[str, np.ndarray]:
     """Rank statistics of every token's state (`kernels.ranks`): dict of [B,T,H] arrays (RANK_FIELDS).
 
@@ -51,7 +53,7 @@ def token_ranks(k: np.ndarray, v: np.ndarray, beta: np.ndarray, g: np.ndarray | 
 
 
 def token_states(k: np.ndarray, v: np.ndarray, beta: np.ndarray, g: np.ndarray | None,
-                 boundary: np.ndarray | None, lo: int, hi: int, *, chunk_size: int = 64,
+                 boundary: np.ndarray | None, lo: int, hi: int, *, chunk_size: int = CHUNK_SIZE,
                  device: str = "cpu") -> np.ndarray:
     """States after tokens lo..hi-1 (one chunk: lo = c * chunk_size) [B, hi-lo, H, K, V], replayed from the
     chunk's stored start state (boundary [B,NC,H,K,V]; None = replay from zero up to lo)."""

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
+from models import IGNORE_INDEX
 from probes import data, linalg
 from probes.base import ProbeError, ProbeResult, exit_main
 
@@ -86,7 +87,7 @@ def run(ds: xr.Dataset, *, features: str = "o", per_head: bool = True, test_frac
     is_test[order[:n_test]] = True
     n_valid = np.zeros(n_seq, np.int64)  # labelled tokens per sequence, streamed
     for sl, block in data.iter_blocks(ds, ["labels"], budget):
-        n_valid[sl] = (np.asarray(block["labels"].values) != data.NO_LABEL).sum(1)
+        n_valid[sl] = (np.asarray(block["labels"].values) != IGNORE_INDEX).sum(1)
     p_train = min(1.0, max_train / max(1, n_valid[~is_test].sum()))
     p_test = min(1.0, max_test / max(1, n_valid[is_test].sum()))
     names = _inputs(ds, features)
@@ -106,7 +107,7 @@ def run(ds: xr.Dataset, *, features: str = "o", per_head: bool = True, test_frac
                                           desc=f"linear layer {li}"):
             feats = _features(block, 0, features, device, chunk)  # [s, T, H, F]
             lab = np.asarray(block["labels"].values)
-            ok = lab != data.NO_LABEL
+            ok = lab != IGNORE_INDEX
             test = is_test[sl][:, None] & ok
             train = ~is_test[sl][:, None] & ok
             train &= rng.random(train.shape) < p_train

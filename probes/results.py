@@ -75,11 +75,6 @@ def read_results(path: str | Path, name: str) -> xr.Dataset:
     return open_results(path, name)
 
 
-def read_records(path: str | Path, name: str) -> list[dict[str, Any]]:
-    """The JSON records a probe run stored with its results."""
-    return list(read_results(path, name).attrs.get("records", []))
-
-
 def list_results(path: str | Path) -> list[str]:
     """Names of the result groups in a store."""
     from store import list_results as store_list

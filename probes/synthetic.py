@@ -18,6 +18,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from kernels.constants import CHUNK_SIZE
+from models import IGNORE_INDEX
+
 ROTATION_HEAD, LOW_RANK_HEAD, COPY_HEAD = 0, 1, 2
 
 
@@ -35,7 +38,7 @@ def synthetic_arrays(n_seq: int = 8, length: int = 128, n_layers: int = 2, n_hea
     L, T, H = n_layers, length, n_heads
     tokens = rng.integers(0, vocab, size=(n_seq, T)).astype(np.int32)
     labels = rng.integers(0, n_labels, size=(n_seq, T)).astype(np.int32)
-    labels[:, 0] = -100  # one unlabeled position per sequence (must be ignored)
+    labels[:, 0] = IGNORE_INDEX  # one unlabeled position per sequence (must be ignored)
     q = _unit(rng.normal(size=(n_seq, L, T, H, dk)))
     k = _unit(rng.normal(size=(n_seq, L, T, n_h, H, dk)))
     v = rng.normal(size=(n_seq, L, T, n_h, H, dv)) / np.sqrt(dv)
@@ -106,7 +109,7 @@ def write_synthetic_store(path: str | Path, *, batch_size: int = 4, train_length
               "use_short_conv": False, "allow_neg_eigval": True}
     attrs = {
         "deltalab_format": schema.FORMAT_VERSION, "model_config": config, "checkpoint_digest": "sha256:synthetic",
-        "deltalab_version": "synthetic", "command_line": ["probes.synthetic"], "chunk_size": schema.CHUNK_SIZE,
+        "deltalab_version": "synthetic", "command_line": ["probes.synthetic"], "chunk_size": CHUNK_SIZE,
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"), "hooks": hooks,
         "variables": variables, "layers": list(range(L)), "dtype": "float32", "batch_size": batch_size,
         "sizes": sizes, "train_length": train_length,

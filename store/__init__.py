@@ -4,6 +4,7 @@
     ds = store.open("runs/s4.zarr")                 # complete sequences only, dask-backed
     ds_l0 = store.select(ds, layer=0, head=3, step=1)
     store.info("runs/s4.zarr")                      # sizes, completeness, provenance
+    store.read_attrs("runs/s4.zarr")                # root attrs from the metadata alone (cheap)
     store.capture("ckpt/", "S4:length=128,samples=512,seed=0", "runs/s4.zarr")
     store.add_variables(path, xr.Dataset({"erank": da}))   # probe outputs beside the capture
     store.write_results(path, "pca", xr.Dataset(...), {"k": 3})
@@ -23,7 +24,17 @@ from store.errors import (
     StoreWriteError,
     TruncatedStoreError,
 )
-from store.reader import check_store, info, list_results, open, open_results, select  # noqa: A004
+from store.reader import (  # noqa: A004
+    check_store,
+    info,
+    list_results,
+    metadata_mtime,
+    open,
+    open_results,
+    read_attrs,
+    result_attrs,
+    select,
+)
 from store.schema import FORMAT_VERSION
 from store.writer import StoreWriter, add_variables, write_results
 
@@ -42,8 +53,11 @@ __all__ = [
     "check_store",
     "info",
     "list_results",
+    "metadata_mtime",
     "open",
     "open_results",
+    "read_attrs",
+    "result_attrs",
     "select",
     "write_results",
 ]

@@ -23,6 +23,9 @@ from typing import Any
 
 import numpy as np
 
+from kernels.constants import CHUNK_SIZE
+from models import IGNORE_INDEX
+from models.run_files import training_length
 from store import schema
 from store.data import Data, load_data
 from store.errors import StoreError, StoreMismatchError
@@ -61,26 +64,6 @@ def _deltalab_version() -> str:
         return version("deltalab")
     except Exception:  # noqa: BLE001 - not installed (running from a clone)
         return "unknown"
-
-
-def _train_length(folder: Path, model_config: dict[str, Any]) -> int | None:
-    """Training sequence length, if the checkpoint records it (config or a training json beside it)."""
-    import json
-
-    for key in ("train_length", "max_length", "seq_len"):
-        if isinstance(model_config.get(key), int):
-            return int(model_config[key])
-    for name in ("train_config.json", "training.json", "train.json", "task.json"):
-        f = folder / name
-        if f.is_file():
-            try:
-                raw = json.loads(f.read_text())
-            except (OSError, ValueError):
-                continue
-            for key in ("train_length", "context_length", "length", "seq_len", "max_length"):
-                if isinstance(raw, dict) and isinstance(raw.get(key), int):
-                    return int(raw[key])
-    return None
 
 
 # --- arguments ---------------------------------------------------------------------------
@@ -216,7 +199,7 @@ def _token_loss(logits: Any, labels: Any, num_classes: int | None) -> dict[str, 
     import torch.nn.functional as F
 
     logits = logits.float()
-    has = labels != schema.NO_LABEL
+    has = labels != IGNORE_INDEX
     ce = F.cross_entropy(logits.flatten(0, 1), labels.clamp(min=0).flatten(), reduction="none")
     ce = ce.view(labels.shape)
     ce = torch.where(has, ce, torch.full_like(ce, float("nan")))
@@ -344,12 +327,12 @@ def capture(checkpoint: str | Path, data: str | Data, out: str | Path, *,
         "deltalab_format": schema.FORMAT_VERSION, "model_config": model_config,
         "checkpoint_digest": checkpoint_digest(checkpoint), "deltalab_version": _deltalab_version(),
         "command_line": list(command_line if command_line is not None else sys.argv),
-        "chunk_size": schema.CHUNK_SIZE,
+        "chunk_size": CHUNK_SIZE,
         "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "hooks": hook_list, "variables": variables, "layers": layer_list, "dtype": dtype,
         "batch_size": batch, "sizes": sizes, "data_meta": data.meta, "world_size": world,
     }
-    train_length = _train_length(checkpoint, model_config)
+    train_length = training_length(checkpoint)
     if train_length is not None:
         attrs["train_length"] = train_length
 

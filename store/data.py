@@ -24,8 +24,8 @@ from typing import Any
 
 import numpy as np
 
+from models import IGNORE_INDEX
 from store.errors import DataError
-from store.schema import NO_LABEL
 
 TEXT_DEFAULT_LENGTH = 256
 
@@ -36,7 +36,7 @@ class Data:
 
     spec: str  # canonical spec: the key a store's segment is recorded under
     tokens: np.ndarray  # int32
-    labels: np.ndarray  # int32, NO_LABEL = none
+    labels: np.ndarray  # int32, IGNORE_INDEX = none
     doc_start: np.ndarray  # bool
     num_classes: int | None = None  # `correct` compares the argmax over logits[:num_classes] (tasks)
     meta: dict[str, Any] = field(default_factory=dict)
@@ -57,7 +57,7 @@ class Data:
 
     def check_vocab(self, vocab_size: int) -> None:
         """DataError naming the first token (or label) id outside [0, vocab_size)."""
-        for what, arr, allowed in (("token", self.tokens, None), ("label", self.labels, NO_LABEL)):
+        for what, arr, allowed in (("token", self.tokens, None), ("label", self.labels, IGNORE_INDEX)):
             bad = (arr < 0) | (arr >= vocab_size)
             if allowed is not None:
                 bad &= arr != allowed
@@ -241,8 +241,8 @@ def _text(path_text: str, opts: dict[str, str], checkpoint: str | Path | None, s
     if n == 0:
         raise DataError(f"data spec {spec!r}: the text has {stream.size} tokens, fewer than one window of "
                         f"{length}; pass a smaller length= or more text")
-    nxt = np.full(stream.size, NO_LABEL, dtype=np.int64)
-    nxt[:-1] = np.where(is_start[1:], NO_LABEL, stream[1:])  # next token of the same document
+    nxt = np.full(stream.size, IGNORE_INDEX, dtype=np.int64)
+    nxt[:-1] = np.where(is_start[1:], IGNORE_INDEX, stream[1:])  # next token of the same document
     if np.any(stream > np.iinfo(np.int32).max):
         raise DataError(f"data spec {spec!r}: token ids exceed int32")
     cut = n * length

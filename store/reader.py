@@ -156,26 +156,59 @@ def _dir_bytes(path: Path) -> int:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
 
 
-def _node_type(meta: Path) -> str | None:
+def _metadata(meta: Path) -> dict[str, Any] | None:
+    """A node's zarr.json as a dict; None when it is missing, unreadable or not a JSON object."""
     try:
-        return json.loads(meta.read_text()).get("node_type")
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError):
+        raw = json.loads(meta.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
         return None
+    return raw if isinstance(raw, dict) else None
+
+
+def _node_type(meta: Path) -> str | None:
+    return (_metadata(meta) or {}).get("node_type")
+
+
+def read_attrs(path: str | Path, group: str | None = None) -> dict[str, Any] | None:
+    """Attributes of the store's root group, or of sub-group `group` ("results/pca"), from its metadata alone.
+
+    Cheap (one small file read; no dataset is opened, nothing is validated), for callers that poll a store
+    such as the dashboard; None when the group is missing or its metadata is unreadable.
+    """
+    folder = Path(path) / group if group else Path(path)
+    meta = _metadata(folder / "zarr.json")
+    if meta is None or meta.get("node_type") != "group":
+        return None
+    attrs = meta.get("attributes")
+    return dict(attrs) if isinstance(attrs, dict) else {}
+
+
+def metadata_mtime(path: str | Path, node: str | None = None) -> int:
+    """Modification time (ns) of the metadata of the store's root, or of `node` (a variable or results group);
+    0 when absent. It changes whenever capture or a probe rewrites that node, so it keys caches."""
+    folder = Path(path) / node if node else Path(path)
+    try:
+        return (folder / "zarr.json").stat().st_mtime_ns
+    except OSError:
+        return 0
+
+
+def result_attrs(path: str | Path) -> dict[str, dict[str, Any]]:
+    """{name: attributes} of every group under `results/`, sorted by name (nested names use '/'; a parent
+    group of nested results is listed too), from metadata alone."""
+    root = Path(path) / "results"
+    if not root.is_dir():
+        return {}
+    names = sorted(meta.parent.relative_to(root).as_posix() for meta in root.rglob("zarr.json") if meta.parent != root)
+    attrs = {name: read_attrs(root, name) for name in names}
+    return {name: a for name, a in attrs.items() if a is not None}
 
 
 def list_results(path: str | Path) -> list[str]:
     """Names of the `results/<name>` sub-groups probes wrote: groups holding arrays (nested names use '/')."""
     root = Path(path) / "results"
-    if not root.is_dir():
-        return []
-    out = []
-    for meta in sorted(root.rglob("zarr.json")):
-        group = meta.parent
-        if group == root or _node_type(meta) != "group":
-            continue
-        if any(_node_type(child / "zarr.json") == "array" for child in group.iterdir() if child.is_dir()):
-            out.append(group.relative_to(root).as_posix())
-    return out
+    return [name for name in result_attrs(path)
+            if any(_node_type(child / "zarr.json") == "array" for child in (root / name).iterdir() if child.is_dir())]
 
 
 def open_results(path: str | Path, name: str) -> Any:

@@ -24,21 +24,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from kernels.constants import CHUNK_SIZE
+from models import IGNORE_INDEX
+
 FORMAT_VERSION = 1
 """Integer format version (root attr `deltalab_format`). Readers refuse newer versions."""
 
-CHUNK_SIZE = 64
-"""Tokens per recurrence chunk: `state` holds the state before tokens 0, 64, 128, ... plus the final."""
-
-DIMS = ("seq", "pos", "layer", "head", "step", "dk", "dv", "chunk", "hidden")
-"""All dimension names. `step` = Householder sub-step, `chunk` = boundary index (see CHUNK_SIZE).
-`hidden` (model width) is used only by the optional residual-stream hooks."""
-
 FLOAT_DTYPES = ("float16", "float32")
 """Activation dtypes (numpy has no bfloat16)."""
-
-NO_LABEL = -100
-"""Label value meaning "no target at this position"."""
 
 
 @dataclass(frozen=True)
@@ -53,7 +46,8 @@ class VarSpec:
 
 VARIABLES: dict[str, VarSpec] = {
     "tokens": VarSpec(("seq", "pos"), "int32", 0, "input token ids"),
-    "labels": VarSpec(("seq", "pos"), "int32", NO_LABEL, "target of the prediction at pos (-100 = none)"),
+    "labels": VarSpec(("seq", "pos"), "int32", IGNORE_INDEX,
+                      f"target of the prediction at pos ({IGNORE_INDEX} = none)"),
     "doc_start": VarSpec(("seq", "pos"), "bool", False, "True where a document starts (text data)"),
     "loss": VarSpec(("seq", "pos"), "float32", float("nan"), "per-token cross-entropy (NaN = no label)"),
     "correct": VarSpec(("seq", "pos"), "bool", False, "argmax prediction equals the label"),
@@ -71,7 +65,10 @@ VARIABLES: dict[str, VarSpec] = {
     "resid_post": VarSpec(("seq", "layer", "pos", "hidden"), "act", float("nan"), "residual stream out"),
     "complete": VarSpec(("seq",), "bool", False, "sequence fully written (set last)"),
 }
-"""Every variable capture can write. Probes may add others (never with these names)."""
+"""Every variable capture can write. Probes may add others (never with these names).
+
+Dims: `step` = Householder sub-step, `chunk` = chunk-boundary index (CHUNK_SIZE tokens apart, then the
+final state), `hidden` = model width (only the optional residual-stream hooks)."""
 
 HOOKS: dict[str, tuple[str, ...]] = {
     "tokens": ("tokens", "doc_start"),

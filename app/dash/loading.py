@@ -7,7 +7,6 @@ numpy arrays are cached by the pages with `st.cache_data`. Nothing here loads a 
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,11 +30,10 @@ class Problem:
 
 
 def _stamp(path: Path) -> float:
-    try:
-        return (path / "zarr.json").stat().st_mtime_ns + sum(
-            (path / v / "zarr.json").stat().st_mtime_ns for v in ("complete",) if (path / v / "zarr.json").exists())
-    except OSError:
-        return 0.0
+    """Cache key of an open store: changes when capture rewrites its root or `complete` metadata."""
+    from store import metadata_mtime
+
+    return metadata_mtime(path) + metadata_mtime(path, "complete")
 
 
 @st.cache_resource(show_spinner=False, max_entries=8)
@@ -88,32 +86,20 @@ def show_problem(problem: Problem, path: Path) -> None:
 # --- probe results -----------------------------------------------------------------------------
 
 def _result_stamp(path: Path, name: str) -> float:
-    try:
-        return (path / "results" / name / "zarr.json").stat().st_mtime_ns
-    except OSError:
-        return 0.0
+    from store import metadata_mtime
+
+    return metadata_mtime(path, f"results/{name}")
 
 
 @st.cache_data(show_spinner=False, ttl=5)
 def result_index(path: str) -> dict[str, dict[str, Any]]:
     """{group name: {probe, complete, created, n_seq}} of the result groups in the store (attrs only)."""
-    base = Path(path) / "results"
-    out: dict[str, dict[str, Any]] = {}
-    if not base.is_dir():
-        return out
-    for meta in sorted(base.rglob("zarr.json")):
-        try:
-            raw = json.loads(meta.read_text())
-        except (OSError, ValueError):
-            continue
-        attrs = raw.get("attributes") or {}
-        if raw.get("node_type") != "group" or meta.parent == base or "probe" not in attrs:
-            continue
-        name = meta.parent.relative_to(base).as_posix()
-        out[name] = {"probe": attrs.get("probe"), "complete": bool(attrs.get("complete")),
-                     "created": attrs.get("created"), "n_seq": attrs.get("n_seq"),
-                     "n_records": len(attrs.get("records") or [])}
-    return out
+    from store import result_attrs
+
+    return {name: {"probe": attrs.get("probe"), "complete": bool(attrs.get("complete")),
+                   "created": attrs.get("created"), "n_seq": attrs.get("n_seq"),
+                   "n_records": len(attrs.get("records") or [])}
+            for name, attrs in result_attrs(path).items() if "probe" in attrs}
 
 
 @st.cache_resource(show_spinner=False, max_entries=64)

@@ -14,6 +14,8 @@ from typing import Any
 import numpy as np
 import streamlit as st
 
+from models import IGNORE_INDEX
+
 KEYS = {"layer": "sel_layer", "head": "sel_head", "step": "sel_step", "seq": "sel_seq", "pos": "sel_pos"}
 PAGE_KEY = "page"
 
@@ -82,8 +84,8 @@ def _token_row(path: str, stamp: float, seq: int, var: str) -> np.ndarray:
     from app.dash.loading import _open
 
     ds = _open(path, stamp)
-    if var not in ds:  # captured without --hooks tokens/labels: no ids, no labels (-100)
-        return np.full(ds.sizes["pos"], 0 if var == "tokens" else -100, np.int64)
+    if var not in ds:  # captured without --hooks tokens/labels: no ids, no labels
+        return np.full(ds.sizes["pos"], 0 if var == "tokens" else IGNORE_INDEX, np.int64)
     return np.asarray(ds[var].isel(seq=seq).values).astype(np.int64)
 
 

@@ -1,1 +1,1 @@
-"""Dashboard pages, one module each; every module exposes `TITLE` and `render(ctx)`."""
+"""Dashboard pages, one module each; every module exposes `render(ctx)`."""

@@ -11,7 +11,6 @@ import streamlit as st
 
 from app.dash import figures, state
 
-TITLE = "Betas"
 STATS = {"mean β": "beta_mean", "median β": "median", "fraction β > 1 (negative eigenvalue)": "frac_negative"}
 
 

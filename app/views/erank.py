@@ -11,7 +11,6 @@ import streamlit as st
 
 from app.dash import figures, loading, state
 
-TITLE = "Effective rank"
 METRICS = {
     "entropy effective rank": ("erank", "erank_by_pos", "erank_mean"),
     "stable rank": ("stable_rank", "stable_rank_by_pos", "stable_rank_mean"),

@@ -12,9 +12,7 @@ import streamlit as st
 
 from app.dash import figures, loading, state
 from app.dash.derive import name_of, seqs_for_points
-
-TITLE = "Keys"
-MAX_POINTS = 3000
+from models import IGNORE_INDEX
 
 
 @st.cache_data(show_spinner=False, max_entries=64)
@@ -29,7 +27,7 @@ def _points(path: str, stamp: float, result: str | None, n_preview: int, li: int
     ds = loading._open(path, stamp).isel(seq=idx)
     s, T = xyz.shape[:2]
     tokens = np.asarray(ds["tokens"].values) if "tokens" in ds else np.zeros((s, T), np.int64)
-    labels = np.asarray(ds["labels"].values) if "labels" in ds else np.full((s, T), -100)
+    labels = np.asarray(ds["labels"].values) if "labels" in ds else np.full((s, T), IGNORE_INDEX)
     seq = np.repeat(np.asarray(idx), T)
     pos = np.tile(np.arange(T), s)
     return {"xyz": xyz.reshape(s * T, -1)[:, :3], "seq": seq, "pos": pos,

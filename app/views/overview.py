@@ -13,7 +13,6 @@ import streamlit as st
 from app.dash import figures, loading
 from app.dash.derive import human_bytes, model_summary, param_count, readme
 
-TITLE = "Overview"
 PROBES = ("betas", "keys", "spectra", "erank", "linear", "lengthgen", "intervene")
 
 

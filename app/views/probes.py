@@ -11,8 +11,6 @@ import xarray as xr
 
 from app.dash import figures, loading
 
-TITLE = "Probes"
-
 
 def render(ctx) -> None:
     st.title("Probes")

@@ -13,8 +13,6 @@ import streamlit as st
 from app.dash import figures, loading, reads, state
 from app.dash.derive import name_of, seqs_for_points
 
-TITLE = "Spectra"
-
 
 @st.cache_data(show_spinner=False, max_entries=64)
 def _eigs(path: str, stamp: float, result: str | None, n_preview: int, var: str, li: int, head: int,

@@ -11,7 +11,6 @@ import streamlit as st
 from app.dash import figures, reads, state
 from app.dash.derive import name_of
 
-TITLE = "Token"
 CONTEXT = 12
 
 

@@ -7,6 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from models import IGNORE_INDEX
 from probes import data, intervene
 from probes.base import ProbeError
 from probes.synthetic import write_synthetic_store
@@ -36,7 +37,7 @@ def _hooked_metrics(model, tokens, labels, module, edit):
     finally:
         handle.remove()
     lab = torch.as_tensor(labels, dtype=torch.long)
-    valid = lab != -100
+    valid = lab != IGNORE_INDEX
     loss = F.cross_entropy(logits[valid], lab[valid]).item()
     acc = (logits.argmax(-1)[valid] == lab[valid]).float().mean().item()
     return acc, loss

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from models import IGNORE_INDEX
 from probes import data, lengthgen, linear
 from probes.synthetic import COPY_HEAD, synthetic_arrays, write_synthetic_store
 
@@ -49,7 +50,7 @@ def test_lengthgen_within_and_beyond(store):
     res = lengthgen.run(data.open_store(store), bucket=32)
     out = res.dataset
     a = synthetic_arrays(train_length=64, **KW)
-    valid = a["labels"] != -100
+    valid = a["labels"] != IGNORE_INDEX
     n = valid.sum(0)
     want = np.where(n > 0, (a["correct"] & valid).sum(0) / np.maximum(n, 1), np.nan)
     np.testing.assert_allclose(out["accuracy"].values, want)

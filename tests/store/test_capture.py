@@ -229,16 +229,3 @@ def test_torchrun_two_ranks_match_single_process(ckpt, tmp_path):
     assert a.sizes["seq"] == 14
     for name in b.data_vars:
         np.testing.assert_allclose(a[name].values, b[name].values, rtol=1e-6, atol=1e-7, err_msg=name)
-
-
-def test_training_length_is_read_from_task_and_lm_runs(tmp_path):
-    """A task run records train_length (task.json); a `train lm` run records context_length."""
-    from store.capture import _train_length
-
-    (tmp_path / "task").mkdir()
-    (tmp_path / "task" / "task.json").write_text('{"name": "S4", "train_length": 16}')
-    (tmp_path / "lm").mkdir()
-    (tmp_path / "lm" / "train_config.json").write_text('{"context_length": 256, "steps": 400}')
-    assert _train_length(tmp_path / "task", {}) == 16
-    assert _train_length(tmp_path / "lm", {}) == 256
-    assert _train_length(tmp_path, {}) is None

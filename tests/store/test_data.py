@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from models import IGNORE_INDEX
 from store.data import load_data
 from store.errors import DataError
 from tasks.state_tracking import get_task, write_csv
@@ -42,8 +43,8 @@ def test_text_bytes_windows_doc_starts_and_labels(tmp_path):
     starts = np.zeros(12, bool)
     starts[[0, 7]] = True
     np.testing.assert_array_equal(d.doc_start.ravel(), starts)
-    labels = stream[1:] + [-100]
-    labels[6] = -100  # 'g' ends document a: no target across documents
+    labels = stream[1:] + [IGNORE_INDEX]
+    labels[6] = IGNORE_INDEX  # 'g' ends document a: no target across documents
     assert d.labels.ravel().tolist() == labels
     with pytest.raises(DataError, match="outside the model's vocabulary") as err:
         d.check_vocab(24)

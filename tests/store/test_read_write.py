@@ -12,6 +12,7 @@ import xarray as xr
 import zarr
 
 import store
+from kernels.constants import CHUNK_SIZE
 from store import schema
 from store.writer import StoreWriter
 from tests.conftest import fill_disk
@@ -26,7 +27,7 @@ def make_attrs(**over):
         "deltalab_format": schema.FORMAT_VERSION,
         "model_config": {"model_type": "gated_deltaproduct", "h": 3},
         "checkpoint_digest": "sha256:" + "ab" * 32, "deltalab_version": "test", "command_line": ["test"],
-        "chunk_size": schema.CHUNK_SIZE, "created": "2026-01-01T00:00:00+00:00",
+        "chunk_size": CHUNK_SIZE, "created": "2026-01-01T00:00:00+00:00",
         "hooks": list(schema.DEFAULT_HOOKS),
         "variables": VARS, "layers": [0, 3], "dtype": "float16", "batch_size": 4, "sizes": SIZES,
     }
@@ -273,3 +274,28 @@ def test_lazy_dataset_runs_on_dask_distributed(tmp_path):
         per_layer = ds["k"].astype(np.float64).mean(dim=("seq", "pos", "step", "head", "dk")).compute()
     assert total == pytest.approx(expect.sum(), rel=1e-9)
     np.testing.assert_allclose(per_layer.values, expect.mean(axis=(0, 2, 3, 4, 5)), rtol=1e-9)
+
+
+def test_metadata_reads_attrs_without_opening_the_store(tmp_path):
+    """read_attrs / result_attrs / metadata_mtime read one small file each: what the dashboard polls."""
+    path = tmp_path / "s.zarr"
+    write_all(path, 10, stop_after=2)
+    assert store.read_attrs(path) == store.open(path).attrs
+    assert store.read_attrs(path, "results/pca") is None and store.metadata_mtime(path, "results/pca") == 0
+    assert store.read_attrs(path, "k") is None  # an array, not a group
+    assert store.read_attrs(tmp_path / "nothing") is None and store.metadata_mtime(tmp_path / "nothing") == 0
+    res = xr.Dataset({"components": (("layer", "comp", "dk"), np.ones((2, 3, 4)))})
+    store.write_results(path, "pca", res, {"probe": "keys", "complete": True})
+    store.write_results(path, "spectra/window2", res, {"probe": "spectra"})
+    got = store.result_attrs(path)
+    assert list(got) == ["pca", "spectra", "spectra/window2"] and got["spectra"] == {}  # the parent group too
+    assert got["pca"]["probe"] == "keys" and got["pca"]["complete"] is True and "complete" not in got["spectra/window2"]
+    assert store.read_attrs(path, "results/pca") == got["pca"]
+    assert store.metadata_mtime(path, "results/pca") > 0 and store.metadata_mtime(path) > 0
+    (path / "beta" / "zarr.json").write_text('{"zarr_format": 3, "node_ty')  # a damaged variable: open refuses,
+    with pytest.raises(store.TruncatedStoreError):
+        store.open(path)
+    assert store.read_attrs(path)["checkpoint_digest"] == make_attrs()["checkpoint_digest"]  # the attrs still read
+    (path / "results" / "pca" / "zarr.json").write_text("{oops")
+    assert store.read_attrs(path, "results/pca") is None
+    assert list(store.result_attrs(path)) == ["spectra", "spectra/window2"]

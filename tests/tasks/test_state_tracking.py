@@ -12,9 +12,9 @@ import torch
 from typer.testing import CliRunner
 
 from app.cli import app
+from models import IGNORE_INDEX
 from tasks.groups import GroupSpecError, alternating, cyclic, dihedral, parse_group, symmetric
 from tasks.state_tracking import (
-    IGNORE_INDEX,
     TaskError,
     get_task,
     read_csv,

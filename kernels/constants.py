@@ -1,0 +1,5 @@
+"""Sizes the math fixes; torch-free, so the store schema, probes and dashboard import them cheaply."""
+
+CHUNK_SIZE = 64
+"""Tokens per recurrence chunk: the chunked forms carry the state across chunks of this many tokens, and the
+`state` hook holds the state before tokens 0, 64, 128, ... plus the final state."""
