@@ -21,6 +21,8 @@ from pathlib import Path
 
 import numpy as np
 
+from kernels.constants import CHUNK_SIZE
+
 DASHBOARD = Path(__file__).resolve().parent / "dashboard.py"
 
 
@@ -47,7 +49,7 @@ def build(out: Path, gb: float, *, layers: int = 4, heads: int = 8, dk: int = 32
               "use_forget_gate": True, "use_output_gate": False, "use_short_conv": False, "allow_neg_eigval": True}
     attrs = {"deltalab_format": schema.FORMAT_VERSION, "model_config": config, "checkpoint_digest": "sha256:bench",
              "deltalab_version": "bench", "command_line": ["python", "-m", "benchmarks.dashboard"],
-             "chunk_size": schema.CHUNK_SIZE, "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+             "chunk_size": CHUNK_SIZE, "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
              "hooks": hooks, "variables": variables, "layers": list(range(layers)), "dtype": "float32",
              "batch_size": batch, "sizes": sizes, "train_length": length // 2}
     if out.exists():

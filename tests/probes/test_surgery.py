@@ -11,6 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from models import IGNORE_INDEX
 from probes import intervene
 from probes.base import ProbeError
 from probes.surgery import StateEdit, edited_output
@@ -126,7 +127,7 @@ def test_erasing_the_source_the_map_points_to_changes_the_prediction(lm):
     weakest = int(contrib.argmin())
 
     tokens = ids.numpy()
-    labels = np.full_like(tokens, -100)
+    labels = np.full_like(tokens, IGNORE_INDEX)
     labels[0, :-1] = tokens[0, 1:]
     with torch.no_grad():
         base = F.log_softmax(model(ids).logits.float(), -1)[0, QUERY]
