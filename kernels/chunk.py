@@ -3,14 +3,15 @@
 Each chunk of C tokens is C * n_h Householder sub-steps. Within a chunk the sub-steps are
 solved at once through the UT transform  (I + A) Delta = diag(beta) (V - e^Gamma K S_0),
 A_ij = beta_i e^{Gamma_i - Gamma_j} k_i.k_j (j < i); across chunks the state is carried.
-Same signature and results as `kernels.naive.naive_delta_product`.
+Same signature and results as `kernels.naive.naive_delta_product` (grouped heads: q and k are repeated to
+the value heads; packed batches: one chunked solve per sequence).
 """
 
 from __future__ import annotations
 
 import torch
 
-from kernels.naive import CHUNK_SIZE, l2_normalize
+from kernels.naive import CHUNK_SIZE, check_inputs, l2_normalize
 
 
 def _interleave(k: torch.Tensor) -> torch.Tensor:
@@ -29,11 +30,35 @@ def chunk_delta_product(
     initial_state: torch.Tensor | None = None,
     chunk_size: int = CHUNK_SIZE,
     normalize_qk: bool = False,
+    cu_seqlens: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Return (o [B,T,H,V], final state [B,H,K,V], chunk-boundary states [B,NC,H,K,V]).
+    """Return (o [B,T,Hv,V], final states [N,Hv,K,V], chunk-boundary states [B,NB,Hv,K,V]).
 
     Computes in float32 (float64 if given float64); o is returned in q's dtype, states in float32+.
+    Boundary layout as `kernels.naive.naive_delta_product` (per sequence with cu_seqlens).
     """
+    N, Hk, Hv, _, _, _ = check_inputs(q, k, v, beta, g, initial_state, cu_seqlens)
+    if Hv != Hk:
+        q, k = q.repeat_interleave(Hv // Hk, dim=2), k.repeat_interleave(Hv // Hk, dim=3)
+    args = dict(scale=scale, chunk_size=chunk_size, normalize_qk=normalize_qk)
+    if cu_seqlens is None:
+        return _chunk_dense(q, k, v, beta, g, initial_state=initial_state, **args)
+    cu = torch.as_tensor(cu_seqlens).tolist()
+    outs, finals, bounds = [], [], []
+    for n in range(N):
+        sl = slice(cu[n], cu[n + 1])
+        h0 = None if initial_state is None else initial_state[n : n + 1]
+        o, fin, bnd = _chunk_dense(
+            q[:, sl], k[:, sl], v[:, sl], beta[:, sl], None if g is None else g[:, sl], initial_state=h0, **args
+        )
+        outs.append(o)
+        finals.append(fin)
+        bounds.append(bnd)
+    return torch.cat(outs, 1), torch.cat(finals, 0), torch.cat(bounds, 1)
+
+
+def _chunk_dense(q, k, v, beta, g, scale, initial_state, chunk_size, normalize_qk):
+    """The chunked solve of [B, T] sequences with one head count."""
     B, T, H, K = q.shape
     n_h, V = k.shape[2], v.shape[-1]
     out_dtype = q.dtype
@@ -43,6 +68,9 @@ def chunk_delta_product(
         q, k = l2_normalize(q), l2_normalize(k)
     scale = K**-0.5 if scale is None else scale
 
+    if T == 0:  # an empty sequence of a packed batch: its initial state is its final and only boundary
+        state = q.new_zeros(B, H, K, V) if initial_state is None else initial_state.to(dtype)
+        return q.new_zeros(B, 0, H, V, dtype=out_dtype), state, state[:, None]
     # A sequence shorter than one chunk is solved as a single chunk of its own length: the
     # boundary states (initial, final) are the same, and no padding work is done.
     C = min(chunk_size, T)

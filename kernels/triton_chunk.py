@@ -29,7 +29,7 @@ import triton
 import triton.language as tl
 from triton.runtime.errors import OutOfResources
 
-from kernels.naive import CHUNK_SIZE
+from kernels.naive import CHUNK_SIZE, check_inputs
 
 BLOCK = 64  # sub-steps per WY block; a chunk of 64 tokens holds n_h of them
 EPS = 1e-6  # as kernels.naive.l2_normalize
@@ -49,6 +49,23 @@ def _dot_in(x, ref, F32: tl.constexpr):
 
 
 @triton.jit
+def _chunk_seq(gc, T, cu, cidx, coff, IS_VARLEN: tl.constexpr):
+    """(sequence, chunk within it, its first token (int64), its length) of global chunk gc."""
+    if IS_VARLEN:
+        i_n = tl.load(cidx + gc).to(tl.int32)
+        c = gc - tl.load(coff + i_n).to(tl.int32)
+        bos = tl.load(cu + i_n).to(tl.int64)
+        Tn = (tl.load(cu + i_n + 1).to(tl.int64) - bos).to(tl.int32)
+    else:
+        NCH = tl.cdiv(T, 64)
+        i_n = gc // NCH
+        c = gc % NCH
+        bos = i_n.to(tl.int64) * T
+        Tn = T
+    return i_n, c, bos, Tn
+
+
+@triton.jit
 def _tri_kernel(
     k,
     beta,
@@ -57,24 +74,29 @@ def _tri_kernel(
     rstd,
     scratch,
     T,
-    n_blocks,
-    H: tl.constexpr,
+    cu,
+    cidx,
+    coff,
+    NCT,
+    n_jobs,
+    HK: tl.constexpr,
+    HV: tl.constexpr,
     NH: tl.constexpr,
     K: tl.constexpr,
     BK: tl.constexpr,
     USE_G: tl.constexpr,
     NORM: tl.constexpr,
+    IS_VARLEN: tl.constexpr,
     F32: tl.constexpr,
     PREC: tl.constexpr,
 ):
-    """Persistent over (64-sub-step block, batch*head): key norms and T = (I + A)^-1 of each block.
+    """Persistent over (value head, 64-sub-step block): key norms and T = (I + A)^-1 of each block.
 
     A_ij = beta_i e^{Gamma_i - Gamma_j} k_i.k_j (j < i) goes to this program's fp32 scratch (reused, so it
     stays in L2); four 16x16 diagonal inverses by forward substitution, then block rows merged in place.
     """
-    NCH = tl.cdiv(T, 64)
-    NB = NCH * NH  # blocks per (batch, head)
-    TS = T * NH
+    NBT = NCT * NH  # blocks per value head
+    L: tl.constexpr = 64 * NH
     o_r = tl.arange(0, 64)
     o_i = tl.arange(0, 16)
     o_p = tl.arange(0, 4)
@@ -84,23 +106,26 @@ def _tri_kernel(
     m_tri = o_r[:, None] >= o_r[None, :]
     eye16 = tl.where(o_i[:, None] == o_i[None, :], 1.0, 0.0)
     S = scratch + tl.program_id(0).to(tl.int64) * 64 * 64
-    for job in range(tl.program_id(0), n_blocks, tl.num_programs(0)):
-        i_bh, i_blk = job // NB, job % NB
-        i_b, i_h = i_bh // H, i_bh % H
-        s = i_blk * 64 + o_r  # sub-step index in the sequence
-        m_s = s < TS
-        p_k = k + (i_b.to(tl.int64) * TS * H + i_h) * K + s[:, None] * (H * K) + o_k[None, :]
+    for job in range(tl.program_id(0), n_jobs, tl.num_programs(0)):
+        i_h, gb = job // NBT, job % NBT
+        gc, a = gb // NH, gb % NH
+        i_n, c, bos, Tn = _chunk_seq(gc, T, cu, cidx, coff, IS_VARLEN)
+        i_hk = i_h // (HV // HK)
+        s = c * L + a * 64 + o_r  # sub-step index in the sequence
+        m_s = s < Tn * NH
+        p_k = k + (bos * NH + s)[:, None] * (HK * K) + i_hk * K + o_k[None, :]
         b_k = tl.load(p_k, mask=m_s[:, None] & m_k[None, :], other=0.0)
-        b_beta = tl.load(beta + (i_b.to(tl.int64) * TS + s) * H + i_h, mask=m_s, other=0.0).to(tl.float32)
+        b_beta = tl.load(beta + (bos * NH + s) * HV + i_h, mask=m_s, other=0.0).to(tl.float32)
         if NORM:
             b_kf = b_k.to(tl.float32)
             b_rs = 1.0 / tl.sqrt(tl.sum(b_kf * b_kf, 1) + 1e-6)
         else:
             b_rs = tl.full([64], 1.0, dtype=tl.float32)
-        tl.store(rstd + i_bh.to(tl.int64) * NB * 64 + s, b_rs)
+        rows = (i_h.to(tl.int64) * NCT + gc) * L + a * 64 + o_r
+        tl.store(rstd + rows, b_rs)
         if USE_G:
             m_g = m_s & (s % NH == 0)
-            b_g = tl.load(g + (i_b.to(tl.int64) * T + s // NH) * H + i_h, mask=m_g, other=0.0).to(tl.float32)
+            b_g = tl.load(g + (bos + s // NH) * HV + i_h, mask=m_g, other=0.0).to(tl.float32)
             b_G = tl.cumsum(b_g, 0)
             b_dec = tl.exp(tl.where(m_low, b_G[:, None] - b_G[None, :], 0.0))
         else:
@@ -135,8 +160,7 @@ def _tri_kernel(
             tl.store(S + row[:, None] * 64 + o_r[None, :], b_off, mask=o_r[None, :] < 16 * p)
             tl.debug_barrier()
         b_Ti = tl.load(S + o_r[:, None] * 64 + o_r[None, :], mask=m_tri, other=0.0)
-        p_T = Ti + (i_bh.to(tl.int64) * NB * 64 + s)[:, None] * 64 + o_r[None, :]
-        tl.store(p_T, b_Ti.to(Ti.dtype.element_ty))
+        tl.store(Ti + rows[:, None] * 64 + o_r[None, :], b_Ti.to(Ti.dtype.element_ty))
 
 
 @triton.jit
@@ -151,39 +175,43 @@ def _wu_kernel(
     gcum,
     rstd,
     T,
-    H: tl.constexpr,
+    cu,
+    cidx,
+    coff,
+    NCT,
+    HK: tl.constexpr,
+    HV: tl.constexpr,
     NH: tl.constexpr,
     K: tl.constexpr,
     V: tl.constexpr,
     BK: tl.constexpr,
     BV: tl.constexpr,
     USE_G: tl.constexpr,
+    IS_VARLEN: tl.constexpr,
     F32: tl.constexpr,
     PREC: tl.constexpr,
 ):
-    """One program per (chunk, batch*head): Gamma from the chunk start, and each block's own WY factors
-    W_a = T_aa diag(beta e^{Gamma - Gamma_a}) K_a, U_a = T_aa diag(beta) V_a (Gamma_a: Gamma at the block start)."""
-    i_c, i_bh = tl.program_id(0), tl.program_id(1)
-    i_b, i_h = i_bh // H, i_bh % H
-    NCH = tl.cdiv(T, 64)
+    """One program per (global chunk, value head): Gamma from the chunk start, and each block's own WY factors
+    W_a = T_aa diag(beta e^{Gamma - Gamma_a}) K_a, U_a = T_aa diag(beta) V_a (Gamma_a: Gamma at the block start);
+    U in value tiles of BV, so that dv = 512 fits in registers."""
+    gc, i_h = tl.program_id(0), tl.program_id(1)
+    i_n, c, bos, Tn = _chunk_seq(gc, T, cu, cidx, coff, IS_VARLEN)
+    i_hk = i_h // (HV // HK)
     L: tl.constexpr = 64 * NH
-    TS = T * NH
     o_r = tl.arange(0, 64)
     o_k = tl.arange(0, BK)
-    o_v = tl.arange(0, BV)
     m_k = o_k < K
-    m_v = o_v < V
     m_tri = o_r[:, None] >= o_r[None, :]
-    k_base = k + (i_b.to(tl.int64) * TS * H + i_h) * K
-    v_base = v + (i_b.to(tl.int64) * TS * H + i_h) * V
-    aux = i_bh.to(tl.int64) * NCH * L + i_c * L  # row of this chunk in Ti/W/U/gcum/rstd
+    k_base = k + bos * NH * (HK * K) + i_hk * K
+    v_base = v + bos * NH * (HV * V) + i_h * V
+    aux = (i_h.to(tl.int64) * NCT + gc) * L  # row of this chunk in Ti/W/U/gcum/rstd
     carry = tl.zeros([1], dtype=tl.float32)
     for a in tl.static_range(NH):
-        s = i_c * L + a * 64 + o_r
-        m_s = s < TS
+        s = c * L + a * 64 + o_r
+        m_s = s < Tn * NH
         if USE_G:
             m_g = m_s & (s % NH == 0)
-            b_gs = tl.load(g + (i_b.to(tl.int64) * T + s // NH) * H + i_h, mask=m_g, other=0.0).to(tl.float32)
+            b_gs = tl.load(g + (bos + s // NH) * HV + i_h, mask=m_g, other=0.0).to(tl.float32)
             b_Gblk = tl.cumsum(b_gs, 0)  # from the block start
             tl.store(gcum + aux + a * 64 + o_r, b_Gblk + carry)
             carry += tl.sum(b_gs, 0)
@@ -191,18 +219,21 @@ def _wu_kernel(
         else:
             tl.store(gcum + aux + a * 64 + o_r, tl.zeros([64], dtype=tl.float32))
             b_dec = tl.full([64], 1.0, dtype=tl.float32)
-        b_k = tl.load(k_base + s[:, None] * (H * K) + o_k[None, :], mask=m_s[:, None] & m_k[None, :], other=0.0)
-        b_beta = tl.load(beta + (i_b.to(tl.int64) * TS + s) * H + i_h, mask=m_s, other=0.0).to(tl.float32)
+        b_k = tl.load(k_base + s[:, None] * (HK * K) + o_k[None, :], mask=m_s[:, None] & m_k[None, :], other=0.0)
+        b_beta = tl.load(beta + (bos * NH + s) * HV + i_h, mask=m_s, other=0.0).to(tl.float32)
         b_rs = tl.load(rstd + aux + a * 64 + o_r)
-        b_v = tl.load(v_base + s[:, None] * (H * V) + o_v[None, :], mask=m_s[:, None] & m_v[None, :], other=0.0)
         b_X = b_k.to(tl.float32) * (b_beta * b_rs * b_dec)[:, None]
-        b_Y = b_v.to(tl.float32) * b_beta[:, None]
         rows = aux + a * 64 + o_r
         b_Ti = _dot_in(tl.load(Ti + rows[:, None] * 64 + o_r[None, :], mask=m_tri, other=0.0), W, F32)
         b_W = tl.dot(b_Ti, _dot_in(b_X, W, F32), input_precision=PREC)
-        b_U = tl.dot(b_Ti, _dot_in(b_Y, W, F32), input_precision=PREC)
         tl.store(W + rows[:, None] * K + o_k[None, :], b_W.to(W.dtype.element_ty), mask=m_k[None, :])
-        tl.store(U + rows[:, None] * V + o_v[None, :], b_U.to(U.dtype.element_ty), mask=m_v[None, :])
+        for iv in tl.static_range(tl.cdiv(V, BV)):
+            o_v = iv * BV + tl.arange(0, BV)
+            m_v = o_v < V
+            b_v = tl.load(v_base + s[:, None] * (HV * V) + o_v[None, :], mask=m_s[:, None] & m_v[None, :], other=0.0)
+            b_Y = b_v.to(tl.float32) * b_beta[:, None]
+            b_U = tl.dot(b_Ti, _dot_in(b_Y, W, F32), input_precision=PREC)
+            tl.store(U + rows[:, None] * V + o_v[None, :], b_U.to(U.dtype.element_ty), mask=m_v[None, :])
 
 
 @triton.jit
@@ -217,7 +248,11 @@ def _state_kernel(
     ht,
     h0,
     T,
-    H: tl.constexpr,
+    cu,
+    coff,
+    NCT,
+    HK: tl.constexpr,
+    HV: tl.constexpr,
     NH: tl.constexpr,
     K: tl.constexpr,
     V: tl.constexpr,
@@ -225,32 +260,43 @@ def _state_kernel(
     BV: tl.constexpr,
     HAS_H0: tl.constexpr,
     STORE_FINAL: tl.constexpr,
+    IS_VARLEN: tl.constexpr,
     F32: tl.constexpr,
     PREC: tl.constexpr,
 ):
-    """One program per (value tile, batch*head), looping over chunks and their n_h blocks: store S_c (at
-    chunk starts), D_a = U_a - W_a S_a and S_{a+1} = e^{G_a'} S_a + sum_{s in a} e^{G_a' - G_s} k_s D_s^T,
-    G_a' the log-decay over block a. D is each sub-step's true pseudo-value, whatever the blocking."""
-    i_v, i_bh = tl.program_id(0), tl.program_id(1)
-    i_b, i_h = i_bh // H, i_bh % H
-    NCH = tl.cdiv(T, 64)
+    """One program per (value tile, sequence * value head), looping over the sequence's chunks and their
+    n_h blocks: store S_c (at chunk starts), D_a = U_a - W_a S_a and
+    S_{a+1} = e^{G_a'} S_a + sum_{s in a} e^{G_a' - G_s} k_s D_s^T, G_a' the log-decay over block a.
+    D is each sub-step's true pseudo-value, whatever the blocking."""
+    i_v, i_nh = tl.program_id(0), tl.program_id(1)
+    i_n, i_h = i_nh // HV, i_nh % HV
+    i_hk = i_h // (HV // HK)
+    if IS_VARLEN:
+        bos = tl.load(cu + i_n).to(tl.int64)
+        Tn = (tl.load(cu + i_n + 1).to(tl.int64) - bos).to(tl.int32)
+        gc0 = tl.load(coff + i_n).to(tl.int32)
+    else:
+        bos = i_n.to(tl.int64) * T
+        Tn = T
+        gc0 = i_n * tl.cdiv(T, 64)
+    NC = tl.cdiv(Tn, 64)
     L: tl.constexpr = 64 * NH
-    TS = T * NH
     o_r = tl.arange(0, 64)
     o_k = tl.arange(0, BK)
     o_v = i_v * BV + tl.arange(0, BV)
     m_k = o_k < K
     m_v = o_v < V
     m_h = m_k[:, None] & m_v[None, :]
-    k_base = k + (i_b.to(tl.int64) * TS * H + i_h) * K
-    aux0 = i_bh.to(tl.int64) * NCH * L
+    k_base = k + bos * NH * (HK * K) + i_hk * K
+    aux0 = (i_h.to(tl.int64) * NCT + gc0) * L
     p_hkv = o_k[:, None] * V + o_v[None, :]
+    bnd_base = bnd + ((gc0 + i_n).to(tl.int64) * HV + i_h) * K * V  # this sequence's first boundary
     if HAS_H0:
-        b_h = tl.load(h0 + i_bh.to(tl.int64) * K * V + p_hkv, mask=m_h, other=0.0).to(tl.float32)
+        b_h = tl.load(h0 + i_nh.to(tl.int64) * K * V + p_hkv, mask=m_h, other=0.0).to(tl.float32)
     else:
         b_h = tl.zeros([BK, BV], dtype=tl.float32)
-    for c in range(NCH):
-        tl.store(bnd + ((i_b.to(tl.int64) * (NCH + 1) + c) * H + i_h) * K * V + p_hkv, b_h, mask=m_h)
+    for c in range(NC):
+        tl.store(bnd_base + c * (HV * K * V) + p_hkv, b_h, mask=m_h)
         aux = aux0 + c * L
         for a in tl.static_range(NH):
             rows = aux + a * 64 + o_r
@@ -262,8 +308,8 @@ def _state_kernel(
             b_G1 = tl.load(gcum + aux + a * 64 + 63)
             b_w = tl.load(W + rows[:, None] * K + o_k[None, :], mask=m_k[None, :], other=0.0)
             b_u = tl.load(U + rows[:, None] * V + o_v[None, :], mask=m_v[None, :], other=0.0)
-            p_k = k_base + s[:, None] * (H * K) + o_k[None, :]
-            b_k = tl.load(p_k, mask=(s < TS)[:, None] & m_k[None, :], other=0.0)
+            p_k = k_base + s[:, None] * (HK * K) + o_k[None, :]
+            b_k = tl.load(p_k, mask=(s < Tn * NH)[:, None] & m_k[None, :], other=0.0)
             b_scale = tl.load(rstd + rows) * tl.exp(b_G1 - tl.load(gcum + rows))
             b_d = b_u.to(tl.float32) - tl.dot(_dot_in(b_w, k, F32), _dot_in(b_h, k, F32), input_precision=PREC)
             tl.store(D + rows[:, None] * V + o_v[None, :], b_d.to(D.dtype.element_ty), mask=m_v[None, :])
@@ -271,9 +317,9 @@ def _state_kernel(
             b_h = b_h * tl.exp(b_G1 - b_G0) + tl.dot(
                 tl.trans(_dot_in(b_k, k, F32)), _dot_in(b_ds, k, F32), input_precision=PREC
             )
-    tl.store(bnd + ((i_b.to(tl.int64) * (NCH + 1) + NCH) * H + i_h) * K * V + p_hkv, b_h, mask=m_h)
+    tl.store(bnd_base + NC * (HV * K * V) + p_hkv, b_h, mask=m_h)
     if STORE_FINAL:
-        tl.store(ht + i_bh.to(tl.int64) * K * V + p_hkv, b_h, mask=m_h)
+        tl.store(ht + i_nh.to(tl.int64) * K * V + p_hkv, b_h, mask=m_h)
 
 
 @triton.jit
@@ -286,36 +332,38 @@ def _output_kernel(
     bnd,
     o,
     T,
+    cu,
+    cidx,
+    coff,
+    NCT,
     scale,
-    H: tl.constexpr,
+    HK: tl.constexpr,
+    HV: tl.constexpr,
     NH: tl.constexpr,
     K: tl.constexpr,
     V: tl.constexpr,
     BK: tl.constexpr,
     BV: tl.constexpr,
     NORM: tl.constexpr,
+    IS_VARLEN: tl.constexpr,
     F32: tl.constexpr,
     PREC: tl.constexpr,
 ):
-    """One program per (value tile, chunk, batch*head): o = scale (e^G q S_c + (q K^T * decay * mask) D)."""
-    i_v, i_c, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    i_b, i_h = i_bh // H, i_bh % H
-    NCH = tl.cdiv(T, 64)
+    """One program per (value tile, global chunk, value head): o = scale (e^G q S_c + (q K^T * decay * mask) D)."""
+    i_v, gc, i_h = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_n, c, bos, Tn = _chunk_seq(gc, T, cu, cidx, coff, IS_VARLEN)
+    i_hk = i_h // (HV // HK)
     L: tl.constexpr = 64 * NH
-    TS = T * NH
     o_r = tl.arange(0, 64)
     o_k = tl.arange(0, BK)
     o_v = i_v * BV + tl.arange(0, BV)
     m_k = o_k < K
     m_v = o_v < V
-    aux = i_bh.to(tl.int64) * NCH * L + i_c * L
-    t = i_c * 64 + o_r
-    m_t = t < T
-    b_q = tl.load(
-        q + (i_b.to(tl.int64) * T * H + i_h) * K + t[:, None] * (H * K) + o_k[None, :],
-        mask=m_t[:, None] & m_k[None, :],
-        other=0.0,
-    )
+    aux = (i_h.to(tl.int64) * NCT + gc) * L
+    t = c * 64 + o_r
+    m_t = t < Tn
+    p_q = q + (bos + t)[:, None] * (HK * K) + i_hk * K + o_k[None, :]
+    b_q = tl.load(p_q, mask=m_t[:, None] & m_k[None, :], other=0.0)
     if NORM:
         b_qf = b_q.to(tl.float32)
         b_rq = 1.0 / tl.sqrt(tl.sum(b_qf * b_qf, 1) + 1e-6)
@@ -323,15 +371,17 @@ def _output_kernel(
         b_rq = tl.full([64], 1.0, dtype=tl.float32)
     b_Gq = tl.load(gcum + aux + o_r * NH + NH - 1)
     b_qd = _dot_in(b_q, k, F32)
-    p_h = bnd + ((i_b.to(tl.int64) * (NCH + 1) + i_c) * H + i_h) * K * V + o_k[:, None] * V + o_v[None, :]
+    p_h = bnd + ((gc + i_n).to(tl.int64) * HV + i_h) * K * V + o_k[:, None] * V + o_v[None, :]
     b_h = tl.load(p_h, mask=m_k[:, None] & m_v[None, :], other=0.0)
     b_hd = _dot_in(b_h, k, F32)
     b_o = tl.dot(b_qd, b_hd, input_precision=PREC) * (b_rq * tl.exp(b_Gq))[:, None]
-    k_base = k + (i_b.to(tl.int64) * TS * H + i_h) * K
+    k_base = k + bos * NH * (HK * K) + i_hk * K
     for a in tl.static_range(NH):
         rows = aux + a * 64 + o_r
-        s = i_c * L + a * 64 + o_r
-        b_k = tl.load(k_base + s[:, None] * (H * K) + o_k[None, :], mask=(s < TS)[:, None] & m_k[None, :], other=0.0)
+        s = c * L + a * 64 + o_r
+        b_k = tl.load(
+            k_base + s[:, None] * (HK * K) + o_k[None, :], mask=(s < Tn * NH)[:, None] & m_k[None, :], other=0.0
+        )
         b_G = tl.load(gcum + rows)
         b_rs = tl.load(rstd + rows)
         tok = (a * 64 + o_r) // NH
@@ -341,13 +391,13 @@ def _output_kernel(
         b_s = tl.where(m_a, b_s * b_rq[:, None] * b_rs[None, :] * b_dec, 0.0)
         b_d = tl.load(D + rows[:, None] * V + o_v[None, :], mask=m_v[None, :], other=0.0)
         b_o += tl.dot(_dot_in(b_s, k, F32), _dot_in(b_d, k, F32), input_precision=PREC)
-    p_o = o + (i_b.to(tl.int64) * T * H + i_h) * V + t[:, None] * (H * V) + o_v[None, :]
+    p_o = o + (bos + t)[:, None] * (HV * V) + i_h * V + o_v[None, :]
     tl.store(p_o, (b_o * scale).to(o.dtype.element_ty), mask=m_t[:, None] & m_v[None, :])
 
 
 @dataclass(frozen=True)
 class LaunchConfig:
-    """Launch choices; state_bv None picks the default for the shape (see `default_config`).
+    """Launch choices; None fields pick the default for the shape (see `default_config`).
 
     Defaults from `python -m benchmarks.fwd_tune` on an H100 (B=8, T=8192): wu_warps 4 beat 8 at every point (4.33 vs
     4.54 ms at n_h=3); 4 tri or 8 state warps, or 64-wide output tiles, were slower.
@@ -356,11 +406,15 @@ class LaunchConfig:
     state_bv: int | None = None  # value tile of the sequential kernel
     tri_warps: int = 2
     wu_warps: int = 4
+    wu_bv: int = 128  # value tile of the WY kernel (U = T Y tile by tile)
     state_warps: int = 4
     state_stages: int = 2
     out_warps: int = 4
     out_bv: int = 128
     tri_programs_per_sm: int = 8
+
+
+MAX_K, MAX_V = 256, 512  # head dims the Triton path takes (dispatch falls back beyond)
 
 
 def _pow2(n: int) -> int:
@@ -372,11 +426,12 @@ def _num_sms() -> int:
     return torch.cuda.get_device_properties(0).multi_processor_count if torch.cuda.is_available() else 132
 
 
-def default_config(B: int, H: int, V: int, n_h: int = 1) -> LaunchConfig:
-    """Value tiles of the sequential kernel: 32, or 64 for n_h <= 2 once batch * head gives about a program
-    per SM (W and K are re-read per tile). Never 16 with dk = 128: on an H100 (Triton 3.6) the compiled
-    state kernel with 16-wide tiles faulted (n_h = 3) or returned wrong states (n_h = 1) at B = 8, T >= 1024,
-    while the interpreter and T = 300 agreed with the reference; see tests/test_triton_chunk.py.
+def default_config(B: int, H: int, V: int, n_h: int = 1, K: int = 128) -> LaunchConfig:
+    """Value tiles of the sequential kernel: 32, or 64 for n_h <= 2 once sequences * value heads give about
+    a program per SM (W and K are re-read per tile). Never 16 with dk = 128: on an H100 (Triton 3.6) the
+    compiled state kernel with 16-wide tiles faulted (n_h = 3) or returned wrong states (n_h = 1) at B = 8,
+    T >= 1024, while the interpreter and T = 300 agreed with the reference; see tests/kernels/test_triton_chunk.py.
+    B counts sequences (of a packed batch too), H value heads.
     """
     n_sm = _num_sms()
     bv = 32
@@ -385,32 +440,42 @@ def default_config(B: int, H: int, V: int, n_h: int = 1) -> LaunchConfig:
     return LaunchConfig(state_bv=min(bv, _pow2(V)))
 
 
-def _check(q, k, v, beta, g, initial_state, chunk_size) -> None:
-    if q.dim() != 4 or k.dim() != 5 or v.dim() != 5 or beta.dim() != 4:
-        raise ValueError(
-            "expected q [B,T,H,K], k [B,T,n_h,H,K], v [B,T,n_h,H,V], beta [B,T,n_h,H]; got "
-            f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}, {tuple(beta.shape)}"
-        )
-    B, T, H, K = q.shape
-    n_h = k.shape[2]
-    if k.shape != (B, T, n_h, H, K) or v.shape[:4] != (B, T, n_h, H) or beta.shape != (B, T, n_h, H):
-        raise ValueError(
-            f"shapes disagree: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}, beta {tuple(beta.shape)}"
-        )
-    if g is not None and g.shape != (B, T, H):
-        raise ValueError(f"g must be [B,T,H] = {(B, T, H)}, got {tuple(g.shape)}")
-    if initial_state is not None and initial_state.shape != (B, H, K, v.shape[-1]):
-        raise ValueError(
-            f"initial_state must be [B,H,K,V] = {(B, H, K, v.shape[-1])}, got {tuple(initial_state.shape)}"
-        )
+def unsupported_reason(q: torch.Tensor, v: torch.Tensor, chunk_size: int = CHUNK_SIZE) -> str | None:
+    """Why the Triton path would not take these (valid) inputs, or None when it does."""
+    K, V = q.shape[-1], v.shape[-1]
+    if chunk_size != CHUNK_SIZE:
+        return f"chunk_size={chunk_size} (the Triton forward uses {CHUNK_SIZE})"
+    if q.dtype not in (torch.bfloat16, torch.float16, torch.float32):
+        return f"dtype {q.dtype} (bf16, fp16 or fp32)"
+    if K > MAX_K or V > MAX_V:
+        return f"dk={K}, dv={V} (the Triton forward takes dk <= {MAX_K}, dv <= {MAX_V})"
+    if not (q.is_cuda or _interpreting()):
+        return "tensors not on CUDA"
+    return None
+
+
+def _check(q, k, v, beta, g, initial_state, chunk_size, cu_seqlens) -> int:
+    """The shared contract (kernels.naive.check_inputs), then what this path takes; returns N sequences."""
+    N = check_inputs(q, k, v, beta, g, initial_state, cu_seqlens)[0]
     if chunk_size != CHUNK_SIZE:
         raise ValueError(f"the Triton forward uses chunk_size={CHUNK_SIZE}; use chunk_delta_product for {chunk_size}")
     if q.dtype not in (torch.bfloat16, torch.float16, torch.float32):
         raise ValueError(f"q dtype {q.dtype} unsupported: pass bf16, fp16 or fp32 (chunk_delta_product for fp64)")
-    if max(K, v.shape[-1]) > 256:
-        raise ValueError(f"head dims up to 256 are supported, got K={K}, V={v.shape[-1]}")
-    if not (q.is_cuda or _interpreting()):
-        raise ValueError("the Triton forward needs CUDA tensors (or TRITON_INTERPRET=1 on the CPU)")
+    why = unsupported_reason(q, v, chunk_size)
+    if why is not None:
+        raise ValueError(f"the Triton forward does not take {why}; use chunk_delta_product")
+    return N
+
+
+def _varlen_tables(cu_seqlens: torch.Tensor, dev: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
+    """(cu int32, sequence of each global chunk, first global chunk of each sequence [N+1], total chunks)."""
+    cu = cu_seqlens.to(device=dev, dtype=torch.int32)
+    n_chunks = (cu.diff() + CHUNK_SIZE - 1) // CHUNK_SIZE
+    coff = torch.nn.functional.pad(n_chunks.cumsum(0), (1, 0)).to(torch.int32)
+    nct = int(coff[-1])  # one host sync: the grids need it
+    seq = torch.arange(n_chunks.numel(), device=dev, dtype=torch.int32)
+    cidx = seq.repeat_interleave(n_chunks, output_size=nct)
+    return cu, cidx, coff, nct
 
 
 def triton_delta_product(
@@ -426,15 +491,18 @@ def triton_delta_product(
     output_final_state: bool = True,
     output_boundary_states: bool = True,
     config: LaunchConfig | None = None,
+    cu_seqlens: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-    """Return (o [B,T,H,V] in q's dtype, final state [B,H,K,V] fp32, boundary states [B,NC,H,K,V] fp32).
+    """Return (o [B,T,Hv,V] in q's dtype, final states [N,Hv,K,V] fp32, boundary states [B,NB,Hv,K,V] fp32).
 
-    Forward only. NC = ceil(T/64) + 1: boundary c is the state before token 64c, the last is the final
-    state. bf16/fp16 inputs run the matrix products in half precision with fp32 accumulation.
+    Forward only; shapes and the packed (cu_seqlens) boundary layout as `kernels.naive`. Without cu_seqlens
+    NB = ceil(T/64) + 1: boundary c is the state before token 64c, the last is the final state. q and k
+    keep their Hk heads (value head j reads key head j // (Hv/Hk) in the kernels). bf16/fp16 inputs run the
+    matrix products in half precision with fp32 accumulation.
     """
-    _check(q, k, v, beta, g, initial_state, chunk_size)
-    B, T, H, K = q.shape
-    n_h, V = k.shape[2], v.shape[-1]
+    N = _check(q, k, v, beta, g, initial_state, chunk_size, cu_seqlens)
+    B, T, HK, K = q.shape
+    n_h, HV, V = k.shape[2], v.shape[3], v.shape[-1]
     dtype = q.dtype
     q, k, v = q.contiguous(), k.to(dtype).contiguous(), v.to(dtype).contiguous()
     beta = beta.contiguous()
@@ -442,101 +510,66 @@ def triton_delta_product(
     h0 = initial_state.contiguous() if initial_state is not None else None
     scale = K**-0.5 if scale is None else float(scale)
     dev = q.device
-    NCH = triton.cdiv(T, CHUNK_SIZE)
+    varlen = cu_seqlens is not None
+    if varlen:
+        cu, cidx, coff, NCT = _varlen_tables(cu_seqlens, dev)
+    else:
+        cu = cidx = coff = None
+        NCT = B * triton.cdiv(T, CHUNK_SIZE)
+    NBND = NCT + N  # boundary rows: each sequence's chunk starts and its final state
     BK, BVF = _pow2(K), _pow2(V)
     interp = _interpreting()
     F32 = interp or dtype == torch.float32  # fp32 operands in tl.dot (the interpreter's bf16 dot is wrong)
     PREC = "ieee" if dtype == torch.float32 else "tf32"
-    d = default_config(B, H, V, n_h)
+    d = default_config(N, HV, V, n_h, K)
     cfg = replace(config or d, state_bv=(config or d).state_bv or d.state_bv)
     if cfg.state_bv < 32 and V > 16 and not interp:
         raise ValueError(f"state_bv={cfg.state_bv} miscompiles on CUDA (see default_config); use 32, 64 or 128")
     BV = min(cfg.state_bv, BVF)
+    common = dict(HK=HK, HV=HV, NH=n_h, K=K, BK=BK, IS_VARLEN=varlen, F32=F32, PREC=PREC)
+    seq_args = (T, cu, cidx, coff, NCT)
 
     f32 = torch.float32
-    NB = NCH * n_h  # 64-sub-step blocks per (batch, head)
-    Ti = torch.empty(B * H, NB * BLOCK, BLOCK, dtype=dtype, device=dev)
-    rstd = torch.empty(B * H, NB * BLOCK, dtype=f32, device=dev)
-    n_prog = min(B * H * NB, 3 if interp else _num_sms() * cfg.tri_programs_per_sm)
-    scratch = torch.empty(n_prog, BLOCK, BLOCK, dtype=f32, device=dev)
-    _tri_kernel[(n_prog,)](
-        k,
-        beta,
-        g,
-        Ti,
-        rstd,
-        scratch,
-        T,
-        B * H * NB,
-        H=H,
-        NH=n_h,
-        K=K,
-        BK=BK,
-        USE_G=g is not None,
-        NORM=normalize_qk,
-        F32=F32,
-        PREC=PREC,
-        num_warps=cfg.tri_warps,
-    )
-    W = torch.empty(B * H, NB * BLOCK, K, dtype=dtype, device=dev)
-    U = torch.empty(B * H, NB * BLOCK, V, dtype=dtype, device=dev)
-    gcum = torch.empty(B * H, NB * BLOCK, dtype=f32, device=dev)
-    _wu_kernel[(NCH, B * H)](
-        k,
-        v,
-        beta,
-        g,
-        Ti,
-        W,
-        U,
-        gcum,
-        rstd,
-        T,
-        H=H,
-        NH=n_h,
-        K=K,
-        V=V,
-        BK=BK,
-        BV=BVF,
-        USE_G=g is not None,
-        F32=F32,
-        PREC=PREC,
-        num_warps=cfg.wu_warps,
-    )
-    bnd = torch.empty(B, NCH + 1, H, K, V, dtype=f32, device=dev)  # also the output kernel's input
-    ht = torch.empty(B, H, K, V, dtype=f32, device=dev) if output_final_state else None
-    o = torch.empty(B, T, H, V, dtype=dtype, device=dev)
-    common = dict(H=H, NH=n_h, K=K, F32=F32, PREC=PREC)
-    state_consts = dict(V=V, BK=BK, BV=BV, HAS_H0=h0 is not None, STORE_FINAL=output_final_state, **common)
-    D = torch.empty(B * H, NB * BLOCK, V, dtype=dtype, device=dev)
+    rows = NCT * n_h * BLOCK  # sub-step rows per value head
+    Ti = torch.empty(HV, rows, BLOCK, dtype=dtype, device=dev)
+    rstd = torch.empty(HV, rows, dtype=f32, device=dev)
+    W = torch.empty(HV, rows, K, dtype=dtype, device=dev)
+    U = torch.empty(HV, rows, V, dtype=dtype, device=dev)
+    D = torch.empty(HV, rows, V, dtype=dtype, device=dev)
+    gcum = torch.empty(HV, rows, dtype=f32, device=dev)
+    bnd = torch.empty(NBND, HV, K, V, dtype=f32, device=dev)  # also the output kernel's input
+    ht = torch.empty(N, HV, K, V, dtype=f32, device=dev) if output_final_state else None
+    o = torch.empty(B, T, HV, V, dtype=dtype, device=dev)
+    if NCT > 0:
+        n_jobs = HV * NCT * n_h
+        n_prog = min(n_jobs, 3 if interp else _num_sms() * cfg.tri_programs_per_sm)
+        scratch = torch.empty(n_prog, BLOCK, BLOCK, dtype=f32, device=dev)
+        _tri_kernel[(n_prog,)](
+            k, beta, g, Ti, rstd, scratch, *seq_args, n_jobs,
+            USE_G=g is not None, NORM=normalize_qk, num_warps=cfg.tri_warps, **common,
+        )  # fmt: skip
+        _wu_kernel[(NCT, HV)](
+            k, v, beta, g, Ti, W, U, gcum, rstd, *seq_args,
+            V=V, BV=min(cfg.wu_bv, BVF), USE_G=g is not None, num_warps=cfg.wu_warps, **common,
+        )  # fmt: skip
+    state_consts = dict(V=V, BV=BV, HAS_H0=h0 is not None, STORE_FINAL=output_final_state, **common)
     smem = 64 * (2 * BK + BV) * q.element_size()  # one block's W, K and U tiles per pipeline stage
     _launch(
         _state_kernel,
-        (triton.cdiv(V, BV), B * H),
+        (triton.cdiv(V, BV), N * HV),
         cfg,
-        (k, W, U, D, gcum, rstd, bnd, ht, h0, T),
+        (k, W, U, D, gcum, rstd, bnd, ht, h0, T, cu, coff, NCT),
         state_consts,
         smem,
     )
-    obv = min(cfg.out_bv, BVF)
-    _output_kernel[(triton.cdiv(V, obv), NCH, B * H)](
-        q,
-        k,
-        D,
-        gcum,
-        rstd,
-        bnd,
-        o,
-        T,
-        scale,
-        V=V,
-        BK=BK,
-        BV=obv,
-        NORM=normalize_qk,
-        num_warps=cfg.out_warps,
-        **common,
-    )
-    return o, ht, (bnd if output_boundary_states else None)
+    if NCT > 0:
+        obv = min(cfg.out_bv, BVF)
+        _output_kernel[(triton.cdiv(V, obv), NCT, HV)](
+            q, k, D, gcum, rstd, bnd, o, *seq_args, scale,
+            V=V, BV=obv, NORM=normalize_qk, num_warps=cfg.out_warps, **common,
+        )  # fmt: skip
+    bnd_out = bnd.view(1 if varlen else B, -1, HV, K, V) if output_boundary_states else None
+    return o, ht, bnd_out
 
 
 SMEM_PER_SM = 225 * 1024  # shared memory a sequential kernel's resident programs may take (H100/H200: 227 KiB)
