@@ -1,15 +1,19 @@
-"""Benchmark of issue 4's targets: `python -m benchmarks.kernels [--quick] [--json out.json]`.
+"""Benchmark of issues 4 and 17: `python -m benchmarks.kernels [--quick] [--json out.json] [--skip ...]`.
 
-Forward table: every grid point of the issue (B in {1, 8}, T in {2048, 8192}, H = 8, dk = dv = 128,
+Forward table: every grid point of issue 4 (B in {1, 8}, T in {2048, 8192}, H = 8, dk = dv = 128,
 n_h in {1, 2, 3}, gate off/on, bf16) with our time, fla 0.6.0's `chunk_gated_delta_product` measured in
-the same run, their ratio, and our distance to the memory and FLOP floors. Then the accuracy check
-(max relative error vs a float64 reference, and vs fla) and the analysis rows of `benchmarks.kernels_analysis`.
+the same run, their ratio, and our distance to the memory and FLOP floors. Then issue 17's real-model
+shapes (fla's GDN default, Qwen3-Next's grouped heads, DeltaProduct n_h = 2, 3 at fla's layer default) at
+(B, T) = (1, 32768), (8, 4096) and a packed batch of mixed document lengths (fla with the same cu_seqlens),
+with each side's first-call (compile/autotune) time. Then the accuracy check (max relative error vs a
+float64 reference, and vs fla) and the analysis rows of `benchmarks.kernels_analysis`.
 """
 
 from __future__ import annotations
 
 import argparse
 import inspect
+import itertools
 import json
 import math
 import sys
@@ -47,6 +51,162 @@ def floors(B: int, T: int, H: int, K: int, V: int, n_h: int, gate: bool, elt: in
     C, L = 64, 64 * n_h
     per_chunk = L * L * K + L * L * (K + V) + 4 * L * K * V + 2 * C * K * V + C * L * (K + V)
     return float(read + write), float(per_chunk * B * H * math.ceil(T / 64))
+
+
+# issue 17: (name, key heads, value heads, dk, dv, n_h), gate on; fla's peer for n_h = 1 is its GDN kernel
+REAL_SHAPES = [
+    ("GDN fla default", 6, 6, 256, 512, 1),
+    ("Qwen3-Next grouped", 16, 32, 128, 128, 1),
+    ("DeltaProduct n_h=2", 6, 6, 256, 512, 2),
+    ("DeltaProduct n_h=3", 6, 6, 256, 512, 3),
+]
+REAL_SIZES = [(1, 32768), (8, 4096), ("varlen", 32768)]
+
+
+def mixed_lengths(total: int, seed: int = 0, lo: int = 16, hi: int = 8192) -> list[int]:
+    """Document lengths log-uniform in [lo, hi] (so mostly not multiples of 64), summing to total."""
+    gen = torch.Generator().manual_seed(seed)
+    out: list[int] = []
+    while sum(out) < total:
+        n = int(math.exp(math.log(lo) + torch.rand(1, generator=gen).item() * math.log(hi / lo)))
+        out.append(min(n, total - sum(out)))
+    return out
+
+
+def real_floors(lengths: list[int], Hk, Hv, K, V, n_h, elt: int = 2) -> tuple[float, float]:
+    """(bytes, FLOPs) as `floors`, for sequences of the given lengths, Hk key and Hv value heads, gate on."""
+    tok = sum(lengths)
+    nb = sum(math.ceil(n / 64) + 1 for n in lengths)
+    nc = sum(math.ceil(n / 64) for n in lengths)
+    read = elt * tok * (Hk * K * (1 + n_h) + Hv * n_h * (V + 1)) + 4 * tok * Hv
+    write = elt * tok * Hv * V + 4 * Hv * K * V * (nb + len(lengths))
+    C, L = 64, 64 * n_h
+    per_chunk = L * L * K + L * L * (K + V) + 4 * L * K * V + 2 * C * K * V + C * L * (K + V)
+    return float(read + write), float(per_chunk * Hv * nc)
+
+
+def make_real_inputs(B, T, Hk, Hv, K, V, n_h, dtype=torch.bfloat16, seed=0):
+    """q, k with Hk heads; v, beta, g with Hv heads; gate on; beta in (0, 2) as OLMo-Hybrid allows."""
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    q = torch.randn(B, T, Hk, K, device="cuda", generator=gen).to(dtype)
+    k = torch.randn(B, T, n_h, Hk, K, device="cuda", generator=gen).to(dtype)
+    v = torch.randn(B, T, n_h, Hv, V, device="cuda", generator=gen).to(dtype)
+    beta = (torch.rand(B, T, n_h, Hv, device="cuda", generator=gen) * 2).to(dtype)
+    g = torch.nn.functional.logsigmoid(torch.randn(B, T, Hv, device="cuda", generator=gen) + 3)
+    return q, k, v, beta, g
+
+
+def fla_real_call(q, k, v, beta, g, cu_seqlens=None):
+    """fla 0.6.0 on our layout: its GDN kernel (grouped value heads) for n_h = 1, else its delta product."""
+    from fla.ops.gated_delta_product import chunk_gated_delta_product
+    from fla.ops.gated_delta_rule import chunk_gated_delta_rule
+
+    B, T, n_h, Hk, K = k.shape
+    Hv, V = v.shape[3], v.shape[4]
+    if n_h == 1:
+        return chunk_gated_delta_rule(
+            q, k[:, :, 0], v[:, :, 0], g, beta[:, :, 0], output_final_state=True, use_qk_l2norm_in_kernel=True,
+            cu_seqlens=cu_seqlens,
+        )  # fmt: skip
+    return chunk_gated_delta_product(
+        q, k.reshape(B, T * n_h, Hk, K), v.reshape(B, T * n_h, Hv, V), g, beta.reshape(B, T * n_h, Hv),
+        num_householder=n_h, output_final_state=True, use_qk_l2norm_in_kernel=True, cu_seqlens=cu_seqlens,
+    )  # fmt: skip
+
+
+def first_call_s(fn) -> float:
+    """Seconds of one synchronised call (at a new shape: compilation and autotuning included)."""
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    fn()
+    torch.cuda.synchronize()
+    return time.perf_counter() - t0
+
+
+def bench_real(bw: float, peak: float, log, rows: list, dump, only: str = "", sweep: bool = False) -> list[dict]:
+    """Issue 17's rows: real-model shapes at (1, 32768), (8, 4096) and a packed batch of mixed lengths."""
+    from kernels.triton_chunk import LaunchConfig, triton_delta_product
+
+    fla, why = load_fla()
+    lengths = mixed_lengths(REAL_SIZES[-1][1])
+    log("\n== real-model shapes (bf16, gate on, beta in (0,2)): ours vs fla 0.6.0 (GDN kernel for n_h=1) ==")
+    log(f"   varlen: {len(lengths)} documents, {sum(lengths)} tokens, lengths {min(lengths)}-{max(lengths)}")
+    log("   first: seconds of the first call at the shape (compile + fla's autotuning), ours / fla.")
+    if fla is None:
+        log(f"   fla column empty: {why}")
+    head = ["shape", "Hk/Hv", "dk/dv", "B x T", "ours ms", "fla ms", "fla/ours", "mem floor", "x floor", "first s"]
+    widths = [18, 5, 7, 10, 8, 8, 8, 9, 7, 11]
+    log(_fmt_row(head, widths))
+    for name, Hk, Hv, K, V, n_h in REAL_SHAPES:
+        if only and only not in name:
+            continue
+        for B, T in REAL_SIZES:
+            varlen = B == "varlen"
+            x = make_real_inputs(1 if varlen else B, T, Hk, Hv, K, V, n_h)
+            cu = torch.tensor([0, *itertools.accumulate(lengths)], device="cuda") if varlen else None
+            ours = partial(triton_delta_product, *x, cu_seqlens=cu)
+            first_ours = first_call_s(ours)
+            t_ours = timeit(ours)
+            first_fla = t_fla = float("nan")
+            if fla is not None:
+                peer = partial(fla_real_call, *x, cu_seqlens=cu)
+                try:
+                    first_fla = first_call_s(peer)
+                    t_fla = timeit(peer)
+                except Exception as exc:  # noqa: BLE001 - a shape fla refuses is a result
+                    log(f"      fla failed: {type(exc).__name__}: {str(exc)[:160]}")
+            nbytes, nflop = real_floors(lengths if varlen else [T] * B, Hk, Hv, K, V, n_h)
+            mem_ms = nbytes / bw * 1e3
+            size = f"varlen {len(lengths)}" if varlen else f"{B}x{T}"
+            r = dict(
+                shape=name, Hk=Hk, Hv=Hv, K=K, V=V, n_h=n_h, B=B, T=T, varlen=varlen,
+                lengths=lengths if varlen else None, ours_ms=t_ours, fla_ms=t_fla, speedup_vs_fla=t_fla / t_ours,
+                mem_floor_ms=mem_ms, x_mem_floor=t_ours / mem_ms, flop_floor_ms=nflop / peak * 1e3,
+                first_call_ours_s=first_ours, first_call_fla_s=first_fla,
+            )  # fmt: skip
+            if sweep and not varlen:  # packed batches compile their own variants: dense rows only
+                r["sweep"] = {}
+                for kw in (
+                    dict(state_bv=32), dict(state_bv=64), dict(state_bv=32, state_warps=8),
+                    dict(state_bv=64, state_warps=8), dict(out_bv=64), dict(out_warps=8),
+                    dict(wu_bv=64), dict(tri_programs_per_sm=4),
+                ):  # fmt: skip
+                    try:
+                        r["sweep"][repr(kw)] = timeit(partial(ours, config=LaunchConfig(**kw)))
+                    except Exception as exc:  # noqa: BLE001 - a config that does not fit is a result
+                        r["sweep"][repr(kw)] = float("inf")
+                        log(f"      config {kw} failed: {type(exc).__name__}: {str(exc)[:100]}")
+                log("      sweep: " + ", ".join(f"{k} {v:.3f}" for k, v in r["sweep"].items()))
+            rows.append(r)
+            dump()
+            log(
+                _fmt_row(
+                    [
+                        name,
+                        f"{Hk}/{Hv}",
+                        f"{K}/{V}",
+                        size,
+                        f"{t_ours:.3f}",
+                        f"{t_fla:.3f}",
+                        f"{t_fla / t_ours:.2f}x",
+                        f"{mem_ms:.3f}",
+                        f"{t_ours / mem_ms:.1f}x",
+                        f"{first_ours:.1f}/{first_fla:.1f}",
+                    ],
+                    widths,
+                )  # fmt: skip
+            )
+            del x
+            torch.cuda.empty_cache()
+    ok = [r for r in rows if r["speedup_vs_fla"] == r["speedup_vs_fla"]]
+    if ok:
+        worst = min(ok, key=lambda r: r["speedup_vs_fla"])
+        log(
+            f"   target >= 1.3x fla on every real shape: {'MET' if worst['speedup_vs_fla'] >= 1.3 else 'NOT MET'}"
+            f" (worst {worst['speedup_vs_fla']:.2f}x: {worst['shape']} B={worst['B']} T={worst['T']});"
+            f" slowest first call of ours {max(r['first_call_ours_s'] for r in rows):.1f} s"
+        )
+    return rows
 
 
 def make_inputs(B, T, H, K, V, n_h, gate, dtype=torch.bfloat16, seed=0, h0=False):
@@ -343,9 +503,10 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.kernels", description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="a few grid points only")
     ap.add_argument("--json", metavar="OUT", help="write all results to this JSON file")
-    ap.add_argument("--sweep", action="store_true", help="at T=8192, gate on: also time other value tiles")
+    ap.add_argument("--sweep", action="store_true", help="also time other launch configs (grid: T=8192, gate on)")
     ap.add_argument("--profile", action="store_true", help="per-kernel breakdown of a few points")
-    ap.add_argument("--skip", default="", help="comma list of sections to skip: forward,accuracy,analysis")
+    ap.add_argument("--skip", default="", help="comma list of sections to skip: forward,real,accuracy,analysis")
+    ap.add_argument("--only", default="", help="real-model rows whose shape name contains this")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("benchmarks.kernels needs a CUDA GPU", file=sys.stderr)
@@ -380,6 +541,10 @@ def main(argv: list[str] | None = None) -> int:
     if "forward" not in skip:
         results["forward"] = []
         bench_forward(args.quick, bw, peak, args.sweep, log, results["forward"], dump)
+        dump()
+    if "real" not in skip:
+        results["real"] = []
+        bench_real(bw, peak, log, results["real"], dump, only=args.only, sweep=args.sweep)
         dump()
     if "accuracy" not in skip:
         results["accuracy"] = bench_accuracy(log)
