@@ -138,7 +138,7 @@ def bench_real(bw: float, peak: float, log, rows: list, dump, only: str = "", sw
     widths = [18, 5, 7, 10, 8, 8, 8, 9, 7, 11]
     log(_fmt_row(head, widths))
     for name, Hk, Hv, K, V, n_h in REAL_SHAPES:
-        if only and only not in name:
+        if only and not any(o in name for o in only.split(",")):
             continue
         for B, T in REAL_SIZES:
             varlen = B == "varlen"
@@ -167,9 +167,7 @@ def bench_real(bw: float, peak: float, log, rows: list, dump, only: str = "", sw
             if sweep and not varlen:  # packed batches compile their own variants: dense rows only
                 r["sweep"] = {}
                 for kw in (
-                    dict(state_bv=32), dict(state_bv=64), dict(state_bv=32, state_warps=8),
-                    dict(state_bv=64, state_warps=8), dict(out_bv=64), dict(out_warps=8),
-                    dict(wu_bv=64), dict(tri_programs_per_sm=4),
+                    dict(fuse_output=False), dict(fuse_output=True), dict(state_bv=32), dict(state_bv=64),
                 ):  # fmt: skip
                     try:
                         r["sweep"][repr(kw)] = timeit(partial(ours, config=LaunchConfig(**kw)))
@@ -220,7 +218,12 @@ def make_inputs(B, T, H, K, V, n_h, gate, dtype=torch.bfloat16, seed=0, h0=False
     return q, k, v, beta, g, s0
 
 
+NO_FLA = False  # --no-fla: time ours alone (fla's autotuning takes about a minute per new shape)
+
+
 def load_fla():
+    if NO_FLA:
+        return None, "skipped (--no-fla)"
     try:
         from fla.ops.gated_delta_product import chunk_gated_delta_product
     except Exception as exc:  # noqa: BLE001 - any import failure means "no peer"
@@ -452,10 +455,22 @@ def bench_accuracy(log, B: int = 1, T: int = 512, H: int = 8, K: int = 128) -> l
     return rows
 
 
-def profile_breakdown(points, log) -> list[dict]:
-    """Per-kernel GPU time of one forward (torch.profiler), to see where the time goes."""
+def _profile(fn, reps: int = 5) -> list[tuple[str, float]]:
+    """(kernel, GPU ms per call) of fn, slowest first (torch.profiler)."""
     from torch.profiler import ProfilerActivity, profile
 
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            fn()
+        torch.cuda.synchronize()
+    evs = [(e.key, e.device_time_total / reps / 1e3) for e in prof.key_averages() if e.device_time_total > 0]
+    return sorted(evs, key=lambda x: -x[1])
+
+
+def profile_breakdown(points, log) -> list[dict]:
+    """Per-kernel GPU time of one forward, ours and fla's, to see where the time goes."""
     from kernels.triton_chunk import triton_delta_product
 
     fla, _ = load_fla()
@@ -468,19 +483,36 @@ def profile_breakdown(points, log) -> list[dict]:
         ):
             if fn is None:
                 continue
-            fn()
-            torch.cuda.synchronize()
-            with profile(activities=[ProfilerActivity.CUDA]) as prof:
-                for _ in range(5):
-                    fn()
-                torch.cuda.synchronize()
-            evs = [(e.key, e.device_time_total / 5 / 1e3) for e in prof.key_averages() if e.device_time_total > 0]
-            evs.sort(key=lambda x: -x[1])
+            evs = _profile(fn)
             log(
                 f"-- profile {name} B={B} T={T} n_h={n_h} gate={gate}: "
                 + ", ".join(f"{kname[:40]} {ms:.3f}" for kname, ms in evs[:8])
             )
             out.append(dict(who=name, B=B, T=T, n_h=n_h, gate=gate, kernels_ms=dict(evs)))
+    return out
+
+
+REAL_PROFILE = [("GDN fla default", 1, 32768), ("GDN fla default", 8, 4096), ("Qwen3-Next grouped", 8, 4096)]
+REAL_PROFILE += [("DeltaProduct n_h=3", 8, 4096)]
+
+
+def profile_real(log) -> list[dict]:
+    """Per-kernel GPU time at real-model shapes (ours; fla's too unless --no-fla)."""
+    from kernels.triton_chunk import triton_delta_product
+
+    fla, _ = load_fla()
+    shapes = {s[0]: s[1:] for s in REAL_SHAPES}
+    out = []
+    for name, B, T in REAL_PROFILE:
+        x = make_real_inputs(B, T, *shapes[name])
+        for who, fn in (("ours", partial(triton_delta_product, *x)), ("fla", partial(fla_real_call, *x))):
+            if who == "fla" and fla is None:
+                continue
+            evs = _profile(fn)
+            log(f"-- profile {who} {name} {B}x{T}: " + ", ".join(f"{k[:28]} {ms:.3f}" for k, ms in evs[:7]))
+            out.append(dict(who=who, shape=name, B=B, T=T, kernels_ms=dict(evs)))
+        del x
+        torch.cuda.empty_cache()
     return out
 
 
@@ -506,12 +538,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sweep", action="store_true", help="also time other launch configs (grid: T=8192, gate on)")
     ap.add_argument("--profile", action="store_true", help="per-kernel breakdown of a few points")
     ap.add_argument("--skip", default="", help="comma list of sections to skip: forward,real,accuracy,analysis")
-    ap.add_argument("--only", default="", help="real-model rows whose shape name contains this")
+    ap.add_argument("--only", default="", help="real-model rows whose shape name contains one of these (comma list)")
+    ap.add_argument("--no-fla", action="store_true", help="time ours alone (no fla column, no fla autotuning)")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("benchmarks.kernels needs a CUDA GPU", file=sys.stderr)
         return 2
     skip = set(filter(None, args.skip.split(",")))
+    global NO_FLA
+    NO_FLA = args.no_fla
     name, bw, peak = device_peaks()
     results: dict = dict(
         device=name,
@@ -551,7 +586,10 @@ def main(argv: list[str] | None = None) -> int:
         dump()
     if args.profile:
         pts = [(1, 8192, 3, True), (8, 8192, 3, True), (8, 8192, 1, False)]
-        results["profile"] = profile_breakdown(pts[:1] if args.quick else pts, log)
+        if "forward" not in skip:
+            results["profile"] = profile_breakdown(pts[:1] if args.quick else pts, log)
+        if "real" not in skip:
+            results["profile_real"] = profile_real(log)
         dump()
     if "analysis" not in skip:
         results["analysis"] = bench_analysis_rows(args.quick, log)

@@ -165,6 +165,7 @@ def _tri_kernel(
 
 @triton.jit
 def _wu_kernel(
+    q,
     k,
     v,
     beta,
@@ -172,6 +173,7 @@ def _wu_kernel(
     Ti,
     W,
     U,
+    Aqk,
     gcum,
     rstd,
     T,
@@ -187,13 +189,16 @@ def _wu_kernel(
     BK: tl.constexpr,
     BV: tl.constexpr,
     USE_G: tl.constexpr,
+    NORM: tl.constexpr,
+    FUSE_O: tl.constexpr,
     IS_VARLEN: tl.constexpr,
     F32: tl.constexpr,
     PREC: tl.constexpr,
 ):
     """One program per (global chunk, value head): Gamma from the chunk start, and each block's own WY factors
     W_a = T_aa diag(beta e^{Gamma - Gamma_a}) K_a, U_a = T_aa diag(beta) V_a (Gamma_a: Gamma at the block start);
-    U in value tiles of BV, so that dv = 512 fits in registers."""
+    U in value tiles of BV, so that dv = 512 fits in registers. With FUSE_O also the chunk's intra-chunk
+    attention A = q K^T * decay * mask [64 tokens, 64 n_h sub-steps] (normalised), for the fused output."""
     gc, i_h = tl.program_id(0), tl.program_id(1)
     i_n, c, bos, Tn = _chunk_seq(gc, T, cu, cidx, coff, IS_VARLEN)
     i_hk = i_h // (HV // HK)
@@ -205,6 +210,22 @@ def _wu_kernel(
     k_base = k + bos * NH * (HK * K) + i_hk * K
     v_base = v + bos * NH * (HV * V) + i_h * V
     aux = (i_h.to(tl.int64) * NCT + gc) * L  # row of this chunk in Ti/W/U/gcum/rstd
+    if FUSE_O:
+        t = c * 64 + o_r
+        m_t = t < Tn
+        b_q = tl.load(
+            q + (bos + t)[:, None] * (HK * K) + i_hk * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.0
+        )
+        if NORM:
+            b_qf = b_q.to(tl.float32)
+            b_rq = 1.0 / tl.sqrt(tl.sum(b_qf * b_qf, 1) + 1e-6)
+        else:
+            b_rq = tl.full([64], 1.0, dtype=tl.float32)
+        if USE_G:
+            b_Gq = tl.cumsum(tl.load(g + (bos + t) * HV + i_h, mask=m_t, other=0.0).to(tl.float32), 0)
+        else:
+            b_Gq = tl.zeros([64], dtype=tl.float32)
+        b_qd = _dot_in(b_q, W, F32)
     carry = tl.zeros([1], dtype=tl.float32)
     for a in tl.static_range(NH):
         s = c * L + a * 64 + o_r
@@ -213,11 +234,13 @@ def _wu_kernel(
             m_g = m_s & (s % NH == 0)
             b_gs = tl.load(g + (bos + s // NH) * HV + i_h, mask=m_g, other=0.0).to(tl.float32)
             b_Gblk = tl.cumsum(b_gs, 0)  # from the block start
-            tl.store(gcum + aux + a * 64 + o_r, b_Gblk + carry)
+            b_Gc = b_Gblk + carry  # from the chunk start
+            tl.store(gcum + aux + a * 64 + o_r, b_Gc)
             carry += tl.sum(b_gs, 0)
             b_dec = tl.exp(b_Gblk)
         else:
-            tl.store(gcum + aux + a * 64 + o_r, tl.zeros([64], dtype=tl.float32))
+            b_Gc = tl.zeros([64], dtype=tl.float32)
+            tl.store(gcum + aux + a * 64 + o_r, b_Gc)
             b_dec = tl.full([64], 1.0, dtype=tl.float32)
         b_k = tl.load(k_base + s[:, None] * (HK * K) + o_k[None, :], mask=m_s[:, None] & m_k[None, :], other=0.0)
         b_beta = tl.load(beta + (bos * NH + s) * HV + i_h, mask=m_s, other=0.0).to(tl.float32)
@@ -234,32 +257,48 @@ def _wu_kernel(
             b_Y = b_v.to(tl.float32) * b_beta[:, None]
             b_U = tl.dot(b_Ti, _dot_in(b_Y, W, F32), input_precision=PREC)
             tl.store(U + rows[:, None] * V + o_v[None, :], b_U.to(U.dtype.element_ty), mask=m_v[None, :])
+        if FUSE_O:
+            tok = (a * 64 + o_r) // NH
+            m_a = tok[None, :] <= o_r[:, None]
+            b_s = tl.dot(b_qd, tl.trans(_dot_in(b_k, W, F32)), input_precision=PREC)
+            b_sdec = tl.exp(tl.where(m_a, b_Gq[:, None] - b_Gc[None, :], 0.0))
+            b_s = tl.where(m_a, b_s * b_rq[:, None] * b_rs[None, :] * b_sdec, 0.0)
+            p_a = Aqk + (aux // NH + o_r)[:, None] * L + a * 64 + o_r[None, :]
+            tl.store(p_a, b_s.to(Aqk.dtype.element_ty))
 
 
 @triton.jit
 def _state_kernel(
+    q,
     k,
     W,
     U,
     D,
+    Aqk,
     gcum,
     rstd,
     bnd,
     ht,
     h0,
+    o,
     T,
     cu,
     coff,
     NCT,
+    scale,
     HK: tl.constexpr,
     HV: tl.constexpr,
     NH: tl.constexpr,
     K: tl.constexpr,
     V: tl.constexpr,
-    BK: tl.constexpr,
+    BKH: tl.constexpr,
+    SPLIT: tl.constexpr,
     BV: tl.constexpr,
     HAS_H0: tl.constexpr,
     STORE_FINAL: tl.constexpr,
+    STORE_BND: tl.constexpr,
+    FUSE_O: tl.constexpr,
+    NORM: tl.constexpr,
     IS_VARLEN: tl.constexpr,
     F32: tl.constexpr,
     PREC: tl.constexpr,
@@ -267,7 +306,10 @@ def _state_kernel(
     """One program per (value tile, sequence * value head), looping over the sequence's chunks and their
     n_h blocks: store S_c (at chunk starts), D_a = U_a - W_a S_a and
     S_{a+1} = e^{G_a'} S_a + sum_{s in a} e^{G_a' - G_s} k_s D_s^T, G_a' the log-decay over block a.
-    D is each sub-step's true pseudo-value, whatever the blocking."""
+    D is each sub-step's true pseudo-value, whatever the blocking. The state's key rows are held in two
+    halves when dk > 128 (SPLIT): one [256, 32] tile miscompiled on an H100 (Triton 3.6), as [128, 16] did.
+    FUSE_O: also o = scale (e^G q S_c + A D) for this value tile (A from `_wu_kernel`), so that neither D nor
+    the fp32 boundary states are read back by an output kernel."""
     i_v, i_nh = tl.program_id(0), tl.program_id(1)
     i_n, i_h = i_nh // HV, i_nh % HV
     i_hk = i_h // (HV // HK)
@@ -282,44 +324,91 @@ def _state_kernel(
     NC = tl.cdiv(Tn, 64)
     L: tl.constexpr = 64 * NH
     o_r = tl.arange(0, 64)
-    o_k = tl.arange(0, BK)
+    o_k1 = tl.arange(0, BKH)
+    o_k2 = BKH + tl.arange(0, BKH)
     o_v = i_v * BV + tl.arange(0, BV)
-    m_k = o_k < K
+    m_k1 = o_k1 < K
+    m_k2 = o_k2 < K
     m_v = o_v < V
-    m_h = m_k[:, None] & m_v[None, :]
+    m_h1 = m_k1[:, None] & m_v[None, :]
+    m_h2 = m_k2[:, None] & m_v[None, :]
     k_base = k + bos * NH * (HK * K) + i_hk * K
+    q_base = q + bos * (HK * K) + i_hk * K
     aux0 = (i_h.to(tl.int64) * NCT + gc0) * L
-    p_hkv = o_k[:, None] * V + o_v[None, :]
+    p_h1 = o_k1[:, None] * V + o_v[None, :]
+    p_h2 = o_k2[:, None] * V + o_v[None, :]
     bnd_base = bnd + ((gc0 + i_n).to(tl.int64) * HV + i_h) * K * V  # this sequence's first boundary
+    b_h2 = tl.zeros([BKH, BV], dtype=tl.float32)
     if HAS_H0:
-        b_h = tl.load(h0 + i_nh.to(tl.int64) * K * V + p_hkv, mask=m_h, other=0.0).to(tl.float32)
+        h0_base = h0 + i_nh.to(tl.int64) * K * V
+        b_h1 = tl.load(h0_base + p_h1, mask=m_h1, other=0.0).to(tl.float32)
+        if SPLIT:
+            b_h2 = tl.load(h0_base + p_h2, mask=m_h2, other=0.0).to(tl.float32)
     else:
-        b_h = tl.zeros([BK, BV], dtype=tl.float32)
+        b_h1 = tl.zeros([BKH, BV], dtype=tl.float32)
     for c in range(NC):
-        tl.store(bnd_base + c * (HV * K * V) + p_hkv, b_h, mask=m_h)
+        if STORE_BND:
+            tl.store(bnd_base + c * (HV * K * V) + p_h1, b_h1, mask=m_h1)
+            if SPLIT:
+                tl.store(bnd_base + c * (HV * K * V) + p_h2, b_h2, mask=m_h2)
         aux = aux0 + c * L
+        if FUSE_O:
+            t = c * 64 + o_r
+            m_t = t < Tn
+            b_q1 = tl.load(q_base + t[:, None] * (HK * K) + o_k1[None, :], mask=m_t[:, None] & m_k1[None, :], other=0.0)
+            b_qq = tl.sum(b_q1.to(tl.float32) * b_q1.to(tl.float32), 1)
+            b_o = tl.dot(_dot_in(b_q1, k, F32), _dot_in(b_h1, k, F32), input_precision=PREC)
+            if SPLIT:
+                p_q2 = q_base + t[:, None] * (HK * K) + o_k2[None, :]
+                b_q2 = tl.load(p_q2, mask=m_t[:, None] & m_k2[None, :], other=0.0)
+                b_qq += tl.sum(b_q2.to(tl.float32) * b_q2.to(tl.float32), 1)
+                b_o += tl.dot(_dot_in(b_q2, k, F32), _dot_in(b_h2, k, F32), input_precision=PREC)
+            if NORM:
+                b_rq = 1.0 / tl.sqrt(b_qq + 1e-6)
+            else:
+                b_rq = tl.full([64], 1.0, dtype=tl.float32)
+            b_Gq = tl.load(gcum + aux + o_r * NH + NH - 1)
+            b_o = b_o * (b_rq * tl.exp(b_Gq))[:, None]
         for a in tl.static_range(NH):
             rows = aux + a * 64 + o_r
             s = c * L + a * 64 + o_r
+            m_s = s < Tn * NH
             if a == 0:
                 b_G0 = 0.0
             else:
                 b_G0 = tl.load(gcum + aux + a * 64 - 1)
             b_G1 = tl.load(gcum + aux + a * 64 + 63)
-            b_w = tl.load(W + rows[:, None] * K + o_k[None, :], mask=m_k[None, :], other=0.0)
             b_u = tl.load(U + rows[:, None] * V + o_v[None, :], mask=m_v[None, :], other=0.0)
-            p_k = k_base + s[:, None] * (HK * K) + o_k[None, :]
-            b_k = tl.load(p_k, mask=(s < Tn * NH)[:, None] & m_k[None, :], other=0.0)
-            b_scale = tl.load(rstd + rows) * tl.exp(b_G1 - tl.load(gcum + rows))
-            b_d = b_u.to(tl.float32) - tl.dot(_dot_in(b_w, k, F32), _dot_in(b_h, k, F32), input_precision=PREC)
-            tl.store(D + rows[:, None] * V + o_v[None, :], b_d.to(D.dtype.element_ty), mask=m_v[None, :])
-            b_ds = b_d * b_scale[:, None]
-            b_h = b_h * tl.exp(b_G1 - b_G0) + tl.dot(
-                tl.trans(_dot_in(b_k, k, F32)), _dot_in(b_ds, k, F32), input_precision=PREC
-            )
-    tl.store(bnd_base + NC * (HV * K * V) + p_hkv, b_h, mask=m_h)
+            b_w1 = tl.load(W + rows[:, None] * K + o_k1[None, :], mask=m_k1[None, :], other=0.0)
+            b_wh = tl.dot(_dot_in(b_w1, k, F32), _dot_in(b_h1, k, F32), input_precision=PREC)
+            if SPLIT:
+                b_w2 = tl.load(W + rows[:, None] * K + o_k2[None, :], mask=m_k2[None, :], other=0.0)
+                b_wh += tl.dot(_dot_in(b_w2, k, F32), _dot_in(b_h2, k, F32), input_precision=PREC)
+            b_d = b_u.to(tl.float32) - b_wh
+            if FUSE_O:
+                b_a = tl.load(Aqk + (aux // NH + o_r)[:, None] * L + a * 64 + o_r[None, :])
+                b_o += tl.dot(_dot_in(b_a, k, F32), _dot_in(b_d, k, F32), input_precision=PREC)
+            else:
+                tl.store(D + rows[:, None] * V + o_v[None, :], b_d.to(D.dtype.element_ty), mask=m_v[None, :])
+            b_scale = tl.load(rstd + rows) * tl.exp(b_G1 - tl.load(gcum + rows))  # key norm, e^{G_a' - G_s}
+            b_ds = _dot_in(b_d * b_scale[:, None], k, F32)
+            b_k1 = tl.load(k_base + s[:, None] * (HK * K) + o_k1[None, :], mask=m_s[:, None] & m_k1[None, :], other=0.0)
+            b_h1 = b_h1 * tl.exp(b_G1 - b_G0) + tl.dot(tl.trans(_dot_in(b_k1, k, F32)), b_ds, input_precision=PREC)
+            if SPLIT:
+                p_k2 = k_base + s[:, None] * (HK * K) + o_k2[None, :]
+                b_k2 = tl.load(p_k2, mask=m_s[:, None] & m_k2[None, :], other=0.0)
+                b_h2 = b_h2 * tl.exp(b_G1 - b_G0) + tl.dot(tl.trans(_dot_in(b_k2, k, F32)), b_ds, input_precision=PREC)
+        if FUSE_O:
+            p_o = o + (bos + t)[:, None] * (HV * V) + i_h * V + o_v[None, :]
+            tl.store(p_o, (b_o * scale).to(o.dtype.element_ty), mask=m_t[:, None] & m_v[None, :])
+    if STORE_BND:
+        tl.store(bnd_base + NC * (HV * K * V) + p_h1, b_h1, mask=m_h1)
+        if SPLIT:
+            tl.store(bnd_base + NC * (HV * K * V) + p_h2, b_h2, mask=m_h2)
     if STORE_FINAL:
-        tl.store(ht + i_nh.to(tl.int64) * K * V + p_hkv, b_h, mask=m_h)
+        tl.store(ht + i_nh.to(tl.int64) * K * V + p_h1, b_h1, mask=m_h1)
+        if SPLIT:
+            tl.store(ht + i_nh.to(tl.int64) * K * V + p_h2, b_h2, mask=m_h2)
 
 
 @triton.jit
@@ -412,6 +501,7 @@ class LaunchConfig:
     out_warps: int = 4
     out_bv: int = 128
     tri_programs_per_sm: int = 8
+    fuse_output: bool | None = None  # the state kernel writes o (no output kernel); None: by shape
 
 
 MAX_K, MAX_V = 256, 512  # head dims the Triton path takes (dispatch falls back beyond)
@@ -427,17 +517,19 @@ def _num_sms() -> int:
 
 
 def default_config(B: int, H: int, V: int, n_h: int = 1, K: int = 128) -> LaunchConfig:
-    """Value tiles of the sequential kernel: 32, or 64 for n_h <= 2 once sequences * value heads give about
-    a program per SM (W and K are re-read per tile). Never 16 with dk = 128: on an H100 (Triton 3.6) the
-    compiled state kernel with 16-wide tiles faulted (n_h = 3) or returned wrong states (n_h = 1) at B = 8,
-    T >= 1024, while the interpreter and T = 300 agreed with the reference; see tests/kernels/test_triton_chunk.py.
+    """Value tiles of the sequential kernel: 32, or 64 for dk <= 128 and n_h <= 2 once sequences * value
+    heads give about a program per SM (W and K are re-read per tile). The output is fused into the sequential
+    kernel for large states (dk dv >= 256^2), whose fp32 boundary states an output kernel would read back.
+    Never 16 with dk = 128 (nor 32 with dk = 256 unsplit): on an H100 (Triton 3.6) the compiled state kernel
+    with 16-wide tiles faulted (n_h = 3) or returned wrong states (n_h = 1) at B = 8, T >= 1024, while the
+    interpreter and T = 300 agreed with the reference; see tests/kernels/test_triton_chunk.py.
     B counts sequences (of a packed batch too), H value heads.
     """
     n_sm = _num_sms()
     bv = 32
-    if B * H * triton.cdiv(V, 64) >= (0.9 if n_h <= 2 else 2.0) * n_sm:
+    if K <= 128 and B * H * triton.cdiv(V, 64) >= (0.9 if n_h <= 2 else 2.0) * n_sm:
         bv = 64
-    return LaunchConfig(state_bv=min(bv, _pow2(V)))
+    return LaunchConfig(state_bv=min(bv, _pow2(V)), fuse_output=K * V >= 256 * 256)
 
 
 def unsupported_reason(q: torch.Tensor, v: torch.Tensor, chunk_size: int = CHUNK_SIZE) -> str | None:
@@ -522,11 +614,17 @@ def triton_delta_product(
     F32 = interp or dtype == torch.float32  # fp32 operands in tl.dot (the interpreter's bf16 dot is wrong)
     PREC = "ieee" if dtype == torch.float32 else "tf32"
     d = default_config(N, HV, V, n_h, K)
-    cfg = replace(config or d, state_bv=(config or d).state_bv or d.state_bv)
+    given = config or d
+    cfg = replace(
+        given,
+        state_bv=given.state_bv or d.state_bv,
+        fuse_output=d.fuse_output if given.fuse_output is None else given.fuse_output,
+    )
     if cfg.state_bv < 32 and V > 16 and not interp:
         raise ValueError(f"state_bv={cfg.state_bv} miscompiles on CUDA (see default_config); use 32, 64 or 128")
     BV = min(cfg.state_bv, BVF)
-    common = dict(HK=HK, HV=HV, NH=n_h, K=K, BK=BK, IS_VARLEN=varlen, F32=F32, PREC=PREC)
+    fuse = bool(cfg.fuse_output)
+    common = dict(HK=HK, HV=HV, NH=n_h, K=K, IS_VARLEN=varlen, F32=F32, PREC=PREC)
     seq_args = (T, cu, cidx, coff, NCT)
 
     f32 = torch.float32
@@ -535,9 +633,11 @@ def triton_delta_product(
     rstd = torch.empty(HV, rows, dtype=f32, device=dev)
     W = torch.empty(HV, rows, K, dtype=dtype, device=dev)
     U = torch.empty(HV, rows, V, dtype=dtype, device=dev)
-    D = torch.empty(HV, rows, V, dtype=dtype, device=dev)
+    D = None if fuse else torch.empty(HV, rows, V, dtype=dtype, device=dev)
+    Aqk = torch.empty(HV, NCT * BLOCK, n_h * BLOCK, dtype=dtype, device=dev) if fuse else None
     gcum = torch.empty(HV, rows, dtype=f32, device=dev)
-    bnd = torch.empty(NBND, HV, K, V, dtype=f32, device=dev)  # also the output kernel's input
+    store_bnd = output_boundary_states or not fuse  # the output kernel reads them
+    bnd = torch.empty(NBND if store_bnd else 0, HV, K, V, dtype=f32, device=dev)
     ht = torch.empty(N, HV, K, V, dtype=f32, device=dev) if output_final_state else None
     o = torch.empty(B, T, HV, V, dtype=dtype, device=dev)
     if NCT > 0:
@@ -546,27 +646,33 @@ def triton_delta_product(
         scratch = torch.empty(n_prog, BLOCK, BLOCK, dtype=f32, device=dev)
         _tri_kernel[(n_prog,)](
             k, beta, g, Ti, rstd, scratch, *seq_args, n_jobs,
-            USE_G=g is not None, NORM=normalize_qk, num_warps=cfg.tri_warps, **common,
+            BK=BK, USE_G=g is not None, NORM=normalize_qk, num_warps=cfg.tri_warps, **common,
         )  # fmt: skip
         _wu_kernel[(NCT, HV)](
-            k, v, beta, g, Ti, W, U, gcum, rstd, *seq_args,
-            V=V, BV=min(cfg.wu_bv, BVF), USE_G=g is not None, num_warps=cfg.wu_warps, **common,
+            q, k, v, beta, g, Ti, W, U, Aqk, gcum, rstd, *seq_args,
+            V=V, BK=BK, BV=min(cfg.wu_bv, BVF), USE_G=g is not None, NORM=normalize_qk, FUSE_O=fuse,
+            num_warps=cfg.wu_warps, **common,
         )  # fmt: skip
-    state_consts = dict(V=V, BV=BV, HAS_H0=h0 is not None, STORE_FINAL=output_final_state, **common)
-    smem = 64 * (2 * BK + BV) * q.element_size()  # one block's W, K and U tiles per pipeline stage
+    BKH = BK // 2 if BK > 128 else BK
+    state_consts = dict(
+        V=V, BKH=BKH, SPLIT=BKH < BK, BV=BV, HAS_H0=h0 is not None, STORE_FINAL=output_final_state,
+        STORE_BND=store_bnd, FUSE_O=fuse, NORM=normalize_qk, **common,
+    )  # fmt: skip
+    # one block's W, K and U tiles per pipeline stage (and q and A when fused)
+    smem = 64 * (2 * BK + BV + (BK + 64 if fuse else 0)) * q.element_size()
     _launch(
         _state_kernel,
         (triton.cdiv(V, BV), N * HV),
         cfg,
-        (k, W, U, D, gcum, rstd, bnd, ht, h0, T, cu, coff, NCT),
+        (q, k, W, U, D, Aqk, gcum, rstd, bnd, ht, h0, o, T, cu, coff, NCT, scale),
         state_consts,
         smem,
     )
-    if NCT > 0:
+    if NCT > 0 and not fuse:
         obv = min(cfg.out_bv, BVF)
         _output_kernel[(triton.cdiv(V, obv), NCT, HV)](
             q, k, D, gcum, rstd, bnd, o, *seq_args, scale,
-            V=V, BV=obv, NORM=normalize_qk, num_warps=cfg.out_warps, **common,
+            V=V, BK=BK, BV=obv, NORM=normalize_qk, num_warps=cfg.out_warps, **common,
         )  # fmt: skip
     bnd_out = bnd.view(1 if varlen else B, -1, HV, K, V) if output_boundary_states else None
     return o, ht, bnd_out

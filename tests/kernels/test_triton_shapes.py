@@ -137,8 +137,9 @@ def test_bad_shapes_raise_one_line_value_errors():
 CPU_CASES = {
     "dv>dk, V tiles": ((2, 70, 1, 1, 16, 48, 1, True, None, dict(wu_bv=32, out_bv=32, state_bv=32))),
     "dk=256": ((1, 70, 1, 1, 256, 16, 1, True, None, {})),
+    "dk=160 (halves, masked)": ((1, 40, 1, 1, 160, 16, 2, False, None, {})),
     "grouped heads": ((1, 100, 2, 4, 16, 16, 2, True, None, {})),
-    "varlen": ((1, None, 1, 2, 16, 32, 2, True, [70, 20, 0, 130, 1], dict(state_bv=16))),
+    "varlen": ((1, None, 1, 2, 16, 32, 2, True, [70, 20, 0, 75, 1], dict(state_bv=16))),
     "varlen grouped n_h=3": ((1, None, 1, 2, 16, 16, 3, True, [64, 33, 100], {})),
 }
 
@@ -152,9 +153,7 @@ def _check_triton(case, dtype, device="cpu", seed=0):
     q, k, v, beta, g, s0 = _inputs(B, T, Hk, Hv, K, V, n_h, gate, n_seq=N, device=device, seed=seed)
     q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
     cu = _cu(lengths, device) if lengths else None
-    o, fin, bnd = triton_delta_product(
-        q, k, v, beta, g, initial_state=s0, cu_seqlens=cu, config=LaunchConfig(**cfg) if cfg else None
-    )
+    o, fin, bnd = triton_delta_product(q, k, v, beta, g, initial_state=s0, cu_seqlens=cu, config=LaunchConfig(**cfg))
     ro, rfin, rbnd = _reference(q, k, v, beta, g, s0, None if cu is None else cu.cpu())
     assert o.shape == (B, T, Hv, V) and o.dtype == dtype
     assert fin.shape == (N, Hv, K, V) and bnd.shape == rbnd.shape
@@ -166,15 +165,35 @@ def _check_triton(case, dtype, device="cpu", seed=0):
     return errs
 
 
+def _fused(case, fuse: bool):
+    """The case with the output written by the sequential kernel (fuse) or by the output kernel."""
+    return (*case[:-1], dict(case[-1], fuse_output=fuse))
+
+
 @cpu_only
+@pytest.mark.parametrize("fuse", [False, True], ids=["output kernel", "fused output"])
 @pytest.mark.parametrize("name", list(CPU_CASES))
-def test_triton_fp32_matches_float64_reference(name):
-    _check_triton(CPU_CASES[name], torch.float32)
+def test_triton_fp32_matches_float64_reference(name, fuse):
+    _check_triton(_fused(CPU_CASES[name], fuse), torch.float32)
 
 
 @cpu_only
-def test_triton_half_inputs_varlen_grouped():
-    _check_triton(CPU_CASES["varlen grouped n_h=3"], torch.bfloat16)
+@pytest.mark.parametrize("fuse", [False, True], ids=["output kernel", "fused output"])
+def test_triton_half_inputs_varlen_grouped(fuse):
+    _check_triton(_fused(CPU_CASES["varlen grouped n_h=3"], fuse), torch.bfloat16)
+
+
+@cpu_only
+def test_fused_output_without_boundary_states():
+    """The fused path skips the boundary states when they are not asked for; o and the final state stay."""
+    from kernels.triton_chunk import LaunchConfig, triton_delta_product
+
+    q, k, v, beta, g, s0 = _inputs(1, 90, 1, 2, 16, 16, 2, True, seed=4)
+    o, fin, bnd = triton_delta_product(
+        q, k, v, beta, g, initial_state=s0, output_boundary_states=False, config=LaunchConfig(fuse_output=True)
+    )
+    ro, rfin, _ = _reference(q, k, v, beta, g, s0)
+    assert bnd is None and max(_rel(o, ro), _rel(fin, rfin)) < TOL[torch.float32]
 
 
 @cpu_only
@@ -215,12 +234,25 @@ GPU_CASES = {
 }
 
 
+# every case in bf16; fp16 and fp32 where each feature (dk = 256 with dv = 512, grouped, packed) appears once
+DTYPE_CASES = [(name, torch.bfloat16) for name in GPU_CASES] + [
+    (name, dt)
+    for dt in (torch.float16, torch.float32)
+    for name in (
+        "fla GDN default: H=6, dk=256, dv=512",
+        "Qwen3-Next: Hk=16, Hv=32, dk=dv=128",
+        "varlen DeltaProduct n_h=2 dv=512",
+    )
+]
+
+
 @gpu
 @needs_cuda
-@pytest.mark.parametrize("name", list(GPU_CASES))
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("name, dtype", DTYPE_CASES)
 def test_gpu_real_shapes_vs_float64(name, dtype):
     errs = _check_triton(GPU_CASES[name], dtype, device="cuda")
+    for fuse in (False, True):  # the other output path too (the default depends on the shape)
+        _check_triton(_fused(GPU_CASES[name], fuse), dtype, device="cuda")
     print(f"{name} {dtype}: o/final/boundary rel err {errs[0]:.2e} {errs[1]:.2e} {errs[2]:.2e}")
 
 
