@@ -501,7 +501,7 @@ class LaunchConfig:
     out_warps: int = 4
     out_bv: int = 128
     tri_programs_per_sm: int = 8
-    fuse_output: bool | None = None  # the state kernel writes o (no output kernel); None: by shape
+    fuse_output: bool | None = None  # the state kernel writes o (no output kernel); None: default_config's
 
 
 MAX_K, MAX_V = 256, 512  # head dims the Triton path takes (dispatch falls back beyond)
@@ -518,8 +518,8 @@ def _num_sms() -> int:
 
 def default_config(B: int, H: int, V: int, n_h: int = 1, K: int = 128) -> LaunchConfig:
     """Value tiles of the sequential kernel: 32, or 64 for dk <= 128 and n_h <= 2 once sequences * value
-    heads give about a program per SM (W and K are re-read per tile). The output is fused into the sequential
-    kernel for large states (dk dv >= 256^2), whose fp32 boundary states an output kernel would read back.
+    heads give about a program per SM (W and K are re-read per tile). The output kernel stays separate: fusing
+    it into the sequential kernel measured 0.9-1.1x at issue 17's shapes on an H100 (kernels/NOTES.md).
     Never 16 with dk = 128 (nor 32 with dk = 256 unsplit): on an H100 (Triton 3.6) the compiled state kernel
     with 16-wide tiles faulted (n_h = 3) or returned wrong states (n_h = 1) at B = 8, T >= 1024, while the
     interpreter and T = 300 agreed with the reference; see tests/kernels/test_triton_chunk.py.
@@ -529,7 +529,7 @@ def default_config(B: int, H: int, V: int, n_h: int = 1, K: int = 128) -> Launch
     bv = 32
     if K <= 128 and B * H * triton.cdiv(V, 64) >= (0.9 if n_h <= 2 else 2.0) * n_sm:
         bv = 64
-    return LaunchConfig(state_bv=min(bv, _pow2(V)), fuse_output=K * V >= 256 * 256)
+    return LaunchConfig(state_bv=min(bv, _pow2(V)), fuse_output=False)
 
 
 def unsupported_reason(q: torch.Tensor, v: torch.Tensor, chunk_size: int = CHUNK_SIZE) -> str | None:

@@ -251,8 +251,8 @@ DTYPE_CASES = [(name, torch.bfloat16) for name in GPU_CASES] + [
 @pytest.mark.parametrize("name, dtype", DTYPE_CASES)
 def test_gpu_real_shapes_vs_float64(name, dtype):
     errs = _check_triton(GPU_CASES[name], dtype, device="cuda")
-    for fuse in (False, True):  # the other output path too (the default depends on the shape)
-        _check_triton(_fused(GPU_CASES[name], fuse), dtype, device="cuda")
+    if dtype == torch.bfloat16 and "dv=512" in name:  # the fused output path (an option) at the largest states
+        _check_triton(_fused(GPU_CASES[name], True), dtype, device="cuda")
     print(f"{name} {dtype}: o/final/boundary rel err {errs[0]:.2e} {errs[1]:.2e} {errs[2]:.2e}")
 
 
@@ -296,7 +296,9 @@ def test_gpu_matches_fla_packed(n_h):
             use_qk_l2norm_in_kernel=True, cu_seqlens=cu,
         )  # fmt: skip
     else:
-        fo, ffin = fla.chunk_gated_delta_product(
+        from fla.ops.gated_delta_product import chunk_gated_delta_product
+
+        fo, ffin = chunk_gated_delta_product(
             q, k.reshape(1, T * n_h, Hk, 128), v.reshape(1, T * n_h, Hv, 128), g, beta.reshape(1, T * n_h, Hv),
             num_householder=n_h, initial_state=s0, output_final_state=True, use_qk_l2norm_in_kernel=True,
             cu_seqlens=cu,
