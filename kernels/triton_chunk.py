@@ -284,6 +284,7 @@ def _state_kernel(
     T,
     cu,
     coff,
+    order,
     NCT,
     scale,
     HK: tl.constexpr,
@@ -312,6 +313,9 @@ def _state_kernel(
     the fp32 boundary states are read back by an output kernel."""
     i_v, i_nh = tl.program_id(0), tl.program_id(1)
     i_n, i_h = i_nh // HV, i_nh % HV
+    if IS_VARLEN:  # longest sequences first (`order`), so that they do not start in the last wave
+        i_n = tl.load(order + i_n).to(tl.int32)
+        i_nh = i_n * HV + i_h
     i_hk = i_h // (HV // HK)
     if IS_VARLEN:
         bos = tl.load(cu + i_n).to(tl.int64)
@@ -559,15 +563,17 @@ def _check(q, k, v, beta, g, initial_state, chunk_size, cu_seqlens) -> int:
     return N
 
 
-def _varlen_tables(cu_seqlens: torch.Tensor, dev: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
-    """(cu int32, sequence of each global chunk, first global chunk of each sequence [N+1], total chunks)."""
+def _varlen_tables(cu_seqlens: torch.Tensor, dev: torch.device) -> tuple[torch.Tensor, ...]:
+    """(cu int32, sequence of each global chunk, first global chunk of each sequence [N+1], sequences
+    longest first, total chunks)."""
     cu = cu_seqlens.to(device=dev, dtype=torch.int32)
     n_chunks = (cu.diff() + CHUNK_SIZE - 1) // CHUNK_SIZE
     coff = torch.nn.functional.pad(n_chunks.cumsum(0), (1, 0)).to(torch.int32)
     nct = int(coff[-1])  # one host sync: the grids need it
     seq = torch.arange(n_chunks.numel(), device=dev, dtype=torch.int32)
     cidx = seq.repeat_interleave(n_chunks, output_size=nct)
-    return cu, cidx, coff, nct
+    order = torch.argsort(n_chunks, descending=True, stable=True).to(torch.int32)
+    return cu, cidx, coff, order, nct
 
 
 def triton_delta_product(
@@ -604,9 +610,9 @@ def triton_delta_product(
     dev = q.device
     varlen = cu_seqlens is not None
     if varlen:
-        cu, cidx, coff, NCT = _varlen_tables(cu_seqlens, dev)
+        cu, cidx, coff, order, NCT = _varlen_tables(cu_seqlens, dev)
     else:
-        cu = cidx = coff = None
+        cu = cidx = coff = order = None
         NCT = B * triton.cdiv(T, CHUNK_SIZE)
     NBND = NCT + N  # boundary rows: each sequence's chunk starts and its final state
     BK, BVF = _pow2(K), _pow2(V)
@@ -664,7 +670,7 @@ def triton_delta_product(
         _state_kernel,
         (triton.cdiv(V, BV), N * HV),
         cfg,
-        (q, k, W, U, D, Aqk, gcum, rstd, bnd, ht, h0, o, T, cu, coff, NCT, scale),
+        (q, k, W, U, D, Aqk, gcum, rstd, bnd, ht, h0, o, T, cu, coff, order, NCT, scale),
         state_consts,
         smem,
     )
