@@ -248,7 +248,7 @@ DTYPE_CASES = [(name, torch.bfloat16) for name in GPU_CASES] + [
 
 @gpu
 @needs_cuda
-@pytest.mark.parametrize("name, dtype", DTYPE_CASES)
+@pytest.mark.parametrize("name, dtype", DTYPE_CASES, ids=[f"{n} {str(d)[6:]}" for n, d in DTYPE_CASES])
 def test_gpu_real_shapes_vs_float64(name, dtype):
     errs = _check_triton(GPU_CASES[name], dtype, device="cuda")
     if dtype == torch.bfloat16 and "dv=512" in name:  # the fused output path (an option) at the largest states
