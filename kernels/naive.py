@@ -1,7 +1,7 @@
 """Plain token-by-token gated delta product: the oracle every fast path is checked against.
 
-Shapes follow docs/architecture.md (fla's [K, V] state layout), with Hk key heads and Hv value heads (Hv a multiple
-of Hk; value head j reads key head j // (Hv / Hk), as fla's grouped value attention):
+Shapes follow docs/architecture.md (fla's [K, V] state layout), with Hk key heads and Hv value heads (Hv a
+multiple of Hk; value head j reads key head j // (Hv / Hk), as fla's grouped value attention):
   q [B, T, Hk, K], k [B, T, n_h, Hk, K], v [B, T, n_h, Hv, V], beta [B, T, n_h, Hv], g [B, T, Hv] or None.
 Packed variable-length batches: B = 1 and `cu_seqlens` (N + 1 increasing token offsets, as fla and
 transformers pass them); sequence n is tokens cu_seqlens[n]:cu_seqlens[n+1], starts from initial_state[n]
