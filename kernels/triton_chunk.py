@@ -1,14 +1,16 @@
 """Triton chunked (WY/UT) forward of the gated delta product: output, final and chunk-boundary states.
 
-Same contract as `kernels.chunk.chunk_delta_product`. A chunk is 64 tokens, i.e. L = 64 * n_h
-Householder sub-steps, split into n_h blocks of 64 sub-steps. Kernels:
+Same contract as `kernels.chunk.chunk_delta_product`: q, k with Hk key heads and v, beta, g with Hv value heads
+(value head j reads key head j // (Hv/Hk) in every kernel), dk <= 256, dv <= 512, and packed batches
+(`cu_seqlens`: chunks never straddle two sequences; a table maps each global chunk to its sequence). A chunk
+is 64 tokens, i.e. L = 64 * n_h Householder sub-steps, split into n_h blocks of 64 sub-steps. Kernels:
 
 1. `_tri_kernel` (persistent, parallel over blocks): T_aa = (I + A_aa)^-1 of each 64-sub-step block,
    A_ij = beta_i e^{Gamma_i - Gamma_j} k_i.k_j (j < i), from four 16x16 forward substitutions merged
    by block rows; also the reciprocal key norms.
 2. `_wu_kernel` (parallel over chunks): each block's WY factors W_a = T_aa X_a, U_a = T_aa Y_a,
    X = diag(beta e^{Gamma - Gamma_a}) K, Y = diag(beta) V (Gamma_a: the log-decay at the block start).
-3. `_state_kernel` (sequential over chunks and their blocks, parallel over batch * head * value tiles):
+3. `_state_kernel` (sequential over chunks and their blocks, parallel over sequence * head * value tiles):
    the boundary states S_c and the pseudo-values D_a = U_a - W_a S_a, S_a the state at block a's start.
    (An earlier version solved the whole 64 n_h-sub-step chunk as one WY system, so that the blocks of a
    chunk shared S_c; its cross-block substitution made `_wu_kernel` 2.7x fla's on an H100 at n_h = 3.)
