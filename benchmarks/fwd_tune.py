@@ -42,8 +42,8 @@ def main() -> None:
         base = default_config(B, 8, 128, n_h)
         rec = dict(point=p, base=repr(base))
         rec["fla_ms"] = timeit(partial(fla_call, fla, *x)) if fla else float("nan")
-        rec["ours_ms"] = timeit(partial(triton_delta_product, *x, config=base))
-        rec["profile_ours"] = profile(partial(triton_delta_product, *x, config=base))
+        rec["ours_ms"] = timeit(partial(triton_delta_product, *x, normalize_qk=True, config=base))
+        rec["profile_ours"] = profile(partial(triton_delta_product, *x, normalize_qk=True, config=base))
         if fla:
             rec["profile_fla"] = profile(partial(fla_call, fla, *x))
         print(f"== {p}: ours {rec['ours_ms']:.3f} ms, fla {rec['fla_ms']:.3f} ms", flush=True)
@@ -59,7 +59,7 @@ def main() -> None:
             sweep = {}
             for c in cands:
                 try:
-                    sweep[repr(c)] = timeit(partial(triton_delta_product, *x, config=c))
+                    sweep[repr(c)] = timeit(partial(triton_delta_product, *x, normalize_qk=True, config=c))
                 except Exception as exc:  # noqa: BLE001
                     sweep[repr(c)] = float("inf")
                     print(f"   failed {c}: {exc}"[:200], flush=True)

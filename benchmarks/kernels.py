@@ -144,7 +144,7 @@ def bench_real(bw: float, peak: float, log, rows: list, dump, only: str = "", sw
             varlen = B == "varlen"
             x = make_real_inputs(1 if varlen else B, T, Hk, Hv, K, V, n_h)
             cu = torch.tensor([0, *itertools.accumulate(lengths)], device="cuda") if varlen else None
-            ours = partial(triton_delta_product, *x, cu_seqlens=cu)
+            ours = partial(triton_delta_product, *x, normalize_qk=True, cu_seqlens=cu)
             first_ours = first_call_s(ours)
             t_ours = timeit(ours)
             first_fla = t_fla = float("nan")
@@ -269,7 +269,7 @@ def _forward_point(B, T, n_h, gate, bw, peak, sweep, fla) -> dict:
     times = {}
     for c in cands:
         try:
-            times[repr(c)] = timeit(partial(triton_delta_product, *x, config=c))
+            times[repr(c)] = timeit(partial(triton_delta_product, *x, normalize_qk=True, config=c))
         except Exception as exc:  # noqa: BLE001 - a config that does not fit is a result, not a crash
             times[repr(c)] = float("inf")
             print(f"      config failed: {c}: {type(exc).__name__}: {str(exc)[:120]}", flush=True)
@@ -401,7 +401,7 @@ def bench_accuracy(log, B: int = 1, T: int = 512, H: int = 8, K: int = 128) -> l
             initial_state=s0.to(d),
             normalize_qk=True,
         )
-        o, fin, bnd = triton_delta_product(q, k, v, beta, g, initial_state=s0)
+        o, fin, bnd = triton_delta_product(q, k, v, beta, g, initial_state=s0, normalize_qk=True)
         row = dict(
             kernel="ours",
             dtype=str(dtype).split(".")[-1],
@@ -478,7 +478,7 @@ def profile_breakdown(points, log) -> list[dict]:
     for B, T, n_h, gate in points:
         x = make_inputs(B, T, 8, 128, 128, n_h, gate)[:5]
         for name, fn in (
-            ("ours", partial(triton_delta_product, *x)),
+            ("ours", partial(triton_delta_product, *x, normalize_qk=True)),
             ("fla", partial(fla_call, fla, *x) if fla else None),
         ):
             if fn is None:
@@ -505,7 +505,8 @@ def profile_real(log) -> list[dict]:
     out = []
     for name, B, T in REAL_PROFILE:
         x = make_real_inputs(B, T, *shapes[name])
-        for who, fn in (("ours", partial(triton_delta_product, *x)), ("fla", partial(fla_real_call, *x))):
+        ours = partial(triton_delta_product, *x, normalize_qk=True)
+        for who, fn in (("ours", ours), ("fla", partial(fla_real_call, *x))):
             if who == "fla" and fla is None:
                 continue
             evs = _profile(fn)

@@ -587,7 +587,7 @@ def triton_delta_product(
     scale: float | None = None,
     initial_state: torch.Tensor | None = None,
     chunk_size: int = CHUNK_SIZE,
-    normalize_qk: bool = True,
+    normalize_qk: bool = False,
     output_final_state: bool = True,
     output_boundary_states: bool = True,
     config: LaunchConfig | None = None,

@@ -180,7 +180,8 @@ def test_gpu_long_sequence_vs_chunked_float64(n_h, tiling):
 
     q, k, v, beta, g, s0 = _inputs(8, 2048, 8, 128, 128, n_h, True, True, "cuda")
     qb, kb, vb = q.bfloat16(), k.bfloat16(), v.bfloat16()
-    o, fin, bnd = triton_delta_product(qb, kb, vb, beta, g, initial_state=s0, config=LaunchConfig(**TILINGS[tiling]))
+    o, fin, bnd = triton_delta_product(qb, kb, vb, beta, g, initial_state=s0, normalize_qk=True,
+                                      config=LaunchConfig(**TILINGS[tiling]))
     d = torch.float64
     ro, rfin, rbnd = chunk_delta_product(
         qb.to(d), kb.to(d), vb.to(d), beta.to(d), g.to(d), initial_state=s0.to(d), normalize_qk=True
@@ -210,7 +211,7 @@ def test_gpu_matches_fla(n_h, gate):
     B, T, H, K = 1, 1000, 8, 128
     q, k, v, beta, g, s0 = _inputs(B, T, H, K, K, n_h, gate, True, "cuda", beta_max=1.0)
     q, k, v, beta = q.bfloat16(), k.bfloat16(), v.bfloat16(), beta.bfloat16()
-    o, fin, _ = triton_delta_product(q, k, v, beta, g, initial_state=s0)
+    o, fin, _ = triton_delta_product(q, k, v, beta, g, initial_state=s0, normalize_qk=True)
     fo, ffin = fla.chunk_gated_delta_product(
         q,
         k.reshape(B, T * n_h, H, K),
@@ -235,3 +236,28 @@ def test_dispatch_falls_back_to_pytorch_on_cpu():
     want = chunk_delta_product(q, k, v, beta, g, initial_state=s0)
     for a, b in zip(got, want):
         assert torch.equal(a, b)
+
+
+def test_every_forward_has_the_same_normalize_default():
+    """naive, chunk, dispatch and Triton agree on `normalize_qk` (Triton used to default to True alone)."""
+    import inspect
+
+    from kernels.chunk import chunk_delta_product
+    from kernels.dispatch import delta_product_forward
+    from kernels.triton_chunk import triton_delta_product
+
+    defaults = {fn.__name__: inspect.signature(fn).parameters["normalize_qk"].default
+                for fn in (naive_delta_product, chunk_delta_product, delta_product_forward, triton_delta_product)}
+    assert set(defaults.values()) == {False}, defaults
+
+
+@cpu_only
+def test_default_call_matches_the_reference_on_unnormalised_keys():
+    """Called with defaults on keys that are not unit vectors, Triton computes what the reference computes."""
+    from kernels.triton_chunk import triton_delta_product
+
+    q, k, v, beta, g, s0 = _inputs(1, 70, 2, 16, 16, 2, True, True, beta_max=0.2, seed=5)
+    k = k * 0.25  # small keys keep the unnormalised recurrence contractive
+    o, fin, _ = triton_delta_product(q, k, v, beta, g, initial_state=s0)
+    ro, rfin, _ = naive_delta_product(*(x.double() for x in (q, k, v, beta, g)), initial_state=s0.double())
+    assert max(_rel(o, ro), _rel(fin, rfin)) < TOL[torch.float32]
