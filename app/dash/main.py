@@ -17,10 +17,10 @@ ENV_STORE = "DELTALAB_STORE"
 
 
 def _pages() -> dict[str, object]:
-    from app.views import betas, erank, keys, overview, probes, spectra, token
+    from app.views import betas, erank, head, heads, keys, overview, probes, spectra, text, token
 
     return {"Overview": overview, "Betas": betas, "Keys": keys, "Spectra": spectra, "Effective rank": erank,
-            "Probes": probes, "Token": token}
+            "Probes": probes, "Token": token, "Text": text, "Heads": heads, "Head": head}
 
 
 def cli_store() -> str | None:

@@ -1,0 +1,182 @@
+"""The dashboard's researcher views: the text view, head cards and gallery, chart export — their pure logic, and
+the pages under streamlit.testing.v1.AppTest on the planted synthetic store (layer 0 head 0 rotates with β = 2
+and keys in a 3-D subspace; head 1 is low-rank)."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from tests.app.stores import probed_store
+from tests.app.test_pages import arr, assert_clean, goto, new_app, specs, traces
+
+ZOO_TEXT = Path(__file__).resolve().parents[2] / "models" / "zoo" / "stdlib-gated-deltaproduct2"
+
+
+# --- text view: layout, tokens, rotation angles -----------------------------------------------------
+
+def test_layout_breaks_rows_at_newlines_document_starts_and_width():
+    from app.dash.textgrid import layout
+
+    strings = list("ab\ncdefg") + ["h", "i"]
+    doc = np.zeros(len(strings), bool)
+    doc[8] = True  # "h" starts a new document
+    lay = layout(strings, doc, width=3)
+    assert lay.row_start == [0, 3, 6, 8]  # newline ends row 0; width 3 wraps "cdefg"; the document start breaks
+    assert (lay.row[:3] == 0).all() and list(lay.col[3:6]) == [0, 1, 2] and lay.n_cols == 3
+
+
+def test_rotation_angles_match_the_single_token_transition():
+    from app.dash.derive import transition
+    from app.dash.textgrid import rotation_angles
+
+    rng = np.random.default_rng(0)
+    k = rng.normal(size=(20, 2, 6))
+    k /= np.linalg.norm(k, axis=-1, keepdims=True)
+    b = rng.uniform(0, 2, (20, 2))
+    ours = rotation_angles(k, b)
+    ref = [transition(k[t], b[t]).rotation_deg for t in range(20)]
+    np.testing.assert_allclose(ours, ref, atol=1e-9)
+    # two exact reflections whose planes meet at 60 degrees rotate by 120 degrees
+    a = np.array([[1.0, 0, 0], [np.cos(np.pi / 3), np.sin(np.pi / 3), 0]])
+    assert rotation_angles(a[None], np.array([[2.0, 2.0]]))[0] == pytest.approx(120.0)
+
+
+def test_vocab_strings_through_the_bundled_tokenizer_and_bytes():
+    from app.dash.textgrid import cell_text, vocab_strings
+
+    tok = ZOO_TEXT / "tokenizer.json"
+    names = vocab_strings(tok if tok.is_file() else None, 257)
+    assert names[ord("a")] == "a" and names[10] == "\n" and names[256] == "<|endoftext|>"
+    assert cell_text("\n") == "↵" and cell_text("<|endoftext|>") == "␄" and cell_text("abcdef") == "ab…"
+    assert vocab_strings(None, 3) == ["\x00", "\x01", "\x02"]
+
+
+# --- head table -------------------------------------------------------------------------------------
+
+def test_head_metrics_helpers():
+    from app.dash import heads
+
+    evr = np.array([[0.5, 0.3, 0.16, 0.04], [0.25, 0.25, 0.25, 0.25]])
+    assert list(heads.key_dim(evr)) == [3.0, 4.0]
+    hist = np.zeros(36)
+    hist[[23, 35]] = [70, 30]  # 120 and 180 degrees (5-degree bins centred at 2.5, 7.5, ...)
+    centers = np.arange(36) * 5 + 2.5
+    assert heads.dominant_angles(hist, centers) == [117.5, 177.5]
+    assert heads.trend(np.arange(50) * 0.02) == pytest.approx(2.0)
+    df = pd.DataFrame({"layer": [0, 0, 1], "head": [0, 1, 0], **{m: [np.nan, 2.0, 1.0] for m in heads.METRICS}})
+    assert list(heads.sort_heads(df, "beta_mean")["head"]) == [1, 0, 0]  # NaN last
+    assert list(heads.sort_heads(df, "beta_mean", descending=False)["layer"]) == [1, 0, 0]
+    with pytest.raises(ValueError, match="unknown metric"):
+        heads.sort_heads(df, "nope")
+    svg = heads.sparkline([0, 1, 2], kind="bars")
+    assert svg.startswith("<img") and "data:image/svg+xml;base64," in svg and heads.sparkline([]) == ""
+
+
+def test_head_table_finds_the_planted_rotation_head(tmp_path_factory):
+    from app.dash import heads
+    from probes.results import read_results
+
+    store = probed_store(tmp_path_factory)
+    res = {p: read_results(store, p) for p in ("betas", "keys", "spectra", "erank", "linear")}
+    df = heads.head_table(**res)
+    assert len(df) == 2 * 4 and set(heads.METRICS) <= set(df.columns)
+    h0 = df[(df.layer == 0) & (df["head"] == 0)].iloc[0]
+    assert h0.beta_mean == pytest.approx(2.0, abs=1e-4) and h0.frac_beta_gt1 == pytest.approx(1.0)
+    assert h0.key_dim <= 3 and h0.frac_rotation == pytest.approx(1.0)
+    assert h0.dominant_angles and len(h0.erank_curve) == heads.SPARK_POINTS
+    top = heads.sort_heads(df, "frac_rotation").iloc[0]
+    assert (top.layer, top["head"]) == (0, 0)
+    low = df[(df.layer == 0) & (df["head"] == 1)].iloc[0]
+    assert low.erank_mean <= 2.0 + 1e-4
+
+
+# --- export -----------------------------------------------------------------------------------------
+
+def test_figure_table_and_payloads():
+    import plotly.graph_objects as go
+
+    from app.dash import export
+
+    fig = go.Figure([go.Heatmap(z=[[1, 2], [3, 4]], x=["h0", "h1"], y=["layer 0", "layer 1"]),
+                     go.Scatter(x=[1, 2, 3], y=[4, 5, 6], name="line", customdata=[[7, 8], [9, 10], [11, 12]])])
+    df = export.figure_table(fig)
+    heat = df[df.trace == "trace 0"]
+    assert list(heat.z) == [1, 2, 3, 4] and list(heat.y) == ["layer 0", "layer 0", "layer 1", "layer 1"]
+    line = df[df.trace == "line"]
+    assert list(line.y) == [4, 5, 6] and list(line.customdata_1) == [8, 10, 12]
+    csv = export.payload(fig, "csv")
+    assert pd.read_csv(io.StringIO(csv)).shape[0] == 7
+    assert pd.read_parquet(io.BytesIO(export.payload(fig, "parquet"))).shape[0] == 7
+    html = export.payload(fig, "html")
+    assert "<html>" in html[:100] and "Plotly.newPlot" in html and len(html) > 1_000_000  # plotly.js inside
+    with pytest.raises(ValueError, match="unknown export format"):
+        export.payload(fig, "bmp")
+
+
+# --- pages ------------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def app(tmp_path_factory):
+    store = probed_store(tmp_path_factory)
+    mp = pytest.MonkeyPatch()
+    at = new_app(mp, store)
+    at.run()
+    assert_clean(at)
+    yield at
+    mp.undo()
+
+
+def test_text_page_colours_tokens_and_hovers_values(app):
+    at = goto(app, "Text")
+    assert at.title[0].value == "Text"
+    data = specs(at)[0]["data"]
+    heat = [d for d in data if d["type"] == "heatmap"]
+    points = [d for d in data if d["type"] == "scatter"][0]
+    pos = arr(points["customdata"])[:, 0]
+    assert list(pos) == list(range(128))  # every token of the sequence, clickable
+    assert "β (head 0, step 0) = 2.000" in points["hovertext"][5]  # the rotation head's β = 2 on hover
+    z = arr(heat[-1]["z"])
+    assert np.nanmax(z) == pytest.approx(2.0, abs=1e-3)
+    at.segmented_control(key="text_quantity").set_value("rotation angle").run()
+    assert_clean(at)
+    values = arr(traces(at, "tokens")[0]["customdata"])[:, 1]
+    assert np.all((values >= 0) & (values <= 180)) and np.nanmax(values) > 1
+    at.segmented_control(key="text_quantity").set_value("effective rank").run()
+    assert_clean(at)
+    at.segmented_control(key="text_quantity").set_value("β").run()
+
+
+def test_heads_gallery_sorts_and_opens_a_card(app):
+    at = goto(app, "Heads")
+    assert at.title[0].value == "Heads"
+    first = [b for b in at.button if b.key and b.key.startswith("open_")][0]
+    at.selectbox(key="heads_sort").set_value("rotation fraction").run()
+    assert_clean(at)
+    buttons = [b.key for b in at.button if b.key and b.key.startswith("open_")]
+    assert buttons[0] == "open_0_0" and len(buttons) == 8  # the rotation head first
+    assert first.key
+    at.toggle(key="heads_desc").set_value(False).run()
+    assert [b.key for b in at.button if b.key and b.key.startswith("open_")][-1] == "open_0_0"
+    at.toggle(key="heads_desc").set_value(True).run()
+    at.button(key="open_0_0").click().run()
+    assert_clean(at)
+    assert at.session_state["page"] == "Head" and at.title[0].value == "Head 0 · layer 0"
+    metrics = {m.label: m.value for m in at.metric}
+    assert metrics["mean β"] == "2.00" and metrics["rotation fraction"] == "1.00"
+    assert len(at.get("plotly_chart")) >= 5
+    at.button(key="head_link_Spectra").click().run()
+    assert at.session_state["page"] == "Spectra"
+
+
+def test_heads_table_view(app):
+    at = goto(app, "Heads")
+    at.segmented_control(key="heads_view").set_value("table").run()
+    assert_clean(at)
+    df = at.dataframe[0].value
+    assert len(df) == 8 and {"frac_rotation", "erank_curve"} <= set(df.columns)
+    at.segmented_control(key="heads_view").set_value("cards").run()
