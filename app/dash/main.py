@@ -18,9 +18,10 @@ ENV_STORE = "DELTALAB_STORE"
 
 def _pages() -> dict[str, object]:
     from app.views import betas, erank, head, heads, keys, overview, probes, spectra, text, token
+    from app.views import input as input_view
 
-    return {"Overview": overview, "Betas": betas, "Keys": keys, "Spectra": spectra, "Effective rank": erank,
-            "Probes": probes, "Token": token, "Text": text, "Heads": heads, "Head": head}
+    return {"Overview": overview, "Input": input_view, "Betas": betas, "Keys": keys, "Spectra": spectra,
+            "Effective rank": erank, "Probes": probes, "Token": token, "Text": text, "Heads": heads, "Head": head}
 
 
 def cli_store() -> str | None:
@@ -106,6 +107,8 @@ def run() -> None:
         loading.show_problem(problem, path)
         return
 
+    st.session_state[state.STORE_KEY] = str(path)
+    path, ds = _input_source(path, ds)
     attrs = ds.attrs
     meta = json.dumps({k: attrs.get(k) for k in ("data_meta", "data_spec")}, sort_keys=True, default=str)
     # token names import tasks.state_tracking (and torch): not on the first page, unless already loaded
@@ -119,6 +122,22 @@ def run() -> None:
     page = pages[st.session_state[state.PAGE_KEY]]
     _render(page, ctx)
     _prewarm()
+
+
+def _input_source(path: Path, ds: object) -> tuple[Path, object]:
+    """The store, or the researcher's own input run through its checkpoint when the sidebar says so."""
+    key = st.session_state.get(state.INPUT_KEY)
+    if not key or not str(key).startswith(f"{path}#") or not loading.in_memory(key):
+        return path, ds
+    if st.session_state.get(state.SOURCE_KEY) not in state.SOURCES:
+        st.session_state[state.SOURCE_KEY] = state.SOURCES[0]
+    st.sidebar.segmented_control("Show", list(state.SOURCES), key=state.SOURCE_KEY, required=True,
+                                 help="Every page shows the store, or your own input (page Input).")
+    if st.session_state.get(state.SOURCE_KEY) != state.SOURCES[1]:
+        return path, ds
+    mem = loading._open(str(key), loading._stamp(key))
+    st.sidebar.caption(f"Showing **your input** ({mem.sizes['pos']} tokens), run through the store's checkpoint.")
+    return Path(str(key)), mem
 
 
 _PREWARMED: list[bool] = []

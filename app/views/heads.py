@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
-from app.dash import headdata, heads, state
+from app.dash import headdata, heads, loading, state
 from app.views.text import display_names
 
 PER_PAGE = 12
@@ -84,7 +84,9 @@ def render(ctx) -> None:
     if previewed:
         st.caption(f"Preview from the first sequences for: {', '.join(previewed)} (no stored results yet).")
     missing = [p for p, r in src.items() if r is None]
-    if missing:
+    if missing and loading.in_memory(ctx.path):
+        st.caption(f"Not available for your own input: {', '.join(missing)} (it needs many labelled sequences).")
+    elif missing:
         st.caption(f"Not available: {', '.join(missing)} — run `deltalab probe NAME --store {ctx.path}`.")
     labels = {v: k for k, v in heads.METRICS.items()}
     c1, c2, c3, c4 = st.columns([3, 1, 1, 1])

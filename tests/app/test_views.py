@@ -180,3 +180,72 @@ def test_heads_table_view(app):
     df = at.dataframe[0].value
     assert len(df) == 8 and {"frac_rotation", "erank_curve"} <= set(df.columns)
     at.segmented_control(key="heads_view").set_value("cards").run()
+
+
+# --- your own input ---------------------------------------------------------------------------------
+
+def test_encode_task_and_text_inputs():
+    from app.dash import own_input
+
+    s4 = {"model_config": {"vocab_size": 24}, "data_meta": {"kind": "task", "task": {"name": "S4"}}}
+    enc = own_input.encode("3, 17 5 0", s4)
+    assert list(enc.tokens) == [3, 17, 5, 0] and enc.kind == "task" and enc.doc_start[0] and enc.num_classes == 24
+    from tasks.state_tracking import get_task
+
+    assert list(enc.labels) == list(get_task("S4").group.scan(np.array([[3, 17, 5, 0]]))[0])
+    with pytest.raises(own_input.InputError, match="outside the model's vocabulary"):
+        own_input.encode("3 24", s4)
+    with pytest.raises(own_input.InputError, match="neither a token id"):
+        own_input.encode("3 x", s4)
+    with pytest.raises(own_input.InputError, match="empty"):
+        own_input.encode("  ", s4)
+    text = {"model_config": {"vocab_size": 257}, "data_meta": {"kind": "text"}}
+    tok = ZOO_TEXT / "tokenizer.json"
+    enc = own_input.encode("ab\nc", text, tok if tok.is_file() else None)
+    assert list(enc.tokens) == [97, 98, 10, 99] and list(enc.labels) == [98, 10, 99, -100] and enc.kind == "text"
+
+
+def test_own_input_matches_the_capture_of_the_same_tokens(tmp_path_factory):
+    """Running a store's sequence through the Input path gives the store's own arrays."""
+    import store
+    from app.dash import own_input
+    from tests.app.stores import default_store
+
+    built = default_store(tmp_path_factory)
+    ds = store.open(built["store"])
+    tokens = np.asarray(ds["tokens"].isel(seq=1).values)
+    enc = own_input.encode(" ".join(map(str, tokens)), dict(ds.attrs))
+    mine = own_input.run(own_input.get_model(built["checkpoint"]), enc, dict(ds.attrs))
+    assert dict(mine.sizes) == {**{d: ds.sizes[d] for d in mine.sizes if d != "seq"}, "seq": 1}
+    assert set(mine.data_vars) == set(ds.data_vars) and mine.attrs["data_spec"] == "input:task"
+    for var in ("beta", "k", "state", "loss"):
+        np.testing.assert_allclose(mine[var].isel(seq=0).values, ds[var].isel(seq=1).values, rtol=1e-4, atol=1e-5)
+
+
+def test_input_page_runs_the_model_and_every_page_shows_it(monkeypatch, tmp_path_factory):
+    from tests.app.stores import default_store
+
+    built = default_store(tmp_path_factory)
+    at = new_app(monkeypatch, built["store"])
+    at.run()
+    goto(at, "Input")
+    assert at.text_input(key="input_checkpoint").value == str(built["checkpoint"])
+    at.text_area(key="input_text").set_value("1 2 3 4 5 6 7 8 9 10 11 12").run()
+    at.button(key="input_run").click().run()
+    assert_clean(at)
+    assert {m.label: m.value for m in at.metric}["Tokens"] == "12"
+    assert at.session_state["source"] == "your input"
+    at.button(key="input_go_Text").click().run()
+    assert_clean(at)
+    pos = arr(traces(at, "tokens")[0]["customdata"])[:, 0]
+    assert list(pos) == list(range(12))  # the typed sequence, not the store's (length 128)
+    assert any("your input" in c.value for c in at.sidebar.caption)
+    goto(at, "Spectra")
+    assert traces(at, "unit circle")
+    at.sidebar.segmented_control(key="source").set_value("store").run()
+    goto(at, "Text")
+    assert len(arr(traces(at, "tokens")[0]["customdata"])) == 128
+    goto(at, "Input")
+    at.text_area(key="input_text").set_value("1 2 99").run()
+    at.button(key="input_run").click().run()
+    assert any("outside the model's vocabulary" in e.value for e in at.error)
