@@ -14,6 +14,8 @@ import streamlit as st
 from app.dash import loading, state
 
 ENV_STORE = "DELTALAB_STORE"
+STORE_PARAM = "store"
+"""URL query parameter naming the store a view shows (set when another store is opened in the sidebar)."""
 
 
 def _pages() -> dict[str, object]:
@@ -34,6 +36,10 @@ def cli_store() -> str | None:
 def _open_other() -> None:
     value = (st.session_state.get("store_input") or "").strip()
     st.session_state["store_path"] = value or None
+    if value:
+        st.query_params[STORE_PARAM] = value
+    else:
+        st.query_params.pop(STORE_PARAM, None)
 
 
 def _reload() -> None:
@@ -89,6 +95,8 @@ def run() -> None:
         st.session_state[state.PAGE_KEY] = "Overview"
     side.radio("Page", list(pages), key=state.PAGE_KEY, bind="query-params", label_visibility="collapsed")
 
+    if not st.session_state.get("store_path") and st.query_params.get(STORE_PARAM):
+        st.session_state["store_path"] = st.query_params[STORE_PARAM]  # a shared URL reopens its store
     chosen = st.session_state.get("store_path") or cli_store()
     side.text_input("Open another store", key="store_input", on_change=_open_other,
                     placeholder="path/to/store.zarr", help="A folder written by `deltalab capture --out`.")

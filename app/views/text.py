@@ -88,7 +88,7 @@ def render(ctx) -> None:
                                     bind="query-params", required=True) or "β"
     text = textgrid.is_text_store(ctx.attrs)
     width = c2.select_slider("Tokens per row", [16, 24, 32, 48, 64, 80, 100, 120], value=64 if text else 32,
-                             key="text_width", persist_state="session")
+                             key="text_width", persist_state="session", bind="query-params")
     ids = state.token_row(ctx.path, sel.seq)
     labels = state.token_row(ctx.path, sel.seq, "labels")
     T = len(ids)

@@ -249,3 +249,28 @@ def test_input_page_runs_the_model_and_every_page_shows_it(monkeypatch, tmp_path
     at.text_area(key="input_text").set_value("1 2 99").run()
     at.button(key="input_run").click().run()
     assert any("outside the model's vocabulary" in e.value for e in at.error)
+
+
+# --- export and URLs ---------------------------------------------------------------------------------
+
+def test_every_chart_has_its_downloads(app):
+    at = goto(app, "Betas")
+    charts = at.get("plotly_chart")
+    buttons = at.get("download_button")
+    assert len(charts) >= 4 and len(buttons) == 5 * len(charts), (len(charts), len(buttons))
+    labels = sorted({b.proto.label for b in buttons})
+    assert labels == sorted(["PNG", "SVG", "HTML (interactive)", "data (CSV)", "data (Parquet)"])
+
+
+def test_url_names_the_store_and_page_controls(monkeypatch, tmp_path_factory):
+    from tests.app.stores import bare_store
+
+    probed, bare = probed_store(tmp_path_factory), bare_store(tmp_path_factory)
+    at = new_app(monkeypatch, bare)
+    at.query_params["store"] = str(probed)
+    at.query_params["page"] = "Text"
+    at.query_params["text_quantity"] = "loss"
+    at.run()
+    assert_clean(at)
+    assert any(str(probed) in c.value for c in at.sidebar.caption)
+    assert at.title[0].value == "Text" and "loss" in specs(at)[0]["layout"]["title"]["text"]
