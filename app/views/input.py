@@ -91,7 +91,7 @@ def betas_figure(beta: np.ndarray, bmax: float, step: int, layer: int, head: int
     fig.add_hrect(y0=head - 0.5, y1=head + 0.5, line=dict(color="red", width=2))
     fig.update_xaxes(title_text="position")
     fig.update_yaxes(title_text="head", autorange="reversed")
-    return figures._layout(fig, f"β of step {step} at every position and head, layer {layer}", 120 + 22 * H)
+    return figures._layout(fig, f"β of step {step} at every position and head, layer {layer}", max(240, 120 + 22 * H))
 
 
 def render(ctx) -> None:

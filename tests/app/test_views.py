@@ -274,3 +274,37 @@ def test_url_names_the_store_and_page_controls(monkeypatch, tmp_path_factory):
     assert_clean(at)
     assert any(str(probed) in c.value for c in at.sidebar.caption)
     assert at.title[0].value == "Text" and "loss" in specs(at)[0]["layout"]["title"]["text"]
+
+
+# --- comparison -------------------------------------------------------------------------------------
+
+def test_compare_two_heads_and_two_layers(app):
+    at = goto(app, "Compare")
+    at.number_input(key="cmp_head").set_value(3).run()
+    assert_clean(at)
+    table = at.dataframe[0].value
+    rot = table[table.metric == "rotation fraction"].iloc[0]
+    assert rot["A: layer 0 head 0"] == pytest.approx(1.0) and rot["B − A"] < 0  # head 0 is the rotation head
+    names = {d.get("name") for s in specs(at) for d in s["data"]}
+    assert {"A: layer 0 head 0", "B: layer 0 head 3"} <= names and len(specs(at)) == 5
+    at.segmented_control(key="cmp_mode").set_value("two layers").run()
+    assert_clean(at)
+    assert "B: layer 1 head 0" in {d.get("name") for s in specs(at) for d in s["data"]}
+    at.segmented_control(key="cmp_mode").set_value("two heads").run()
+
+
+def test_compare_two_stores(monkeypatch, tmp_path_factory):
+    from tests.app.stores import default_store, other_checkpoint_store
+
+    built, other = default_store(tmp_path_factory), other_checkpoint_store(tmp_path_factory)
+    at = new_app(monkeypatch, built["store"])
+    at.query_params["page"] = "Compare"
+    at.query_params["cmp_mode"] = "two stores"
+    at.query_params["cmp_store"] = str(other)
+    at.run()
+    assert_clean(at)
+    assert any("Same input tokens" in c.value for c in at.caption)
+    pos = [s for s in specs(at) if "over sequence" in s["layout"]["title"]["text"]][0]
+    a, b = (arr(d["y"]) for d in pos["data"])
+    assert len(a) == len(b) and not np.allclose(a, b)  # two checkpoints, same tokens, different betas
+    assert {d["name"][:2] for d in pos["data"]} == {"A:", "B:"}
