@@ -183,7 +183,7 @@ def test_typing_an_input_shows_it_on_every_page(server, browser):
         page.locator(".js-plotly-plot").first.wait_for(timeout=60000)
         _settle(page)
         _clean(page, name)
-        assert "Preview" in page.get_by_test_id("stMain").inner_text()  # computed from your input
+        assert "computed from your input" in page.get_by_test_id("stMain").inner_text()
     _shot(page, out / "input-keys-effective-rank.png")
     page.get_by_test_id("stSidebar").get_by_text("store", exact=True).click()
     _settle(page)
