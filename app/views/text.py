@@ -104,6 +104,8 @@ def render(ctx) -> None:
                    for v, s, h in zip(labels, label_strings, label_hover)]
     dmin = min(int(ctx.ds.sizes.get("dk", 1)), int(ctx.ds.sizes.get("dv", 1)))
     finite_loss = values[np.isfinite(values)] if quantity == "loss" else np.zeros(0)
+    if quantity == "effective rank" and np.isfinite(values).any():  # the colours span the ranks reached
+        dmin = min(dmin, int(np.ceil(np.nanmax(values))))
     spec = textgrid.quantity_spec(quantity, head=sel.head, step=sel.step, beta_max=ctx.beta_max, rank_max=dmin,
                                   loss_max=float(np.quantile(finite_loss, 0.99)) if finite_loss.size else 8.0)
     part = slice(lo, hi)
