@@ -87,6 +87,18 @@ def _token_names(meta: str, vocab: int | None) -> list[str] | None:
     return token_names(json.loads(meta), vocab)
 
 
+def _text_names(attrs: dict) -> list[str] | None:
+    """For text stores: each token id's text (repr), through the checkpoint's tokenizer.json when it is found."""
+    from app.dash.textgrid import is_text_store
+
+    if not is_text_store(attrs):
+        return None
+    from app.dash.derive import find_checkpoint
+    from app.views.text import vocab_names
+
+    return vocab_names(find_checkpoint(attrs), int((attrs.get("model_config") or {}).get("vocab_size") or 256))
+
+
 def run() -> None:
     """One script run of the dashboard."""
     pages = _pages()
@@ -123,6 +135,8 @@ def run() -> None:
     # token names import tasks.state_tracking (and torch): not on the first page, unless already loaded
     needs_names = st.session_state[state.PAGE_KEY] != "Overview" or "tasks.state_tracking" in sys.modules
     names = _token_names(meta, (attrs.get("model_config") or {}).get("vocab_size")) if needs_names else None
+    if names is None:
+        names = _text_names(dict(attrs))
     sel = state.sidebar_selection(ds, path, names)
 
     from app.dash.context import Context

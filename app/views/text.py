@@ -69,12 +69,17 @@ def token_strings(ctx, ids: np.ndarray) -> tuple[list[str], list[str]]:
     return [str(int(i)) for i in ids], [name_of(ctx.names, int(i)) for i in ids]
 
 
+def vocab_names(checkpoint, vocab_size: int) -> list[str]:
+    """Every token id's text as a repr ('a', '\\n'), through the checkpoint's tokenizer.json (bytes without one)."""
+    tok = textgrid.tokenizer_file(checkpoint)
+    return [repr(s) for s in _vocab(str(tok) if tok else None, int(vocab_size))]
+
+
 def display_names(ctx) -> list[str] | None:
     """Names of every token id for cards and tables: the token's text (repr) for text stores, task names else."""
     if not textgrid.is_text_store(ctx.attrs):
         return ctx.names
-    tok = textgrid.tokenizer_file(ctx.checkpoint)
-    return [repr(s) for s in _vocab(str(tok) if tok else None, int(ctx.cfg.get("vocab_size") or 256))]
+    return vocab_names(ctx.checkpoint, int(ctx.cfg.get("vocab_size") or 256))
 
 
 def render(ctx) -> None:
