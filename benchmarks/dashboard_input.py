@@ -60,6 +60,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--device", default="cpu")
     p.add_argument("--json", type=Path, default=None, help="also write the numbers here")
+    p.add_argument("--store", type=Path, default=None,
+                   help="also time the dashboard itself (streamlit AppTest) on this store of the checkpoint: "
+                        "Run pressed on the Input page, then the first visit of each page showing the input")
     args = p.parse_args(argv)
 
     import torch
@@ -114,9 +117,40 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{name:58s} {statistics.median(v):9.3f} {min(v):8.3f}")
     target = statistics.median(rows["= input on every page (Run pressed -> data ready)"])
     print(f"\ntarget < 2 s for {args.tokens} tokens: {'met' if target < 2.0 else 'NOT met'} ({target:.3f} s)")
+    if args.store is not None:
+        pages = apptest(args.store, typed_input(attrs, args.tokens, 7))
+        print(f"\ndashboard script time on {args.store} (streamlit AppTest, server side, no browser):")
+        for name, v in pages.items():
+            print(f"  {name:56s} {v:9.3f}")
+        rows.update({f"dashboard: {k}": [v] for k, v in pages.items()})
     if args.json:
         args.json.write_text(json.dumps({"once": once, "median": {k: statistics.median(v) for k, v in rows.items()},
                                          "tokens": args.tokens, "checkpoint": str(args.checkpoint)}, indent=1))
+
+
+def apptest(store: Path, text: str) -> dict[str, float]:
+    """Seconds of each dashboard script run: Run pressed on the Input page, then each page's first visit."""
+    import os
+
+    from streamlit.testing.v1 import AppTest
+
+    os.environ["DELTALAB_STORE"] = str(store)
+    at = AppTest.from_file(str(Path(__file__).resolve().parents[1] / "app" / "dashboard.py"), default_timeout=300)
+    at.run()
+    at.sidebar.radio(key="page").set_value("Input").run()
+    time.sleep(5)  # the page warms the model in the background while the researcher types
+    at.text_area(key="input_text").set_value(text).run()
+    out: dict[str, float] = {}
+    t0 = time.perf_counter()
+    at.button(key="input_run").click().run()
+    out["Run pressed -> Input page drawn with the input's charts"] = time.perf_counter() - t0
+    if at.exception or at.error:
+        raise SystemExit(f"the Input page failed: {[e.value for e in at.error] or [e.message for e in at.exception]}")
+    for page in ("Text", "Betas", "Keys", "Spectra", "Effective rank", "Token"):
+        t0 = time.perf_counter()
+        at.sidebar.radio(key="page").set_value(page).run()
+        out[f"first visit: {page}"] = time.perf_counter() - t0
+    return out
 
 
 if __name__ == "__main__":
