@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
+from models import IGNORE_INDEX
 from store import schema
 
 MAX_TOKENS = 8192
@@ -102,7 +103,7 @@ def parse_task_tokens(text: str, vocab_size: int, names: Sequence[str] | None = 
 def task_labels(task: str | None, tokens: np.ndarray) -> tuple[np.ndarray, int | None]:
     """Labels of a task sequence (group tasks: the running product; parity: the running parity), and the class
     count; NO_LABEL everywhere when the task is unknown or not a simple scan."""
-    none = np.full(tokens.shape, schema.NO_LABEL, np.int64)
+    none = np.full(tokens.shape, IGNORE_INDEX, np.int64)
     if not task:
         return none, None
     try:
@@ -133,7 +134,7 @@ def encode(text: str, attrs: dict[str, Any], tokenizer: Path | None = None,
         ids = encode_text(text, tokenizer)
         if ids.size and (ids.max() >= vocab > 0):
             raise InputError(f"the tokenizer produced id {int(ids.max())}, outside the model's vocabulary {vocab}")
-        labels = np.full(ids.shape, schema.NO_LABEL, np.int64)
+        labels = np.full(ids.shape, IGNORE_INDEX, np.int64)
         labels[:-1] = ids[1:]
         enc = Encoded(ids, labels, np.zeros(ids.shape, bool), "text", None,
                       "tokenizer.json" if tokenizer else "UTF-8 bytes")
@@ -176,7 +177,7 @@ def get_model(checkpoint: Path | str, device: str = "cpu") -> Any:
 
         n = min(8, int(model.config.vocab_size))
         ids = np.arange(n, dtype=np.int64)[None] % max(1, int(model.config.vocab_size))
-        HookedRunner(model, ["k", "beta"], [0], "float32")(ids, np.full(ids.shape, schema.NO_LABEL),
+        HookedRunner(model, ["k", "beta"], [0], "float32")(ids, np.full(ids.shape, IGNORE_INDEX),
                                                            np.zeros(ids.shape, bool)).arrays()
         while len(_MODELS) >= MODELS_MAX:
             _MODELS.pop(next(iter(_MODELS)))
