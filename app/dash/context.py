@@ -106,6 +106,10 @@ class Context:
         res = self.result(probe)
         if res is not None:
             return res, False
+        if loading.in_memory(self.path):  # your own input: computed from it, nothing to run
+            res, _ = loading.preview(self.path, self.ds, probe)
+            st.caption(f"Preview: `{probe}` computed from your input ({self.length} tokens).")
+            return res, True
         loading.missing_results(probe, self.path, what, self.checkpoint if probe == "intervene" else None)
         if not preview:
             return None, False

@@ -29,8 +29,31 @@ class Problem:
     fix: str
 
 
+_MEMORY: dict[str, tuple[float, xr.Dataset]] = {}
+"""In-memory datasets (your own input) opened like stores: name -> (stamp, dataset); the newest MEMORY_MAX kept."""
+MEMORY_MAX = 16
+
+
+def register_memory(name: str, ds: xr.Dataset) -> Path:
+    """Make `ds` openable under `name` by every page (as if it were a store folder); returns that path."""
+    import time
+
+    _MEMORY.pop(name, None)
+    _MEMORY[name] = (float(time.time_ns()), ds)
+    while len(_MEMORY) > MEMORY_MAX:
+        _MEMORY.pop(next(iter(_MEMORY)))
+    return Path(name)
+
+
+def in_memory(path: Path | str | None) -> bool:
+    """Whether `path` names a registered in-memory dataset."""
+    return path is not None and str(path) in _MEMORY
+
+
 def _stamp(path: Path) -> float:
     """Cache key of an open store: changes when capture rewrites its root or `complete` metadata."""
+    if str(path) in _MEMORY:
+        return _MEMORY[str(path)][0]
     from store import metadata_mtime
 
     return metadata_mtime(path) + metadata_mtime(path, "complete")
@@ -38,6 +61,8 @@ def _stamp(path: Path) -> float:
 
 @st.cache_resource(show_spinner=False, max_entries=8)
 def _open(path: str, stamp: float) -> xr.Dataset:
+    if path in _MEMORY:
+        return _MEMORY[path][1]
     import store
 
     return store.open(path)

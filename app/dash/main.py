@@ -14,13 +14,17 @@ import streamlit as st
 from app.dash import loading, state
 
 ENV_STORE = "DELTALAB_STORE"
+STORE_PARAM = "store"
+"""URL query parameter naming the store a view shows (set when another store is opened in the sidebar)."""
 
 
 def _pages() -> dict[str, object]:
-    from app.views import betas, erank, keys, overview, probes, spectra, token
+    from app.views import betas, compare, erank, head, heads, keys, overview, probes, spectra, text, token
+    from app.views import input as input_view
 
-    return {"Overview": overview, "Betas": betas, "Keys": keys, "Spectra": spectra, "Effective rank": erank,
-            "Probes": probes, "Token": token}
+    return {"Overview": overview, "Input": input_view, "Betas": betas, "Keys": keys, "Spectra": spectra,
+            "Effective rank": erank, "Probes": probes, "Token": token, "Text": text, "Heads": heads, "Head": head,
+            "Compare": compare}
 
 
 def cli_store() -> str | None:
@@ -33,6 +37,10 @@ def cli_store() -> str | None:
 def _open_other() -> None:
     value = (st.session_state.get("store_input") or "").strip()
     st.session_state["store_path"] = value or None
+    if value:
+        st.query_params[STORE_PARAM] = value
+    else:
+        st.query_params.pop(STORE_PARAM, None)
 
 
 def _reload() -> None:
@@ -79,6 +87,18 @@ def _token_names(meta: str, vocab: int | None) -> list[str] | None:
     return token_names(json.loads(meta), vocab)
 
 
+def _text_names(attrs: dict) -> list[str] | None:
+    """For text stores: each token id's text (repr), through the checkpoint's tokenizer.json when it is found."""
+    from app.dash.textgrid import is_text_store
+
+    if not is_text_store(attrs):
+        return None
+    from app.dash.derive import find_checkpoint
+    from app.views.text import vocab_names
+
+    return vocab_names(find_checkpoint(attrs), int((attrs.get("model_config") or {}).get("vocab_size") or 256))
+
+
 def run() -> None:
     """One script run of the dashboard."""
     pages = _pages()
@@ -88,6 +108,8 @@ def run() -> None:
         st.session_state[state.PAGE_KEY] = "Overview"
     side.radio("Page", list(pages), key=state.PAGE_KEY, bind="query-params", label_visibility="collapsed")
 
+    if not st.session_state.get("store_path") and st.query_params.get(STORE_PARAM):
+        st.session_state["store_path"] = st.query_params[STORE_PARAM]  # a shared URL reopens its store
     chosen = st.session_state.get("store_path") or cli_store()
     side.text_input("Open another store", key="store_input", on_change=_open_other,
                     placeholder="path/to/store.zarr", help="A folder written by `deltalab capture --out`.")
@@ -106,11 +128,15 @@ def run() -> None:
         loading.show_problem(problem, path)
         return
 
+    st.session_state[state.STORE_KEY] = str(path)
+    path, ds = _input_source(path, ds)
     attrs = ds.attrs
     meta = json.dumps({k: attrs.get(k) for k in ("data_meta", "data_spec")}, sort_keys=True, default=str)
     # token names import tasks.state_tracking (and torch): not on the first page, unless already loaded
     needs_names = st.session_state[state.PAGE_KEY] != "Overview" or "tasks.state_tracking" in sys.modules
     names = _token_names(meta, (attrs.get("model_config") or {}).get("vocab_size")) if needs_names else None
+    if names is None:
+        names = _text_names(dict(attrs))
     sel = state.sidebar_selection(ds, path, names)
 
     from app.dash.context import Context
@@ -119,6 +145,22 @@ def run() -> None:
     page = pages[st.session_state[state.PAGE_KEY]]
     _render(page, ctx)
     _prewarm()
+
+
+def _input_source(path: Path, ds: object) -> tuple[Path, object]:
+    """The store, or the researcher's own input run through its checkpoint when the sidebar says so."""
+    key = st.session_state.get(state.INPUT_KEY)
+    if not key or not str(key).startswith(f"{path}#") or not loading.in_memory(key):
+        return path, ds
+    if st.session_state.get(state.SOURCE_KEY) not in state.SOURCES:
+        st.session_state[state.SOURCE_KEY] = state.SOURCES[0]
+    st.sidebar.segmented_control("Show", list(state.SOURCES), key=state.SOURCE_KEY, required=True,
+                                 help="Every page shows the store, or your own input (page Input).")
+    if st.session_state.get(state.SOURCE_KEY) != state.SOURCES[1]:
+        return path, ds
+    mem = loading._open(str(key), loading._stamp(key))
+    st.sidebar.caption(f"Showing **your input** ({mem.sizes['pos']} tokens), run through the store's checkpoint.")
+    return Path(str(key)), mem
 
 
 _PREWARMED: list[bool] = []

@@ -18,6 +18,10 @@ from models import IGNORE_INDEX
 
 KEYS = {"layer": "sel_layer", "head": "sel_head", "step": "sel_step", "seq": "sel_seq", "pos": "sel_pos"}
 PAGE_KEY = "page"
+STORE_KEY = "open_store"  # the store path the page was opened on (own input is run through its checkpoint)
+INPUT_KEY = "input_key"  # the registered in-memory dataset of the researcher's own input
+SOURCE_KEY = "source"
+SOURCES = ("store", "your input")
 
 
 @dataclass(frozen=True)

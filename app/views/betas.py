@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import streamlit as st
 
-from app.dash import figures, state
+from app.dash import export, figures, state
 
 STATS = {"mean β": "beta_mean", "median β": "median", "fraction β > 1 (negative eigenvalue)": "frac_negative"}
 
@@ -39,13 +39,13 @@ def render(ctx) -> None:
     layers = [int(x) for x in res["layer"].values]
 
     stat = st.segmented_control("Statistic", list(STATS), default="mean β", key="beta_stat",
-                                persist_state="session", required=True) or "mean β"
+                                persist_state="session", bind="query-params", required=True) or "mean β"
     if STATS[stat] == "median":
         q = list(np.asarray(res["quantile"].values))
         values = np.asarray(res["beta_quantile"].isel(quantile=q.index(0.5) if 0.5 in q else 2).values)
     else:
         values = np.asarray(res[STATS[stat]].values)
-    st.plotly_chart(figures.beta_step_heatmaps(values, layers, bmax, stat, highlight=(li, head)), key="beta_heat")
+    export.chart(figures.beta_step_heatmaps(values, layers, bmax, stat, highlight=(li, head)), key="beta_heat")
     refl = np.asarray(res["reflection"].values) if "reflection" in res else None
     if refl is not None and refl.any():
         heads = [f"layer {layers[i]} head {h}" for i, h in zip(*np.nonzero(refl))]
@@ -55,11 +55,11 @@ def render(ctx) -> None:
     c1, c2 = st.columns(2)
     with c1:
         counts = np.asarray(res["beta_hist"].isel(layer=li, head=head).values)  # [step, bin]
-        st.plotly_chart(figures.beta_histogram(np.asarray(res["bin"].values), counts, bmax,
-                                               f"β distribution, layer {sel.layer} head {head}"), key="beta_hist")
+        export.chart(figures.beta_histogram(np.asarray(res["bin"].values), counts, bmax,
+                                            f"β distribution, layer {sel.layer} head {head}"), key="beta_hist")
     with c2:
         frac = np.asarray(res["frac_negative_head"].values)
-        st.plotly_chart(figures.layer_head_heatmap(
+        export.chart(figures.layer_head_heatmap(
             frac, layers, "Fraction of sub-steps with β > 1, per head", "fraction β > 1", zmin=0, zmax=1,
             colorscale="Reds", highlight=(li, head)), key="beta_neg")
 
@@ -76,15 +76,17 @@ def render(ctx) -> None:
     title = f"Mean β per input token, layer {sel.layer} head {head}"
     if ctx.n_h >= 2:
         cx, cy = st.columns(2)
-        sx = cx.selectbox("x axis step", list(range(ctx.n_h)), index=0, key="beta_sx", persist_state="session")
-        sy = cy.selectbox("y axis step", list(range(ctx.n_h)), index=1, key="beta_sy", persist_state="session")
+        sx = cx.selectbox("x axis step", list(range(ctx.n_h)), index=0, key="beta_sx",
+                          persist_state="session", bind="query-params")
+        sy = cy.selectbox("y axis step", list(range(ctx.n_h)), index=1, key="beta_sy",
+                          persist_state="session", bind="query-params")
         fig = figures.beta_token_scatter(means, stds, tokens, labels, bmax, sx, sy, sel.token, title)
     else:
         fig = figures.beta_token_strip(means, stds, tokens, labels, bmax, sel.token, title)
-    st.plotly_chart(fig, key="beta_tok", on_select=lambda: _on_token_click("beta_tok", str(ctx.path), sel.seq),
-                    selection_mode="points")
+    export.chart(fig, key="beta_tok", on_select=lambda: _on_token_click("beta_tok", str(ctx.path), sel.seq),
+                 selection_mode="points")
     all_means = np.asarray(res["beta_token_mean"].isel(layer=li).values)  # [tok, step, head]
-    st.plotly_chart(figures.beta_token_grid(all_means, tokens, labels, bmax, sel.token, head), key="beta_grid")
+    export.chart(figures.beta_token_grid(all_means, tokens, labels, bmax, sel.token, head), key="beta_grid")
     if preview:
         st.caption("Preview only: per-token statistics cover the first sequences.")
     st.button("Drill down: this token's transition matrix →", on_click=state.go_to, args=("Token",), key="drill_betas")

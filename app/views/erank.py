@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import streamlit as st
 
-from app.dash import figures, loading, state
+from app.dash import export, figures, loading, state
 
 METRICS = {
     "entropy effective rank": ("erank", "erank_by_pos", "erank_mean"),
@@ -60,11 +60,12 @@ def render(ctx) -> None:
         return
     layers = [int(x) for x in res["layer"].values]
     c1, c2 = st.columns(2)
-    metric = c1.radio("Measure", list(METRICS), horizontal=True, key="rank_metric", persist_state="session",
+    metric = c1.radio("Measure", list(METRICS), horizontal=True, key="rank_metric",
+                      persist_state="session", bind="query-params",
                       help="entropy effective rank = exp(−Σ p log p), p = σ/Σσ; stable rank = ‖H‖_F²/‖H‖₂²; "
                            "rank utilisation = stable rank / min(dk, dv).")
     mode = c2.radio("Lines", ["mean over sequences", "selected sequence"], horizontal=True, key="rank_mode",
-                    persist_state="session")
+                    persist_state="session", bind="query-params")
     per_token, by_pos, summary = METRICS[metric]
     n_seq = int(res.sizes.get("seq", 0))
     stamp = loading._stamp(ctx.path)
@@ -83,11 +84,12 @@ def render(ctx) -> None:
     fig = figures.rank_lines(values, metric, train_length=ctx.train_length, doc_starts=docs,
                              selected_head=sel.head, selected_pos=sel.pos,
                              title=f"{metric.capitalize()} over position, layer {sel.layer} ({what}; max {dmin})")
-    st.plotly_chart(fig, key="rank_lines", on_select=lambda: _on_click("rank_lines"), selection_mode="points")
+    export.chart(fig, key="rank_lines", on_select=lambda: _on_click("rank_lines"), selection_mode="points")
     st.caption("Click a line to select that head and position. Green dotted: document starts; red: the training "
                "length (the shaded part was never seen in training).")
 
-    region = st.radio("Summary over", list(REGIONS), horizontal=True, key="rank_region", persist_state="session")
+    region = st.radio("Summary over", list(REGIONS), horizontal=True, key="rank_region",
+                      persist_state="session", bind="query-params")
     base = per_token if per_token != "rank_utilisation" else "rank_utilisation"
     name = f"{base}_{REGIONS[region]}"
     if name not in res:
@@ -96,11 +98,11 @@ def render(ctx) -> None:
             st.caption(f"No {region} summary of {metric} in these results; showing all positions.")
     z = np.asarray(res[name].values, dtype=np.float64)
     zmax = 1.0 if per_token == "rank_utilisation" else float(dmin or np.nanmax(z))
-    st.plotly_chart(figures.layer_head_heatmap(z, layers, f"{metric.capitalize()} per layer and head ({region})",
-                                               metric, zmin=0, zmax=zmax, colorscale="Cividis",
-                                               highlight=(li, sel.head)), key="rank_heat")
+    export.chart(figures.layer_head_heatmap(z, layers, f"{metric.capitalize()} per layer and head ({region})",
+                                            metric, zmin=0, zmax=zmax, colorscale="Cividis",
+                                            highlight=(li, sel.head)), key="rank_heat")
     if "erank_drop_at_doc_start" in res and int(res.attrs.get("n_doc_starts", 0)) > 0:
-        st.plotly_chart(figures.layer_head_heatmap(
+        export.chart(figures.layer_head_heatmap(
             np.asarray(res["erank_drop_at_doc_start"].values), layers,
             "Drop of the entropy effective rank at document starts (erank(t−1) − erank(t))", "drop",
             colorscale="RdBu", highlight=(li, sel.head)), key="rank_drop")

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import streamlit as st
 
-from app.dash import figures, loading, state
+from app.dash import export, figures, loading, state
 from app.dash.derive import name_of, seqs_for_points
 from models import IGNORE_INDEX
 
@@ -54,17 +54,17 @@ def render(ctx) -> None:
     for s, v in enumerate(cum3):
         c[s].metric(f"Top-3 PCs, step {s}", f"{v:.1%}")
     c[-1].metric("Top-3 PCs, all steps", f"{float(np.nansum(joint[:3])):.1%}")
-    st.plotly_chart(figures.explained_variance(evr, joint, f"Explained variance of the keys, layer {sel.layer} "
-                                                           f"head {head}"), key="keys_evr")
+    export.chart(figures.explained_variance(evr, joint, f"Explained variance of the keys, layer {sel.layer} "
+                                                        f"head {head}"), key="keys_evr")
 
     st.subheader("Keys in 3-D")
     c1, c2, c3 = st.columns(3)
     basis = c1.radio("Basis", ["selected step", "all steps jointly"], horizontal=True, key="keys_basis",
-                     persist_state="session")
+                     persist_state="session", bind="query-params")
     color_by = c2.radio("Colour by", ["input token", "label"], horizontal=True, key="keys_color",
-                        persist_state="session")
+                        persist_state="session", bind="query-params")
     max_points = c3.select_slider("Points", [500, 1000, 2000, 3000, 5000], value=2000, key="keys_points",
-                                  persist_state="session")
+                                  persist_state="session", bind="query-params")
     step = None if basis == "all steps jointly" else sel.step
     result_name = None if preview else ctx.chosen.get("keys")
     n_avail = loading.preview_n(ctx.ds, "keys") if preview else ctx.ds.sizes["seq"]
@@ -85,7 +85,7 @@ def render(ctx) -> None:
              + f" — {int(keep.sum())} tokens from {len(np.unique(pts['seq']))} sequences")
     fig = figures.pca_scatter3d(pts["xyz"][keep], col[keep], color_by, np.asarray(hover, dtype=object)[keep],
                                 np.stack([pts["seq"], pts["pos"]], 1)[keep], ctx.names, highlight, title, e)
-    st.plotly_chart(fig, key="keys_3d")
+    export.chart(fig, key="keys_3d")
     if highlight is None:
         st.caption(f"The selected token (seq {sel.seq}, pos {sel.pos}) is outside the plotted sample.")
 
@@ -95,12 +95,12 @@ def render(ctx) -> None:
     c1, c2 = st.columns(2)
     with c1:
         ang = np.asarray(res["step_angles"].isel(layer=li, head=head).values)
-        st.plotly_chart(figures.angles_heatmap(ang, [f"step {s}" for s in range(ang.shape[0])],
-                                               f"Between the steps of head {head}", "Householder step"),
-                        key="keys_step_angles")
+        export.chart(figures.angles_heatmap(ang, [f"step {s}" for s in range(ang.shape[0])],
+                                            f"Between the steps of head {head}", "Householder step"),
+                     key="keys_step_angles")
     with c2:
         hang = np.asarray(res["head_angles"].isel(layer=li, step=sel.step).values)
-        st.plotly_chart(figures.angles_heatmap(hang, [f"h{h}" for h in range(hang.shape[0])],
-                                               f"Between the heads of layer {sel.layer}, step {sel.step}", "head"),
-                        key="keys_head_angles")
+        export.chart(figures.angles_heatmap(hang, [f"h{h}" for h in range(hang.shape[0])],
+                                            f"Between the heads of layer {sel.layer}, step {sel.step}", "head"),
+                     key="keys_head_angles")
     st.button("Drill down: this token's transition matrix →", on_click=state.go_to, args=("Token",), key="drill_keys")

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import streamlit as st
 
-from app.dash import figures, loading
+from app.dash import export, figures, loading
 from app.dash.derive import human_bytes, model_summary, param_count, readme
 
 PROBES = ("betas", "keys", "spectra", "erank", "linear", "lengthgen", "intervene")
@@ -106,8 +106,8 @@ def render(ctx) -> None:
 
     st.subheader("Variables")
     var = info["variables"]
-    st.plotly_chart(figures.variable_sizes([v["variable"] for v in var], [v["in memory"] for v in var],
-                                           [v["on disk"] for v in var]), key="ov_sizes")
+    export.chart(figures.variable_sizes([v["variable"] for v in var], [v["in memory"] for v in var],
+                                        [v["on disk"] for v in var]), key="ov_sizes")
     st.dataframe([{**v, "in memory": human_bytes(v["in memory"]), "on disk": human_bytes(v["on disk"])} for v in var],
                  hide_index=True, height=35 * (len(var) + 1) + 3)
 

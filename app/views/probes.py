@@ -9,7 +9,7 @@ import numpy as np
 import streamlit as st
 import xarray as xr
 
-from app.dash import figures, loading
+from app.dash import export, figures, loading
 
 
 def render(ctx) -> None:
@@ -37,7 +37,7 @@ def _linear(ctx) -> None:
     acc, chance = np.asarray(res["accuracy"].values), np.asarray(res["chance"].values)
     li = layers.index(sel.layer) if sel.layer in layers else 0
     col = heads.index(sel.head) if sel.head in heads else None
-    st.plotly_chart(figures.probe_accuracy_heatmap(
+    export.chart(figures.probe_accuracy_heatmap(
         acc, chance, layers, heads, (li, col) if col is not None else None,
         f"Test accuracy of linear probes on `{res.attrs.get('features', '?')}` "
         f"({res.attrs.get('n_classes', '?')} classes)"), key="lin_heat")
@@ -47,7 +47,7 @@ def _linear(ctx) -> None:
         series[f"head {sel.head}"] = by_pos[col]
     window = max(1, by_pos.shape[-1] // 64)
     smooth = {k: _smooth(v, window) for k, v in series.items()}
-    st.plotly_chart(figures.accuracy_by_position(
+    export.chart(figures.accuracy_by_position(
         smooth, ctx.train_length, f"Probe test accuracy over position, layer {sel.layer}"
         + (f" (moving mean over {window} positions)" if window > 1 else ""),
         chance=float(np.nanmean(chance[li])), selected_pos=sel.pos), key="lin_pos")
@@ -80,8 +80,8 @@ def _lengthgen(ctx) -> None:
     series = {"token accuracy": np.asarray(res["accuracy"].values),
               "sequence accuracy (prefix)": np.asarray(res["sequence_accuracy"].values)}
     loss = np.asarray(res["loss"].values) if "loss" in res else None
-    st.plotly_chart(figures.accuracy_by_position(series, tl, "Accuracy against position", loss=loss,
-                                                 selected_pos=ctx.sel.pos), key="lg_curve")
+    export.chart(figures.accuracy_by_position(series, tl, "Accuracy against position", loss=loss,
+                                              selected_pos=ctx.sel.pos), key="lg_curve")
     if tl is None:
         st.caption("The store records no training length: pass `--train-length` to `deltalab probe lengthgen`.")
 
@@ -142,7 +142,7 @@ def _intervention_views(ctx, res: xr.Dataset) -> None:
                                          fmt="+.1%")
         fig.update_traces(colorbar=dict(tickformat="+.1%"))
         fig.update_xaxes(title_text="head · step" if len(steps) > 1 else "head")
-        st.plotly_chart(fig, key=f"int_heat_{name}")
+        export.chart(fig, key=f"int_heat_{name}")
     options = [i for i in range(len(labels)) if i != base]
     if not options or "accuracy_by_pos" not in res:
         return
@@ -155,10 +155,10 @@ def _intervention_views(ctx, res: xr.Dataset) -> None:
     if base is not None:
         series["baseline"] = _smooth(by_pos[base], window)
     series[labels[pick]] = _smooth(by_pos[pick], window)
-    st.plotly_chart(figures.accuracy_by_position(series, ctx.train_length,
-                                                 f"Token accuracy over position: baseline vs {labels[pick]} "
-                                                 f"(Δ loss {d_loss[pick]:+.3f})", selected_pos=ctx.sel.pos),
-                    key="int_pos")
+    export.chart(figures.accuracy_by_position(series, ctx.train_length,
+                                              f"Token accuracy over position: baseline vs {labels[pick]} "
+                                              f"(Δ loss {d_loss[pick]:+.3f})", selected_pos=ctx.sel.pos),
+                 key="int_pos")
 
 
 def _intervention_chart(res: xr.Dataset, records: list[dict[str, Any]]) -> bool:
@@ -175,7 +175,7 @@ def _intervention_chart(res: xr.Dataset, records: list[dict[str, Any]]) -> bool:
                                            colorbar=dict(title=str(name))))
                 fig.update_xaxes(title_text=str(da.dims[-1]))
                 fig.update_yaxes(title_text=str(da.dims[0]) if da.ndim == 2 else "")
-                st.plotly_chart(figures._layout(fig, f"{name}", 360), key=f"int_{name}")
+                export.chart(figures._layout(fig, f"{name}", 360), key=f"int_{name}")
                 return True
         return False
     label_keys = [k for k in records[0] if k not in (metric,) and not isinstance(records[0][k], (list, dict))][:4]
@@ -186,5 +186,5 @@ def _intervention_chart(res: xr.Dataset, records: list[dict[str, Any]]) -> bool:
                            hovertemplate="%{y}<br>" + metric + " = %{x:.4f}<extra></extra>"))
     fig.update_xaxes(title_text=metric)
     fig.update_yaxes(autorange="reversed")
-    st.plotly_chart(figures._layout(fig, f"Interventions: {metric}", max(300, 80 + 24 * len(records))), key="int_bar")
+    export.chart(figures._layout(fig, f"Interventions: {metric}", max(300, 80 + 24 * len(records))), key="int_bar")
     return True

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import streamlit as st
 
-from app.dash import figures, loading, reads, state
+from app.dash import export, figures, loading, reads, state
 from app.dash.derive import name_of, seqs_for_points
 
 
@@ -59,18 +59,19 @@ def render(ctx) -> None:
     layers = [int(x) for x in res["layer"].values]
     head = sel.head
 
-    st.plotly_chart(figures.layer_head_heatmap(
+    export.chart(figures.layer_head_heatmap(
         np.asarray(res["frac_rotation"].values), layers, "Fraction of tokens whose P_t is a rotation",
         "fraction rotation", zmin=0, zmax=1, colorscale="Purples", highlight=(li, head)), key="spec_rot")
 
     tr = reads.token_transition(ctx.path, sel.seq, sel.li, sel.pos, head)
     c1, c2, c3 = st.columns(3)
     which = c1.radio("Matrix", ["P_t (Householder product)", "A_t = exp(g_t) P_t"] if "eig_A" in res
-                     else ["P_t (Householder product)"], horizontal=True, key="spec_matrix", persist_state="session")
+                     else ["P_t (Householder product)"], horizontal=True, key="spec_matrix",
+                     persist_state="session", bind="query-params")
     color_by = c2.radio("Colour by", ["input token", "position"], horizontal=True, key="spec_color",
-                        persist_state="session")
+                        persist_state="session", bind="query-params")
     max_points = c3.select_slider("Tokens", [500, 1000, 2000, 4000], value=1000, key="spec_points",
-                                  persist_state="session")
+                                  persist_state="session", bind="query-params")
     var = "eig_A" if which.startswith("A_t") else "eig_P"
     n_avail = loading.preview_n(ctx.ds, "spectra") if preview else ctx.ds.sizes["seq"]
     seqs = list(range(seqs_for_points(n_avail, ctx.length, max_points)))
@@ -90,13 +91,13 @@ def render(ctx) -> None:
                                 f"({len(pts['eig'])} from {len(seqs)} sequences)")
     left, right = st.columns([3, 2])
     with left:
-        st.plotly_chart(fig, key="spec_plane", on_select=lambda: _on_click("spec_plane"), selection_mode="points")
+        export.chart(fig, key="spec_plane", on_select=lambda: _on_click("spec_plane"), selection_mode="points")
         st.caption("Click an eigenvalue to select its token; the selected token's eigenvalues are the black diamonds.")
     with right:
         hist = np.asarray(res["angle_hist"].isel(layer=li, head=head).values)
-        st.plotly_chart(figures.angle_histogram(np.asarray(res["angle_bin"].values), hist,
-                                                f"Rotation angle per token, layer {sel.layer} head {head}",
-                                                tr.rotation_deg if tr is not None else None), key="spec_angles")
+        export.chart(figures.angle_histogram(np.asarray(res["angle_bin"].values), hist,
+                                             f"Rotation angle per token, layer {sel.layer} head {head}",
+                                             tr.rotation_deg if tr is not None else None), key="spec_angles")
         m = st.columns(3)
         m[0].metric("complex pair", f"{float(res['frac_complex'].values[li, head]):.0%}")
         m[1].metric("|λ| ≈ 1", f"{float(res['frac_unit_modulus'].values[li, head]):.0%}")
@@ -116,15 +117,15 @@ def render(ctx) -> None:
         with c1:
             teig = np.asarray(res["token_eig_P"].isel(layer=li, head=head).values)  # [tok, n]
             spread = np.asarray(res["token_eig_spread"].isel(layer=li, head=head).values)
-            st.plotly_chart(figures.token_eigenvalue_sets(teig, tokens, labels, spread, sel.token,
-                                                          f"Per-token eigenvalues, layer {sel.layer} head {head}"),
-                            key="spec_tokens")
+            export.chart(figures.token_eigenvalue_sets(teig, tokens, labels, spread, sel.token,
+                                                       f"Per-token eigenvalues, layer {sel.layer} head {head}"),
+                         key="spec_tokens")
         with c2:
             ang = np.asarray(res["token_angle_deg"].isel(layer=li).values)  # [tok, H]
-            st.plotly_chart(figures.token_head_heatmap(ang, tokens, labels, "Rotation angle per token and head",
-                                                       "angle (°)", zmin=0, zmax=180, colorscale="Plasma",
-                                                       selected_head=head, selected_token=sel.token),
-                            key="spec_token_heads")
+            export.chart(figures.token_head_heatmap(ang, tokens, labels, "Rotation angle per token and head",
+                                                    "angle (°)", zmin=0, zmax=180, colorscale="Plasma",
+                                                    selected_head=head, selected_token=sel.token),
+                         key="spec_token_heads")
 
     st.subheader("Gate scaling")
     if ctx.gated:
@@ -133,12 +134,12 @@ def render(ctx) -> None:
         gates = _gates(str(ctx.path), loading._stamp(ctx.path), li, n)
         c1, c2 = st.columns(2)
         with c1:
-            st.plotly_chart(figures.gate_box(gates, head, f"Gate exp(g_t) per head, layer {sel.layer} "
-                                                          f"({gates.shape[0]} tokens)"), key="spec_gate")
+            export.chart(figures.gate_box(gates, head, f"Gate exp(g_t) per head, layer {sel.layer} "
+                                                       f"({gates.shape[0]} tokens)"), key="spec_gate")
         with c2:
             if "mean_modulus_A" in res:
                 mods = np.stack([np.asarray(res["mean_modulus"].values), np.asarray(res["mean_modulus_A"].values)])
-                st.plotly_chart(figures.layer_head_heatmap(
+                export.chart(figures.layer_head_heatmap(
                     mods[1] / np.where(mods[0] > 0, mods[0], 1), layers, "Mean |λ(A_t)| / mean |λ(P_t)| per head",
                     "scaling", zmin=0, zmax=1, colorscale="Greens", highlight=(li, head)), key="spec_gate_ratio")
     else:

@@ -8,7 +8,7 @@ import html
 import numpy as np
 import streamlit as st
 
-from app.dash import figures, reads, state
+from app.dash import export, figures, reads, state
 from app.dash.derive import name_of
 
 CONTEXT = 12
@@ -67,15 +67,15 @@ def render(ctx) -> None:
 
     left, right = st.columns([1, 1])
     with left:
-        st.plotly_chart(figures.keys_heatmap(tr.keys, tr.betas), key="tok_keys")
-        st.plotly_chart(figures.matrix_heatmap(tr.gram, "Gram matrix of the keys (cosines k_i · k_j)",
-                                               [f"k{j}" for j in range(n_h)], height=300, axis="key"),
-                        key="tok_gram")
+        export.chart(figures.keys_heatmap(tr.keys, tr.betas), key="tok_keys")
+        export.chart(figures.matrix_heatmap(tr.gram, "Gram matrix of the keys (cosines k_i · k_j)",
+                                            [f"k{j}" for j in range(n_h)], height=300, axis="key"),
+                     key="tok_gram")
     with right:
-        st.plotly_chart(figures.transition_eigenvalues(tr.eigenvalues, tr.eigenvalues_A if ctx.gated else None,
-                                                       tr.dk, tr.gate,
-                                                       f"Eigenvalues of this token's transition (dk = {tr.dk})"),
-                        key="tok_eigs")
+        export.chart(figures.transition_eigenvalues(tr.eigenvalues, tr.eigenvalues_A if ctx.gated else None,
+                                                    tr.dk, tr.gate,
+                                                    f"Eigenvalues of this token's transition (dk = {tr.dk})"),
+                     key="tok_eigs")
         rows = [{"λ": f"{e.real:+.4f} {e.imag:+.4f}i", "|λ|": f"{abs(e):.4f}",
                  "angle (°)": f"{np.degrees(np.angle(e)):+.1f}",
                  **({"λ of A_t": f"{(e * tr.gate).real:+.4f} {(e * tr.gate).imag:+.4f}i"} if ctx.gated else {})}
@@ -84,8 +84,8 @@ def render(ctx) -> None:
         st.caption(f"The other {tr.dk - n_h} eigenvalues of P_t equal 1 (directions orthogonal to every key).")
     c1, c2 = st.columns(2)
     with c1:
-        st.plotly_chart(figures.matrix_heatmap(tr.P * tr.gate, ("A_t = exp(g_t) · P_t" if ctx.gated else "P_t")
-                                               + f" ({tr.dk} × {tr.dk})"), key="tok_matrix")
+        export.chart(figures.matrix_heatmap(tr.P * tr.gate, ("A_t = exp(g_t) · P_t" if ctx.gated else "P_t")
+                                            + f" ({tr.dk} × {tr.dk})"), key="tok_matrix")
     with c2:
-        st.plotly_chart(figures.matrix_heatmap(tr.P - np.eye(tr.dk), f"P_t − I: rank ≤ {n_h}, supported on the "
-                                                                      "span of the keys"), key="tok_update")
+        export.chart(figures.matrix_heatmap(tr.P - np.eye(tr.dk), f"P_t − I: rank ≤ {n_h}, supported on the "
+                                                                   "span of the keys"), key="tok_update")

@@ -77,3 +77,29 @@ def default_store(tmp_path_factory) -> dict[str, Any]:
                                      out=cache / STORE_NAME, samples=8)
         _BUILT["default"] = {"checkpoint": ckpt, "cache": cache, "store": store, "progress": progress}
     return _BUILT["default"]
+
+
+def other_checkpoint_store(tmp_path_factory) -> Path:
+    """A second tiny S4 checkpoint (another random seed) captured on the default store's inputs, without probe
+    results: the two-store comparison (previews fill in)."""
+    if "other" not in _BUILT:
+        import torch
+
+        import store
+        from models import DeltaProductForCausalLM, save_checkpoint
+
+        built = default_store(tmp_path_factory)
+        base = _base(tmp_path_factory)
+        first = store.open(built["store"])
+        from models import load_checkpoint
+
+        cfg = load_checkpoint(built["checkpoint"]).config
+        torch.manual_seed(1)
+        ckpt = base / "s4-tiny-other"
+        save_checkpoint(DeltaProductForCausalLM(cfg), ckpt)
+        out = base / "other.zarr"
+        store.capture(ckpt, first.attrs["data_spec"], out, batch_size=16, progress=False,
+                      command_line=["deltalab", "capture", str(ckpt), "--data", first.attrs["data_spec"], "--out",
+                                    str(out)])
+        _BUILT["other"] = out
+    return _BUILT["other"]

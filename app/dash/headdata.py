@@ -1,0 +1,50 @@
+"""The probe results behind the head cards and gallery: each probe's stored results (default group), else an
+in-memory preview from the first sequences for the store-only probes, and the cached head table built from them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+import streamlit as st
+import xarray as xr
+
+from app.dash import heads, loading
+
+PROBES = ("betas", "keys", "spectra", "erank", "linear")
+PREVIEWABLE = ("betas", "keys", "spectra", "erank")
+
+
+def sources(path: Path, ds: xr.Dataset, preview: bool = True) -> tuple[dict[str, xr.Dataset | None], list[str]]:
+    """({probe: results or None}, probes shown from a preview)."""
+    out: dict[str, xr.Dataset | None] = {}
+    previewed: list[str] = []
+    for probe in PROBES:
+        names = loading.result_names(path, probe)
+        if names:
+            out[probe] = loading.read_result(path, names[0])
+        elif preview and probe in PREVIEWABLE and all(v in ds for v in ("k", "beta")):
+            try:
+                out[probe], _ = loading.preview(path, ds, probe)
+                previewed.append(probe)
+            except (ValueError, KeyError):
+                out[probe] = None
+        else:
+            out[probe] = None
+    return out, previewed
+
+
+@st.cache_data(show_spinner=False, max_entries=16)
+def _table(path: str, stamp: float, key: tuple, names: tuple[str, ...] | None) -> pd.DataFrame:
+    ds = loading._open(path, stamp)
+    src, _ = sources(Path(path), ds)
+    return heads.head_table(**src, token_names=list(names) if names else None)
+
+
+def table(path: Path, ds: xr.Dataset, names: list[str] | None) -> tuple[pd.DataFrame, dict[str, xr.Dataset | None],
+                                                                       list[str]]:
+    """(head table, the sources it was built from, probes previewed)."""
+    src, previewed = sources(path, ds)
+    key = tuple((p, None if src[p] is None else str(src[p].attrs.get("created", "preview"))) for p in PROBES)
+    df = _table(str(path), loading._stamp(path), key, tuple(names) if names else None)
+    return df, src, previewed

@@ -1,0 +1,162 @@
+"""Input: type your own sequence (text for language models, token ids or names for task models), run the store's
+checkpoint on it with the hooks (CPU or GPU, loaded on demand), and see it on every page: the sidebar's "Show"
+switches every page between the store and your input. No capture is written."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import plotly.graph_objects as go
+import streamlit as st
+
+from app.dash import export, figures, loading, own_input, state, textgrid
+
+TEXT_EXAMPLE = ('def fib(n):\n    """Return the n-th Fibonacci number."""\n    a, b = 0, 1\n    for _ in range(n):\n'
+                '        a, b = b, a + b\n    return a\n')
+PAGES = ("Text", "Betas", "Keys", "Spectra", "Effective rank", "Token", "Heads")
+
+
+def _warm(checkpoint: str, device: str) -> None:
+    """Load and warm the model in the background while the researcher types (errors surface on Run)."""
+    if not checkpoint or own_input.is_loaded(checkpoint, device) or not (Path(checkpoint) / "config.json").is_file():
+        return
+    import threading
+
+    def work() -> None:
+        try:
+            own_input.get_model(checkpoint, device)
+        except Exception:  # noqa: BLE001 - reported when Run is pressed
+            pass
+
+    threading.Thread(target=work, name="deltalab-input-warmup", daemon=True).start()
+
+
+def _devices() -> list[str]:
+    try:
+        import torch
+
+        return ["cpu", "cuda"] if torch.cuda.is_available() else ["cpu"]
+    except ImportError:  # pragma: no cover - torch is a dependency
+        return ["cpu"]
+
+
+def _run(store: str, attrs_json: str, names: list[str] | None) -> None:
+    """Button callback: encode, run, register the input and switch every page to it (errors kept for the page)."""
+    st.session_state.pop("input_error", None)
+    attrs = json.loads(attrs_json)
+    checkpoint = (st.session_state.get("input_checkpoint") or "").strip()
+    if not checkpoint or not (Path(checkpoint) / "config.json").is_file():
+        st.session_state["input_error"] = (f"no checkpoint at {checkpoint or '(empty)'}: type the folder the store "
+                                           "was captured from (it holds config.json and model.safetensors)")
+        return
+    timing = own_input.Timing()
+    try:
+        enc = own_input.encode(st.session_state.get("input_text") or "", attrs,
+                               textgrid.tokenizer_file(Path(checkpoint)), names)
+        import time
+
+        t0 = time.perf_counter()
+        model = own_input.get_model(checkpoint, st.session_state.get("input_device") or "cpu")
+        timing.add("load model (once, in the background)", t0)
+        ds = own_input.run(model, enc, attrs, timing)
+    except own_input.InputError as err:
+        st.session_state["input_error"] = str(err)
+        return
+    except Exception as err:  # noqa: BLE001 - a bad checkpoint or device: one line in the page
+        first = str(err).splitlines()[0] if str(err) else type(err).__name__
+        st.session_state["input_error"] = f"the model could not run on this input ({type(err).__name__}: {first})"
+        return
+    key = own_input.input_key(store, enc)
+    loading.register_memory(key, ds)
+    st.session_state[state.INPUT_KEY] = key
+    st.session_state[state.SOURCE_KEY] = state.SOURCES[1]
+    st.session_state["input_timing"] = dict(timing.stages)
+    state.select(seq=0, pos=0)
+
+
+def _random_fill(vocab: int, names: list[str] | None) -> None:
+    n = int(st.session_state.get("input_random_n") or 256)
+    rng = np.random.default_rng()
+    st.session_state["input_text"] = " ".join(str(int(i)) for i in rng.integers(0, vocab, n))
+
+
+def betas_figure(beta: np.ndarray, bmax: float, step: int, layer: int, head: int) -> go.Figure:
+    """beta [pos, head] of one step as a heatmap (heads on y), the selected head outlined."""
+    T, H = beta.shape
+    fig = go.Figure(go.Heatmap(z=beta.T, x=np.arange(T), y=[f"h{h}" for h in range(H)], colorscale=figures.BETA_SCALE,
+                               zmin=0, zmax=bmax, colorbar=dict(title="β"),
+                               hovertemplate="pos %{x}, %{y}: β = %{z:.3f}<extra></extra>"))
+    fig.add_hrect(y0=head - 0.5, y1=head + 0.5, line=dict(color="red", width=2))
+    fig.update_xaxes(title_text="position")
+    fig.update_yaxes(title_text="head", autorange="reversed")
+    return figures._layout(fig, f"β of step {step} at every position and head, layer {layer}", max(240, 120 + 22 * H))
+
+
+def render(ctx) -> None:
+    st.title("Your input")
+    store = st.session_state.get(state.STORE_KEY) or str(ctx.path)
+    attrs = {k: v for k, v in ctx.attrs.items() if k != "input"}
+    text_model = textgrid.is_text_store(attrs)
+    vocab = int(ctx.cfg.get("vocab_size") or 2)
+    st.caption("Type a sequence, run the store's checkpoint on it with the hooks, and every page shows it "
+               "(switch with **Show** in the sidebar). Nothing is written to the store.")
+    if "input_checkpoint" not in st.session_state:
+        st.session_state["input_checkpoint"] = str(ctx.checkpoint or "")
+    if "input_text" not in st.session_state:
+        st.session_state["input_text"] = TEXT_EXAMPLE if text_model else " ".join(
+            str(int(i)) for i in np.random.default_rng(0).integers(0, vocab, 256))
+    c1, c2 = st.columns([4, 1])
+    c1.text_input("Checkpoint", key="input_checkpoint",
+                  help="The folder the store was captured from (found from the store's provenance).")
+    c2.selectbox("Device", _devices(), key="input_device")
+    _warm(st.session_state["input_checkpoint"], st.session_state.get("input_device") or "cpu")
+    if text_model:
+        tok = textgrid.tokenizer_file(Path(st.session_state["input_checkpoint"] or "."))
+        st.text_area("Text", key="input_text", height=220,
+                     help=f"Encoded by {'the checkpoint’s tokenizer.json' if tok else 'UTF-8 bytes'}; "
+                          "the label of each token is the next one.")
+    else:
+        task = own_input.task_name(attrs)
+        st.text_area(f"Tokens of {task or 'the task'}", key="input_text", height=120,
+                     help="Token ids (0.."
+                          f"{vocab - 1}) or token names, separated by spaces or commas. For a group task the labels "
+                          "are the running product, so loss and accuracy are real.")
+        r1, r2 = st.columns([1, 3])
+        r1.number_input("Random length", 1, own_input.MAX_TOKENS, 256, key="input_random_n")
+        r2.button("Fill with a random sequence", on_click=_random_fill, args=(vocab, ctx.names), key="input_random")
+    st.button("Run the model on this input", type="primary", key="input_run", on_click=_run,
+              args=(store, json.dumps(attrs, default=str), ctx.names))
+    if st.session_state.get("input_error"):
+        st.error(st.session_state["input_error"])
+        return
+    key = st.session_state.get(state.INPUT_KEY)
+    if not key or not str(key).startswith(f"{store}#") or not loading.in_memory(key):
+        st.info("Run the model to see your input on every page.")
+        return
+    ds = loading._open(str(key), loading._stamp(key))
+    info = ds.attrs.get("input") or {}
+    timing = st.session_state.get("input_timing") or {}
+    m = st.columns(4)
+    m[0].metric("Tokens", info.get("tokens", ds.sizes["pos"]))
+    m[1].metric("Run with hooks", f"{timing.get('run with hooks', float('nan')):.2f} s")
+    m[2].metric("Waited for the model", f"{timing.get('load model (once, in the background)', 0.0):.2f} s",
+                help="Loaded and warmed up once per server, in the background when this page opens.")
+    if "loss" in ds and np.isfinite(np.asarray(ds["loss"].values)).any():
+        m[3].metric("Mean loss", f"{float(np.nanmean(np.asarray(ds['loss'].values))):.3f}")
+    if st.session_state.get(state.SOURCE_KEY) != state.SOURCES[1]:
+        st.warning("The pages show the store: choose **your input** under **Show** in the sidebar to see it.")
+    li = ctx.layers.index(ctx.sel.layer) if ctx.sel.layer in ctx.layers else 0
+    if "beta" in ds:
+        beta = np.asarray(ds["beta"].isel(seq=0, layer=li, step=min(ctx.sel.step, ds.sizes["step"] - 1)).values)
+        export.chart(betas_figure(beta, ctx.beta_max, ctx.sel.step, ctx.sel.layer, ctx.sel.head), "input_betas")
+    st.markdown("**See it on:**")
+    cols = st.columns(len(PAGES))
+    for c, page in zip(cols, PAGES):
+        c.button(f"{page} →", on_click=_show_on, args=(page,), key=f"input_go_{page}", width="stretch")
+
+
+def _show_on(page: str) -> None:
+    st.session_state[state.SOURCE_KEY] = state.SOURCES[1]
+    state.go_to(page)

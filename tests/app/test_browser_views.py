@@ -1,0 +1,239 @@
+"""The researcher views in a real headless Chromium (Debian's /usr/bin/chromium driven by playwright): typing your own
+input and seeing its charts, the text view's hover values and click selection, the head gallery sorted by a metric
+with one card opened, a comparison of two stores, and one download of each kind (the files are read and checked).
+
+The server is this checkout's `python -m app.cli app STORE` on the tiny S4 stand-in store (tests/app/stores.py).
+Screenshots go to a temporary folder, or to $DELTALAB_SCREENSHOTS when set (to keep them)."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from tests.app.stores import default_store
+from tests.app.test_browser import ARGS, CHROMIUM, _free_port, _settle, _shot
+
+ROOT = Path(__file__).resolve().parents[2]
+
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.skipif(not Path(CHROMIUM).exists(),
+                       reason=f"{CHROMIUM} is missing: install Debian's chromium (apt-get install chromium)"),
+]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    """This checkout's dashboard on the tiny S4 store, on a free localhost port; yields (base URL, built)."""
+    built = default_store(tmp_path_factory)
+    port = _free_port()
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TQDM_DISABLE": "1"}
+    env.pop("DELTALAB_STORE", None)
+    log = open(tmp_path_factory.mktemp("server_views") / "server.log", "w+")  # noqa: SIM115 - closed below
+    proc = subprocess.Popen([sys.executable, "-m", "app.cli", "app", str(built["store"]), "--port", str(port)],
+                            cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.time() + 60
+        while True:
+            try:
+                with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as r:
+                    if r.read().strip() == b"ok":
+                        break
+            except OSError:
+                pass
+            if proc.poll() is not None or time.time() > deadline:
+                log.seek(0)
+                pytest.fail(f"the dashboard did not start: {log.read()[-2000:]}")
+            time.sleep(0.3)
+        yield url, built
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+        log.close()
+
+
+@pytest.fixture(scope="module")
+def browser(server, tmp_path_factory):
+    """One Chromium page for the module's tests, and the screenshot folder."""
+    sync_api = pytest.importorskip("playwright.sync_api")
+    keep = os.environ.get("DELTALAB_SCREENSHOTS")
+    out = Path(keep) if keep else tmp_path_factory.mktemp("shots")
+    out.mkdir(parents=True, exist_ok=True)
+    with sync_api.sync_playwright() as pw:
+        b = pw.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        try:
+            page = b.new_page(viewport={"width": 1400, "height": 900}, accept_downloads=True)
+            yield page, out
+        finally:
+            b.close()
+
+
+def _open(page, url: str) -> None:
+    page.goto(url)
+    _settle(page)
+    assert page.get_by_test_id("stException").count() == 0, "exception shown"
+
+
+def _clean(page, what: str) -> None:
+    assert page.get_by_test_id("stException").count() == 0, f"{what}: exception shown"
+    assert page.get_by_test_id("stAlertContentError").count() == 0, f"{what}: error shown"
+
+
+def _chart_data(page, index: int = 0) -> list[dict]:
+    """The plotly traces drawn by the index-th chart of the page, read from the browser."""
+    return json.loads(page.evaluate(
+        "(i) => JSON.stringify(document.querySelectorAll('.js-plotly-plot')[i]._fullData.map(t => ({type: t.type, "
+        "name: t.name, n: t._length})))", index))
+
+
+def _cell_center(page, row: int, col: int, index: int = 0) -> tuple[float, float]:
+    """Screen position of text-view cell (row, col), from the plot area and the axis ranges."""
+    box = page.locator(".js-plotly-plot").nth(index).locator(".nsewdrag").first.bounding_box()
+    rng = json.loads(page.evaluate(
+        "(i) => { const l = document.querySelectorAll('.js-plotly-plot')[i]._fullLayout; "
+        "return JSON.stringify([l.xaxis.range, l.yaxis.range]); }", index))
+    (x0, x1), (bottom, top) = rng  # y reversed: the first row (top of the plot) is the range's end
+    x = box["x"] + (col - x0) / (x1 - x0) * box["width"]
+    y = box["y"] + (row - top) / (bottom - top) * box["height"]
+    return x, y
+
+
+def test_text_view_hover_values_and_click_selects(server, browser):
+    url, _ = server
+    page, out = browser
+    _open(page, f"{url}/?page=Text")
+    assert page.locator("h1").first.inner_text() == "Text"
+    traces = _chart_data(page)
+    assert {"heatmap", "scatter"} <= {t["type"] for t in traces}
+    tokens = next(t for t in traces if t["name"] == "tokens")
+    assert tokens["n"] == 128  # every token of the stored sequence
+    page.mouse.move(*_cell_center(page, 0, 3))
+    hover = page.locator(".hoverlayer .hovertext").first
+    hover.wait_for(timeout=10000)
+    text = hover.text_content()
+    assert "pos 3" in text and "β (head 0, step 0) = " in text, text
+    _shot(page, out / "text-view.png")
+    page.mouse.click(*_cell_center(page, 0, 7))
+    _settle(page)
+    sidebar = page.get_by_test_id("stSidebar").inner_text()
+    assert "pos 7" in sidebar and "sel_pos=7" in page.url, (sidebar[-200:], page.url)
+    _clean(page, "Text")
+
+
+def test_head_gallery_sorted_and_a_card_opened(server, browser):
+    url, _ = server
+    page, out = browser
+    _open(page, f"{url}/?page=Heads")
+    assert page.locator("h1").first.inner_text() == "Heads"
+    page.get_by_test_id("stSelectbox").filter(has_text="Sort by").click()
+    page.get_by_role("option", name="fraction β > 1").click()
+    _settle(page)
+    assert "heads_sort=fraction" in page.url
+    cards = page.locator("[data-head]")
+    assert cards.count() == 2  # the tiny model: 1 layer x 2 heads
+    first = cards.first.inner_text()
+    values = [float(c.inner_text().split("β > 1")[1].split()[0]) for c in cards.all()]
+    assert values == sorted(values, reverse=True), values
+    _shot(page, out / "heads-gallery.png")
+    head = int(cards.first.get_attribute("data-head").split("-")[1])
+    page.get_by_role("button", name="Open card →").first.click()
+    _settle(page)
+    assert page.locator("h1").first.inner_text() == f"Head {head} · layer 0", first
+    page.locator(".js-plotly-plot").first.wait_for()
+    assert page.locator(".js-plotly-plot").count() >= 4
+    _clean(page, "Head")
+    _shot(page, out / "head-card.png")
+
+
+def test_typing_an_input_shows_it_on_every_page(server, browser):
+    url, _ = server
+    page, out = browser
+    _open(page, f"{url}/?page=Input")
+    box = page.get_by_test_id("stTextArea").locator("textarea")
+    box.fill("0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20")
+    box.press("Control+Enter")
+    _settle(page)
+    page.get_by_role("button", name="Run the model on this input").click()
+    _settle(page)
+    _clean(page, "Input")
+    assert "21" in page.get_by_test_id("stMetric").first.inner_text()
+    page.locator(".js-plotly-plot").first.wait_for()
+    _shot(page, out / "input.png")
+    page.get_by_role("button", name="Text →").click()
+    _settle(page)
+    tokens = next(t for t in _chart_data(page) if t["name"] == "tokens")
+    assert tokens["n"] == 21 and "your input" in page.get_by_test_id("stSidebar").inner_text()
+    for name in ("Keys", "Effective rank"):
+        page.get_by_test_id("stSidebar").get_by_text(name, exact=True).click()
+        _settle(page)
+        page.locator(".js-plotly-plot").first.wait_for(timeout=60000)
+        _settle(page)
+        _clean(page, name)
+        assert "computed from your input" in page.get_by_test_id("stMain").inner_text()
+    _shot(page, out / "input-keys-effective-rank.png")
+    page.get_by_test_id("stSidebar").get_by_text("store", exact=True).click()
+    _settle(page)
+
+
+def test_comparison_of_two_stores(server, browser, tmp_path_factory):
+    from urllib.parse import quote
+
+    from tests.app.stores import other_checkpoint_store
+
+    url, _ = server
+    page, out = browser
+    other = other_checkpoint_store(tmp_path_factory)
+    _open(page, f"{url}/?page=Compare&cmp_mode=two+stores&cmp_store={quote(str(other))}")
+    page.locator(".js-plotly-plot").nth(4).wait_for(timeout=60000)
+    _settle(page)
+    _clean(page, "Compare")
+    main = page.get_by_test_id("stMain").inner_text()
+    assert "Same input tokens in both stores" in main
+    names = {t["name"] for i in range(5) for t in _chart_data(page, i)}
+    assert any(n.startswith("A: default-s4.zarr") for n in names) and any(n.startswith("B: other.zarr") for n in names)
+    _shot(page, out / "compare-two-stores.png")
+
+
+def _download(page, sync_api, label: str) -> bytes:
+    page.get_by_test_id("stPopover").first.locator("button").first.click()
+    button = page.get_by_test_id("stDownloadButton").filter(has_text=label).first
+    button.wait_for()
+    with page.expect_download(timeout=60000) as info:
+        button.click()
+    data = Path(info.value.path()).read_bytes()
+    page.keyboard.press("Escape")
+    return data
+
+
+def test_one_download_of_each_kind(server, browser):
+    sync_api = pytest.importorskip("playwright.sync_api")
+    import pandas as pd
+
+    url, _ = server
+    page, out = browser
+    _open(page, f"{url}/?page=Text")
+    png = _download(page, sync_api, "PNG")
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 5000
+    svg = _download(page, sync_api, "SVG").decode()
+    assert svg.lstrip().startswith("<svg") and "β (head 0, step 0)" in svg
+    html = _download(page, sync_api, "HTML").decode()
+    assert "Plotly.newPlot" in html and "(head 0, step 0)" in html
+    csv = pd.read_csv(io.BytesIO(_download(page, sync_api, "CSV")))
+    assert list(csv.columns) == ["positions", "token", "text", "value"] and len(csv) == 128
+    pq = pd.read_parquet(io.BytesIO(_download(page, sync_api, "Parquet")))
+    assert len(pq) == 128 and (pq["value"].round(4) == csv["value"].round(4)).all()
+    (out / "download.png").write_bytes(png)
