@@ -153,7 +153,9 @@ def _check_triton(case, dtype, device="cpu", seed=0):
     q, k, v, beta, g, s0 = _inputs(B, T, Hk, Hv, K, V, n_h, gate, n_seq=N, device=device, seed=seed)
     q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
     cu = _cu(lengths, device) if lengths else None
-    o, fin, bnd = triton_delta_product(q, k, v, beta, g, initial_state=s0, cu_seqlens=cu, config=LaunchConfig(**cfg))
+    o, fin, bnd = triton_delta_product(
+        q, k, v, beta, g, initial_state=s0, normalize_qk=True, cu_seqlens=cu, config=LaunchConfig(**cfg)
+    )
     ro, rfin, rbnd = _reference(q, k, v, beta, g, s0, None if cu is None else cu.cpu())
     assert o.shape == (B, T, Hv, V) and o.dtype == dtype
     assert fin.shape == (N, Hv, K, V) and bnd.shape == rbnd.shape
@@ -190,7 +192,8 @@ def test_fused_output_without_boundary_states():
 
     q, k, v, beta, g, s0 = _inputs(1, 90, 1, 2, 16, 16, 2, True, seed=4)
     o, fin, bnd = triton_delta_product(
-        q, k, v, beta, g, initial_state=s0, output_boundary_states=False, config=LaunchConfig(fuse_output=True)
+        q, k, v, beta, g, initial_state=s0, normalize_qk=True, output_boundary_states=False,
+        config=LaunchConfig(fuse_output=True),
     )
     ro, rfin, _ = _reference(q, k, v, beta, g, s0)
     assert bnd is None and max(_rel(o, ro), _rel(fin, rfin)) < TOL[torch.float32]
@@ -266,7 +269,7 @@ def test_gpu_long_packed_batch_vs_chunked_float64():
     cu = _cu(lengths, "cuda")
     q, k, v, beta, g, s0 = _inputs(1, sum(lengths), 16, 32, 128, 128, 1, True, n_seq=8, device="cuda")
     qb, kb, vb = q.bfloat16(), k.bfloat16(), v.bfloat16()
-    o, fin, bnd = triton_delta_product(qb, kb, vb, beta, g, initial_state=s0, cu_seqlens=cu)
+    o, fin, bnd = triton_delta_product(qb, kb, vb, beta, g, initial_state=s0, normalize_qk=True, cu_seqlens=cu)
     d = torch.float64
     ref = chunk_delta_product(
         qb.to(d), kb.to(d), vb.to(d), beta.to(d), g.to(d), initial_state=s0.to(d), normalize_qk=True, cu_seqlens=cu
@@ -289,7 +292,7 @@ def test_gpu_matches_fla_packed(n_h):
     q, k, v, beta, g, s0 = _inputs(1, T, Hk, Hv, 128, 128, n_h, True, n_seq=N, device="cuda", beta_max=1.0)
     q, k, v, beta = q.bfloat16(), k.bfloat16(), v.bfloat16(), beta.bfloat16()
     cu = _cu(lengths, "cuda").long()
-    o, fin, _ = triton_delta_product(q, k, v, beta, g, initial_state=s0, cu_seqlens=cu)
+    o, fin, _ = triton_delta_product(q, k, v, beta, g, initial_state=s0, normalize_qk=True, cu_seqlens=cu)
     if n_h == 1:
         fo, ffin = fla.chunk_gated_delta_rule(
             q, k[:, :, 0], v[:, :, 0], g, beta[:, :, 0], initial_state=s0, output_final_state=True,
