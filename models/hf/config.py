@@ -58,7 +58,7 @@ class HFModelConfig:
         layer_types = list(text.layer_types)
         neg = bool(getattr(text, family.neg_eig_field, False)) if family.neg_eig_field else False
         return cls(
-            model_type=config.model_type, family=family.label, num_hidden_layers=int(text.num_hidden_layers),
+            model_type=family.model_type, family=family.label, num_hidden_layers=int(text.num_hidden_layers),
             hidden_size=int(text.hidden_size), vocab_size=int(text.vocab_size),
             num_heads=int(text.linear_num_value_heads), num_key_heads=int(text.linear_num_key_heads),
             head_k_dim=int(text.linear_key_head_dim), head_v_dim=int(text.linear_value_head_dim),

@@ -19,6 +19,7 @@ from models.hf.config import HFModelConfig
 from models.hf.families import Family
 from models.hf.route import attach, install_router
 from models.hooks import HookPoint
+from models.lm import IGNORE_INDEX
 
 
 class LayerHooks(nn.Module):
@@ -104,11 +105,15 @@ class HookedHFModel(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 labels: torch.Tensor | None = None, **kwargs: Any) -> Any:
-        """The transformers forward. `labels` follow deltalab (aligned with positions, -100 ignored)."""
+        """The transformers forward, without a cache unless `use_cache=True` is passed.
+
+        `labels` follow deltalab (aligned with positions, IGNORE_INDEX ignored), not transformers' shift.
+        """
+        kwargs.setdefault("use_cache", False)
         out = self.hf(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
         if labels is not None:
             out.loss = nn.functional.cross_entropy(out.logits.float().flatten(0, 1), labels.flatten(),
-                                                   ignore_index=-100)
+                                                   ignore_index=IGNORE_INDEX)
         return out
 
     def detach_hooks(self) -> nn.Module:

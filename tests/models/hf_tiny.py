@@ -7,9 +7,14 @@ Qwen3.5, Qwen3.5-MoE and Qwen4-Exp are saved as their vision-language models, as
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import ModuleType
 
 import torch
+
+from models.hf.route import KERNEL_NAMES
 
 FAMILIES = ("olmo_hybrid", "qwen3_next", "qwen3_5", "qwen3_5_moe", "qwen4_exp")
 LINEAR_LAYERS = (0, 1, 3)
@@ -53,3 +58,31 @@ def save_tiny(family: str, folder: Path, seed: int = 0, **save_kwargs) -> Path:
     torch.manual_seed(seed)
     build(family).save_pretrained(folder, **save_kwargs)
     return folder
+
+
+@contextlib.contextmanager
+def original_kernels(module: ModuleType, edit: Callable | None = None) -> Iterator[list]:
+    """Run the family's own kernels (deltalab's router removed) and record each chunk call's
+    (o, final state, inputs {query, key, value, g, beta}).
+
+    `edit(call, kwargs)` may change a call's inputs: a change made by hand inside the layer.
+    """
+    calls: list[tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]] = []
+    routers = {name: getattr(module, name) for name in KERNEL_NAMES}
+    chunk = routers["torch_chunk_gated_delta_rule"].deltalab_original
+
+    def recorder(*args, **kwargs):
+        if edit is not None:
+            edit(len(calls), kwargs)
+        o, state = chunk(*args, **kwargs)
+        inputs = dict(zip(("query", "key", "value"), args)) | {n: kwargs[n] for n in ("g", "beta")}
+        calls.append((o, state, inputs))
+        return o, state
+
+    try:
+        module.torch_chunk_gated_delta_rule = recorder
+        module.torch_recurrent_gated_delta_rule = routers["torch_recurrent_gated_delta_rule"].deltalab_original
+        yield calls
+    finally:
+        for name, fn in routers.items():
+            setattr(module, name, fn)
