@@ -317,6 +317,7 @@ def capture(checkpoint: str | Path, data: str | Data, out: str | Path, *,
     if device == "cuda" and world > 1:
         device = f"cuda:{local_rank}"
     hook_list = parse_list(hooks) or list(schema.DEFAULT_HOOKS)
+    data = data if isinstance(data, Data) else load_data(data, checkpoint)  # bad data fails before the model loads
     if model is None:
         from models import load_checkpoint
 
@@ -331,7 +332,6 @@ def capture(checkpoint: str | Path, data: str | Data, out: str | Path, *,
     if resid and not getattr(cfg, "single_residual", True):
         raise CaptureError(f"--hooks {','.join(resid)}: {cfg.model_type} keeps several residual streams "
                            "(hyper-connections), so it has no resid hooks; drop them")
-    data = data if isinstance(data, Data) else load_data(data, checkpoint)
     data.check_vocab(cfg.vocab_size)
 
     stored_batch = _store_batch_size(out)

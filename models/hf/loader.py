@@ -6,8 +6,10 @@ failure is one CheckpointError line naming the problem and the fix.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +34,20 @@ def _error(message: str) -> Exception:
     from models.checkpoint import CheckpointError
 
     return CheckpointError(message)
+
+
+@contextlib.contextmanager
+def _quiet_transformers() -> Iterator[None]:
+    """No weight-loading progress bar on stderr (a CLI's errors stay one line)."""
+    from transformers.utils import logging as hf_logging
+
+    bar = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if bar:
+            hf_logging.enable_progress_bar()
 
 
 def _no_linear(folder: Path) -> Exception:
@@ -114,9 +130,10 @@ def load_hf_checkpoint(folder: str | Path, raw: dict[str, Any] | None = None, de
         config = AutoConfig.from_pretrained(folder, local_files_only=True, trust_remote_code=False)
         if LINEAR not in (getattr(config.get_text_config(), "layer_types", None) or []):
             raise _no_linear(folder)
-        model = AutoModelForCausalLM.from_pretrained(
-            folder, config=config, local_files_only=True, use_safetensors=True, trust_remote_code=False, **kwargs
-        )
+        with _quiet_transformers():
+            model = AutoModelForCausalLM.from_pretrained(
+                folder, config=config, local_files_only=True, use_safetensors=True, trust_remote_code=False, **kwargs
+            )
     except Exception as err:  # noqa: BLE001 - whatever transformers raises becomes one line
         if type(err).__name__ == "CheckpointError":
             raise

@@ -86,3 +86,22 @@ def original_kernels(module: ModuleType, edit: Callable | None = None) -> Iterat
     finally:
         for name, fn in routers.items():
             setattr(module, name, fn)
+
+
+SPECIALS = {"<pad>": 0, "<|begin_of_text|>": 1, "<|endoftext|>": 2, "<unk>": 3}
+"""The tiny models' pad, bos and eos ids (TEXT above) and an unknown-character id."""
+
+
+def save_char_tokenizer(folder: Path) -> Path:
+    """A character-level tokenizer.json within the tiny vocabulary (VOCAB): specials, a-z, digits, punctuation."""
+    from tokenizers import Regex, Tokenizer, models, pre_tokenizers
+
+    chars = "abcdefghijklmnopqrstuvwxyz0123456789 .,!?'\n"
+    vocab = {**SPECIALS, **{c: len(SPECIALS) + i for i, c in enumerate(chars)}}
+    assert len(vocab) <= VOCAB
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    tok.add_special_tokens(list(SPECIALS))
+    path = Path(folder) / "tokenizer.json"
+    tok.save(str(path))
+    return path

@@ -41,11 +41,16 @@ def test_capture_grouped_heads_and_oracle_b(family, tmp_path):
     res = cli("capture", str(folder), "--data", SPEC, "--out", str(out), "--hooks", HOOKS, "--batch-size", "2",
               "--no-progress")
     assert res.exit_code == 0, res.output
-    ds = store.open(out)
+    ds = store.open(out, key_heads="key")  # as stored: q, k per key head
     assert ds["layer"].values.tolist() == list(LINEAR_LAYERS)  # real layer numbers, attention layer 2 absent
     assert ds["q"].dims == ("seq", "layer", "pos", "key_head", "dk")
     assert ds["k"].dims == ("seq", "layer", "pos", "step", "key_head", "dk")
     assert ds.sizes["key_head"] == NUM_K_HEADS and ds.sizes["head"] == NUM_V_HEADS
+    assert ds["key_head_of"].values.tolist() == [0, 0, 1, 1]
+    by_value = store.open(out)  # the default view: q, k per value head, like every other variable
+    assert by_value["k"].dims == ("seq", "layer", "pos", "step", "head", "dk") and "key_head" not in by_value.dims
+    np.testing.assert_array_equal(by_value["k"].values, ds["k"].values[:, :, :, :, [0, 0, 1, 1]])
+    np.testing.assert_array_equal(by_value["q"].values, ds["q"].values[:, :, :, [0, 0, 1, 1]])
     assert ds["v"].dims == ("seq", "layer", "pos", "step", "head", "dv")
     assert ds["state"].dims == ("seq", "layer", "chunk", "head", "dk", "dv")
     assert ds.attrs["key_head_of"] == [0, 0, 1, 1]
