@@ -22,7 +22,8 @@ from tests.models.hf_tiny import LINEAR_LAYERS, save_tiny  # noqa: E402
 
 PROBE_ARGS = {
     "betas": [], "keys": [], "spectra": [], "erank": [], "linear": [], "lengthgen": ["--train-length", "40"],
-    "intervene": ["--set-beta", "1:3:0=0", "--ablate-head", "3:0", "--project-keys", "0:2=2"],
+    "intervene": ["--set-beta", "1:3:0=0", "--ablate-head", "3:0", "--project-keys", "0:2=2", "--erase", "1:2@10",
+                  "--scale-decay", "3:1@20=0.5"],
 }
 
 
@@ -56,7 +57,8 @@ def test_every_probe_on_real_layer_numbers(flow):
     assert len(betas) == 3 * 4 and all(r["frac_negative"] > 0 for r in betas.values())  # OLMo-Hybrid: beta in (0, 2)
     keys = {(r["layer"], r["head"]): r["explained_variance_ratio"] for r in rec["keys"] if r["step"] == 0}
     assert keys[0, 0] == keys[0, 1] and keys[0, 2] == keys[0, 3] and keys[0, 0] != keys[0, 2]  # shared key heads
-    assert {r["intervention"] for r in rec["intervene"]} == {"baseline", "set_beta", "ablate_head", "project_keys"}
+    assert {r["intervention"] for r in rec["intervene"]} == {"baseline", "set_beta", "ablate_head", "project_keys",
+                                                             "erase", "scale_decay"}
     assert all(r["delta_loss"] != 0 for r in rec["intervene"] if r["intervention"] != "baseline")
     assert {"erank", "spectra", "keys", "betas"} <= set(store.list_results(out))
 
