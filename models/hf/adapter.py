@@ -13,7 +13,11 @@ from torch import nn
 
 from kernels.dispatch import delta_product_forward
 from kernels.naive import l2_normalize
+from models.attention import DeltaProductAttention
 from models.hooks import HookPoint
+
+_replay = DeltaProductAttention._replay
+"""deltalab's hook_state replay (it reads only its arguments): edited chunk-start states restart the recurrence."""
 
 
 def expand_key_heads(q: torch.Tensor, k: torch.Tensor, num_v_heads: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -37,10 +41,12 @@ def key_head_of(num_k_heads: int, num_v_heads: int) -> list[int]:
 class DeltaRuleHooks(nn.Module):
     """`layers.{i}.attn`: hook_q/k/v/beta/g/state/o around one linear layer's recurrence.
 
-    Shapes (n_h = 1): hook_q [B,T,Hk,dk] and hook_k [B,T,1,Hk,dk] (L2-normalised, float32),
-    hook_v [B,T,1,Hv,dv], hook_beta [B,T,1,Hv] (as the layer computed it, x2 in OLMo-Hybrid),
-    hook_g [B,T,Hv], hook_state [B,NC,Hv,dk,dv] (chunk starts + final), hook_o [B,T,Hv,dv].
-    The final state handed back to the layer (and its cache) is hook_state's last entry.
+    Shapes (n_h = 1): hook_q [B,T,Hk,dk] and hook_k [B,T,1,Hk,dk] (L2-normalised in float32, then in the
+    model's dtype, as deltalab's own layers), hook_v [B,T,1,Hv,dv], hook_beta [B,T,1,Hv] (float32, as the layer
+    computed it, x2 in OLMo-Hybrid), hook_g [B,T,Hv], hook_state [B,NC,Hv,dk,dv] (chunk starts + final),
+    hook_o [B,T,Hv,dv]. Writes to any of them change the layer; an edited chunk-start state restarts the
+    recurrence from that chunk (deltalab's replay). The final state handed back to the layer's cache is
+    hook_state's last entry.
     """
 
     def __init__(self, layer_idx: int, num_k_heads: int, num_v_heads: int, head_k_dim: int, head_v_dim: int) -> None:
@@ -64,18 +70,21 @@ class DeltaRuleHooks(nn.Module):
                 use_qk_l2norm_in_kernel: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Same contract as transformers' `torch_chunk_gated_delta_rule` (o in query's dtype)."""
         out_dtype = query.dtype
-        q, k = query.float(), key.float()
-        if use_qk_l2norm_in_kernel:  # in float32, as transformers and fla do
-            q, k = l2_normalize(q), l2_normalize(k)
+        q, k = query, key
+        if use_qk_l2norm_in_kernel:  # in float32, as transformers and fla do; back to the model's dtype, so
+            # bf16 models run the Triton kernel's half-precision products (float32 ones are several times slower)
+            q, k = l2_normalize(q.float()).to(out_dtype), l2_normalize(k.float()).to(out_dtype)
         q = self.hook_q(q)
         k = self.hook_k(k.unsqueeze(2))
         v = self.hook_v(value.unsqueeze(2))
         beta = self.hook_beta(beta.float().unsqueeze(2))
         g = self.hook_g(g.float())
         q_run, k_run = expand_key_heads(q, k, self.num_v_heads)
-        o, _, states = delta_product_forward(
-            q_run, k_run, v.to(q_run.dtype), beta, g, scale=self.head_k_dim**-0.5, initial_state=initial_state
-        )
-        states = self.hook_state(states)
+        v_run, scale = v.to(q_run.dtype), self.head_k_dim**-0.5
+        o, _, states = delta_product_forward(q_run, k_run, v_run, beta, g, scale=scale, initial_state=initial_state)
+        version = states._version  # bumped by an in-place edit (nnsight's `hook_state.output[...] = x`)
+        hooked = self.hook_state(states)
+        if hooked is not states or states._version != version:
+            o = _replay(None, q_run, k_run, v_run, beta, g, scale, initial_state, o, states, hooked, version)
         o = self.hook_o(o.to(out_dtype))
-        return o, (states[:, -1] if output_final_state else None)
+        return o, (hooked[:, -1] if output_final_state else None)

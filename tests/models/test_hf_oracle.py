@@ -203,3 +203,25 @@ def test_info_through_cli(folder):
 
 def test_supported_types_listed():
     assert set(FAMILIES) <= set(SUPPORTED)
+
+
+def test_state_edit_restarts_the_recurrence(hooked):
+    """Zeroing the chunk-start state before token 64 through hook_state: the layer's outputs from token 64 on
+    are the float64 recurrence restarted from zero there; earlier outputs are untouched."""
+    layer, x = LINEAR_LAYERS[0], ids()
+    nn = NNsight(hooked)
+    saved: dict[str, torch.Tensor] = {}
+    with torch.no_grad(), nn.trace(x):
+        attn = nn.layers[layer].attn
+        for n in ("q", "k", "v", "beta", "g"):
+            saved[n] = getattr(attn, f"hook_{n}").output.save()
+        attn.hook_state.output[:, 1] = 0.0
+        saved["o"] = attn.hook_o.output.save()
+    with torch.no_grad(), nn.trace(x):
+        clean = nn.layers[layer].attn.hook_o.output.save()
+    head_map = torch.tensor(hooked.config.key_head_of)
+    q, k = saved["q"].double()[:, 64:, head_map], saved["k"].double()[:, 64:, :, head_map]
+    o_ref, _, _ = naive_delta_product(q, k, saved["v"].double()[:, 64:], saved["beta"].double()[:, 64:],
+                                      saved["g"].double()[:, 64:], scale=8**-0.5)
+    assert torch.equal(saved["o"][:, :64], clean[:, :64])
+    assert fro(saved["o"][:, 64:], o_ref) < 1e-5 and fro(clean[:, 64:], o_ref) > 1e-3  # the edit matters
