@@ -33,7 +33,8 @@ def _model(hidden: int, layers: int, k_heads: int, v_heads: int, head_dim: int):
                               linear_num_value_heads=v_heads, linear_key_head_dim=head_dim,
                               linear_value_head_dim=head_dim, layer_types=types,
                               pad_token_id=0, bos_token_id=1, eos_token_id=2)
-    return tf.AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16).to(DEVICE).eval()
+    with torch.device(DEVICE):  # random init on the GPU: seconds, not a minute on the host
+        return tf.AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16).eval()
 
 
 def _sync() -> None:
