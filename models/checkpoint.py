@@ -119,6 +119,9 @@ def load_checkpoint(
         from models.hf.loader import load_hf_checkpoint
 
         return load_hf_checkpoint(folder, raw, device=device, dtype=dtype, device_map=device_map)
+    if device_map is not None:
+        raise CheckpointError(f"--device-map applies to transformers models; {folder} is fla-format: "
+                              "pass --device instead")
     config = _read_config(folder, raw)
     state = _to_module_names(remap_legacy(_read_weights(folder)))
     model = DeltaProductForCausalLM(config)

@@ -299,11 +299,13 @@ def capture(checkpoint: str | Path, data: str | Data, out: str | Path, *,
             hooks: str | Sequence[str] | None = None, layers: str | Sequence[int] | None = None,
             batch_size: int | None = None, device: str = "cpu",
             dtype: str = "float32", progress: bool = True, command_line: list[str] | None = None,
-            model: Any = None) -> dict[str, Any]:
+            model: Any = None, model_dtype: str = "float32", device_map: str | None = None) -> dict[str, Any]:
     """Capture `checkpoint` over `data` (a spec string or Data) into store `out`; returns a summary dict.
 
     Creates the store, resumes the same data spec (skipping complete sequences), or appends a new
     spec. Runs data-parallel when launched by torchrun. `model` may pass the already-loaded model.
+    `model_dtype` (float32, bfloat16, float16) is the dtype the model runs in; `dtype` the stored one.
+    `device_map="auto"` spreads a transformers model over the visible GPUs (accelerate).
     """
     import torch
 
@@ -321,7 +323,10 @@ def capture(checkpoint: str | Path, data: str | Data, out: str | Path, *,
     if model is None:
         from models import load_checkpoint
 
-        model = load_checkpoint(checkpoint, device=device, dtype=torch.float32)
+        dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+        if model_dtype not in dtypes:
+            raise CaptureError(f"--model-dtype {model_dtype!r} is not supported; use one of {', '.join(dtypes)}")
+        model = load_checkpoint(checkpoint, device=device, dtype=dtypes[model_dtype], device_map=device_map)
     cfg = model.config
     layer_list = resolve_layers(layers, cfg.num_hidden_layers, getattr(cfg, "delta_layers", None))
     try:

@@ -125,11 +125,15 @@ class HookedHFModel(nn.Module):
 
     def summary(self) -> str:
         """One paragraph a researcher reads first."""
-        c = self.config
-        n_params = sum(p.numel() for p in self.parameters())
-        eig = "[-1,1]" if c.allow_neg_eigval else "[0,1]"
-        full = c.num_hidden_layers - len(c.delta_layers)
-        return (f"{c.family} ({c.model_type}) eigenvalues {eig}: {c.num_hidden_layers} layer(s), "
-                f"{len(c.delta_layers)} Gated DeltaNet {c.delta_layers}, {full} attention; "
-                f"{c.num_key_heads} key / {c.num_heads} value heads, dk={c.head_k_dim} dv={c.head_v_dim}, "
-                f"hidden={c.hidden_size}, vocab={c.vocab_size}; {n_params / 1e6:.2f}M parameters")
+        return summary_line(self.config, sum(p.numel() for p in self.hf.parameters()))
+
+
+def summary_line(c: HFModelConfig, n_params: int) -> str:
+    """`deltalab info`'s paragraph for a transformers Gated DeltaNet model (n_params: the checkpoint's, which
+    includes a vision tower that the text model deltalab runs leaves out)."""
+    eig = "[-1,1]" if c.allow_neg_eigval else "[0,1]"
+    full = c.num_hidden_layers - len(c.delta_layers)
+    return (f"{c.family} ({c.model_type}) eigenvalues {eig}: {c.num_hidden_layers} layer(s), "
+            f"{len(c.delta_layers)} Gated DeltaNet {c.delta_layers}, {full} attention; "
+            f"{c.num_key_heads} key / {c.num_heads} value heads, dk={c.head_k_dim} dv={c.head_v_dim}, "
+            f"hidden={c.hidden_size}, vocab={c.vocab_size}; {n_params / 1e6:.2f}M parameters")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,6 +16,7 @@ from typing import Any
 
 import torch
 
+from models.hf.config import HFModelConfig
 from models.hf.families import (
     FAMILIES,
     LINEAR,
@@ -24,7 +26,7 @@ from models.hf.families import (
     family_of,
     supported_types,
 )
-from models.hf.hooked import HookedHFModel
+from models.hf.hooked import HookedHFModel, summary_line
 
 INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"
@@ -105,6 +107,38 @@ def weight_files(folder: Path) -> list[Path]:
     raise _error(f"{folder} has no {SINGLE} or {INDEX}: save the weights beside config.json")
 
 
+def describe(folder: str | Path) -> tuple[HFModelConfig, int, str] | None:
+    """(config, parameter count, summary) of a transformers folder without loading its weights (the
+    count comes from the safetensors headers); None when the folder is not a supported transformers type."""
+    folder = Path(folder)
+    try:
+        raw = json.loads((folder / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(raw, dict) or not (raw.get("auto_map") or family_of(str(raw.get("model_type")))):
+        return None
+    family = hf_family(raw, folder)
+    check_transformers()
+    files = weight_files(folder)
+    from safetensors import safe_open
+    from transformers import AutoConfig
+
+    try:
+        config = AutoConfig.from_pretrained(folder, local_files_only=True, trust_remote_code=False)
+    except Exception as err:  # noqa: BLE001 - whatever transformers raises becomes one line
+        lines = [ln.strip() for ln in str(err).strip().splitlines() if ln.strip()] or [type(err).__name__]
+        raise _error(f"transformers cannot read {folder / 'config.json'} ({lines[-1]}): check config.json") from None
+    if LINEAR not in (getattr(config.get_text_config(), "layer_types", None) or []):
+        raise _no_linear(folder)
+    n_params = 0
+    for f in files:
+        with safe_open(str(f), "pt") as st:
+            for name in st.keys():
+                n_params += math.prod(st.get_slice(name).get_shape())
+    cfg = HFModelConfig.from_hf(config, family)
+    return cfg, n_params, summary_line(cfg, n_params)
+
+
 def load_hf_checkpoint(folder: str | Path, raw: dict[str, Any] | None = None, device: str | torch.device = "cpu",
                        dtype: torch.dtype | None = None, device_map: str | None = None) -> HookedHFModel:
     """Build the transformers model of `folder` and hook it; eval mode.
@@ -144,4 +178,4 @@ def load_hf_checkpoint(folder: str | Path, raw: dict[str, Any] | None = None, de
     return HookedHFModel(model.eval(), family).eval()
 
 
-__all__ = ["FAMILIES", "check_transformers", "hf_family", "load_hf_checkpoint", "weight_files"]
+__all__ = ["FAMILIES", "check_transformers", "describe", "hf_family", "load_hf_checkpoint", "weight_files"]

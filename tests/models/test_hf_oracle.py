@@ -11,6 +11,7 @@ Qwen4-Exp): tiny random models saved with save_pretrained, opened as deltalab op
 from __future__ import annotations
 
 import importlib
+import json
 
 import pytest
 import torch
@@ -31,6 +32,7 @@ from tests.models.hf_tiny import (  # noqa: E402
     NUM_K_HEADS,
     NUM_V_HEADS,
     VOCAB,
+    build,
     original_kernels,
     save_tiny,
 )
@@ -193,12 +195,15 @@ def test_resid_hooks(hooked):
     assert not torch.equal(post, mid)
 
 
-def test_info_through_cli(folder):
+def test_info_through_cli(folder, hooked):
     from app.cli import app
 
-    res = CliRunner().invoke(app, ["info", str(folder)])
+    res = CliRunner().invoke(app, ["info", str(folder)])  # reads config.json and the safetensors headers only
     assert res.exit_code == 0, res.output
     assert "Gated DeltaNet [0, 1, 3], 1 attention" in res.output and "2 key / 4 value heads" in res.output
+    res = CliRunner().invoke(app, ["info", str(folder), "--json"])
+    saved = build(hooked.family.model_type)  # the checkpoint's whole model (vision tower included)
+    assert json.loads(res.stdout)["parameters"] == sum(p.numel() for p in saved.parameters())
 
 
 def test_supported_types_listed():

@@ -93,3 +93,15 @@ def test_capture_refuses_attention_layer_and_resid_on_hyper_connections(tmp_path
     ds = store.open(tmp_path / "c.zarr")
     assert ds["resid_mid"].dims == ("seq", "layer", "pos", "hidden") and ds["layer"].values.tolist() == [3]
     assert "key_head" not in ds["beta"].dims
+
+
+def test_capture_in_bfloat16_and_device_map_only_for_transformers(tmp_path):
+    olmo = save_tiny("olmo_hybrid", tmp_path / "olmo")
+    out = tmp_path / "bf16.zarr"
+    res = cli("capture", str(olmo), "--data", SPEC, "--out", str(out), "--hooks", "tokens,q,beta,state",
+              "--model-dtype", "bfloat16", "--no-progress")
+    assert res.exit_code == 0, res.output
+    ds = store.open(out)
+    assert np.isfinite(ds["state"].values).all() and ds["q"].dtype == np.float32
+    res = cli("capture", str(olmo), "--data", SPEC, "--out", str(tmp_path / "x.zarr"), "--model-dtype", "fp8")
+    assert res.exit_code == 2 and "--model-dtype 'fp8' is not supported" in res.stderr
