@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextvars
 import functools
 import importlib
+import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -28,19 +29,21 @@ class PackedSequencesError(ValueError):
 
 
 def _router(original: Callable) -> Callable:
+    signature = inspect.signature(original)  # the transformers torch function's (functools.wraps)
+
     @functools.wraps(original)
-    def routed(query: Any, key: Any, value: Any, *args: Any, **kwargs: Any) -> Any:
+    def routed(*args: Any, **kwargs: Any) -> Any:
         adapter = _ACTIVE.get()
         if adapter is None:
-            return original(query, key, value, *args, **kwargs)
+            return original(*args, **kwargs)
         if kwargs.get("cu_seqlens") is not None:
             raise PackedSequencesError("packed sequences (cu_seqlens) cannot pass deltalab's hooks: "
                                        "pass one sequence per row with an attention mask")
-        names = ("g", "beta", "chunk_size", "initial_state", "output_final_state", "use_qk_l2norm_in_kernel")
-        kwargs.update(zip(names, args))  # positional extras, in the transformers signature's order
-        return adapter(query, key, value, kwargs["g"], kwargs["beta"], initial_state=kwargs.get("initial_state"),
-                       output_final_state=bool(kwargs.get("output_final_state", False)),
-                       use_qk_l2norm_in_kernel=bool(kwargs.get("use_qk_l2norm_in_kernel", False)))
+        call = signature.bind(*args, **kwargs).arguments  # names whatever was passed by position
+        return adapter(call["query"], call["key"], call["value"], call["g"], call["beta"],
+                       initial_state=call.get("initial_state"),
+                       output_final_state=bool(call.get("output_final_state", False)),
+                       use_qk_l2norm_in_kernel=bool(call.get("use_qk_l2norm_in_kernel", False)))
 
     routed.deltalab_original = original  # type: ignore[attr-defined]
     return routed

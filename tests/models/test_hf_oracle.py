@@ -230,3 +230,38 @@ def test_state_edit_restarts_the_recurrence(hooked):
                                       saved["g"].double()[:, 64:], scale=8**-0.5)
     assert torch.equal(saved["o"][:, :64], clean[:, :64])
     assert fro(saved["o"][:, 64:], o_ref) < 1e-5 and fro(clean[:, 64:], o_ref) > 1e-3  # the edit matters
+
+
+def test_router_passes_unhooked_models_through(hooked, untouched):
+    """With deltalab's router installed, a model that was not hooked runs transformers' kernel, bit for bit;
+    positional arguments reach the hooked adapter under their transformers names."""
+    from models.hf.route import attach
+
+    model, module = untouched
+    x = ids()
+    with torch.no_grad():
+        routed = model(x).logits
+        with original_kernels(module):
+            plain = model(x).logits
+    assert torch.equal(routed, plain)
+    seen = []
+
+    class Spy(torch.nn.Module):
+        def forward(self, *args, **kwargs):
+            seen.append((len(args), kwargs))
+            return args[2], None
+
+    layer = torch.nn.Identity()
+    handles = attach(layer, Spy())
+    q, v = torch.zeros(1, 2, 2, 8), torch.zeros(1, 2, 4, 8)
+    g, beta = torch.zeros(1, 2, 4), torch.ones(1, 2, 4)
+    calls = {"torch_chunk_gated_delta_rule": (64, None, True, True),  # chunk_size comes first there
+             "torch_recurrent_gated_delta_rule": (None, True, True)}
+    for name, extra in calls.items():
+        fn = getattr(module, name)
+        layer.register_forward_hook(lambda *_, fn=fn, extra=extra: fn(q, q, v, g, beta, *extra), prepend=True)
+    layer(torch.zeros(1))
+    for h in handles:
+        h.remove()
+    assert [n for n, _ in seen] == [5, 5]
+    assert all(kw["output_final_state"] is True and kw["use_qk_l2norm_in_kernel"] is True for _, kw in seen)
