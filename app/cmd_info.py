@@ -16,11 +16,17 @@ def info(
 ) -> None:
     """Print a checkpoint's architecture and parameter count."""
     from models import CheckpointError, load_checkpoint
+    from models.hf.loader import describe
 
     try:
-        model = load_checkpoint(checkpoint)
+        hf = describe(checkpoint)  # transformers folders: config and safetensors headers, no weights loaded
+        model = load_checkpoint(checkpoint) if hf is None else None
     except CheckpointError as err:
         fail(str(err))
+    if hf is not None:
+        config, n_params, text = hf
+        typer.echo(json.dumps({"config": config.to_dict(), "parameters": n_params}, indent=2) if as_json else text)
+        return
     if as_json:
         n_params = sum(p.numel() for p in model.parameters())
         typer.echo(json.dumps({"config": model.config.to_dict(), "parameters": n_params}, indent=2))

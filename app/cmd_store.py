@@ -31,6 +31,10 @@ def capture(
                                                "(default 8, or the store's)."),
     device: str = typer.Option("cpu", "--device", help="cpu or cuda[:N]."),
     dtype: str = typer.Option("float32", "--dtype", help="Activation storage dtype: float16 or float32."),
+    model_dtype: str = typer.Option("float32", "--model-dtype",
+                                    help="dtype the model runs in: float32, bfloat16 or float16."),
+    device_map: str | None = typer.Option(None, "--device-map",
+                                          help="auto: spread a transformers model over the GPUs (accelerate)."),
     progress: bool = typer.Option(True, "--progress/--no-progress"),
     as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
 ) -> None:
@@ -41,7 +45,8 @@ def capture(
 
     try:
         summary = run_capture(checkpoint, data, out, hooks=hooks, layers=layers, batch_size=batch_size,
-                              device=device, dtype=dtype, progress=progress,
+                              device=device, dtype=dtype, progress=progress, model_dtype=model_dtype,
+                              device_map=device_map,
                               command_line=["deltalab", *sys.argv[1:]])
     except (StoreError, CheckpointError, ValueError) as err:
         fail(str(err))

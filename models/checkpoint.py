@@ -5,13 +5,17 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from models.config import ConfigError, ModelConfig
+from models.config import MODEL_TYPES, ConfigError, ModelConfig
 from models.lm import DeltaProductForCausalLM
+
+if TYPE_CHECKING:
+    from models.hf.hooked import HookedHFModel
 
 WEIGHTS = "model.safetensors"
 LEGACY_WEIGHTS = "pytorch_model.bin"
@@ -22,7 +26,7 @@ class CheckpointError(ValueError):
     """A checkpoint that cannot be loaded; the message names the problem and the fix."""
 
 
-def _read_config(folder: Path) -> ModelConfig:
+def _read_raw_config(folder: Path) -> dict:
     path = folder / "config.json"
     if not path.is_file():
         raise CheckpointError(f"{path} is missing: a checkpoint folder needs config.json and {WEIGHTS}")
@@ -31,6 +35,19 @@ def _read_config(folder: Path) -> ModelConfig:
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise CheckpointError(f"{path} is not valid JSON ({err.msg if hasattr(err, 'msg') else err}): "
                               "restore it from the original checkpoint") from None
+    if not isinstance(raw, dict):
+        raise CheckpointError(f"{path} is not a JSON object: restore it from the original checkpoint")
+    return raw
+
+
+def _read_config(folder: Path, raw: dict | None = None) -> ModelConfig:
+    path = folder / "config.json"
+    raw = _read_raw_config(folder) if raw is None else raw
+    if raw.get("model_type") not in MODEL_TYPES:
+        from models.hf.families import supported_types
+
+        raise CheckpointError(f"unknown model_type {raw.get('model_type')!r} in {path}: no delta-rule layer deltalab "
+                              f"opens; supported: {', '.join(MODEL_TYPES)} (fla), {supported_types()} (transformers)")
     try:
         return ModelConfig.from_dict(raw)
     except (ConfigError, TypeError) as err:
@@ -81,16 +98,31 @@ def _to_module_names(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 
 def load_checkpoint(
-    path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype | None = None
-) -> DeltaProductForCausalLM:
-    """Load a Hugging Face-style fla checkpoint folder into a DeltaProductForCausalLM in eval mode."""
+    path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype | None = None,
+    device_map: str | None = None,
+) -> DeltaProductForCausalLM | HookedHFModel:
+    """Load a checkpoint folder in eval mode: fla's format into a DeltaProductForCausalLM, a transformers
+    Gated DeltaNet family (OLMo-Hybrid, Qwen3-Next, Qwen3.5, ...) into a models.hf.HookedHFModel.
+
+    `device_map` ("auto") applies to transformers models only.
+    """
     folder = Path(path)
     if not folder.exists():
         raise CheckpointError(f"checkpoint folder {folder} does not exist: pass a folder with config.json "
                               f"and {WEIGHTS}")
     if not folder.is_dir():
         raise CheckpointError(f"{folder} is a file, not a checkpoint folder: pass the folder that holds config.json")
-    config = _read_config(folder)
+    raw = _read_raw_config(folder)
+    from models.hf.families import family_of
+
+    if raw.get("auto_map") or family_of(str(raw.get("model_type"))) is not None:
+        from models.hf.loader import load_hf_checkpoint
+
+        return load_hf_checkpoint(folder, raw, device=device, dtype=dtype, device_map=device_map)
+    if device_map is not None:
+        raise CheckpointError(f"--device-map applies to transformers models; {folder} is fla-format: "
+                              "pass --device instead")
+    config = _read_config(folder, raw)
     state = _to_module_names(remap_legacy(_read_weights(folder)))
     model = DeltaProductForCausalLM(config)
     expected = model.state_dict()

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -168,9 +169,14 @@ def _key_bases(ds: xr.Dataset, store_path: str | None, edits: list[Edit], budget
     return out
 
 
-def _apply(nn_model: Any, edits: list[Edit], bases: dict[tuple, tuple], gated: bool = False) -> None:
+def _apply(nn_model: Any, edits: list[Edit], bases: dict[tuple, tuple], gated: bool = False,
+           key_head_of: Sequence[int] | None = None) -> None:
     """Inside an nnsight trace: apply the edits in execution order (layer, then q -> k -> v -> beta -> g -> o),
-    reading each hook point at most once; state surgery reads q..g and rewrites o (`probes.surgery`)."""
+    reading each hook point at most once; state surgery reads q..g and rewrites o (`probes.surgery`).
+
+    Grouped heads (`key_head_of`, value head -> key head): hook_q/hook_k hold key heads, so projecting the keys
+    of value head h projects its key head (which every value head of the group reads), and state surgery
+    gives each value head its key head's q and k."""
     import torch
 
     hook_of = {"set_beta": "hook_beta", "ablate_head": "hook_o", "project_keys": "hook_k"}
@@ -194,9 +200,13 @@ def _apply(nn_model: Any, edits: list[Edit], bases: dict[tuple, tuple], gated: b
                 elif e.kind == "ablate_head":
                     out[:, :, h] = 0
                 else:
-                    heads = range(out.shape[3]) if e.head is None else [e.head]
-                    for hh in heads:
-                        mean, comps = bases[(layer, hh, e.step)]
+                    if key_head_of is None:
+                        pairs = [(hh, hh) for hh in (range(out.shape[3]) if e.head is None else [e.head])]
+                    else:  # (key head in hook_k, a value head reading it: the stored keys' basis)
+                        khs = range(out.shape[3]) if e.head is None else [key_head_of[e.head]]
+                        pairs = [(kh, list(key_head_of).index(kh)) for kh in khs]
+                    for hh, vh in pairs:
+                        mean, comps = bases[(layer, vh, e.step)]
                         mean_t = torch.as_tensor(mean, dtype=out.dtype, device=out.device)
                         comps_t = torch.as_tensor(comps, dtype=out.dtype, device=out.device)
                         keys = out[:, :, s, hh]
@@ -207,9 +217,12 @@ def _apply(nn_model: Any, edits: list[Edit], bases: dict[tuple, tuple], gated: b
                 from probes.surgery import edited_output
 
                 new = out
+                q, k = seen["hook_q"], seen["hook_k"]
+                if key_head_of is not None:
+                    q, k = q[:, :, list(key_head_of)], k[:, :, :, list(key_head_of)]
                 for e in surgery:
-                    new = edited_output(seen["hook_q"], seen["hook_k"], seen["hook_v"], seen["hook_beta"],
-                                        seen.get("hook_g"), new, state_edit(e))
+                    new = edited_output(q, k, seen["hook_v"], seen["hook_beta"], seen.get("hook_g"), new,
+                                        state_edit(e))
                 out[:] = new
 
 
@@ -229,7 +242,10 @@ def evaluate(model: Any, tokens: np.ndarray, labels: np.ndarray, edits: list[Edi
         nn_model = NNsight(model)
     T = tokens.shape[1]
     right, count, loss_sum = np.zeros(T), np.zeros(T), 0.0
-    gated = bool(getattr(getattr(model, "config", None), "use_forget_gate", False))
+    cfg = getattr(model, "config", None)
+    gated = bool(getattr(cfg, "use_forget_gate", False))
+    grouped = getattr(cfg, "num_key_heads", None) not in (None, getattr(cfg, "num_heads", None))
+    key_head_of = list(cfg.key_head_of) if grouped else None
     if kl is not None:
         kl["sum_by_pos"] = np.zeros(T)
     with torch.no_grad():
@@ -238,7 +254,7 @@ def evaluate(model: Any, tokens: np.ndarray, labels: np.ndarray, edits: list[Edi
             lab = torch.as_tensor(labels[lo:lo + batch_size], dtype=torch.long, device=device)
             if edits:
                 with nn_model.trace(ids):
-                    _apply(nn_model, edits, bases, gated)
+                    _apply(nn_model, edits, bases, gated, key_head_of)
                     logits_proxy = nn_model.output.logits.save()
                 logits = logits_proxy
             else:
@@ -272,9 +288,13 @@ def run(ds: xr.Dataset, model: Any, *, edits: list[Edit] | None = None, store_pa
         raise ProbeError(f"store tokens reach {tokens.max()} but the checkpoint's vocabulary has {cfg.vocab_size}: "
                          "pass the checkpoint the store was captured from")
     edits = sweep(ds, n_components) if not edits else edits
+    delta_layers = list(getattr(cfg, "delta_layers", range(cfg.num_hidden_layers)))
     for e in edits:
         if not 0 <= e.layer < cfg.num_hidden_layers:
             raise ProbeError(f"{e.label}: layer {e.layer} out of range (model has {cfg.num_hidden_layers})")
+        if e.layer not in delta_layers:
+            raise ProbeError(f"{e.label}: layer {e.layer} is a softmax-attention layer; the delta-rule layers are "
+                             f"{','.join(map(str, delta_layers))}")
         if e.head is not None and not 0 <= e.head < cfg.num_heads:
             raise ProbeError(f"{e.label}: head {e.head} out of range (model has {cfg.num_heads})")
         if e.step is not None and not 0 <= e.step < cfg.num_householder:

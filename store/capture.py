@@ -44,8 +44,19 @@ class CaptureError(StoreError):
 # --- provenance --------------------------------------------------------------------------
 
 def checkpoint_digest(folder: str | Path) -> str:
-    """`sha256:<hex>` of the checkpoint's weights file (model.safetensors, else pytorch_model.bin)."""
+    """`sha256:<hex>` of the checkpoint's weights file (model.safetensors, else pytorch_model.bin), or of
+    its shards in order (model.safetensors.index.json)."""
     folder = Path(folder)
+    index = folder / "model.safetensors.index.json"
+    if index.is_file() and not (folder / "model.safetensors").is_file():
+        import json
+
+        h = hashlib.sha256()
+        for shard in sorted(set(json.loads(index.read_text())["weight_map"].values())):
+            with open(folder / shard, "rb") as fh:
+                for block in iter(lambda fh=fh: fh.read(1 << 22), b""):
+                    h.update(block)
+        return "sha256:" + h.hexdigest()
     for name in ("model.safetensors", "pytorch_model.bin"):
         f = folder / name
         if f.is_file():
@@ -77,10 +88,15 @@ def parse_list(text: str | Sequence | None) -> list[str] | None:
     return [str(t) for t in text]
 
 
-def resolve_layers(layers: str | Sequence[int] | None, num_layers: int) -> list[int]:
-    """Captured layer indices (sorted, unique); CaptureError if one is outside 0..num_layers-1."""
+def resolve_layers(layers: str | Sequence[int] | None, num_layers: int,
+                   delta_layers: Sequence[int] | None = None) -> list[int]:
+    """Captured layer indices (sorted, unique); CaptureError if one is outside 0..num_layers-1.
+
+    `delta_layers` (hybrids: the real indices of the delta-rule layers) is the default and the only
+    layers allowed; softmax-attention layers have no hooks to capture.
+    """
     if layers is None:
-        return list(range(num_layers))
+        return list(range(num_layers)) if delta_layers is None else sorted(delta_layers)
     out = []
     for item in parse_list(layers) or []:
         try:
@@ -90,6 +106,9 @@ def resolve_layers(layers: str | Sequence[int] | None, num_layers: int) -> list[
         if not 0 <= i < num_layers:
             raise CaptureError(f"layer {i} is out of range: the model has {num_layers} layer(s) "
                                f"(0..{num_layers - 1})")
+        if delta_layers is not None and i not in delta_layers:
+            raise CaptureError(f"layer {i} is a softmax-attention layer: the delta-rule layers are "
+                               f"{','.join(map(str, delta_layers))}; pass --layers among them or omit it")
         out.append(i)
     if not out:
         raise CaptureError("--layers is empty; pass e.g. --layers 0 or omit it for all layers")
@@ -280,11 +299,13 @@ def capture(checkpoint: str | Path, data: str | Data, out: str | Path, *,
             hooks: str | Sequence[str] | None = None, layers: str | Sequence[int] | None = None,
             batch_size: int | None = None, device: str = "cpu",
             dtype: str = "float32", progress: bool = True, command_line: list[str] | None = None,
-            model: Any = None) -> dict[str, Any]:
+            model: Any = None, model_dtype: str = "float32", device_map: str | None = None) -> dict[str, Any]:
     """Capture `checkpoint` over `data` (a spec string or Data) into store `out`; returns a summary dict.
 
     Creates the store, resumes the same data spec (skipping complete sequences), or appends a new
     spec. Runs data-parallel when launched by torchrun. `model` may pass the already-loaded model.
+    `model_dtype` (float32, bfloat16, float16) is the dtype the model runs in; `dtype` the stored one.
+    `device_map="auto"` spreads a transformers model over the visible GPUs (accelerate).
     """
     import torch
 
@@ -298,17 +319,24 @@ def capture(checkpoint: str | Path, data: str | Data, out: str | Path, *,
     if device == "cuda" and world > 1:
         device = f"cuda:{local_rank}"
     hook_list = parse_list(hooks) or list(schema.DEFAULT_HOOKS)
+    data = data if isinstance(data, Data) else load_data(data, checkpoint)  # bad data fails before the model loads
     if model is None:
         from models import load_checkpoint
 
-        model = load_checkpoint(checkpoint, device=device, dtype=torch.float32)
+        dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+        if model_dtype not in dtypes:
+            raise CaptureError(f"--model-dtype {model_dtype!r} is not supported; use one of {', '.join(dtypes)}")
+        model = load_checkpoint(checkpoint, device=device, dtype=dtypes[model_dtype], device_map=device_map)
     cfg = model.config
-    layer_list = resolve_layers(layers, cfg.num_hidden_layers)
+    layer_list = resolve_layers(layers, cfg.num_hidden_layers, getattr(cfg, "delta_layers", None))
     try:
         variables = schema.variables_for(hook_list, gated=bool(cfg.use_forget_gate))
     except ValueError as err:
         raise CaptureError(str(err)) from None
-    data = data if isinstance(data, Data) else load_data(data, checkpoint)
+    resid = [h for h in hook_list if h.startswith("resid_")]
+    if resid and not getattr(cfg, "single_residual", True):
+        raise CaptureError(f"--hooks {','.join(resid)}: {cfg.model_type} keeps several residual streams "
+                           "(hyper-connections), so it has no resid hooks; drop them")
     data.check_vocab(cfg.vocab_size)
 
     stored_batch = _store_batch_size(out)
@@ -323,6 +351,9 @@ def capture(checkpoint: str | Path, data: str | Data, out: str | Path, *,
     sizes = {"pos": data.length, "layer": len(layer_list), "head": cfg.num_heads, "step": cfg.num_householder,
              "dk": cfg.head_k_dim, "dv": cfg.head_v_dim, "chunk": schema.n_chunks(data.length),
              "hidden": cfg.hidden_size}
+    num_key_heads = getattr(cfg, "num_key_heads", cfg.num_heads)
+    if num_key_heads != cfg.num_heads:  # grouped heads: q, k per key head (schema.dims_of)
+        sizes["key_head"] = num_key_heads
     attrs = {
         "deltalab_format": schema.FORMAT_VERSION, "model_config": model_config,
         "checkpoint_digest": checkpoint_digest(checkpoint), "deltalab_version": _deltalab_version(),
@@ -332,6 +363,8 @@ def capture(checkpoint: str | Path, data: str | Data, out: str | Path, *,
         "hooks": hook_list, "variables": variables, "layers": layer_list, "dtype": dtype,
         "batch_size": batch, "sizes": sizes, "data_meta": data.meta, "world_size": world,
     }
+    if "key_head" in sizes:
+        attrs["key_head_of"] = list(cfg.key_head_of)
     train_length = training_length(checkpoint)
     if train_length is not None:
         attrs["train_length"] = train_length

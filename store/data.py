@@ -4,11 +4,13 @@ Spec grammar (one string, as `deltalab capture --data` takes it):
 
     S4:length=128,samples=512,seed=0        a tasks.state_tracking task (any name get_task knows; min_length= too)
     csv:PATH  or  PATH.csv                   word-problem CSV: seed,input,target (space-separated ints)
-    text:PATH[:length=256,tokenizer=auto]    a .txt file, a folder of *.txt (sorted) or a glob; one
-                                             document per file, cut into non-overlapping windows of
-                                             `length` tokens (the last partial window is dropped);
-                                             tokenizer = auto (the checkpoint's tokenizer.json, else
-                                             bytes) | bytes | PATH/to/tokenizer.json
+    text:PATH[:length=256,tokenizer=auto]    a .txt or .jsonl file, a folder of them (sorted) or a glob;
+                                             one document per .txt file or per JSON line ({"text": ...}),
+                                             cut into non-overlapping windows of `length` tokens (the
+                                             last partial window is dropped); tokenizer = auto (the
+                                             checkpoint's tokenizer.json, else bytes; transformers models
+                                             need theirs) | bytes | PATH/to/tokenizer.json. Documents of
+                                             a transformers model are wrapped in its own begin/end ids.
 
 Token ids are int32; labels are aligned with positions (-100 = none). For text the label at t is the
 next token of the same document. `doc_start` marks the first token of each document.
@@ -26,6 +28,7 @@ import numpy as np
 
 from models import IGNORE_INDEX
 from store.errors import DataError
+from store.text_docs import TEXT_SUFFIXES, hf_separators, read_documents
 
 TEXT_DEFAULT_LENGTH = 256
 
@@ -98,7 +101,7 @@ def load_data(spec: str, checkpoint: str | Path | None = None) -> Data:
         body = spec.removeprefix("text:")
         path, _, options = body.partition(":")
         return _text(path, _parse_options(options, spec), checkpoint, spec)
-    if Path(spec).is_dir() or spec.endswith(".txt"):
+    if Path(spec).is_dir() or spec.endswith((".txt", ".jsonl")):
         return _text(spec, {}, checkpoint, spec)
     return _task(spec)
 
@@ -152,14 +155,14 @@ def _csv(path_text: str) -> Data:
 def _text_files(path_text: str, spec: str) -> list[Path]:
     path = Path(path_text).expanduser()
     if path.is_dir():
-        files = sorted(p for p in path.rglob("*.txt") if p.is_file())
+        files = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix in TEXT_SUFFIXES)
     elif path.is_file():
         files = [path]
     else:
         files = sorted(Path(p) for p in globmod.glob(str(path), recursive=True) if Path(p).is_file())
     if not files:
         raise DataError(f"data spec {spec!r}: no text files at {path} "
-                        "(pass a .txt file, a folder of .txt or a glob)")
+                        "(pass a .txt or .jsonl file, a folder of them or a glob)")
     return files
 
 
@@ -182,6 +185,11 @@ def _tokenizer(choice: str, checkpoint: str | Path | None, spec: str) -> tuple[A
     """
     if choice == "auto":
         found = Path(checkpoint) / "tokenizer.json" if checkpoint is not None else None
+        hf = hf_separators(checkpoint)
+        if hf is not None and (found is None or not found.is_file()):
+            raise DataError(f"data spec {spec!r}: {checkpoint} has no tokenizer.json, and bytes would be ids "
+                            f"meaningless to this {hf[0]} model: put the model's tokenizer.json beside config.json "
+                            "or pass tokenizer=PATH/to/tokenizer.json")
         choice = str(found) if found is not None and found.is_file() else "bytes"
     if choice == "bytes":
         return (lambda s: list(s.encode("utf-8"))), "bytes", None
@@ -220,15 +228,17 @@ def _text(path_text: str, opts: dict[str, str], checkpoint: str | Path | None, s
         raise DataError(f"data spec {spec!r}: length must be >= 1")
     files = _text_files(path_text, spec)
     encode, tok_desc, eos = _tokenizer(opts.get("tokenizer", "auto"), checkpoint, spec)
+    bos, hf = None, hf_separators(checkpoint)
+    if hf is not None:  # a transformers model: its own begin/end-of-text ids separate documents
+        _, bos, eos = hf
     ids: list[np.ndarray] = []
     starts: list[np.ndarray] = []
-    for f in files:
-        try:
-            doc = np.asarray(encode(f.read_text(encoding="utf-8")), dtype=np.int64)
-        except (OSError, UnicodeDecodeError) as err:
-            raise DataError(f"text file {f} cannot be read as UTF-8 ({err})") from None
+    for text in (doc for f in files for doc in read_documents(f)):
+        doc = np.asarray(encode(text), dtype=np.int64)
         if doc.size == 0:
             continue
+        if bos is not None:
+            doc = np.insert(doc, 0, bos)
         if eos is not None:
             doc = np.append(doc, eos)
         start = np.zeros(doc.size, dtype=bool)
@@ -251,4 +261,5 @@ def _text(path_text: str, opts: dict[str, str], checkpoint: str | Path | None, s
     return Data(canonical, stream[:cut].reshape(n, length).astype(np.int32),
                 nxt[:cut].reshape(n, length).astype(np.int32), is_start[:cut].reshape(n, length), None,
                 {"kind": "text", "files": [str(f.resolve()) for f in files], "tokenizer": tok_desc,
+                 "separators": {"bos": bos, "eos": eos},
                  "dropped_tokens": int(stream.size - cut)})

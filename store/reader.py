@@ -76,7 +76,8 @@ def _missing_chunk(path: Path, attrs: dict[str, Any], complete: np.ndarray) -> s
     return None
 
 
-def open(path: str | Path, *, complete_only: bool = True, verify: bool = True) -> Any:  # noqa: A001
+def open(path: str | Path, *, complete_only: bool = True, verify: bool = True,  # noqa: A001
+         key_heads: str = "value") -> Any:
     """Open store `path` as a lazy xarray.Dataset (dask arrays, one dask chunk per stored chunk).
 
     Coordinates: `seq` (global sequence index), `layer` (model layer index), `chunk_pos`
@@ -84,7 +85,11 @@ def open(path: str | Path, *, complete_only: bool = True, verify: bool = True) -
     Root attributes (provenance) become `ds.attrs`. With `complete_only` (default), sequences
     whose capture did not finish are dropped. `verify` checks each complete sequence's chunk
     files exist (a stat per file) and raises TruncatedStoreError otherwise.
+    Grouped heads (a `key_head` dim on disk): `key_heads="value"` (default) shows q and k per value
+    head like every other variable (lazily, see per_value_head); `"key"` shows them as stored.
     """
+    if key_heads not in ("value", "key"):
+        raise ValueError(f"key_heads={key_heads!r}: use 'value' (q, k per value head) or 'key' (as stored)")
     import xarray as xr
 
     path = Path(path)
@@ -109,11 +114,30 @@ def open(path: str | Path, *, complete_only: bool = True, verify: bool = True) -
         length = int(attrs["sizes"]["pos"])
         starts = np.arange(ds.sizes["chunk"]) * int(attrs["chunk_size"])
         coords["chunk_pos"] = ("chunk", np.minimum(starts, length))
+    if "key_head" in ds.dims:
+        coords["key_head_of"] = ("head", np.asarray(attrs["key_head_of"], dtype=np.int64))
     ds = ds.assign_coords(coords)
     ds.attrs = dict(attrs)
     if complete_only and not complete.all():
         ds = _take_seq(ds, np.flatnonzero(complete))
-    return ds
+    return per_value_head(ds) if key_heads == "value" else ds
+
+
+def per_value_head(ds: Any) -> Any:
+    """q and k of a grouped store indexed by value head (value head j reads key head `key_head_of[j]`).
+
+    Lazy: dask takes the key heads when a block is computed; nothing is copied on disk. A store
+    without a `key_head` dim is returned as it is.
+    """
+    import xarray as xr
+
+    if "key_head" not in ds.dims:
+        return ds
+    index = xr.DataArray(np.asarray(ds["key_head_of"].values, dtype=np.int64), dims="head")
+    out = ds.copy()
+    for var in [v for v in ds.data_vars if "key_head" in ds[v].dims]:
+        out[var] = ds[var].isel(key_head=index).drop_vars("key_head_of", errors="ignore")
+    return out.drop_dims("key_head", errors="ignore")
 
 
 def _take_seq(ds: Any, idx: np.ndarray) -> Any:

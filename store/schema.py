@@ -114,13 +114,14 @@ REQUIRED_ATTRS = (
     "created",  # ISO 8601 UTC
     "hooks",  # list[str], --hooks actually captured
     "variables",  # list[str], captured variable names
-    "layers",  # list[int], captured layer indices (the `layer` coordinate)
+    "layers",  # list[int], captured layer indices (the `layer` coordinate: the model's real layer numbers)
     "dtype",  # "float16" | "float32"
     "batch_size",  # chunk length along seq
     "sizes",  # {dim: length} except seq
     "segments",  # [{"data_spec": str, "start": int, "count": int}], one per capture command
 )
-"""Root attributes (JSON data only, never evaluated). Optional: `train_length`."""
+"""Root attributes (JSON data only, never evaluated). Optional: `train_length`; `key_head_of` (list[int], the
+key head each value head reads) in stores with a `key_head` dim."""
 
 
 def n_chunks(length: int, chunk_size: int = CHUNK_SIZE) -> int:
@@ -136,9 +137,22 @@ def storage_dtype(var: str, act_dtype: str) -> np.dtype:
     return np.dtype(act_dtype if spec.dtype == "act" else spec.dtype)
 
 
+KEY_HEAD_VARS = ("q", "k")
+"""Variables indexed by key head: with grouped heads (sizes has `key_head`) their `head` dim is `key_head`."""
+
+
+def dims_of(var: str, sizes: dict[str, int]) -> tuple[str, ...]:
+    """Dims of `var` in a store of these sizes: q and k use `key_head` when the model groups its heads
+    (Hk key heads < Hv value heads; value head j reads key head `key_head_of[j]`, a root attribute)."""
+    dims = VARIABLES[var].dims
+    if var in KEY_HEAD_VARS and "key_head" in sizes:
+        return tuple("key_head" if d == "head" else d for d in dims)
+    return dims
+
+
 def shape_of(var: str, sizes: dict[str, int]) -> tuple[int, ...]:
     """Full shape of `var` given dim sizes (must include `seq`)."""
-    return tuple(int(sizes[d]) for d in VARIABLES[var].dims)
+    return tuple(int(sizes[d]) for d in dims_of(var, sizes))
 
 
 def chunking(var: str, sizes: dict[str, int],
@@ -148,7 +162,7 @@ def chunking(var: str, sizes: dict[str, int],
     Along seq: `batch_size`. Per-layer arrays: shard = all layers, inner chunk = one layer.
     Every other dim is whole.
     """
-    dims = VARIABLES[var].dims if var in VARIABLES else tuple(sizes)
+    dims = dims_of(var, sizes) if var in VARIABLES else tuple(sizes)
     full = [int(sizes[d]) for d in dims]
     chunk = [max(1, batch_size) if d == "seq" else max(1, n) for d, n in zip(dims, full, strict=True)]
     if "layer" not in dims:

@@ -147,7 +147,7 @@ class StoreWriter:
             group.create_array(
                 var, shape=schema.shape_of(var, sizes), chunks=chunks, shards=shards,
                 dtype=schema.storage_dtype(var, attrs["dtype"]), fill_value=spec.fill,
-                dimension_names=spec.dims, compressors=schema.compressors_for(var),
+                dimension_names=schema.dims_of(var, sizes), compressors=schema.compressors_for(var),
                 attributes={"description": spec.doc},
             )
         group.attrs.update(attrs)

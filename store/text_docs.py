@@ -1,0 +1,62 @@
+"""Documents for text capture: .txt files (one document each) and JSON lines (one document per line), and the
+document separators of a transformers model (its own begin/end-of-text token ids, from config.json)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from store.errors import DataError
+
+TEXT_SUFFIXES = (".txt", ".jsonl")
+
+
+def read_documents(path: Path) -> list[str]:
+    """A .txt file is one document; a .jsonl file holds one per line ({"text": ...} or a JSON string)."""
+    try:
+        raw = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as err:
+        raise DataError(f"text file {path} cannot be read as UTF-8 ({err})") from None
+    if path.suffix != ".jsonl":
+        return [raw]
+    docs = []
+    for n, line in enumerate(raw.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except ValueError:
+            raise DataError(f"{path}:{n} is not JSON: write one {{\"text\": ...}} object per line") from None
+        text = obj.get("text") if isinstance(obj, dict) else obj
+        if not isinstance(text, str):
+            raise DataError(f"{path}:{n} has no \"text\" string: write one {{\"text\": ...}} object per line")
+        docs.append(text)
+    return docs
+
+
+def _first_id(value: object) -> int | None:
+    if isinstance(value, list):
+        value = value[0] if value else None
+    return int(value) if isinstance(value, int) else None
+
+
+def hf_separators(checkpoint: str | Path | None) -> tuple[str, int | None, int | None] | None:
+    """(model type, begin-of-text id, end-of-text id) of a transformers Gated DeltaNet folder, else None.
+
+    The ids are the model's own (config.json, the text config of vision-language models): documents are
+    wrapped in them as the model saw text in training.
+    """
+    if checkpoint is None or not (Path(checkpoint) / "config.json").is_file():
+        return None
+    try:
+        raw = json.loads((Path(checkpoint) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    from models.hf.families import family_of
+
+    if not isinstance(raw, dict) or family_of(str(raw.get("model_type"))) is None:
+        return None
+    text = raw.get("text_config") if isinstance(raw.get("text_config"), dict) else raw
+    bos = _first_id(text.get("bos_token_id", raw.get("bos_token_id")))
+    eos = _first_id(text.get("eos_token_id", raw.get("eos_token_id")))
+    return str(raw["model_type"]), bos, eos
