@@ -8,7 +8,7 @@ families: supported model types; loader: local folders; route + adapter: the ker
 replaced by deltalab's hooked forward; hooked: the wrapper exposing `layers.{i}`.
 """
 
-from models.hf.adapter import DeltaRuleHooks, expand_key_heads, key_head_of
+from models.hf.adapter import DeltaRuleHooks, key_head_of
 from models.hf.config import HFModelConfig
 from models.hf.families import FAMILIES, Family, family_of, supported_types
 from models.hf.hooked import HookedHFModel
@@ -21,7 +21,6 @@ __all__ = [
     "HFModelConfig",
     "HookedHFModel",
     "check_transformers",
-    "expand_key_heads",
     "family_of",
     "key_head_of",
     "load_hf_checkpoint",

@@ -20,18 +20,6 @@ _replay = DeltaProductAttention._replay
 """deltalab's hook_state replay (it reads only its arguments): edited chunk-start states restart the recurrence."""
 
 
-def expand_key_heads(q: torch.Tensor, k: torch.Tensor, num_v_heads: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Give each value head its key head: value head j reads key head j // (Hv / Hk).
-
-    The head axis is -2 (q [B,T,Hk,dk], k [B,T,n_h,Hk,dk]). The one place to change once the
-    kernels take grouped heads themselves.
-    """
-    group = num_v_heads // q.shape[-2]
-    if group == 1:
-        return q, k
-    return q.repeat_interleave(group, dim=-2), k.repeat_interleave(group, dim=-2)
-
-
 def key_head_of(num_k_heads: int, num_v_heads: int) -> list[int]:
     """Key head read by each value head (transformers' grouped value attention: consecutive groups)."""
     group = num_v_heads // num_k_heads
@@ -79,7 +67,7 @@ class DeltaRuleHooks(nn.Module):
         v = self.hook_v(value.unsqueeze(2))
         beta = self.hook_beta(beta.float().unsqueeze(2))
         g = self.hook_g(g.float())
-        q_run, k_run = expand_key_heads(q, k, self.num_v_heads)
+        q_run, k_run = q, k  # the kernels read key head j // (Hv / Hk) for value head j themselves
         v_run, scale = v.to(q_run.dtype), self.head_k_dim**-0.5
         o, _, states = delta_product_forward(q_run, k_run, v_run, beta, g, scale=scale, initial_state=initial_state)
         version = states._version  # bumped by an in-place edit (nnsight's `hook_state.output[...] = x`)
