@@ -156,7 +156,8 @@ def triton_attention(
         R0[..., :K] = carried[:, c_lo:c_hi]
         scores = torch.zeros(BH, NQ * C, N, dtype=torch.float32, device=dev)
         RC = torch.empty_like(R0)
-        _cross_kernel[(NQ, BH)](R0, Z, P, scores, RC, c_lo, N, NQ, NC, BK=BK, NH=n_h, PREC=precision)
+        _cross_kernel[(NQ, BH)](R0, Z, P, scores, RC, c_lo, N, NQ, NC, BK=BK, NH=n_h, PREC=precision,
+                                num_stages=1)  # no software pipelining: a pipelined Z/P/R tile set overflows smem
         for i in range(NQ):  # intra-chunk scores (sources up to the chunk's end, clipped to the window's stop)
             c = c_lo + i
             width = min(L, N - c * L)
