@@ -161,15 +161,43 @@ def test_cli_train_then_eval_json_and_length_curve(tmp_path):
                                  "--no-progress", "--json"])
     assert r.exit_code == 0, r.output
     assert json.loads(r.output.strip().splitlines()[-1])["step"] == 2
-    r = CliRunner().invoke(app, ["eval", str(run), "--lengths", "8,32", "--samples", "8", "--json"])
+    curves = tmp_path / "curves"
+    r = CliRunner().invoke(app, ["eval", str(run), "--lengths", "8,32", "--samples", "8", "--json",
+                                 "--out", str(curves)])
     assert r.exit_code == 0, r.output
     out = json.loads(r.output)
     assert set(out["accuracy"]) == {"8", "32"} and set(out["accuracy"]["8"]) == {"token", "sequence"}
-    curve = json.loads((run / "length_curve.json").read_text())
+    assert out["length_curve"] == str(curves / "length_curve.json")
+    curve = json.loads((curves / "length_curve.json").read_text())
     assert curve["train_length"] == 16 and len(curve["position_accuracy"]["sequence"]) == 32
-    assert (run / "length_curve.svg").read_text().startswith("<svg")
+    assert (curves / "length_curve.svg").read_text().startswith("<svg")
     r = CliRunner().invoke(app, ["eval", str(run), "--lengths", "8", "--samples", "4"])
     assert r.exit_code == 0 and "token" in r.output and "S3" in r.output
+
+
+def _snapshot(folder) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir())}
+
+
+def test_cli_eval_leaves_the_checkpoint_untouched_and_writes_only_to_out(tmp_path):
+    """`deltalab eval` of an installed model must not write into its folder; --out says where curves go."""
+    ckpt = tmp_path / "ckpt"
+    train(TrainConfig(task="S3", steps=1, **TINY), ckpt, device="cpu", progress=False)
+    before = _snapshot(ckpt)
+    r = CliRunner().invoke(app, ["eval", str(ckpt), "--lengths", "8", "--samples", "4", "--json"])
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.output)["length_curve"] is None
+    assert _snapshot(ckpt) == before
+    r = CliRunner().invoke(app, ["eval", str(ckpt), "--lengths", "8", "--samples", "4", "--out",
+                                 str(tmp_path / "new" / "curves")])
+    assert r.exit_code == 0, r.output
+    assert sorted(p.name for p in (tmp_path / "new" / "curves").iterdir()) == ["length_curve.json",
+                                                                                "length_curve.svg"]
+    assert _snapshot(ckpt) == before
+    (tmp_path / "file").write_text("")
+    r = CliRunner().invoke(app, ["eval", str(ckpt), "--lengths", "8", "--samples", "4", "--out",
+                                 str(tmp_path / "file")])
+    assert r.exit_code == 2 and r.output.startswith("error:") and "--out" in r.output
 
 
 @pytest.mark.parametrize("args,needle", [
