@@ -62,7 +62,8 @@ def train(
     as_json: bool = typer.Option(False, "--json", help="Print the final log entry as JSON."),
 ) -> None:
     """Train a DeltaProduct-family model on TASK (defaults: the DeltaProduct paper's state-tracking setup)."""
-    from train.state_tracking import TrainConfig, TrainError
+    from train.run import TrainError
+    from train.state_tracking import TrainConfig
     from train.state_tracking import train as run_training
 
     try:
@@ -76,8 +77,6 @@ def train(
             min_lr=min_lr, grad_clip=grad_clip, seed=seed, precision=precision, init_from=init_from,
             log_every=log_every,
             save_every=save_every, eval_every=eval_every, eval_samples=eval_samples, eval_lengths=lengths)
-        if time_limit is not None and time_limit <= 0:
-            raise ValueError(f"--time-limit must be > 0 seconds (got {time_limit})")
         result = run_training(cfg, out, resume=resume, device=device, progress=progress,
                               time_limit_s=time_limit)
     except (TrainError, ValueError) as err:
@@ -127,7 +126,7 @@ def evaluate(
     from tasks.state_tracking import TaskError, get_task
     from train.evaluate import evaluate as run_eval
     from train.evaluate import save_length_curve
-    from train.state_tracking import TrainError, resolve_device
+    from train.run import TrainError, resolve_device
 
     try:
         wanted = _parse_lengths(lengths)

@@ -418,7 +418,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from tasks.corpus import CorpusError
     from tasks.state_tracking import TaskError
     from train.prune import PruneError, parse_methods
-    from train.state_tracking import resolve_device
+    from train.run import resolve_device
 
     try:
         if args.threads:

@@ -15,7 +15,8 @@ from app.cli import app
 from models import load_checkpoint
 from tasks.state_tracking import IGNORE_INDEX, get_task
 from train.evaluate import accuracy, evaluate, position_curves
-from train.state_tracking import LOG_FILE, STATE_FILE, TrainConfig, TrainError, lr_lambda, model_config, train
+from train.run import LOG_FILE, STATE_FILE, TrainError, lr_lambda
+from train.state_tracking import TrainConfig, model_config, train
 
 TINY = dict(heads=2, head_dim=8, batch_size=8, train_length=16, log_every=1, eval_every=0, save_every=0)
 
