@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 from app.cli import app
 from models import load_checkpoint
 from tasks.state_tracking import IGNORE_INDEX, get_task
-from train.evaluate import accuracy, evaluate, position_curves
+from train.evaluate import accuracy, evaluate, perplexity, position_curves
 from train.run import LOG_FILE, STATE_FILE, TrainError, lr_lambda
 from train.state_tracking import TrainConfig, model_config, train
 
@@ -123,6 +123,22 @@ def test_bad_settings_are_one_line_errors(tmp_path, kwargs, needle):
         train(TrainConfig(**{"task": "S3", **TINY, **kwargs}), tmp_path, device="cpu", progress=False)
     assert "\n" not in str(err.value)
     assert not (tmp_path / STATE_FILE).exists()
+
+
+def test_perplexity_averages_labelled_positions_over_batches_and_classes():
+    task = get_task("S3")
+    torch.manual_seed(0)
+    model = load_or_build(task)
+    x, y = task.generate(8, 5, 0)
+    y[1, :3] = IGNORE_INDEX
+    logits = model(x).logits.float()[..., : task.num_classes]
+    mask = y != IGNORE_INDEX
+    nll = torch.nn.functional.cross_entropy(logits[mask], y[mask]).item()
+    acc = (logits.argmax(-1)[mask] == y[mask]).float().mean().item()
+    res = perplexity(model, x, y, batch_size=2, num_classes=task.num_classes, with_accuracy=True)
+    assert res["tokens"] == int(mask.sum()) and res["nll"] == pytest.approx(nll, rel=1e-5)
+    assert res["perplexity"] == pytest.approx(math.exp(nll), rel=1e-5) and res["accuracy"] == pytest.approx(acc)
+    assert "accuracy" not in perplexity(model, x, y)
 
 
 def test_accuracy_and_position_curves():
