@@ -8,7 +8,7 @@ from pathlib import Path
 
 import typer
 
-from app.cmd_tasks import fail
+from app.errors import fail
 
 DASHBOARD = Path(__file__).resolve().parent / "dashboard.py"
 

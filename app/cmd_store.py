@@ -8,8 +8,8 @@ from pathlib import Path
 
 import typer
 
-from app.cmd_tasks import fail
 from app.dash.derive import human_bytes
+from app.errors import fail
 
 store_app = typer.Typer(help="Inspect capture stores.", no_args_is_help=True)
 

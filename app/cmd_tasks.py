@@ -6,11 +6,7 @@ from pathlib import Path
 
 import typer
 
-
-def fail(message: str) -> None:
-    """Print a one-line error and exit with status 2."""
-    typer.echo(f"error: {message}", err=True)
-    raise typer.Exit(2)
+from app.errors import fail
 
 
 def data(

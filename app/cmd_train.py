@@ -7,7 +7,7 @@ from pathlib import Path
 
 import typer
 
-from app.cmd_tasks import fail
+from app.errors import fail
 
 TASK_HELP = "S4, A5, Z60, D8, S3xZ2, S5swaps, S5m3, parity, modarith, modarith_brackets ..."
 
@@ -62,7 +62,8 @@ def train(
     as_json: bool = typer.Option(False, "--json", help="Print the final log entry as JSON."),
 ) -> None:
     """Train a DeltaProduct-family model on TASK (defaults: the DeltaProduct paper's state-tracking setup)."""
-    from train.state_tracking import TrainConfig, TrainError
+    from train.run import TrainError
+    from train.state_tracking import TrainConfig
     from train.state_tracking import train as run_training
 
     try:
@@ -76,8 +77,6 @@ def train(
             min_lr=min_lr, grad_clip=grad_clip, seed=seed, precision=precision, init_from=init_from,
             log_every=log_every,
             save_every=save_every, eval_every=eval_every, eval_samples=eval_samples, eval_lengths=lengths)
-        if time_limit is not None and time_limit <= 0:
-            raise ValueError(f"--time-limit must be > 0 seconds (got {time_limit})")
         result = run_training(cfg, out, resume=resume, device=device, progress=progress,
                               time_limit_s=time_limit)
     except (TrainError, ValueError) as err:
@@ -112,18 +111,22 @@ def evaluate(
     batch_size: int = typer.Option(256, "--batch-size"),
     device: str = typer.Option("auto", "--device", help="auto, cpu or cuda[:N]."),
     precision: str = typer.Option("fp32", "--precision", help="fp32 or bf16."),
-    save: bool = typer.Option(True, "--save/--no-save", help="Write length_curve.json/.svg beside the "
-                                                             "checkpoint."),
+    out: Path | None = typer.Option(None, "--out", "-o", help="Folder for length_curve.json/.svg (created if "
+                                                               "needed; default: write no files)."),
     as_json: bool = typer.Option(False, "--json", help="Print results as JSON."),
 ) -> None:
-    """Token and sequence accuracy per length; saves the length-extrapolation curve beside the checkpoint."""
+    """Token and sequence accuracy per length; with --out, the length-extrapolation curve as JSON and SVG.
+
+    The checkpoint folder is only read: evaluating a bundled model must not modify the installed package.
+    """
     import torch
 
     from models import CheckpointError, load_checkpoint
+    from models.run_files import TASK_FILE, read_task_file, training_length
     from tasks.state_tracking import TaskError, get_task
     from train.evaluate import evaluate as run_eval
     from train.evaluate import save_length_curve
-    from train.state_tracking import TASK_FILE, TrainError, resolve_device
+    from train.run import TrainError, resolve_device
 
     try:
         wanted = _parse_lengths(lengths)
@@ -133,8 +136,8 @@ def evaluate(
             raise ValueError(f"unknown --precision {precision!r}: choose fp32 or bf16")
         dev = resolve_device(device)
         model = load_checkpoint(checkpoint, device=dev)
-        meta = _task_meta(checkpoint / TASK_FILE)
-        name = task or meta.get("name")
+        name = task or read_task_file(checkpoint).get("name")
+        train_length = training_length(checkpoint)
         if not name:
             raise ValueError(f"{checkpoint} has no {TASK_FILE}: pass --task (e.g. --task S4)")
         t = get_task(name)
@@ -143,38 +146,32 @@ def evaluate(
                              f"{model.config.vocab_size}: pick the task the checkpoint was trained on")
         for length in wanted:
             t.check(length, samples)
+        if out is not None:
+            try:
+                out.mkdir(parents=True, exist_ok=True)
+            except OSError as err:
+                raise ValueError(f"cannot create --out {out} ({err.strerror or err}): pick another folder") from None
         result = run_eval(model, t, list(wanted), samples, seed, batch_size, dev,
                           torch.bfloat16 if precision == "bf16" else None)
     except (CheckpointError, TaskError, TrainError, ValueError) as err:
         fail(str(err))
     curve = None
-    if save:
+    if out is not None:
         try:
-            curve = save_length_curve(checkpoint, result, meta.get("train_length"), str(checkpoint))[0]
+            curve = save_length_curve(out, result, train_length, str(checkpoint))[0]
         except OSError as err:
-            typer.echo(f"warning: could not save the length curve beside {checkpoint} ({err.strerror})",
-                       err=True)
+            fail(f"cannot write the length curve to {out} ({err.strerror or err}): pick another --out")
     if as_json:
         typer.echo(json.dumps({"accuracy": result["accuracy"], "task": result["task"],
                                "checkpoint": str(checkpoint), "samples": samples, "seed": seed,
-                               "train_length": meta.get("train_length"),
+                               "train_length": train_length,
                                "length_curve": str(curve) if curve else None}))
         return
     typer.echo(f"{result['task']} on {checkpoint}: {samples} sequences per length, seed {seed}")
     typer.echo(f"{'length':>8} {'token':>8} {'sequence':>9}")
     for length, acc in result["accuracy"].items():
-        mark = "  (train length)" if str(meta.get("train_length")) == length else ""
+        mark = "  (train length)" if str(train_length) == length else ""
         typer.echo(f"{length:>8} {acc['token']:8.4f} {acc['sequence']:9.4f}{mark}")
     if curve:
         typer.echo(f"length curve: {curve} (+ .svg)")
 
-
-def _task_meta(path: Path) -> dict:
-    """task.json written by `deltalab train` (empty if absent)."""
-    if not path.is_file():
-        return {}
-    try:
-        meta = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        raise ValueError(f"{path} is not valid JSON: fix it or pass --task") from None
-    return meta if isinstance(meta, dict) else {}

@@ -56,6 +56,9 @@ def train_lm(
     eval_every: int = typer.Option(250, "--eval-every", help="Quick held-out check period (0: never)."),
     save_every: int = typer.Option(250, "--save-every"),
     log_every: int = typer.Option(10, "--log-every"),
+    time_limit: float | None = typer.Option(None, "--time-limit",
+                                            help="Stop (and save) after this many seconds; --resume "
+                                                 "continues the same curve."),
     threads: int | None = typer.Option(None, "--threads", help="CPU threads for torch (default: torch's)."),
     device: str = typer.Option("auto", "--device", help="auto, cpu or cuda[:N]."),
     progress: bool = typer.Option(True, "--progress/--no-progress"),
@@ -79,7 +82,8 @@ def train_lm(
         save_every=save_every, log_every=log_every)
     command = "deltalab " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if len(sys.argv) > 1 else None
     try:
-        result = run(cfg, out, resume=resume, device=device, progress=progress, command=command)
+        result = run(cfg, out, resume=resume, device=device, progress=progress, time_limit_s=time_limit,
+                     command=command)
     except (LMTrainError, ValueError) as err:
         fail(str(err))
     if as_json:

@@ -1,14 +1,18 @@
 """What training leaves beside a checkpoint's weights: task.json, train_config.json and the training length.
 
 One reader for all of them, so the trainers, capture, probes and the dashboard agree on where the
-training length comes from.
+training length comes from; and the two helpers every results file written beside a checkpoint needs
+(`clean_json`, `deltalab_version`), here because both train/ and probes/ may import models/.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 TASK_FILE = "task.json"
 """Written by the task trainer: the task's spec, `train_length` and the step it was saved at."""
@@ -60,3 +64,33 @@ def training_length(checkpoint: str | Path) -> int | None:
             if isinstance(value, int) and not isinstance(value, bool) and value > 0:
                 return value
     return None
+
+
+def clean_json(obj: Any) -> Any:
+    """numpy scalars/arrays -> Python, NaN/inf -> None, tuples -> lists: plain JSON data."""
+    if isinstance(obj, dict):
+        return {str(k): clean_json(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [clean_json(v) for v in obj]
+    if isinstance(obj, np.ndarray):
+        return clean_json(obj.tolist())
+    if isinstance(obj, (np.bool_, bool)):
+        return bool(obj)
+    if isinstance(obj, (np.integer,)):
+        return int(obj)
+    if isinstance(obj, (np.floating, float)):
+        value = float(obj)
+        return value if math.isfinite(value) else None
+    if isinstance(obj, complex | np.complexfloating):
+        return [clean_json(obj.real), clean_json(obj.imag)]
+    return obj
+
+
+def deltalab_version() -> str:
+    """Installed distribution version (or 'unknown' when run from a bare checkout), for provenance."""
+    try:
+        from importlib.metadata import version
+
+        return version("deltalab")
+    except Exception:  # noqa: BLE001 - metadata may be absent in a bare checkout
+        return "unknown"

@@ -22,7 +22,7 @@ for section in "$@"; do
       DELTALAB_KERNEL=torch $DL train S4 --out /tmp/s4-256 --init-from /tmp/s4-128 --device cuda \
         --batch-size 256 --train-length 256 --steps 1500 --lr 1e-4 --warmup-steps 50 --log-every 100 --eval-every 0 \
         --save-every 0 --time-limit 150 2>&1 | tail -3 | tee "$OUT/s4-256.log"
-      $DL eval /tmp/s4-256 --task S4 --lengths 128,512 --samples 1000 --json | tee "$OUT/s4-eval.json"
+      $DL eval /tmp/s4-256 --task S4 --lengths 128,512 --samples 1000 --out /tmp/s4-256 --json | tee "$OUT/s4-eval.json"
       (cd /tmp/s4-256 && tar cf "$OUT/s4-256.tar" config.json model.safetensors train_log.jsonl task.json \
         train_config.json length_curve.json) ;;
     tests)

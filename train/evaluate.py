@@ -1,4 +1,5 @@
-"""Token and sequence accuracy of a model on a task, per length and per position (length extrapolation)."""
+"""Measuring a model: held-out perplexity (language models, pruned checkpoints), and token and sequence
+accuracy on a task per length and per position (length extrapolation), with the length-curve files."""
 
 from __future__ import annotations
 
@@ -10,8 +11,10 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
-from tasks.state_tracking import IGNORE_INDEX, Task
+from models.lm import IGNORE_INDEX
+from tasks.state_tracking import Task
 
 EVAL_STREAM = 3  # SeedSequence branch for evaluation data (training draws from 0, fixed sets from 1, 2)
 
@@ -21,6 +24,42 @@ def eval_batch(task: Task, length: int, samples: int, seed: int) -> tuple[torch.
     task.check(length, samples)
     x, y = task.sample(np.random.default_rng([seed, EVAL_STREAM, length]), length, samples)
     return torch.from_numpy(x), torch.from_numpy(y)
+
+
+@torch.no_grad()
+def perplexity(model: torch.nn.Module, inputs: np.ndarray | torch.Tensor, labels: np.ndarray | torch.Tensor,
+               batch_size: int = 32, device: torch.device | str = "cpu", autocast_dtype: torch.dtype | None = None,
+               num_classes: int | None = None, with_accuracy: bool = False) -> dict[str, float]:
+    """exp(mean next-token NLL) over the labelled positions; also nll (nats), bits per token and tokens.
+
+    `num_classes` restricts the logits to a task's label classes; `with_accuracy` adds the token accuracy
+    (argmax over those logits). The model is put in eval mode for the call and restored after.
+    """
+    device = torch.device(device)
+    inputs, labels = torch.as_tensor(inputs), torch.as_tensor(labels)
+    total, count, correct = 0.0, 0, 0
+    was_training = model.training
+    model.eval()
+    try:
+        for i in range(0, len(inputs), batch_size):
+            x, y = inputs[i: i + batch_size].to(device), labels[i: i + batch_size].to(device)
+            with torch.autocast(device.type, dtype=autocast_dtype or torch.float32,
+                                enabled=autocast_dtype is not None):
+                logits = model(x).logits
+            logits = logits.float() if num_classes is None else logits.float()[..., :num_classes]
+            total += float(F.cross_entropy(logits.flatten(0, 1), y.flatten(), ignore_index=IGNORE_INDEX,
+                                           reduction="sum"))
+            mask = y != IGNORE_INDEX
+            count += int(mask.sum())
+            if with_accuracy:
+                correct += int(((logits.argmax(-1) == y) & mask).sum())
+    finally:
+        model.train(was_training)
+    mean = total / max(count, 1)
+    out = {"nll": mean, "perplexity": math.exp(mean), "bits_per_token": mean / math.log(2), "tokens": count}
+    if with_accuracy:
+        out["accuracy"] = correct / max(count, 1)
+    return out
 
 
 @torch.no_grad()

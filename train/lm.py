@@ -13,20 +13,15 @@ perplexity), README.md (a model card with the command) and trainer_state.pt (res
 
 from __future__ import annotations
 
-import json
-import math
 import os
 import platform
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
-from models.checkpoint import save_checkpoint
 from models.config import ConfigError, ModelConfig
 from models.lm import DeltaProductForCausalLM
 from tasks.corpus import (
@@ -39,17 +34,8 @@ from tasks.corpus import (
     random_windows,
     write_tokenizer,
 )
-from train.state_tracking import (
-    CONFIG_FILE,
-    LOG_FILE,
-    STATE_FILE,
-    RunConfig,
-    TrainError,
-    lr_lambda,
-    resolve_device,
-    truncate_log,
-    write_json,
-)
+from train.evaluate import perplexity
+from train.run import Run, RunConfig, Trainer, TrainError, execute, open_run, write_json
 
 EVAL_FILE = "eval.json"
 CARD_FILE = "README.md"
@@ -121,28 +107,6 @@ def model_config(cfg: LMTrainConfig) -> ModelConfig:
         raise LMTrainError(str(err)) from None
 
 
-@torch.no_grad()
-def perplexity(model: torch.nn.Module, inputs: np.ndarray | torch.Tensor, labels: np.ndarray | torch.Tensor,
-               batch_size: int = 32, device: torch.device | str = "cpu",
-               autocast_dtype: torch.dtype | None = None) -> dict[str, float]:
-    """exp(mean next-token NLL) over all labelled positions; also nll (nats) and bits per token."""
-    device = torch.device(device)
-    inputs, labels = torch.as_tensor(inputs), torch.as_tensor(labels)
-    total, count = 0.0, 0
-    was_training = model.training
-    model.eval()
-    for i in range(0, len(inputs), batch_size):
-        x, y = inputs[i: i + batch_size].to(device), labels[i: i + batch_size].to(device)
-        with torch.autocast(device.type, dtype=autocast_dtype or torch.float32, enabled=autocast_dtype is not None):
-            logits = model(x).logits
-        nll = F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), ignore_index=-100, reduction="sum")
-        total += float(nll)
-        count += int((y != -100).sum())
-    model.train(was_training)
-    mean = total / max(count, 1)
-    return {"nll": mean, "perplexity": math.exp(mean), "bits_per_token": mean / math.log(2), "tokens": count}
-
-
 @dataclass
 class LMTrainResult:
     out: Path
@@ -196,137 +160,90 @@ over {result['tokens']:,} held-out tokens ({cfg.eval_windows} windows of {cfg.co
 """
 
 
-def train_lm(cfg: LMTrainConfig, out: str | os.PathLike, *, resume: bool = False, device: str = "auto",
-             progress: bool = True, stop_after: int | None = None, command: str | None = None,
-             on_log: Callable[[dict], None] | None = None) -> LMTrainResult:
-    """Run (or resume) training into `out`; returns where it stopped (and the final eval when finished)."""
-    out = Path(out)
-    saved = None
-    if resume:
-        path = out / STATE_FILE
-        if not path.is_file():
-            raise LMTrainError(f"{out} has no {STATE_FILE} to resume: drop --resume to start a new run there")
+class LMTrainer(Trainer):
+    """A byte-level LM run: random training windows, held-out perplexity, tokenizer/data/eval files and card."""
+
+    error = LMTrainError
+    sums = 2  # loss, steps
+
+    def __init__(self, cfg: LMTrainConfig, command: str | None) -> None:
+        cfg.validate()
+        self.cfg, self.command, self.desc = cfg, command, f"train lm {cfg.model_type}"
+        self.final: dict | None = None
+
+    def prepare(self, run: Run, saved: dict | None) -> None:
+        cfg = self.cfg
         try:
-            saved = torch.load(path, map_location="cpu", weights_only=True)
-        except Exception as err:  # noqa: BLE001 - any failure means the state cannot be trusted
-            raise LMTrainError(f"{path} cannot be read safely ({type(err).__name__}): start a new run") from None
-        cfg = LMTrainConfig.from_dict(saved["config"])
-    elif (out / STATE_FILE).exists():
-        raise LMTrainError(f"{out} already holds a training run: pass --resume to continue it or pick another --out")
-    cfg.validate()
-    dev = resolve_device(device)
-    if cfg.precision == "tf32" and dev.type == "cuda":
-        torch.backends.cuda.matmul.allow_tf32 = True
-    autocast_dtype = torch.bfloat16 if cfg.precision == "bf16" else None
-    try:
-        corpus = load_corpus(cfg.corpus_root, cfg.eval_fraction)
-    except CorpusError as err:
-        raise LMTrainError(str(err)) from None
-    if saved is not None and saved.get("data_digest") not in (None, corpus.spec["digest"]):
-        raise LMTrainError(f"the corpus at {corpus.spec['root']} differs from the one this run started on "
-                           "(digest mismatch): resume on the same machine/Python or start a new run")
-    mcfg = model_config(cfg)
-    torch.manual_seed(cfg.seed)
-    model = DeltaProductForCausalLM(mcfg).to(dev)
-    decay = [p for p in model.parameters() if p.ndim >= 2]
-    no_decay = [p for p in model.parameters() if p.ndim < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
-                             {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr, betas=cfg.betas)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(cfg))
-    step = 0
-    out.mkdir(parents=True, exist_ok=True)
-    log_path = out / LOG_FILE
-    elapsed0 = 0.0
+            self.corpus = load_corpus(cfg.corpus_root, cfg.eval_fraction)
+        except CorpusError as err:
+            raise LMTrainError(str(err)) from None
+        if saved is not None and saved.get("data_digest") not in (None, self.corpus.spec["digest"]):
+            raise LMTrainError(f"the corpus at {self.corpus.spec['root']} differs from the one this run started "
+                               "on (digest mismatch): resume on the same machine/Python or start a new run")
+
+    def build_model(self, fresh: bool) -> DeltaProductForCausalLM:
+        self.mcfg = model_config(self.cfg)
+        return DeltaProductForCausalLM(self.mcfg)
+
+    def start(self, run: Run) -> None:
+        write_json(run.out / DATA_FILE, {**self.corpus.spec, "context_length": self.cfg.context_length})
+        write_tokenizer(run.out)
+        self.held_x, self.held_y = eval_windows(self.corpus.eval, self.cfg.context_length, self.cfg.eval_windows)
+
+    def loss(self, run: Run, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        cfg = self.cfg
+        x, y = random_windows(self.corpus.train, cfg.batch_size, cfg.context_length,
+                              np.random.default_rng([cfg.seed, step]))
+        x, y = torch.from_numpy(x).to(run.dev), torch.from_numpy(y).to(run.dev)
+        with run.autocast():
+            loss = run.model(x, labels=y).loss
+        one = torch.ones((), dtype=torch.float64, device=run.dev)
+        return loss, torch.stack([loss.detach().double(), one])
+
+    def evaluate(self, run: Run, step: int) -> dict | None:
+        """A quick check on a quarter of the held-out windows; the last step gets the full one in `finish`."""
+        if step == self.cfg.steps:
+            return None
+        quarter = max(1, len(self.held_x) // 4)
+        res = perplexity(run.model, self.held_x[:quarter], self.held_y[:quarter], device=run.dev,
+                         autocast_dtype=run.autocast_dtype)
+        return {"step": step, "split": "eval", **res}
+
+    def state(self) -> dict:
+        return {"data_digest": self.corpus.spec["digest"]}
+
+    def finish(self, run: Run) -> None:
+        """Held-out perplexity over every eval window: eval.json, a log line and the model card."""
+        cfg, dev = self.cfg, run.dev
+        final = perplexity(run.model, self.held_x, self.held_y, device=dev, autocast_dtype=run.autocast_dtype)
+        self.final = {**final, "windows": int(len(self.held_x)), "context_length": cfg.context_length,
+                      "step": run.step}
+        write_json(run.out / EVAL_FILE, self.final)
+        run.log({"step": run.step, "split": "eval", **self.final})
+        n_params = sum(p.numel() for p in run.model.parameters())
+        where = (f"{dev.type} ({platform.processor() or platform.machine()})" if dev.type == "cpu"
+                 else torch.cuda.get_device_name(dev))
+        card = model_card(run.out.name, cfg, self.mcfg, n_params, self.final, self.corpus.spec, self.command,
+                          run.elapsed(), where)
+        (run.out / CARD_FILE).write_text(card)
+
+
+def train_lm(cfg: LMTrainConfig, out: str | os.PathLike, *, resume: bool = False, device: str = "auto",
+             progress: bool = True, stop_after: int | None = None, time_limit_s: float | None = None,
+             command: str | None = None, on_log: Callable[[dict], None] | None = None) -> LMTrainResult:
+    """Run (or resume) training into `out`; returns where it stopped (and the final eval when finished).
+
+    `stop_after` (steps) and `time_limit_s` (wall clock) end this call early as if interrupted; the state
+    is saved, and `resume=True` continues the identical curve.
+    """
+    out = Path(out)
+    saved = open_run(out, resume, time_limit_s, LMTrainError)
     if saved is not None:
-        model.load_state_dict(saved["model"])
-        opt.load_state_dict(saved["optimizer"])
-        sched.load_state_dict(saved["scheduler"])
-        step, elapsed0 = int(saved["step"]), float(saved.get("elapsed_s", 0.0))
-        truncate_log(log_path, step)
-    else:
-        log_path.write_text("")
-        write_json(out / CONFIG_FILE, cfg.to_dict())
-    write_json(out / DATA_FILE, {**corpus.spec, "context_length": cfg.context_length})
-    write_tokenizer(out)
-    held_x, held_y = eval_windows(corpus.eval, cfg.context_length, cfg.eval_windows)
-    t0 = time.perf_counter()
-
-    def elapsed() -> float:
-        return elapsed0 + time.perf_counter() - t0
-
-    def save(at: int) -> None:
-        save_checkpoint(model, out)
-        state = {"version": 1, "step": at, "config": cfg.to_dict(), "model": model.state_dict(),
-                 "optimizer": opt.state_dict(), "scheduler": sched.state_dict(), "elapsed_s": elapsed(),
-                 "data_digest": corpus.spec["digest"]}
-        tmp = out / (STATE_FILE + ".tmp")
-        torch.save(state, tmp)
-        os.replace(tmp, out / STATE_FILE)
-
-    end = cfg.steps if stop_after is None else min(cfg.steps, step + stop_after)
-    bar = None
-    if progress:
-        from tqdm.auto import tqdm
-
-        bar = tqdm(total=cfg.steps, initial=step, desc=f"train lm {cfg.model_type}", unit="step", dynamic_ncols=True)
-    window, last, saved_at = [0.0, 0], {}, step
-    model.train()
-    with open(log_path, "a") as log:
-        while step < end:
-            x, y = random_windows(corpus.train, cfg.batch_size, cfg.context_length,
-                                  np.random.default_rng([cfg.seed, step]))
-            x, y = torch.from_numpy(x).to(dev), torch.from_numpy(y).to(dev)
-            with torch.autocast(dev.type, dtype=autocast_dtype or torch.float32, enabled=autocast_dtype is not None):
-                loss = model(x, labels=y).loss
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            if cfg.grad_clip:
-                torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-            opt.step()
-            sched.step()
-            step += 1
-            window[0] += float(loss.detach())
-            window[1] += 1
-            if step % cfg.log_every == 0 or step == end:
-                last = {"step": step, "split": "train", "loss": window[0] / window[1],
-                        "lr": sched.get_last_lr()[0], "elapsed_s": round(elapsed(), 2)}
-                window = [0.0, 0]
-                log.write(json.dumps(last) + "\n")
-                log.flush()
-                if on_log:
-                    on_log(last)
-                if bar is not None:
-                    bar.set_postfix(loss=f"{last['loss']:.4f}")
-            if cfg.eval_every and step % cfg.eval_every == 0 and step != cfg.steps:
-                res = perplexity(model, held_x[: max(1, len(held_x) // 4)], held_y[: max(1, len(held_y) // 4)],
-                                 device=dev, autocast_dtype=autocast_dtype)
-                entry = {"step": step, "split": "eval", **res}
-                log.write(json.dumps(entry) + "\n")
-                log.flush()
-                if on_log:
-                    on_log(entry)
-            if cfg.save_every and step % cfg.save_every == 0:
-                save(step)
-                saved_at = step
-            if bar is not None:
-                bar.update(1)
-    if bar is not None:
-        bar.close()
-    if saved_at != step:
-        save(step)
-    final = None
-    if step >= cfg.steps:
-        final = perplexity(model, held_x, held_y, device=dev, autocast_dtype=autocast_dtype)
-        final = {**final, "windows": int(len(held_x)), "context_length": cfg.context_length, "step": step}
-        write_json(out / EVAL_FILE, final)
-        with open(log_path, "a") as log:
-            log.write(json.dumps({"step": step, "split": "eval", **final}) + "\n")
-        n_params = sum(p.numel() for p in model.parameters())
-        card = model_card(out.name, cfg, mcfg, n_params, final, corpus.spec, command, elapsed(),
-                          f"{dev.type} ({platform.processor() or platform.machine()})" if dev.type == "cpu"
-                          else torch.cuda.get_device_name(dev))
-        (out / CARD_FILE).write_text(card)
-    return LMTrainResult(out, step, step >= cfg.steps, last, final)
+        cfg = LMTrainConfig.from_dict(saved["config"])
+    trainer = LMTrainer(cfg, command)
+    res = execute(trainer, out, saved, device=device, progress=progress, stop_after=stop_after,
+                  time_limit_s=time_limit_s, on_log=on_log)
+    return LMTrainResult(res.out, res.step, res.finished, res.last, trainer.final)
 
 
-__all__ = ["EOS_ID", "LMTrainConfig", "LMTrainError", "LMTrainResult", "model_config", "perplexity", "train_lm"]
+__all__ = ["EOS_ID", "LMTrainConfig", "LMTrainError", "LMTrainResult", "model_config", "train_lm"]

@@ -41,7 +41,7 @@ import torch.nn.functional as F
 
 from kernels.naive import l2_normalize
 from models.config import ModelConfig
-from models.lm import DeltaProductForCausalLM
+from models.lm import IGNORE_INDEX, DeltaProductForCausalLM
 
 METHODS = ("l1", "random", "wanda", "grad", "drrqr", "pca")
 NEEDS_DATA = {"wanda", "grad", "drrqr", "pca"}
@@ -194,7 +194,7 @@ def gradient_scores(model: DeltaProductForCausalLM, inputs: torch.Tensor, labels
                 logits = model(x).logits
                 if num_classes is not None:
                     logits = logits[..., :num_classes]
-                F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), ignore_index=-100).backward()
+                F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), ignore_index=IGNORE_INDEX).backward()
         out = []
         for b, (wq, wk) in zip(model.layers, targets):
             a = b.attn

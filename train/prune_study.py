@@ -31,14 +31,15 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
+from models.run_files import TASK_FILE, clean_json, deltalab_version, read_task_file, training_length
 from store.cliparse import OneLineParser
+from tasks.corpus import DATA_FILE, TOKENIZER_FILE, load_corpus, random_windows
+from tasks.corpus import eval_windows as held_windows
+from train.evaluate import perplexity
 
 NAME = "prune"
 DEFAULT_COMPRESSIONS = (0.0, 0.3, 0.4, 0.5, 0.75)
-TABLE_KEYS = ["method", "compression", "head_dim_kept", "perplexity", "perplexity_change", "accuracy",
-              "rank_utilisation", "stable_rank", "tokens_per_s", "mixer_speedup"]
 
 
 class StudyError(ValueError):
@@ -60,9 +61,6 @@ class StudyData:
 def lm_data(checkpoint: Path, context_length: int | None, calib_windows: int, eval_windows: int,
             seed: int) -> StudyData:
     """Windows of the corpus named in data.json beside the checkpoint (default: this Python's stdlib)."""
-    from tasks.corpus import DATA_FILE, load_corpus, random_windows
-    from tasks.corpus import eval_windows as held_windows
-
     spec: dict[str, Any] = {}
     path = checkpoint / DATA_FILE
     if path.is_file():
@@ -90,15 +88,11 @@ def task_data(checkpoint: Path, task_name: str | None, length: int | None, calib
     from tasks.state_tracking import get_task
     from train.evaluate import eval_batch
 
-    meta: dict[str, Any] = {}
-    path = checkpoint / "task.json"
-    if path.is_file():
-        meta = json.loads(path.read_text())
-    name = task_name or meta.get("name")
+    name = task_name or read_task_file(checkpoint).get("name")
     if not name:
-        raise StudyError(f"{checkpoint} has no task.json: pass --task NAME")
+        raise StudyError(f"{checkpoint} has no {TASK_FILE}: pass --task NAME")
     task = get_task(name)
-    length = length or int(meta.get("train_length") or 128)
+    length = length or training_length(checkpoint) or 128
     task.check(length, max(calib_samples, eval_samples))
     cx, cy = task.sample(np.random.default_rng([seed, 5, length]), length, calib_samples)
     ex, ey = eval_batch(task, length, eval_samples, seed)
@@ -109,22 +103,13 @@ def task_data(checkpoint: Path, task_name: str | None, length: int | None, calib
 
 # --- measurements ---------------------------------------------------------------------------------
 
-@torch.no_grad()
 def evaluate(model: torch.nn.Module, data: StudyData, batch_size: int, device: torch.device) -> dict[str, Any]:
     """Perplexity (over the label classes for tasks) and, for tasks, token accuracy."""
-    nll, n, correct = 0.0, 0, 0
-    for i in range(0, len(data.eval_x), batch_size):
-        x, y = data.eval_x[i: i + batch_size].to(device), data.eval_y[i: i + batch_size].to(device)
-        logits = model(x).logits.float()
-        if data.num_classes is not None:
-            logits = logits[..., : data.num_classes]
-        nll += float(F.cross_entropy(logits.flatten(0, 1), y.flatten(), ignore_index=-100, reduction="sum"))
-        mask = y != -100
-        n += int(mask.sum())
-        correct += int(((logits.argmax(-1) == y) & mask).sum())
-    mean = nll / max(n, 1)
-    return {"nll": mean, "perplexity": math.exp(mean), "eval_tokens": n,
-            "accuracy": correct / max(n, 1) if data.num_classes is not None else None}
+    task = data.num_classes is not None
+    res = perplexity(model, data.eval_x, data.eval_y, batch_size, device, num_classes=data.num_classes,
+                     with_accuracy=task)
+    return {"nll": res["nll"], "perplexity": res["perplexity"], "eval_tokens": res["tokens"],
+            "accuracy": res["accuracy"] if task else None}
 
 
 @torch.no_grad()
@@ -296,7 +281,7 @@ def _copy_beside(source: Path | None, folder: Path) -> None:
     """tokenizer.json, data.json and task.json travel with a pruned checkpoint."""
     if source is None:
         return
-    for name in ("tokenizer.json", "data.json", "task.json"):
+    for name in (TOKENIZER_FILE, DATA_FILE, TASK_FILE):
         if (source / name).is_file():
             (folder / name).write_bytes((source / name).read_bytes())
 
@@ -349,19 +334,6 @@ def markdown(records: list[dict[str, Any]]) -> str:
 
 def _f(v, spec: str) -> str:
     return "" if v is None else format(v, spec)
-
-
-def clean(obj: Any) -> Any:
-    """Plain JSON: numpy scalars to Python, NaN/inf to None."""
-    if isinstance(obj, dict):
-        return {str(k): clean(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [clean(v) for v in obj]
-    if isinstance(obj, (np.integer,)):
-        return int(obj)
-    if isinstance(obj, (float, np.floating)):
-        return float(obj) if math.isfinite(obj) else None
-    return obj
 
 
 # --- command line ---------------------------------------------------------------------------------
@@ -418,7 +390,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from tasks.corpus import CorpusError
     from tasks.state_tracking import TaskError
     from train.prune import PruneError, parse_methods
-    from train.state_tracking import resolve_device
+    from train.run import resolve_device
 
     try:
         if args.threads:
@@ -433,7 +405,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         ckpt = Path(args.checkpoint)
         model = load_checkpoint(ckpt, device=device)
         torch.manual_seed(args.seed)
-        if args.task or (ckpt / "task.json").is_file():
+        if args.task or (ckpt / TASK_FILE).is_file():
             data = task_data(ckpt, args.task, args.length, args.calib_windows, args.eval_windows, args.seed)
         else:
             data = lm_data(ckpt, args.context_length, args.calib_windows, args.eval_windows, args.seed)
@@ -449,14 +421,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         msg = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         print(f"error: {msg}", file=sys.stderr)
         return 2
-    records = clean(records)
+    records = clean_json(records)
     if args.out:
-        from probes.base import deltalab_version
-
         doc = {"command": "deltalab prune " + " ".join(shlex.quote(a) for a in argv),
                "checkpoint": str(args.checkpoint), "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                "deltalab_version": deltalab_version(), "torch": torch.__version__, "device": str(device),
-               "data": clean(data.spec), "settings": clean(vars(settings)), "records": records}
+               "data": clean_json(data.spec), "settings": clean_json(vars(settings)), "records": records}
         out = Path(args.out)
         out.parent.mkdir(parents=True, exist_ok=True)
         tmp = out.with_name(out.name + ".tmp")

@@ -33,3 +33,15 @@ def test_task_file_absent_empty_and_corrupt_is_one_line(tmp_path):
     (tmp_path / "task.json").write_text("{oops")
     with pytest.raises(RunFileError, match="not valid JSON: restore it or delete it"):
         read_task_file(tmp_path)
+
+
+def test_clean_json_gives_plain_json_data():
+    import math
+
+    import numpy as np
+
+    from models.run_files import clean_json
+
+    raw = {1: (np.float32(0.5), np.int64(3), np.bool_(True)), "x": [math.nan, -math.inf, np.arange(2)], "z": 1 + 2j}
+    assert clean_json(raw) == {"1": [0.5, 3, True], "x": [None, None, [0, 1]], "z": [1.0, 2.0]}
+    assert json.loads(json.dumps(clean_json(raw), allow_nan=False)) == clean_json(raw)

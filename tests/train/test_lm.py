@@ -27,20 +27,6 @@ from train.lm import LMTrainConfig, LMTrainError, train_lm
 SAMPLE = "def f(x):\n    return 'héllo ∑ 日本' + \"\\t\" \x00\x7f\r\n"
 
 
-@pytest.fixture
-def corpus_root(tmp_path):
-    """A fake standard library: 12 modules, plus an installed package and a cache that must be skipped."""
-    root = tmp_path / "lib"
-    for i in range(12):
-        path = root / ("pkg" if i % 3 == 0 else "") / f"mod{i}.py"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(f"# module {i}\n" + f"def f(x):\n    return x * {i}\n" * (20 + i))
-    for skipped in ("site-packages/extra.py", "__pycache__/mod1.py"):
-        (root / skipped).parent.mkdir(parents=True, exist_ok=True)
-        (root / skipped).write_text("SKIP = 1\n")
-    return root
-
-
 def test_tokenizer_json_encodes_exactly_the_bytes(tmp_path):
     tokenizers = pytest.importorskip("tokenizers")
     tok = tokenizers.Tokenizer.from_file(str(write_tokenizer(tmp_path)))

@@ -14,8 +14,9 @@ from typer.testing import CliRunner
 from app.cli import app
 from models import load_checkpoint
 from tasks.state_tracking import IGNORE_INDEX, get_task
-from train.evaluate import accuracy, evaluate, position_curves
-from train.state_tracking import LOG_FILE, STATE_FILE, TrainConfig, TrainError, lr_lambda, model_config, train
+from train.evaluate import accuracy, evaluate, perplexity, position_curves
+from train.run import LOG_FILE, STATE_FILE, TrainError, lr_lambda
+from train.state_tracking import TrainConfig, model_config, train
 
 TINY = dict(heads=2, head_dim=8, batch_size=8, train_length=16, log_every=1, eval_every=0, save_every=0)
 
@@ -124,6 +125,22 @@ def test_bad_settings_are_one_line_errors(tmp_path, kwargs, needle):
     assert not (tmp_path / STATE_FILE).exists()
 
 
+def test_perplexity_averages_labelled_positions_over_batches_and_classes():
+    task = get_task("S3")
+    torch.manual_seed(0)
+    model = load_or_build(task)
+    x, y = task.generate(8, 5, 0)
+    y[1, :3] = IGNORE_INDEX
+    logits = model(x).logits.float()[..., : task.num_classes]
+    mask = y != IGNORE_INDEX
+    nll = torch.nn.functional.cross_entropy(logits[mask], y[mask]).item()
+    acc = (logits.argmax(-1)[mask] == y[mask]).float().mean().item()
+    res = perplexity(model, x, y, batch_size=2, num_classes=task.num_classes, with_accuracy=True)
+    assert res["tokens"] == int(mask.sum()) and res["nll"] == pytest.approx(nll, rel=1e-5)
+    assert res["perplexity"] == pytest.approx(math.exp(nll), rel=1e-5) and res["accuracy"] == pytest.approx(acc)
+    assert "accuracy" not in perplexity(model, x, y)
+
+
 def test_accuracy_and_position_curves():
     labels = torch.tensor([[1, 2, 3, 4], [1, 2, 3, IGNORE_INDEX]])
     pred = torch.tensor([[1, 2, 0, 4], [1, 2, 3, 0]])
@@ -161,15 +178,43 @@ def test_cli_train_then_eval_json_and_length_curve(tmp_path):
                                  "--no-progress", "--json"])
     assert r.exit_code == 0, r.output
     assert json.loads(r.output.strip().splitlines()[-1])["step"] == 2
-    r = CliRunner().invoke(app, ["eval", str(run), "--lengths", "8,32", "--samples", "8", "--json"])
+    curves = tmp_path / "curves"
+    r = CliRunner().invoke(app, ["eval", str(run), "--lengths", "8,32", "--samples", "8", "--json",
+                                 "--out", str(curves)])
     assert r.exit_code == 0, r.output
     out = json.loads(r.output)
     assert set(out["accuracy"]) == {"8", "32"} and set(out["accuracy"]["8"]) == {"token", "sequence"}
-    curve = json.loads((run / "length_curve.json").read_text())
+    assert out["length_curve"] == str(curves / "length_curve.json")
+    curve = json.loads((curves / "length_curve.json").read_text())
     assert curve["train_length"] == 16 and len(curve["position_accuracy"]["sequence"]) == 32
-    assert (run / "length_curve.svg").read_text().startswith("<svg")
+    assert (curves / "length_curve.svg").read_text().startswith("<svg")
     r = CliRunner().invoke(app, ["eval", str(run), "--lengths", "8", "--samples", "4"])
     assert r.exit_code == 0 and "token" in r.output and "S3" in r.output
+
+
+def _snapshot(folder) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir())}
+
+
+def test_cli_eval_leaves_the_checkpoint_untouched_and_writes_only_to_out(tmp_path):
+    """`deltalab eval` of an installed model must not write into its folder; --out says where curves go."""
+    ckpt = tmp_path / "ckpt"
+    train(TrainConfig(task="S3", steps=1, **TINY), ckpt, device="cpu", progress=False)
+    before = _snapshot(ckpt)
+    r = CliRunner().invoke(app, ["eval", str(ckpt), "--lengths", "8", "--samples", "4", "--json"])
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.output)["length_curve"] is None
+    assert _snapshot(ckpt) == before
+    r = CliRunner().invoke(app, ["eval", str(ckpt), "--lengths", "8", "--samples", "4", "--out",
+                                 str(tmp_path / "new" / "curves")])
+    assert r.exit_code == 0, r.output
+    assert sorted(p.name for p in (tmp_path / "new" / "curves").iterdir()) == ["length_curve.json",
+                                                                                "length_curve.svg"]
+    assert _snapshot(ckpt) == before
+    (tmp_path / "file").write_text("")
+    r = CliRunner().invoke(app, ["eval", str(ckpt), "--lengths", "8", "--samples", "4", "--out",
+                                 str(tmp_path / "file")])
+    assert r.exit_code == 2 and r.output.startswith("error:") and "--out" in r.output
 
 
 @pytest.mark.parametrize("args,needle", [
