@@ -25,18 +25,19 @@ ZOO = Path(__file__).resolve().parents[1] / "models" / "zoo"
 
 def store_attrs(checkpoint: Path, tokens: int) -> dict:
     """The attributes a default capture of `checkpoint` would record (the Input page copies its store's)."""
+    from kernels.constants import CHUNK_SIZE
     from models import ModelConfig
+    from models.run_files import read_task_file
     from store import schema
     from store.capture import checkpoint_digest
 
     cfg = ModelConfig.from_dict(json.loads((checkpoint / "config.json").read_text()))
-    task_file = checkpoint / "task.json"
-    meta = ({"kind": "task", "task": json.loads(task_file.read_text())} if task_file.is_file()
-            else {"kind": "text", "tokenizer": "tokenizer.json"})
+    task = read_task_file(checkpoint)
+    meta = {"kind": "task", "task": task} if task else {"kind": "text", "tokenizer": "tokenizer.json"}
     if meta["kind"] == "task":
         meta["task"] = {"name": meta["task"].get("task") or meta["task"].get("name")}
     return {"model_config": cfg.to_dict(), "checkpoint_digest": checkpoint_digest(checkpoint),
-            "layers": list(range(cfg.num_hidden_layers)), "chunk_size": schema.CHUNK_SIZE,
+            "layers": list(range(cfg.num_hidden_layers)), "chunk_size": CHUNK_SIZE,
             "variables": schema.variables_for(schema.DEFAULT_HOOKS, gated=cfg.use_forget_gate),
             "data_meta": meta, "data_spec": "bench" if meta["kind"] == "task" else "text:bench",
             "command_line": ["deltalab", "capture", str(checkpoint)], "sizes": {"pos": tokens}}

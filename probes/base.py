@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import re
 import sys
 from collections.abc import Callable, Sequence
@@ -20,6 +19,7 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
+from models.run_files import clean_json, deltalab_version
 from store.cliparse import OneLineParser
 
 
@@ -39,26 +39,6 @@ class ProbeResult:
     def to_json(self) -> str:
         """The records as a JSON list (NaN written as null)."""
         return json.dumps(clean_json(self.records), indent=1)
-
-
-def clean_json(obj: Any) -> Any:
-    """numpy scalars/arrays -> Python, NaN/inf -> None, tuples -> lists: plain JSON data."""
-    if isinstance(obj, dict):
-        return {str(k): clean_json(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [clean_json(v) for v in obj]
-    if isinstance(obj, np.ndarray):
-        return clean_json(obj.tolist())
-    if isinstance(obj, (np.bool_, bool)):
-        return bool(obj)
-    if isinstance(obj, (np.integer,)):
-        return int(obj)
-    if isinstance(obj, (np.floating, float)):
-        value = float(obj)
-        return value if math.isfinite(value) else None
-    if isinstance(obj, complex | np.complexfloating):
-        return [clean_json(obj.real), clean_json(obj.imag)]
-    return obj
 
 
 # --- argument parsing ---------------------------------------------------------------------
@@ -191,16 +171,6 @@ def provenance(name: str, args: argparse.Namespace, ds: xr.Dataset, argv: Sequen
         "n_seq": int(ds.sizes.get("seq", 0)),
         "layers": [int(x) for x in ds["layer"].values] if "layer" in ds.coords else None,
     })
-
-
-def deltalab_version() -> str:
-    """Installed distribution version (or 'unknown' when run from a bare checkout)."""
-    try:
-        from importlib.metadata import version
-
-        return version("deltalab")
-    except Exception:  # noqa: BLE001 - metadata may be absent in a bare checkout
-        return "unknown"
 
 
 def print_summary(result: ProbeResult, written: str | None, max_rows: int = 40) -> None:

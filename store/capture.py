@@ -25,7 +25,7 @@ import numpy as np
 
 from kernels.constants import CHUNK_SIZE
 from models import IGNORE_INDEX
-from models.run_files import training_length
+from models.run_files import deltalab_version, training_length
 from store import schema
 from store.data import Data, load_data
 from store.errors import StoreError, StoreMismatchError
@@ -66,15 +66,6 @@ def checkpoint_digest(folder: str | Path) -> str:
                     h.update(block)
             return "sha256:" + h.hexdigest()
     return "sha256:unknown"
-
-
-def _deltalab_version() -> str:
-    try:
-        from importlib.metadata import version
-
-        return version("deltalab")
-    except Exception:  # noqa: BLE001 - not installed (running from a clone)
-        return "unknown"
 
 
 # --- arguments ---------------------------------------------------------------------------
@@ -356,7 +347,7 @@ def capture(checkpoint: str | Path, data: str | Data, out: str | Path, *,
         sizes["key_head"] = num_key_heads
     attrs = {
         "deltalab_format": schema.FORMAT_VERSION, "model_config": model_config,
-        "checkpoint_digest": checkpoint_digest(checkpoint), "deltalab_version": _deltalab_version(),
+        "checkpoint_digest": checkpoint_digest(checkpoint), "deltalab_version": deltalab_version(),
         "command_line": list(command_line if command_line is not None else sys.argv),
         "chunk_size": CHUNK_SIZE,
         "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),

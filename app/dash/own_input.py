@@ -32,7 +32,7 @@ class InputError(ValueError):
 
 @dataclass
 class Encoded:
-    """A typed sequence ready to run: [T] token ids, labels (NO_LABEL = none), document starts."""
+    """A typed sequence ready to run: [T] token ids, labels (IGNORE_INDEX = none), document starts."""
 
     tokens: np.ndarray
     labels: np.ndarray
@@ -102,7 +102,7 @@ def parse_task_tokens(text: str, vocab_size: int, names: Sequence[str] | None = 
 
 def task_labels(task: str | None, tokens: np.ndarray) -> tuple[np.ndarray, int | None]:
     """Labels of a task sequence (group tasks: the running product; parity: the running parity), and the class
-    count; NO_LABEL everywhere when the task is unknown or not a simple scan."""
+    count; IGNORE_INDEX everywhere when the task is unknown or not a simple scan."""
     none = np.full(tokens.shape, IGNORE_INDEX, np.int64)
     if not task:
         return none, None
