@@ -120,6 +120,7 @@ def test_optional_outputs_and_chunk_boundary():
             v,
             beta,
             g,
+            normalize_qk=True,
             output_final_state=False,
             output_boundary_states=False,
             config=LaunchConfig(**TILINGS[tiling]),
