@@ -1,4 +1,4 @@
-"""Benchmark of issue 18's attention maps: `python -m benchmarks.attention [--T 4096] [--quick] [--json out.json]`.
+"""Benchmark of the exact attention maps: `python -m benchmarks.attention [--T 4096] [--quick] [--json out.json]`.
 
 Full rows of alpha for a T-token window of one head (B = 1, dk = dv = 128, gate on, n_h in {1, 2, 3}):
 - `triton`: kernels.attention_triton.triton_attention (float32, 'ieee' dot);

@@ -1,8 +1,8 @@
 """Benchmark of issues 4 and 17: `python -m benchmarks.kernels [--quick] [--json out.json] [--skip ...]`.
 
-Forward table: every grid point of issue 4 (B in {1, 8}, T in {2048, 8192}, H = 8, dk = dv = 128,
+Forward table: every point of the original grid (B in {1, 8}, T in {2048, 8192}, H = 8, dk = dv = 128,
 n_h in {1, 2, 3}, gate off/on, bf16) with our time, fla 0.6.0's `chunk_gated_delta_product` measured in
-the same run, their ratio, and our distance to the memory and FLOP floors. Then issue 17's real-model
+the same run, their ratio, and our distance to the memory and FLOP floors. Then the real-model
 shapes (fla's GDN default, Qwen3-Next's grouped heads, DeltaProduct n_h = 2, 3 at fla's layer default) at
 (B, T) = (1, 32768), (8, 4096) and a packed batch of mixed document lengths (fla with the same cu_seqlens),
 with each side's first-call (compile/autotune) time. Then the accuracy check (max relative error vs a
@@ -53,7 +53,7 @@ def floors(B: int, T: int, H: int, K: int, V: int, n_h: int, gate: bool, elt: in
     return float(read + write), float(per_chunk * B * H * math.ceil(T / 64))
 
 
-# issue 17: (name, key heads, value heads, dk, dv, n_h), gate on; fla's peer for n_h = 1 is its GDN kernel
+# real-model shapes: (name, key heads, value heads, dk, dv, n_h), gate on; fla's peer for n_h = 1 is its GDN kernel
 REAL_SHAPES = [
     ("GDN fla default", 6, 6, 256, 512, 1),
     ("Qwen3-Next grouped", 16, 32, 128, 128, 1),
@@ -124,7 +124,7 @@ def first_call_s(fn) -> float:
 
 
 def bench_real(bw: float, peak: float, log, rows: list, dump, only: str = "", sweep: bool = False) -> list[dict]:
-    """Issue 17's rows: real-model shapes at (1, 32768), (8, 4096) and a packed batch of mixed lengths."""
+    """The real-model rows: shapes at (1, 32768), (8, 4096) and a packed batch of mixed lengths."""
     from kernels.triton_chunk import LaunchConfig, triton_delta_product
 
     fla, why = load_fla()
@@ -362,7 +362,7 @@ def bench_forward(quick: bool, bw: float, peak: float, sweep: bool, log, rows: l
     if ok:
         worst = min(ok, key=lambda r: r["speedup_vs_fla"])
         log(
-            f"   target >= 1.3x fla on every point (issue 17): {'MET' if worst['speedup_vs_fla'] >= 1.3 else 'NOT MET'}"
+            f"   target >= 1.3x fla on every point: {'MET' if worst['speedup_vs_fla'] >= 1.3 else 'NOT MET'}"
             f" (worst {worst['speedup_vs_fla']:.2f}x at B={worst['B']} T={worst['T']} n_h={worst['n_h']}"
             f" gate={worst['gate']})"
         )

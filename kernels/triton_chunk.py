@@ -525,7 +525,7 @@ def _num_sms() -> int:
 def default_config(B: int, H: int, V: int, n_h: int = 1, K: int = 128) -> LaunchConfig:
     """Value tiles of the sequential kernel: 32, or 64 for dk <= 128 and n_h <= 2 once sequences * value
     heads give about a program per SM (W and K are re-read per tile). The output kernel stays separate: fusing
-    it into the sequential kernel measured 0.9-1.1x at issue 17's shapes on an H100 (kernels/NOTES.md).
+    it into the sequential kernel measured 0.9-1.1x at the real-model shapes on an H100 (kernels/NOTES.md).
     Never 16 with dk = 128 (nor 32 with dk = 256 unsplit): on an H100 (Triton 3.6) the compiled state kernel
     with 16-wide tiles faulted (n_h = 3) or returned wrong states (n_h = 1) at B = 8, T >= 1024, while the
     interpreter and T = 300 agreed with the reference; see tests/kernels/test_triton_chunk.py.

@@ -19,7 +19,7 @@ from kernels.ranks import (
 )
 from kernels.ranks_naive import naive_state_ranks
 
-TOL = 1e-3  # the bar: relative error against a float64 SVD
+TOL = 1e-3  # the target: relative error against a float64 SVD
 
 
 def random_inputs(B=2, T=150, n_h=2, H=2, K=16, V=12, gated=False, device="cpu"):

@@ -1,4 +1,4 @@
-"""Real-model shapes (issue 17): dv > dk, dk = 256, dv = 512, grouped heads, packed variable-length batches.
+"""Real-model shapes: dv > dk, dk = 256, dv = 512, grouped heads, packed variable-length batches.
 
 The Triton forward (TRITON_INTERPRET=1 on the CPU, tiny shapes; the GPU tests are marked) and the PyTorch
 chunked form against the float64 token loop. Errors are max |ours - ref| / max |ref| per output; the
