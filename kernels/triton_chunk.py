@@ -17,7 +17,7 @@ is 64 tokens, i.e. L = 64 * n_h Householder sub-steps, split into n_h blocks of 
 4. `_output_kernel` (parallel over chunks): o = scale (e^Gamma q S_c + (q K^T * decay * mask) D); D holds
    each sub-step's true pseudo-value, so one chunk-level formula covers all its blocks.
 
-L2 normalisation of q and k happens in-kernel through per-row reciprocal norms.
+With normalize_qk=True (default False), q and k are L2-normalised in-kernel through per-row reciprocal norms.
 """
 
 from __future__ import annotations
