@@ -13,7 +13,8 @@ PROBES: dict[str, str] = {
     "linear": "Logistic-regression probes from the recurrence read-out (or a stored variable) to the labels.",
     "lengthgen": "Accuracy and loss against position, within and beyond the training length.",
     "attention": "Exact attention maps (top-k sources per token, signed weights) and the GLA approximation's error.",
-    "intervene": "nnsight interventions (set a beta, ablate a head, project keys); change in accuracy and loss.",
+    "intervene": "nnsight interventions (set a beta, ablate a head, project keys, erase/write an association, "
+                 "scale a decay); change in accuracy, loss and KL.",
 }
 """Probe name -> one-line description (the CLI lists these)."""
 

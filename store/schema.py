@@ -105,8 +105,8 @@ MODEL_HOOK_POINTS: dict[str, str] = {
 
 REQUIRED_ATTRS = (
     "deltalab_format",  # int, FORMAT_VERSION
-    "model_config",  # dict, ModelConfig.to_dict()
-    "checkpoint_digest",  # "sha256:<hex>" of model.safetensors
+    "model_config",  # dict: ModelConfig.to_dict() (fla-format) or HFModelConfig.to_dict() (transformers)
+    "checkpoint_digest",  # "sha256:<hex>" of the weights (shard by shard when sharded)
     "data_spec",  # str, the first data spec captured (all of them: `segments`)
     "deltalab_version",
     "command_line",  # list[str]

@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from models.lm import IGNORE_INDEX
+from models.labels import IGNORE_INDEX
 from tasks.groups import Group, GroupSpecError, parse_group, symmetric
 
 
