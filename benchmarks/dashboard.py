@@ -23,7 +23,7 @@ import numpy as np
 
 from kernels.constants import CHUNK_SIZE
 
-DASHBOARD = Path(__file__).resolve().parent / "dashboard.py"
+DASHBOARD = Path(__file__).resolve().parents[1] / "app" / "dashboard.py"
 
 
 def build(out: Path, gb: float, *, layers: int = 4, heads: int = 8, dk: int = 32, n_h: int = 2, length: int = 512,
