@@ -38,6 +38,9 @@ def chunk_delta_product(
     Boundary layout as `kernels.naive.naive_delta_product` (per sequence with cu_seqlens).
     """
     N, Hk, Hv, _, _, _ = check_inputs(q, k, v, beta, g, initial_state, cu_seqlens)
+    if g is not None and g.dim() == 4:
+        raise ValueError("chunk_delta_product: per-channel gates g [B,T,Hv,K] are not in the chunked form yet; "
+                         "use kernels.naive.naive_delta_product")
     if Hv != Hk:
         q, k = q.repeat_interleave(Hv // Hk, dim=2), k.repeat_interleave(Hv // Hk, dim=3)
     args = dict(scale=scale, chunk_size=chunk_size, normalize_qk=normalize_qk)

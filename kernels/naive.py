@@ -2,7 +2,10 @@
 
 Shapes follow docs/architecture.md (fla's [K, V] state layout), with Hk key heads and Hv value heads (Hv a
 multiple of Hk; value head j reads key head j // (Hv / Hk), as fla's grouped value attention):
-  q [B, T, Hk, K], k [B, T, n_h, Hk, K], v [B, T, n_h, Hv, V], beta [B, T, n_h, Hv], g [B, T, Hv] or None.
+  q [B, T, Hk, K], k [B, T, n_h, Hk, K], v [B, T, n_h, Hv, V], beta [B, T, n_h, Hv], and the log forget gate
+  g [B, T, Hv] (scalar, Gated DeltaNet) or [B, T, Hv, K] (per key channel, Kimi Delta Attention) or None.
+A per-channel gate decays the state's K (row) axis before the token's first Householder step:
+  H_t = (I - b k k^T) diag(exp g_t) H_{t-1} + b k v^T.
 Packed variable-length batches: B = 1 and `cu_seqlens` (N + 1 increasing token offsets, as fla and
 transformers pass them); sequence n is tokens cu_seqlens[n]:cu_seqlens[n+1], starts from initial_state[n]
 and never sees the others. Its boundary states are rows `boundary_offsets(cu_seqlens)[n]:[n+1]` of the
@@ -52,8 +55,9 @@ def check_inputs(q, k, v, beta, g=None, initial_state=None, cu_seqlens=None) -> 
         )
     if Hv % Hk:
         raise ValueError(f"value heads ({Hv}) must be a multiple of key heads ({Hk})")
-    if g is not None and g.shape != (B, T, Hv):
-        raise ValueError(f"g must be [B,T,Hv] = {(B, T, Hv)}, got {tuple(g.shape)}")
+    if g is not None and g.shape not in ((B, T, Hv), (B, T, Hv, K)):
+        raise ValueError(f"g must be [B,T,Hv] = {(B, T, Hv)} (scalar gate) or [B,T,Hv,K] = {(B, T, Hv, K)} "
+                         f"(per-channel gate), got {tuple(g.shape)}")
     N = B
     if cu_seqlens is not None:
         if B != 1:
@@ -77,7 +81,8 @@ def _naive_dense(q, k, v, beta, g, scale, state, chunk_size):
         if t % chunk_size == 0:
             boundaries.append(state)
         if g is not None:
-            state = state * g[:, t].exp()[..., None, None].to(q.dtype)
+            decay = g[:, t].exp().to(q.dtype)  # [B, Hv] or [B, Hv, K]
+            state = state * (decay[..., None, None] if decay.dim() == 2 else decay[..., None])
         for j in range(n_h):
             k_tj, v_tj, b_tj = k[:, t, j], v[:, t, j], beta[:, t, j]
             residual = v_tj - torch.einsum("bhkv,bhk->bhv", state, k_tj)
@@ -102,7 +107,8 @@ def naive_delta_product(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Return (o [B,T,Hv,V], final states [N,Hv,K,V], chunk-boundary states [B,NB,Hv,K,V]).
 
-    H_{t,j} = a_{t,j} (I - b k k^T) H_{t,j-1} + b k v^T, a_{t,1} = exp(g_t); o_t = scale H_t^T q_t.
+    H_{t,j} = (I - b k k^T) D_{t,j} H_{t,j-1} + b k v^T, D_{t,1} = exp(g_t) (a scalar, or diag(exp g_t) for a
+    per-channel gate), D_{t,j>1} = I; o_t = scale H_t^T q_t.
     Boundary c holds the state before token c*C; the last entry is the final state. Without cu_seqlens
     N = B and NB = ceil(T/C) + 1; with it, see the module docstring for the per-sequence layout.
     """
