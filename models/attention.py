@@ -23,25 +23,29 @@ from models.layers import GatedRMSNorm, RMSNorm, ShortConvolution
 
 
 class DeltaProductAttention(nn.Module):
-    """q, k, v, beta (and g) -> chunked gated delta product -> norm (gated) -> o_proj."""
+    """q, k, v, beta (and g) -> chunked gated delta product -> norm (gated) -> o_proj.
+
+    Grouped value heads (gated_deltanet's `num_v_heads`): q, k have `num_heads` key heads, v, beta, g, o and
+    the state `num_v_heads` value heads; value head j reads key head j // (num_v_heads / num_heads).
+    """
 
     def __init__(self, config: ModelConfig, layer_idx: int = 0) -> None:
         super().__init__()
         self.config, self.layer_idx = config, layer_idx
-        D, H, n_h = config.hidden_size, config.num_heads, config.num_householder
-        self.num_heads, self.num_householder = H, n_h
+        D, H, Hv, n_h = config.hidden_size, config.num_key_heads, config.num_value_heads, config.num_householder
+        self.num_heads, self.num_v_heads, self.num_householder = H, Hv, n_h  # key heads, value heads (fla's names)
         self.head_k_dim, self.head_v_dim = config.head_k_dim, config.head_v_dim
-        key_dim, value_dim = H * self.head_k_dim, H * self.head_v_dim
+        key_dim, value_dim = H * self.head_k_dim, Hv * self.head_v_dim
 
         self.q_proj = nn.Linear(D, key_dim, bias=False)
         self.k_proj = nn.Linear(D, key_dim * n_h, bias=False)
         self.v_proj = nn.Linear(D, value_dim * n_h, bias=False)
         if config.use_beta:
-            self.b_proj = nn.Linear(D, H * n_h, bias=False)
+            self.b_proj = nn.Linear(D, Hv * n_h, bias=False)
         if config.use_forget_gate:
-            self.a_proj = nn.Linear(D, H, bias=False)
-            self.A_log = nn.Parameter(torch.empty(H))
-            self.dt_bias = nn.Parameter(torch.empty(H))
+            self.a_proj = nn.Linear(D, Hv, bias=False)
+            self.A_log = nn.Parameter(torch.empty(Hv))
+            self.dt_bias = nn.Parameter(torch.empty(Hv))
             self.reset_gate_parameters()
         if config.use_short_conv:
             qk_act = "silu" if config.qk_activation == "silu" else None
@@ -66,7 +70,7 @@ class DeltaProductAttention(nn.Module):
     def reset_gate_parameters(self) -> None:
         """fla's forget-gate init: A ~ U(1, 16) (stored as log), dt ~ logU(1e-3, 0.1) (inverse softplus)."""
         with torch.no_grad():
-            H = self.num_heads
+            H = self.num_v_heads
             self.A_log.copy_(torch.log(torch.empty(H).uniform_(1, 16)))
             dt = torch.exp(torch.rand(H) * (math.log(0.1) - math.log(1e-3)) + math.log(1e-3)).clamp(min=1e-4)
             self.dt_bias.copy_(dt + torch.log(-torch.expm1(-dt)))
@@ -83,7 +87,7 @@ class DeltaProductAttention(nn.Module):
             v = F.silu(v)
         q = q.view(B, T, self.num_heads, self.head_k_dim)
         k = k.view(B, T, self.num_householder, self.num_heads, self.head_k_dim)
-        v = v.view(B, T, self.num_householder, self.num_heads, self.head_v_dim)
+        v = v.view(B, T, self.num_householder, self.num_v_heads, self.head_v_dim)
         if cfg.qk_activation == "relu":
             q, k = q.relu(), k.relu()
         elif cfg.qk_activation == "elu":
@@ -131,9 +135,9 @@ class DeltaProductAttention(nn.Module):
         q, k, v = self._qkv(x)
         q, k, v = self.hook_q(q), self.hook_k(k), self.hook_v(v)
         if cfg.use_beta:
-            beta = self.b_proj(x).float().sigmoid().view(B, T, self.num_householder, self.num_heads)
+            beta = self.b_proj(x).float().sigmoid().view(B, T, self.num_householder, self.num_v_heads)
         else:
-            beta = x.new_ones(B, T, self.num_householder, self.num_heads, dtype=torch.float32)
+            beta = x.new_ones(B, T, self.num_householder, self.num_v_heads, dtype=torch.float32)
         if cfg.allow_neg_eigval:
             beta = beta * 2.0
         beta = self.hook_beta(beta)
@@ -149,7 +153,7 @@ class DeltaProductAttention(nn.Module):
             o = self._replay(q, k, v, beta, g, scale, initial_state, o, states, hooked, version)
         o = self.hook_o(o.to(x.dtype))
         if cfg.use_output_gate:
-            gate = self.g_proj(x).view(B, T, self.num_heads, self.head_v_dim)
+            gate = self.g_proj(x).view(B, T, self.num_v_heads, self.head_v_dim)
             o = self.o_norm(o, gate)
         else:
             o = self.o_norm(o)

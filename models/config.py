@@ -46,6 +46,9 @@ class ModelConfig:
     norm_eps: float = 1e-6
     tie_word_embeddings: bool = False
     pad_token_id: int | None = None
+    num_v_heads: int | None = None  # gated_deltanet: grouped value heads (None = num_heads)
+    attn: dict[str, Any] | list[dict[str, Any]] | None = None  # hybrids: fla's softmax-attention layer specs
+    max_position_embeddings: int | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -65,6 +68,42 @@ class ModelConfig:
             raise ConfigError(f"num_householder must be >= 1, got {self.num_householder}")
         if self.hidden_act != "swish":
             raise ConfigError(f"hidden_act {self.hidden_act!r} is not supported: use 'swish'")
+        if self.num_v_heads is not None:
+            if self.model_type != "gated_deltanet" and self.num_v_heads != self.num_heads:
+                raise ConfigError(f"num_v_heads={self.num_v_heads} != num_heads={self.num_heads}: fla groups value "
+                                  "heads only in gated_deltanet")
+            if self.num_v_heads < self.num_heads or self.num_v_heads % self.num_heads:
+                raise ConfigError(f"num_v_heads={self.num_v_heads} must be a multiple of num_heads={self.num_heads}")
+        self.attn_specs = parse_attention(self.attn, self.num_hidden_layers, self.hidden_size)
+
+    @property
+    def num_key_heads(self) -> int:
+        """Heads of q and k (fla's `num_heads`)."""
+        return self.num_heads
+
+    @property
+    def num_value_heads(self) -> int:
+        """Heads of v, beta, g, o and the state (fla's `num_v_heads`, default `num_heads`)."""
+        return self.num_v_heads or self.num_heads
+
+    @property
+    def grouped(self) -> bool:
+        return self.num_value_heads != self.num_key_heads
+
+    @property
+    def key_head_of(self) -> list[int]:
+        """Key head read by each value head (j // (Hv / Hk), fla's grouped value attention)."""
+        group = self.num_value_heads // self.num_key_heads
+        return [j // group for j in range(self.num_value_heads)]
+
+    @property
+    def delta_layers(self) -> list[int]:
+        """Real indices of the delta-rule layers (every layer not given to softmax attention by `attn`)."""
+        return [i for i in range(self.num_hidden_layers) if i not in self.attn_specs]
+
+    @property
+    def hybrid(self) -> bool:
+        return bool(self.attn_specs)
 
     @property
     def head_k_dim(self) -> int:
@@ -95,12 +134,8 @@ class ModelConfig:
             raise ConfigError(
                 f"unknown model_type {model_type!r}: deltalab loads {', '.join(MODEL_TYPES)}"
             )
-        if raw.get("attn"):
-            raise ConfigError("hybrid checkpoints with softmax-attention layers ('attn' in config) are not supported")
         if raw.get("attnres_block_size") is not None:
             raise ConfigError("attention-residual checkpoints ('attnres_block_size') are not supported")
-        if model_type == "gated_deltanet" and raw.get("num_v_heads") not in (None, raw.get("num_heads")):
-            raise ConfigError("grouped value heads (num_v_heads != num_heads) are not supported yet")
         names = {f.name for f in dataclasses.fields(cls)} - {"extra", "use_output_gate"}
         kwargs: dict[str, Any] = {k: raw.pop(k) for k in list(raw) if k in names}
         gate = raw.pop("use_output_gate", raw.pop("use_gate", None))
@@ -125,11 +160,46 @@ class ModelConfig:
         }[self.model_type]
         out: dict[str, Any] = dict(self.extra)
         out.update({name: getattr(self, name) for name in common + per_type})
+        for name in ("num_v_heads", "attn", "max_position_embeddings"):
+            if getattr(self, name) is not None:
+                out[name] = getattr(self, name)
         if self.model_type != "gated_deltaproduct":
             out["use_gate"] = self.use_output_gate
         out["model_type"] = self.model_type
         out.setdefault("architectures", [_ARCHITECTURES[self.model_type]])
         return out
+
+
+def parse_attention(attn: Any, num_layers: int, hidden_size: int) -> dict[int, dict[str, Any]]:
+    """fla's `attn` field (one spec or a list) -> {layer index: spec with defaults}; one-line ConfigErrors.
+
+    A spec gives `layers` and `num_heads`, optionally `num_kv_heads` (default num_heads), `qkv_bias` (False),
+    `window_size` (None: full causal attention) and `rope_theta` (10000).
+    """
+    if not attn:
+        return {}
+    specs = [attn] if isinstance(attn, dict) else attn
+    if not isinstance(specs, list) or not all(isinstance(s, dict) for s in specs):
+        raise ConfigError(f"'attn' must be a dict or a list of dicts (fla's attention specs), got {attn!r}"[:200])
+    out: dict[int, dict[str, Any]] = {}
+    for spec in specs:
+        if "layers" not in spec or "num_heads" not in spec:
+            raise ConfigError(f"'attn' spec {spec!r} needs 'layers' and 'num_heads'"[:200])
+        full = {"num_kv_heads": spec["num_heads"], "qkv_bias": False, "window_size": None, "rope_theta": 10000.0,
+                **{k: v for k, v in spec.items() if v is not None or k != "num_kv_heads"}}
+        heads, kv_heads = full["num_heads"], full["num_kv_heads"]
+        if not all(isinstance(h, int) and not isinstance(h, bool) and h > 0 for h in (heads, kv_heads)):
+            raise ConfigError(f"'attn' num_heads/num_kv_heads must be positive integers, got {heads}, {kv_heads}")
+        if heads % kv_heads or hidden_size % heads:
+            raise ConfigError(f"'attn' num_heads={heads} must divide hidden_size={hidden_size} and be a multiple "
+                              f"of num_kv_heads={kv_heads}")
+        for i in spec["layers"]:
+            if not isinstance(i, int) or isinstance(i, bool) or not 0 <= i < num_layers:
+                raise ConfigError(f"'attn' layer {i!r} is not a layer index 0..{num_layers - 1}")
+            if i in out:
+                raise ConfigError(f"'attn' assigns layer {i} twice")
+            out[i] = full
+    return out
 
 
 _ARCHITECTURES = {

@@ -17,6 +17,7 @@ from models.config import ModelConfig
 from models.hooks import HookPoint
 from models.labels import IGNORE_INDEX
 from models.layers import GatedMLP, RMSNorm
+from models.softmax_attention import SoftmaxAttention
 
 
 @dataclass
@@ -26,12 +27,15 @@ class CausalLMOutput:
 
 
 class Block(nn.Module):
-    """Pre-norm residual block: x + attn(norm(x)), then + mlp(norm(.))."""
+    """Pre-norm residual block: x + attn(norm(x)), then + mlp(norm(.)); `attn` is the delta-rule mixer, or
+    softmax attention on the layers a hybrid's `attn` config names."""
 
     def __init__(self, config: ModelConfig, layer_idx: int) -> None:
         super().__init__()
         self.attn_norm = RMSNorm(config.hidden_size, config.norm_eps)
-        self.attn = DeltaProductAttention(config, layer_idx)
+        spec = config.attn_specs.get(layer_idx)
+        self.attn = DeltaProductAttention(config, layer_idx) if spec is None else \
+            SoftmaxAttention(config.hidden_size, spec, layer_idx)
         self.mlp_norm = RMSNorm(config.hidden_size, config.norm_eps)
         self.mlp = GatedMLP(config.hidden_size, config.mlp_size)
         self.hook_resid_pre = HookPoint()
@@ -81,8 +85,12 @@ class DeltaProductForCausalLM(nn.Module):
         gates = [name for name, on in (("forget", c.use_forget_gate), ("output", c.use_output_gate),
                                        ("short-conv", c.use_short_conv)) if on]
         eig = "[-1,1]" if c.allow_neg_eigval else "[0,1]"
+        heads = f"{c.num_key_heads} key / {c.num_value_heads} value heads" if c.grouped else f"{c.num_heads} heads"
+        layers = f"{c.num_hidden_layers} layer(s)"
+        if c.hybrid:
+            layers += f" (delta-rule {','.join(map(str, c.delta_layers))}; softmax {','.join(map(str, c.attn_specs))})"
         return (
-            f"{c.model_type} n_h={c.num_householder} {eig}: {c.num_hidden_layers} layer(s), {c.num_heads} heads, "
+            f"{c.model_type} n_h={c.num_householder} {eig}: {layers}, {heads}, "
             f"dk={c.head_k_dim} dv={c.head_v_dim}, hidden={c.hidden_size}, vocab={c.vocab_size}, "
             f"{', '.join(gates) or 'no gates/conv'}; {n_params / 1e6:.2f}M parameters"
         )

@@ -244,8 +244,7 @@ def evaluate(model: Any, tokens: np.ndarray, labels: np.ndarray, edits: list[Edi
     right, count, loss_sum = np.zeros(T), np.zeros(T), 0.0
     cfg = getattr(model, "config", None)
     gated = bool(getattr(cfg, "use_forget_gate", False))
-    grouped = getattr(cfg, "num_key_heads", None) not in (None, getattr(cfg, "num_heads", None))
-    key_head_of = list(cfg.key_head_of) if grouped else None
+    key_head_of = list(cfg.key_head_of) if getattr(cfg, "grouped", False) else None
     if kl is not None:
         kl["sum_by_pos"] = np.zeros(T)
     with torch.no_grad():
@@ -295,8 +294,8 @@ def run(ds: xr.Dataset, model: Any, *, edits: list[Edit] | None = None, store_pa
         if e.layer not in delta_layers:
             raise ProbeError(f"{e.label}: layer {e.layer} is a softmax-attention layer; the delta-rule layers are "
                              f"{','.join(map(str, delta_layers))}")
-        if e.head is not None and not 0 <= e.head < cfg.num_heads:
-            raise ProbeError(f"{e.label}: head {e.head} out of range (model has {cfg.num_heads})")
+        if e.head is not None and not 0 <= e.head < cfg.num_value_heads:
+            raise ProbeError(f"{e.label}: head {e.head} out of range (model has {cfg.num_value_heads} value heads)")
         if e.step is not None and not 0 <= e.step < cfg.num_householder:
             raise ProbeError(f"{e.label}: step {e.step} out of range (model has {cfg.num_householder})")
         for name, val in (("token", e.position), ("source token", e.source)):

@@ -339,12 +339,11 @@ def capture(checkpoint: str | Path, data: str | Data, out: str | Path, *,
     batch = stored_batch or batch_size or DEFAULT_BATCH_SIZE
 
     model_config = cfg.to_dict()
-    sizes = {"pos": data.length, "layer": len(layer_list), "head": cfg.num_heads, "step": cfg.num_householder,
+    sizes = {"pos": data.length, "layer": len(layer_list), "head": cfg.num_value_heads, "step": cfg.num_householder,
              "dk": cfg.head_k_dim, "dv": cfg.head_v_dim, "chunk": schema.n_chunks(data.length),
              "hidden": cfg.hidden_size}
-    num_key_heads = getattr(cfg, "num_key_heads", cfg.num_heads)
-    if num_key_heads != cfg.num_heads:  # grouped heads: q, k per key head (schema.dims_of)
-        sizes["key_head"] = num_key_heads
+    if cfg.grouped:  # grouped heads: q, k per key head (schema.dims_of)
+        sizes["key_head"] = cfg.num_key_heads
     attrs = {
         "deltalab_format": schema.FORMAT_VERSION, "model_config": model_config,
         "checkpoint_digest": checkpoint_digest(checkpoint), "deltalab_version": deltalab_version(),

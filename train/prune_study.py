@@ -404,6 +404,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         methods = parse_methods(args.methods)
         ckpt = Path(args.checkpoint)
         model = load_checkpoint(ckpt, device=device)
+        cfg = model.config
+        if getattr(cfg, "family", None) or cfg.hybrid or cfg.grouped:
+            raise StudyError(f"{ckpt}: the pruning study takes fla-format models without softmax-attention layers "
+                             "or grouped value heads; pass such a checkpoint")
         torch.manual_seed(args.seed)
         if args.task or (ckpt / TASK_FILE).is_file():
             data = task_data(ckpt, args.task, args.length, args.calib_windows, args.eval_windows, args.seed)

@@ -48,6 +48,11 @@ class HFModelConfig:
         return [j // group for j in range(self.num_heads)]
 
     @property
+    def num_value_heads(self) -> int:
+        """Heads of v, beta, g, o and the state (`num_heads` here)."""
+        return self.num_heads
+
+    @property
     def grouped(self) -> bool:
         return self.num_key_heads != self.num_heads
 
