@@ -1,4 +1,5 @@
-"""`deltalab app [STORE]`: launch the Streamlit dashboard on localhost (headless), on STORE or the bundled default."""
+"""`deltalab app [STORE | CHECKPOINT]`: launch the Streamlit dashboard on localhost (headless), on a store, on a
+checkpoint folder (captured and probed into a cached store first) or on the bundled default."""
 
 from __future__ import annotations
 
@@ -24,15 +25,43 @@ def streamlit_argv(store: Path | None, port: int, host: str) -> list[str]:
     return argv
 
 
+def _checkpoint_store(checkpoint: Path) -> Path:
+    """Capture and probe `checkpoint` into its cached store (once), with a progress bar; fail in one line."""
+    from tqdm.auto import tqdm
+
+    from app.default_store import DefaultStoreError, checkpoint_store_path, ensure_checkpoint_store
+    from models import CheckpointError
+
+    typer.echo(f"{checkpoint} is a checkpoint: opening its store {checkpoint_store_path(checkpoint)} "
+               "(captured and probed on first use)", err=True)
+    with tqdm(total=1.0, bar_format="{l_bar}{bar}| {desc}", file=sys.stderr) as bar:
+        def report(fraction: float, message: str) -> None:
+            bar.n = fraction
+            bar.set_description_str(message)
+
+        try:
+            return ensure_checkpoint_store(checkpoint, progress=report)
+        except (DefaultStoreError, CheckpointError, ValueError, OSError) as err:
+            bar.close()
+            fail(str(err).strip().splitlines()[0])
+
+
 def app_command(
-    store: Path | None = typer.Argument(None, metavar="STORE",
-                                        help="Store folder written by `deltalab capture` (default: the bundled "
-                                             "S4 store, captured and probed on first use)."),
+    store: Path | None = typer.Argument(None, metavar="STORE|CHECKPOINT",
+                                        help="Store folder written by `deltalab capture`, or a checkpoint folder "
+                                             "(fla or transformers; captured over its task or sample text and "
+                                             "probed into a cached store on first use). Default: the bundled S4 "
+                                             "store."),
     port: int = typer.Option(8501, "--port", "-p", help="Port to serve on."),
     host: str = typer.Option("127.0.0.1", "--host",
                              help="Address to bind (default localhost only; 0.0.0.0 exposes it to the network)."),
 ) -> None:
     """Open the dashboard: betas, key PCA in 3-D, spectra on the complex plane, effective rank over time, probes."""
+    if store is not None and store.is_dir():
+        from app.default_store import is_checkpoint_folder
+
+        if is_checkpoint_folder(store):
+            store = _checkpoint_store(store)
     if store is not None:
         import store as store_mod
 

@@ -29,6 +29,10 @@ DEFAULT_TRAIN_LENGTH = 128
 PROBES = ("betas", "keys", "spectra", "erank", "linear", "lengthgen")
 """Probes run on the default store (store-only ones; `intervene` also runs when its module exists)."""
 
+TEXT_PROBES = tuple(p for p in PROBES if p != "linear")
+"""Probes on a text model's store: the linear read-out probe (next-token classes) takes minutes and is left to
+`deltalab probe linear`."""
+
 Progress = Callable[[float, str], None]
 
 
@@ -53,7 +57,7 @@ def has_bundled_checkpoint(path: Path | None = None) -> bool:
     """Whether the checkpoint folder holds config.json and weights."""
     path = path or bundled_checkpoint()
     return (path / "config.json").is_file() and any(
-        (path / w).is_file() for w in ("model.safetensors", "pytorch_model.bin"))
+        (path / w).is_file() for w in WEIGHT_FILES)
 
 
 def default_samples() -> int:
@@ -77,8 +81,12 @@ def default_store_path() -> Path:
     return cache_dir() / STORE_NAME
 
 
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
+"""What marks a folder's weights (the index of a sharded transformers checkpoint stands for its shards)."""
+
+
 def _weights(checkpoint: Path) -> Path:
-    for name in ("model.safetensors", "pytorch_model.bin"):
+    for name in WEIGHT_FILES:
         if (checkpoint / name).is_file():
             return checkpoint / name
     raise DefaultStoreError(f"{checkpoint} has no model.safetensors")
@@ -107,8 +115,9 @@ def _marker(out: Path) -> Path:
     return out.with_name(out.name + ".built.json")
 
 
-def is_built(out: Path | None = None, checkpoint: Path | None = None, samples: int | None = None) -> bool:
-    """Whether the default store exists, is complete and matches the bundled checkpoint."""
+def is_built(out: Path | None = None, checkpoint: Path | None = None, samples: int | None = None,
+             spec: str | None = None) -> bool:
+    """Whether the default store exists, is complete and matches the bundled checkpoint (and data spec)."""
     out = out or default_store_path()
     checkpoint = checkpoint or bundled_checkpoint()
     try:
@@ -118,7 +127,7 @@ def is_built(out: Path | None = None, checkpoint: Path | None = None, samples: i
     from store.reader import read_attrs
 
     return read_attrs(out) is not None and has_bundled_checkpoint(checkpoint) and \
-        built == _fingerprint(checkpoint, data_spec(checkpoint, samples))
+        built == _fingerprint(checkpoint, spec or data_spec(checkpoint, samples))
 
 
 def _probe_done(out: Path, name: str) -> bool:
@@ -146,7 +155,8 @@ def run_probe(out: Path, name: str, extra: list[str] | None = None) -> None:
 
 
 def ensure_default_store(progress: Progress | None = None, *, checkpoint: str | Path | None = None,
-                         out: str | Path | None = None, samples: int | None = None) -> Path:
+                         out: str | Path | None = None, samples: int | None = None, spec: str | None = None,
+                         probes: tuple[str, ...] = PROBES) -> Path:
     """Return the default store, capturing and probing it first when it is missing or stale.
 
     `progress(fraction, message)` is called before each stage and with 1.0 at the end. Concurrent
@@ -159,18 +169,18 @@ def ensure_default_store(progress: Progress | None = None, *, checkpoint: str | 
         raise DefaultStoreError(
             f"the bundled checkpoint {checkpoint} is not installed (no config.json + model.safetensors): "
             "train or download it there, or pass a store: `deltalab app STORE`")
-    spec = data_spec(checkpoint, samples)
-    if is_built(out, checkpoint, samples):
+    spec = spec or data_spec(checkpoint, samples)
+    if is_built(out, checkpoint, samples, spec):
         report(1.0, f"default store ready: {out}")
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
     with _Lock(out.with_name(out.name + ".lock")):
-        if is_built(out, checkpoint, samples):  # another session finished it while we waited
+        if is_built(out, checkpoint, samples, spec):  # another session finished it while we waited
             report(1.0, f"default store ready: {out}")
             return out
         _marker(out).unlink(missing_ok=True)
         _reset_if_stale(out, checkpoint, spec)
-        names = list(PROBES) + (["intervene"] if importlib.util.find_spec("probes.intervene") else [])
+        names = list(probes) + (["intervene"] if importlib.util.find_spec("probes.intervene") else [])
         steps = 1 + len(names)
         report(0.0, f"capturing {spec} from {checkpoint.name} into {out} (step 1/{steps})")
         from store import StoreError
@@ -180,7 +190,8 @@ def ensure_default_store(progress: Progress | None = None, *, checkpoint: str | 
             run_capture(checkpoint, spec, out, batch_size=16, progress=False,
                         command_line=["deltalab", "capture", str(checkpoint), "--data", spec, "--out", str(out)])
         except (StoreError, ValueError) as err:
-            raise DefaultStoreError(f"capturing the default store failed: {str(err).splitlines()[0]}") from None
+            raise DefaultStoreError(f"capturing {checkpoint.name} into {out} failed: {str(err).splitlines()[0]}") \
+                from None
         for i, name in enumerate(names):
             report((1 + i) / steps, f"probe {name} (step {2 + i}/{steps})")
             if _probe_done(out, name):
@@ -225,3 +236,65 @@ class _Lock:
 
     def __exit__(self, *exc: object) -> None:
         self.fh.close()
+
+
+SAMPLE_TEXT_BYTES = 16_000
+"""Python source the store of a text model is captured over (the first stdlib modules, by name)."""
+
+
+def is_checkpoint_folder(path: Path) -> bool:
+    """A model folder (config.json beside weights) rather than a store: `deltalab app` accepts both."""
+    path = Path(path)
+    return (path / "config.json").is_file() and not (path / "zarr.json").is_file()
+
+
+def sample_text_folder(root: Path | None = None) -> Path:
+    """A small folder of .txt documents (the first stdlib modules by name, about SAMPLE_TEXT_BYTES), written
+    once into the cache: the text a text model's dashboard store is captured over."""
+    from tasks.corpus import source_files, stdlib_root
+
+    folder = cache_dir() / "sample-text"
+    if (folder / "done").is_file():
+        return folder
+    folder.mkdir(parents=True, exist_ok=True)
+    total = 0
+    root = root or stdlib_root()
+    for i, src in enumerate(source_files(root)):
+        text = src.read_text(encoding="utf-8", errors="replace")
+        if not text.strip():
+            continue
+        (folder / f"{i:04d}-{src.stem}.txt").write_text(text)
+        total += len(text)
+        if total >= SAMPLE_TEXT_BYTES:
+            break
+    (folder / "done").write_text(str(total))
+    return folder
+
+
+def checkpoint_data_spec(checkpoint: Path, samples: int | None = None) -> str:
+    """Task models (a task.json beside them) capture their task; language models capture sample text."""
+    from models.run_files import read_task_file
+
+    task = read_task_file(checkpoint).get("name")
+    if task:
+        length = max(128, 2 * train_length(checkpoint))
+        return f"{task}:length={length},samples={samples or default_samples()},seed={DEFAULT_SEED}"
+    return f"text:{sample_text_folder().resolve()}:length=256,tokenizer=auto"  # as capture records it
+
+
+def checkpoint_store_path(checkpoint: Path) -> Path:
+    """The cached store of a checkpoint folder: one per folder (named after it and a hash of its path)."""
+    import hashlib
+
+    key = hashlib.sha256(str(Path(checkpoint).resolve()).encode()).hexdigest()[:10]
+    return cache_dir() / f"{Path(checkpoint).resolve().name}-{key}.zarr"
+
+
+def ensure_checkpoint_store(checkpoint: str | Path, progress: Progress | None = None) -> Path:
+    """`deltalab app CHECKPOINT`: capture the checkpoint over its task (or sample text) and run the probes into
+    a cached store, once; later launches open it at once (rebuilt when the weights change)."""
+    checkpoint = Path(checkpoint).resolve()
+    spec = checkpoint_data_spec(checkpoint)
+    probes = PROBES if not spec.startswith("text:") else TEXT_PROBES
+    return ensure_default_store(progress, checkpoint=checkpoint, out=checkpoint_store_path(checkpoint), spec=spec,
+                                probes=probes)
