@@ -64,7 +64,8 @@ def build(out: Path, gb: float, *, layers: int = 4, heads: int = 8, dk: int = 32
     b, L, T, H = batch, layers, length, heads
     arrays = {
         "tokens": rng.integers(0, 24, (b, T)).astype(np.int32), "labels": rng.integers(0, 24, (b, T)).astype(np.int32),
-        "doc_start": np.zeros((b, T), bool), "loss": rng.random((b, T), dtype=np.float32),
+        "doc_start": np.zeros((b, T), bool), "pad": np.zeros((b, T), bool),
+        "loss": rng.random((b, T), dtype=np.float32),
         "correct": rng.random((b, T)) < 0.9, "q": unit((b, L, T, H, dk)), "k": unit((b, L, T, n_h, H, dk)),
         "v": rng.standard_normal((b, L, T, n_h, H, dk), dtype=np.float32),
         "beta": 2 * rng.random((b, L, T, n_h, H), dtype=np.float32),

@@ -62,25 +62,33 @@ def summarize(tok: xr.Dataset, ds: xr.Dataset, train_length: int | None, budget:
     sq = np.zeros((L, T, H))
     mx = np.zeros((L, H))
     count = np.zeros(T)
+    final, n_final = np.zeros((L, H)), 0
     drop, n_drop = np.zeros((L, H)), 0
     merged = tok[list(sums)]
     if "doc_start" in ds:
         merged = merged.assign(doc_start=ds["doc_start"])
     for _, block in data.iter_blocks(merged, [*sums, "doc_start"], budget, factor=2, desc="erank summary"):
-        er = np.asarray(block["erank"].values, dtype=np.float64)  # [s, L, T, H]
+        er = np.asarray(block["erank"].values, dtype=np.float64)  # [s, L, T, H]; NaN at padding
+        real = np.isfinite(er).all((1, 3))  # [s, T]
+        er = np.where(real[:, None, :, None], er, 0.0)
         for f in sums:
-            sums[f] += np.asarray(block[f].values, dtype=np.float64).sum(0)
+            sums[f] += np.nan_to_num(np.asarray(block[f].values, dtype=np.float64), nan=0.0).sum(0)
         sq += (er * er).sum(0)
         mx = np.maximum(mx, er.max((0, 2)))
-        count += er.shape[0]
+        count += real.sum(0)
+        last = T - 1 - np.argmax(real[:, ::-1], axis=1)  # each sequence's last real token
+        has = real.any(1)
+        final += er[np.flatnonzero(has), :, last[has]].sum(0)
+        n_final += int(has.sum())
         if "doc_start" in block:
             starts = np.asarray(block["doc_start"].values, dtype=bool).copy()
             starts[:, 0] = False  # the first token has no "before"
+            starts &= real
             s_idx, t_idx = np.nonzero(starts)
             if len(s_idx):
                 drop += (er[s_idx, :, t_idx - 1] - er[s_idx, :, t_idx]).sum(0)
                 n_drop += len(s_idx)
-    n = np.maximum(count, 1)[None, :, None]
+    n = np.where(count > 0, count, np.nan)[None, :, None]
     by_pos = {f: sums[f] / n for f in sums}
     total = count.sum()
 
@@ -98,7 +106,8 @@ def summarize(tok: xr.Dataset, ds: xr.Dataset, train_length: int | None, budget:
             "stable_rank_by_pos": (("layer", "pos", "head"), by_pos["stable_rank"]),
             "rank_utilisation_by_pos": (("layer", "pos", "head"), by_pos["rank_utilisation"]),
             "erank_mean": (dims, mean), "erank_std": (dims, std), "erank_max": (dims, mx),
-            "erank_final": (dims, by_pos["erank"][:, -1]),
+            "erank_final": (dims, final / n_final if n_final else np.full((L, H), np.nan),
+                            {"description": "mean erank at each sequence's last real token"}),
             "stable_rank_mean": (dims, region("stable_rank", every)),
             "rank_utilisation_mean": (dims, region("rank_utilisation", every)),
             "state_norm_mean": (dims, region("state_norm", every)),

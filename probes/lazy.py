@@ -3,6 +3,10 @@
 `map_seq_layer` returns an xarray.Dataset of dask arrays: nothing is computed until the result is
 written (`to_zarr` streams it chunk by chunk) or a part of it is selected and loaded. Each task
 reads one block of sequences of one layer, so memory is bounded by the block size.
+
+Padding (NaN at padded tokens, see `store.reader.mask_padded`): `fn` never sees a NaN. Its inputs are
+zero-filled there (beta = 0, k = v = 0, g = 0: an identity step) and every output with a `pos` dim is NaN
+at those tokens, so padding is neither analysed nor able to break a decomposition.
 """
 
 from __future__ import annotations
@@ -57,13 +61,34 @@ def map_seq_layer(ds: xr.Dataset, names: Sequence[str], fn: BlockFn,
     def apply(block: xr.Dataset) -> xr.Dataset:
         arrays = {n: np.asarray(block[n].values)[:, 0] if "layer" in block[n].dims else np.asarray(block[n].values)
                   for n in present}
+        missing = padded_tokens(block, present)
+        if missing is not None:
+            arrays = {n: np.nan_to_num(a, nan=0.0) if np.issubdtype(a.dtype, np.floating) else a
+                      for n, a in arrays.items()}
         result = fn(arrays)
         out = {}
         for name, (dims, dtype) in outputs.items():
             value = np.asarray(result[name], dtype=dtype)
+            if missing is not None and "pos" in dims and np.issubdtype(value.dtype, np.inexact):
+                axis = [d for d in dims if d != "layer"].index("pos")
+                where = missing.reshape(missing.shape + (1,) * (value.ndim - 2))
+                value = np.where(np.moveaxis(where, 1, axis) if axis != 1 else where, np.nan, value)
             value = np.expand_dims(value, dims.index("layer"))
             out[name] = (dims, value)
         tmpl_coords = {c: block[c] for c in ("seq", "layer") if c in block.coords}
         return xr.Dataset(out, coords={**tmpl_coords, **(coords or {})})
 
     return xr.map_blocks(apply, src, template=template)
+
+
+def padded_tokens(block: xr.Dataset, names: Sequence[str]) -> np.ndarray | None:
+    """[seq, pos] True where a per-token float input is NaN (padding masked by the reader); None if none is."""
+    missing = None
+    for n in names:
+        var = block[n]
+        if "pos" not in var.dims or not np.issubdtype(var.dtype, np.floating):
+            continue
+        other = [d for d in var.dims if d not in ("seq", "pos")]
+        nan = np.isnan(var).any(other).transpose("seq", "pos").values
+        missing = nan if missing is None else missing | nan
+    return missing if missing is not None and missing.any() else None

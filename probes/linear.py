@@ -28,8 +28,8 @@ ALL_HEADS = -1
 
 def _features(block: xr.Dataset, li: int, kind: str, device: str, chunk: int) -> np.ndarray:
     """[s, T, H, F] features of layer index li (H = 1 for variables without a head dim)."""
-    def get(name: str) -> np.ndarray:
-        return np.asarray(block[name].isel(layer=li).values, dtype=np.float32)
+    def get(name: str) -> np.ndarray:  # padding (NaN) becomes an identity step; it carries no label
+        return np.nan_to_num(np.asarray(block[name].isel(layer=li).values, dtype=np.float32), nan=0.0)
 
     g = get("g") if "g" in block else None
     if kind == "o":

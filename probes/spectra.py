@@ -85,28 +85,35 @@ def summarize(tok: xr.Dataset, ds: xr.Dataset, *, max_tokens: int = 64, unit_tol
     if has_tokens:
         merged = merged.assign(tokens=ds["tokens"])
     for _, block in data.iter_blocks(merged, [*names, "tokens"], budget, factor=4, desc="spectra summary"):
-        eig = np.asarray(block["eig_P"].values).astype(np.complex128)  # [s, L, T, H, n]
+        eig = np.asarray(block["eig_P"].values).astype(np.complex128)  # [s, L, T, H, n]; NaN at padding
+        real = np.isfinite(eig).all((1, 3, 4))  # [s, T]
+        keep = real[:, None, :, None]
+        eig = np.where(keep[..., None], eig, 1.0)
         stats = _token_stats(eig, unit_tol)
         for key in ("complex", "unit", "rotation"):
-            acc[key] += stats[key].sum((0, 2))
-        acc["n"] += np.prod(eig.shape[:3]) / L
-        acc["modulus"] += np.abs(eig).mean(-1).sum((0, 2))
+            acc[key] += (stats[key] & keep).sum((0, 2))
+        acc["n"] += real.sum()
+        acc["modulus"] += np.where(keep, np.abs(eig).mean(-1), 0.0).sum((0, 2))
         angle = np.degrees(np.abs(np.angle(eig))).max(-1)  # the token's rotation angle
         bins = np.clip((angle / 180 * ANGLE_BINS).astype(np.int64), 0, ANGLE_BINS - 1)
         combo = (np.arange(L)[None, :, None, None] * H + np.arange(H)[None, None, None, :]) * ANGLE_BINS + bins
+        combo = combo[np.broadcast_to(keep, combo.shape)]
         angle_hist += np.bincount(combo.ravel(), minlength=L * H * ANGLE_BINS).reshape(L, H, ANGLE_BINS)
         if "eig_A" in block:
-            acc["modulus_A"] += np.abs(np.asarray(block["eig_A"].values)).mean(-1).sum((0, 2))
+            eig_a = np.abs(np.asarray(block["eig_A"].values)).mean(-1)
+            acc["modulus_A"] += np.where(keep, np.nan_to_num(eig_a), 0.0).sum((0, 2))
         weig = np.asarray(block["window_eig_P"].values).astype(np.complex128)
-        wstats = _token_stats(weig, unit_tol)
+        wreal = np.isfinite(weig).all((1, 3, 4))
+        wkeep = wreal[:, None, :, None]
+        wstats = _token_stats(np.where(wkeep[..., None], weig, 1.0), unit_tol)
         for key in ("complex", "unit", "rotation"):
-            acc["w_" + key] += wstats[key].sum((0, 2))
-        acc["w_n"] += np.prod(weig.shape[:3]) / L
+            acc["w_" + key] += (wstats[key] & wkeep).sum((0, 2))
+        acc["w_n"] += wreal.sum()
         if nt:
             ti = data.token_index(np.asarray(block["tokens"].values), tok_ids)  # [s, T]
             by_pos = eig.transpose(0, 2, 1, 3, 4)  # [s, T, L, H, n]
             for t in range(nt):
-                sel = ti == t
+                sel = (ti == t) & real
                 if sel.any():
                     e = by_pos[sel]  # [m, L, H, n]
                     t_sum[:, t] += e.sum(0)

@@ -80,7 +80,8 @@ def synthetic_arrays(n_seq: int = 8, length: int = 128, n_layers: int = 2, n_hea
     doc_start[:, 0] = True
     doc_start[:, T // 2] = True
     out = {
-        "tokens": tokens, "labels": labels, "doc_start": doc_start, "loss": loss, "correct": correct,
+        "tokens": tokens, "labels": labels, "doc_start": doc_start, "pad": np.zeros((n_seq, T), dtype=bool),
+        "loss": loss, "correct": correct,
         "q": q, "k": k, "v": v, "beta": beta, "state": np.stack(states, 1), "o": np.stack(o, 1),
     }
     if g is not None:

@@ -163,7 +163,8 @@ class HookedRunner:
                     env = getattr(env, part)
                 self.envoys[var].append(env)
 
-    def __call__(self, tokens: np.ndarray, labels: np.ndarray, doc_start: np.ndarray) -> HostBatch:
+    def __call__(self, tokens: np.ndarray, labels: np.ndarray, doc_start: np.ndarray,
+                 pad: np.ndarray | None = None) -> HostBatch:
         import torch
 
         device = next(self.model.parameters()).device
@@ -198,6 +199,8 @@ class HookedRunner:
             host["tokens"] = np.asarray(tokens, dtype=np.int32)
         if "doc_start" in self.variables:
             host["doc_start"] = np.asarray(doc_start, dtype=bool)
+        if "pad" in self.variables:
+            host["pad"] = np.zeros(np.shape(tokens), dtype=bool) if pad is None else np.asarray(pad, dtype=bool)
         if "labels" in self.variables:
             host["labels"] = np.asarray(labels, dtype=np.int32)
         return HostBatch(tensors, host, set(self.envoys), ready)
@@ -374,7 +377,7 @@ def capture(checkpoint: str | Path, data: str | Data, out: str | Path, *,
     try:
         for a, b in todo_pending:
             s, e = a - segment.start, b - segment.start
-            bg.put(a, runner(data.tokens[s:e], data.labels[s:e], data.doc_start[s:e]))
+            bg.put(a, runner(data.tokens[s:e], data.labels[s:e], data.doc_start[s:e], data.pad[s:e]))
         bg.close()
     finally:
         bg.stop()

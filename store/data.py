@@ -4,13 +4,17 @@ Spec grammar (one string, as `deltalab capture --data` takes it):
 
     S4:length=128,samples=512,seed=0        a tasks.state_tracking task (any name get_task knows; min_length= too)
     csv:PATH  or  PATH.csv                   word-problem CSV: seed,input,target (space-separated ints)
-    text:PATH[:length=256,tokenizer=auto]    a .txt or .jsonl file, a folder of them (sorted) or a glob;
+    text:PATH[:length=256,tokenizer=auto,pack=yes]
+                                             a .txt or .jsonl file, a folder of them (sorted) or a glob;
                                              one document per .txt file or per JSON line ({"text": ...}),
                                              cut into non-overlapping windows of `length` tokens (the
                                              last partial window is dropped); tokenizer = auto (the
                                              checkpoint's tokenizer.json, else bytes; transformers models
                                              need theirs) | bytes | PATH/to/tokenizer.json. Documents of
                                              a transformers model are wrapped in its own begin/end ids.
+                                             pack=no: one document per row (its state starts from zero),
+                                             long documents cut into several rows, the last right-padded;
+                                             `pad` marks the padding, which no analysis reads.
 
 Token ids are int32; labels are aligned with positions (-100 = none). For text the label at t is the
 next token of the same document. `doc_start` marks the first token of each document.
@@ -43,6 +47,11 @@ class Data:
     doc_start: np.ndarray  # bool
     num_classes: int | None = None  # `correct` compares the argmax over logits[:num_classes] (tasks)
     meta: dict[str, Any] = field(default_factory=dict)
+    pad: np.ndarray | None = None  # bool, True at padding after a sequence's end (None: no padding)
+
+    def __post_init__(self) -> None:
+        if self.pad is None:
+            self.pad = np.zeros(self.tokens.shape, dtype=bool)
 
     def __len__(self) -> int:
         return int(self.tokens.shape[0])
@@ -132,7 +141,15 @@ def _task(spec: str) -> Data:
     doc_start = np.zeros(tokens.shape, dtype=bool)
     doc_start[:, 0] = True
     return Data(canonical, tokens, np.asarray(y, dtype=np.int32), doc_start, task.num_classes,
-                {"kind": "task", "task": task.spec()})
+                {"kind": "task", "task": task.spec()}, pad=task_padding(task, tokens, min_length))
+
+
+def task_padding(task: Any, tokens: np.ndarray, min_length: int | None) -> np.ndarray:
+    """Variable-length task samples (`min_length=`) end in the task's [PAD] symbol: True there."""
+    symbols = list(getattr(task, "symbols", ()) or ())
+    if min_length is None or "[PAD]" not in symbols:
+        return np.zeros(tokens.shape, dtype=bool)
+    return tokens == symbols.index("[PAD]")
 
 
 def _csv(path_text: str) -> Data:
@@ -150,6 +167,39 @@ def _csv(path_text: str) -> Data:
     doc_start[:, 0] = True
     return Data(f"csv:{path.resolve()}", tokens, np.asarray(rows.labels, dtype=np.int32), doc_start, None,
                 {"kind": "csv", "path": str(path.resolve())})
+
+
+def _unpacked(docs: list[np.ndarray], length: int, eos: int | None, files: list[Path], path_text: str,
+              opts: dict[str, str], tok_desc: str, bos: int | None) -> Data:
+    """pack=no: every document starts its own row (state from zero), cut into windows of `length`; the last
+    window of each document is right-padded (with the end-of-text id, else 0) and marked in `pad`."""
+    rows, labels, pads, starts = [], [], [], []
+    for doc in docs:
+        nxt = np.append(doc[1:], IGNORE_INDEX)
+        for lo in range(0, doc.size, length):
+            n = min(length, doc.size - lo)
+            row = np.full(length, eos if eos is not None else 0, dtype=np.int64)
+            lab = np.full(length, IGNORE_INDEX, dtype=np.int64)
+            row[:n], lab[:n] = doc[lo:lo + n], nxt[lo:lo + n]
+            pad = np.arange(length) >= n
+            start = np.zeros(length, dtype=bool)
+            start[0] = lo == 0
+            rows.append(row)
+            labels.append(lab)
+            pads.append(pad)
+            starts.append(start)
+    if not rows:
+        raise DataError(f"data spec text:{path_text}: the files hold no text")
+    tokens = np.stack(rows)
+    if np.any(tokens > np.iinfo(np.int32).max):
+        raise DataError(f"data spec text:{path_text}: token ids exceed int32")
+    where = Path(path_text).expanduser().resolve()
+    canonical = f"text:{where}:length={length},tokenizer={opts.get('tokenizer', 'auto')},pack=no"
+    pad = np.stack(pads)
+    return Data(canonical, tokens.astype(np.int32), np.stack(labels).astype(np.int32), np.stack(starts), None,
+                {"kind": "text", "files": [str(f.resolve()) for f in files], "tokenizer": tok_desc,
+                 "separators": {"bos": bos, "eos": eos}, "packed": False, "padded_tokens": int(pad.sum())},
+                pad=pad)
 
 
 def _text_files(path_text: str, spec: str) -> list[Path]:
@@ -219,10 +269,13 @@ def _sha256(path: Path) -> str:
 
 
 def _text(path_text: str, opts: dict[str, str], checkpoint: str | Path | None, spec: str) -> Data:
-    unknown = sorted(set(opts) - {"length", "tokenizer"})
+    unknown = sorted(set(opts) - {"length", "tokenizer", "pack"})
     if unknown:
         raise DataError(f"data spec {spec!r}: unknown option(s) {', '.join(unknown)} "
-                        "(text takes length, tokenizer)")
+                        "(text takes length, tokenizer, pack)")
+    if opts.get("pack", "yes") not in ("yes", "no"):
+        raise DataError(f"data spec {spec!r}: pack={opts['pack']!r} must be yes (documents packed into windows) "
+                        "or no (one document per row, padded)")
     length = _int_option(opts, "length", spec, TEXT_DEFAULT_LENGTH)
     if length < 1:
         raise DataError(f"data spec {spec!r}: length must be >= 1")
@@ -245,6 +298,8 @@ def _text(path_text: str, opts: dict[str, str], checkpoint: str | Path | None, s
         start[0] = True
         ids.append(doc)
         starts.append(start)
+    if opts.get("pack", "yes") == "no":
+        return _unpacked(ids, length, eos, files, path_text, opts, tok_desc, bos)
     stream = np.concatenate(ids) if ids else np.zeros(0, dtype=np.int64)
     is_start = np.concatenate(starts) if starts else np.zeros(0, dtype=bool)
     n = stream.size // length

@@ -77,7 +77,7 @@ def _missing_chunk(path: Path, attrs: dict[str, Any], complete: np.ndarray) -> s
 
 
 def open(path: str | Path, *, complete_only: bool = True, verify: bool = True,  # noqa: A001
-         key_heads: str = "value") -> Any:
+         key_heads: str = "value", mask_padding: bool = True) -> Any:
     """Open store `path` as a lazy xarray.Dataset (dask arrays, one dask chunk per stored chunk).
 
     Coordinates: `seq` (global sequence index), `layer` (model layer index), `chunk_pos`
@@ -87,6 +87,9 @@ def open(path: str | Path, *, complete_only: bool = True, verify: bool = True,  
     files exist (a stat per file) and raises TruncatedStoreError otherwise.
     Grouped heads (a `key_head` dim on disk): `key_heads="value"` (default) shows q and k per value
     head like every other variable (lazily, see per_value_head); `"key"` shows them as stored.
+    Padded sequences (a `pad` variable): with `mask_padding` (default) every float variable is NaN at padded
+    positions, and states whose chunk start lies past a sequence's first padded token are NaN, so no analysis
+    reads padding (see mask_padding).
     """
     if key_heads not in ("value", "key"):
         raise ValueError(f"key_heads={key_heads!r}: use 'value' (q, k per value head) or 'key' (as stored)")
@@ -120,7 +123,33 @@ def open(path: str | Path, *, complete_only: bool = True, verify: bool = True,  
     ds.attrs = dict(attrs)
     if complete_only and not complete.all():
         ds = _take_seq(ds, np.flatnonzero(complete))
+    if mask_padding:
+        ds = mask_padded(ds)
     return per_value_head(ds) if key_heads == "value" else ds
+
+
+def mask_padded(ds: Any) -> Any:
+    """NaN at padding (lazily): float variables with a `pos` dim where `pad`, and chunk-boundary states whose
+    chunk start lies past the sequence's first padded token (they include padded tokens). No-op without pad."""
+    if "pad" not in ds or not bool(ds["pad"].any()):
+        return ds
+    pad = ds["pad"].astype(bool)
+    out = ds.copy()
+    for name, var in ds.data_vars.items():
+        if name != "pad" and "pos" in var.dims and np.issubdtype(var.dtype, np.floating):
+            out[name] = var.where(~pad)
+    if "state" in ds and "chunk_pos" in ds.coords:
+        length = ds.sizes["pos"]
+        first_pad = xr_first_true(pad, length)
+        out["state"] = ds["state"].where(ds["chunk_pos"] <= first_pad)
+    out.attrs = ds.attrs
+    return out
+
+
+def xr_first_true(pad: Any, length: int) -> Any:
+    """Per sequence: the first padded position (`length` when none)."""
+    has = pad.any("pos")
+    return pad.argmax("pos").where(has, length)
 
 
 def per_value_head(ds: Any) -> Any:

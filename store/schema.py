@@ -49,6 +49,8 @@ VARIABLES: dict[str, VarSpec] = {
     "labels": VarSpec(("seq", "pos"), "int32", IGNORE_INDEX,
                       f"target of the prediction at pos ({IGNORE_INDEX} = none)"),
     "doc_start": VarSpec(("seq", "pos"), "bool", False, "True where a document starts (text data)"),
+    "pad": VarSpec(("seq", "pos"), "bool", False,
+                   "True at padding after a sequence's end: store.open masks every float variable there"),
     "loss": VarSpec(("seq", "pos"), "float32", float("nan"), "per-token cross-entropy (NaN = no label)"),
     "correct": VarSpec(("seq", "pos"), "bool", False, "argmax prediction equals the label"),
     "q": VarSpec(("seq", "layer", "pos", "head", "dk"), "act", float("nan"), "normalised queries"),
@@ -71,7 +73,7 @@ Dims: `step` = Householder sub-step, `chunk` = chunk-boundary index (CHUNK_SIZE 
 final state), `hidden` = model width (only the optional residual-stream hooks)."""
 
 HOOKS: dict[str, tuple[str, ...]] = {
-    "tokens": ("tokens", "doc_start"),
+    "tokens": ("tokens", "doc_start", "pad"),
     "labels": ("labels",),
     "loss": ("loss", "correct"),
     "q": ("q",),

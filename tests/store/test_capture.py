@@ -53,7 +53,7 @@ def test_capture_matches_model_and_float64_reference(ckpt, tmp_path):
     summary = store.capture(ckpt, SPEC, out, batch_size=4, progress=False)
     assert summary["written"] == 10 and summary["complete"] == 10
     ds = store.open(out)
-    assert set(ds.data_vars) == {"tokens", "labels", "doc_start", "loss", "correct", "q", "k", "v", "beta", "g",
+    assert set(ds.data_vars) == {"tokens", "labels", "doc_start", "pad", "loss", "correct", "q", "k", "v", "beta", "g",
                                  "state", "complete"}
     assert ds.sizes["chunk"] == 4 and ds["chunk_pos"].values.tolist() == [0, 64, 128, 130]
     model = load_checkpoint(ckpt)
@@ -120,7 +120,7 @@ def test_layers_dtype_and_ungated(tmp_path):
     store.capture(ck, "parity:length=20,samples=3,seed=0", out, layers="1", dtype="float16",
                   hooks="tokens,k,beta,g,state,o,resid_post", progress=False)
     ds = store.open(out)
-    assert set(ds.data_vars) == {"tokens", "doc_start", "k", "beta", "state", "o", "resid_post", "complete"}
+    assert set(ds.data_vars) == {"tokens", "doc_start", "pad", "k", "beta", "state", "o", "resid_post", "complete"}
     assert ds["layer"].values.tolist() == [1] and ds["k"].dtype == np.float16 and ds.sizes["step"] == 1
     assert ds["resid_post"].dims == ("seq", "layer", "pos", "hidden") and ds.sizes["hidden"] == 32
     assert ds.attrs["hooks"] == ["tokens", "k", "beta", "g", "state", "o", "resid_post"]  # g: ungated, none

@@ -46,6 +46,7 @@ def batch_arrays(start: int, stop: int, dtype: str = "float16") -> dict[str, np.
         for s in range(start, stop):
             rng = np.random.default_rng([s, len(var)])
             rows.append(rng.integers(0, 20, shape[1:]) if var in ("tokens", "labels")
+                        else np.zeros(shape[1:], bool) if var == "pad"
                         else rng.random(shape[1:]) > 0.5 if var in ("doc_start", "correct")
                         else rng.standard_normal(shape[1:]))
         out[var] = np.stack(rows).astype(schema.storage_dtype(var, dtype))
