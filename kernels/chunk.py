@@ -4,7 +4,8 @@ Each chunk of C tokens is C * n_h Householder sub-steps. Within a chunk the sub-
 solved at once through the UT transform  (I + A) Delta = diag(beta) (V - e^Gamma K S_0),
 A_ij = beta_i e^{Gamma_i - Gamma_j} k_i.k_j (j < i); across chunks the state is carried.
 Same signature and results as `kernels.naive.naive_delta_product` (grouped heads: q and k are repeated to
-the value heads; packed batches: one chunked solve per sequence).
+the value heads; packed batches: one chunked solve per sequence). Per-channel gates g [B, T, Hv, K] (Kimi Delta
+Attention) take `_chunk_channel_gate`, which builds the pairwise per-channel decays one chunk at a time.
 """
 
 from __future__ import annotations
@@ -38,9 +39,6 @@ def chunk_delta_product(
     Boundary layout as `kernels.naive.naive_delta_product` (per sequence with cu_seqlens).
     """
     N, Hk, Hv, _, _, _ = check_inputs(q, k, v, beta, g, initial_state, cu_seqlens)
-    if g is not None and g.dim() == 4:
-        raise ValueError("chunk_delta_product: per-channel gates g [B,T,Hv,K] are not in the chunked form yet; "
-                         "use kernels.naive.naive_delta_product")
     if Hv != Hk:
         q, k = q.repeat_interleave(Hv // Hk, dim=2), k.repeat_interleave(Hv // Hk, dim=3)
     args = dict(scale=scale, chunk_size=chunk_size, normalize_qk=normalize_qk)
@@ -80,6 +78,8 @@ def _chunk_dense(q, k, v, beta, g, scale, initial_state, chunk_size, normalize_q
     n_chunks = -(-T // C)
     pad = n_chunks * C - T
     L = C * n_h  # sub-steps per chunk
+    if g is not None and g.dim() == 4:
+        return _chunk_channel_gate(q, k, v, beta, g.to(dtype), scale, initial_state, C, out_dtype)
     gamma = torch.zeros(B, T, n_h, H, dtype=dtype, device=q.device)
     if g is not None:
         gamma[:, :, 0] = g.to(dtype)
@@ -125,6 +125,57 @@ def _chunk_dense(q, k, v, beta, g, scale, initial_state, chunk_size, normalize_q
         else:
             outs.append(scale * (q_scale[:, :, c] * (qs[:, :, c] @ state) + attn[:, :, c] @ delta))
             state = tail_gate[:, :, c] * state + (ks[:, :, c] * tail[:, :, c]).transpose(-1, -2) @ delta
+        boundaries.append(state)
+    o = torch.stack(outs, 2).reshape(B, H, n_chunks * C, V)[:, :, :T].movedim(1, 2)
+    return o.to(out_dtype), state, torch.stack(boundaries, 1)
+
+
+def _chunk_channel_gate(q, k, v, beta, g, scale, initial_state, C, out_dtype):
+    """Per-channel gates (Kimi Delta Attention): g [B, T, H, K] decays the state's key rows.
+
+    Within a chunk of L sub-steps with cumulative log decays Gamma_i in R^K (the gate sits at each token's
+    first sub-step), S_i = diag(e^{Gamma_i}) S_0 + sum_{j<=i} diag(e^{Gamma_i - Gamma_j}) k_j u_j^T, where
+    (I + A) U = diag(b) (V - Ktilde S_0), A_ij = b_i k_i^T diag(e^{Gamma_i - Gamma_j}) k_j (j < i) and
+    Ktilde_i = e^{Gamma_i} * k_i. Every exponent is a difference Gamma_i - Gamma_j with j <= i (never positive),
+    so strong decays cannot overflow; the pairwise [L, L, K] decays are built one chunk at a time.
+    """
+    B, T, H, K = q.shape
+    n_h, V = k.shape[2], v.shape[-1]
+    dtype = q.dtype
+    n_chunks = -(-T // C)
+    pad = n_chunks * C - T
+    L = C * n_h
+    gamma = torch.zeros(B, T, n_h, H, K, dtype=dtype, device=q.device)
+    gamma[:, :, 0] = g
+    if pad:
+        q, k, v, beta, gamma = (
+            torch.nn.functional.pad(x, (0, 0) * (x.dim() - 2) + (0, pad)) for x in (q, k, v, beta, gamma)
+        )
+    ks = _interleave(k).reshape(B, H, n_chunks, L, K)
+    vs = _interleave(v).reshape(B, H, n_chunks, L, V)
+    bs = _interleave(beta).reshape(B, H, n_chunks, L)
+    cum = _interleave(gamma).reshape(B, H, n_chunks, L, K).cumsum(-2)
+    qs = q.movedim(2, 1).reshape(B, H, n_chunks, C, K)
+    idx = torch.arange(L, device=q.device)
+    causal = (idx[:, None] >= idx[None, :])[..., None]  # [L, L, 1]
+    last = idx[n_h - 1 :: n_h]
+    eye = torch.eye(L, dtype=dtype, device=q.device)
+
+    state = q.new_zeros(B, H, K, V) if initial_state is None else initial_state.to(dtype)
+    outs, boundaries = [], [state]
+    for c in range(n_chunks):
+        kc, vc, bc, gc, qc = ks[:, :, c], vs[:, :, c], bs[:, :, c], cum[:, :, c], qs[:, :, c]
+        diff = gc[:, :, :, None, :] - gc[:, :, None, :, :]  # [B, H, L, L, K]: Gamma_i - Gamma_j
+        decay = torch.where(causal, diff, torch.full_like(diff, -torch.inf)).exp()
+        A = (bc[..., :, None] * torch.einsum("bhik,bhjk,bhijk->bhij", kc, kc, decay)).tril(-1)
+        attn = torch.einsum("bhtk,bhjk,bhtjk->bhtj", qc, kc, decay[:, :, last])  # j <= t, inclusive
+        lhs = eye + A
+        U = torch.linalg.solve_triangular(lhs, bc[..., None] * vc, upper=False, unitriangular=True)
+        W = torch.linalg.solve_triangular(lhs, bc[..., None] * kc * gc.exp(), upper=False, unitriangular=True)
+        delta = U - W @ state
+        outs.append(scale * ((qc * gc[:, :, last].exp()) @ state + attn @ delta))
+        tail = (gc[:, :, -1:] - gc).exp()  # e^{Gamma_L - Gamma_j}
+        state = gc[:, :, -1].exp()[..., None] * state + (kc * tail).transpose(-1, -2) @ delta
         boundaries.append(state)
     o = torch.stack(outs, 2).reshape(B, H, n_chunks * C, V)[:, :, :T].movedim(1, 2)
     return o.to(out_dtype), state, torch.stack(boundaries, 1)

@@ -29,7 +29,8 @@ def delta_product_forward(
             triton_chunk = None
         if triton_chunk is not None:
             check_inputs(q, k, v, beta, g, initial_state, cu_seqlens)  # malformed inputs raise on every path
-            why = triton_chunk.unsupported_reason(q, v)
+            channel_gate = g is not None and g.dim() == 4
+            why = "per-channel gate g [B,T,Hv,K]" if channel_gate else triton_chunk.unsupported_reason(q, v)
             if why is None:
                 return triton_chunk.triton_delta_product(q, k, v, beta, g, **args)
             warnings.warn(

@@ -58,3 +58,55 @@ def test_gate_of_the_wrong_shape_names_the_tensor():
     v, beta = torch.randn(1, 3, 1, 2, 4), torch.rand(1, 3, 1, 2)
     with pytest.raises(ValueError, match=r"^g must be \[B,T,Hv\]"):
         naive_delta_product(q, k, v, beta, torch.randn(1, 3, 2, 5))
+
+
+def _random(B, T, Hk, Hv, K, V, n_h, strength, seed, dtype=torch.float64):
+    g_ = torch.Generator().manual_seed(seed)
+    q = torch.randn(B, T, Hk, K, generator=g_, dtype=dtype)
+    k = torch.nn.functional.normalize(torch.randn(B, T, n_h, Hk, K, generator=g_, dtype=dtype), dim=-1)
+    v = torch.randn(B, T, n_h, Hv, V, generator=g_, dtype=dtype)
+    beta = torch.rand(B, T, n_h, Hv, generator=g_, dtype=dtype) * 2
+    g = -torch.rand(B, T, Hv, K, generator=g_, dtype=dtype) * strength
+    return q, k, v, beta, g
+
+
+@pytest.mark.parametrize("n_h, Hk, Hv, T, strength", [
+    (1, 2, 2, 150, 1.0),     # Kimi Delta Attention: three chunks, the last partial
+    (1, 1, 3, 70, 20.0),     # grouped heads, strong decays (e^-20 per token): no overflow
+    (2, 2, 4, 33, 0.05),     # n_h = 2 (the gate at each token's first sub-step), weak decays
+    (1, 2, 2, 9, 0.5),       # shorter than one chunk
+])
+def test_chunked_per_channel_gate_matches_reference_float64(n_h, Hk, Hv, T, strength):
+    from kernels.chunk import chunk_delta_product
+
+    q, k, v, beta, g = _random(2, T, Hk, Hv, 8, 5, n_h, strength, seed=T)
+    h0 = torch.randn(2, Hv, 8, 5, dtype=torch.float64)
+    ref = naive_delta_product(q, k, v, beta, g, initial_state=h0)
+    got = chunk_delta_product(q, k, v, beta, g, initial_state=h0)
+    for a, b in zip(got, ref):
+        assert torch.isfinite(a).all()
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
+
+
+def test_chunked_per_channel_gate_packed_sequences_and_float32():
+    from kernels.chunk import chunk_delta_product
+
+    q, k, v, beta, g = _random(1, 140, 2, 4, 16, 8, 1, 1.0, seed=5)
+    cu = torch.tensor([0, 20, 100, 140])
+    ref = naive_delta_product(q, k, v, beta, g, cu_seqlens=cu)
+    got = chunk_delta_product(q, k, v, beta, g, cu_seqlens=cu)
+    for a, b in zip(got, ref):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
+    got32 = chunk_delta_product(*(x.float() for x in (q, k, v, beta, g)), cu_seqlens=cu)
+    for a, b in zip(got32, ref):  # float32: a few ulps of the O(1) outputs and states
+        assert float((a.double() - b).abs().max()) < 5e-5
+
+
+def test_chunked_per_channel_gate_equal_across_channels_is_the_scalar_path():
+    from kernels.chunk import chunk_delta_product
+
+    q, k, v, beta, g = _random(1, 100, 2, 2, 8, 4, 2, 1.0, seed=9)
+    scalar = chunk_delta_product(q, k, v, beta, g[..., 0])
+    channel = chunk_delta_product(q, k, v, beta, g[..., :1].expand_as(g).contiguous())
+    for a, b in zip(scalar, channel):
+        torch.testing.assert_close(a, b, rtol=1e-11, atol=1e-11)
