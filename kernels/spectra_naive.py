@@ -63,3 +63,13 @@ def naive_spectra(
         gw = g.to(torch.float64).unfold(1, window, stride).sum(-1)  # [B, T', H]
         eig = eig * gw.exp()[..., None]
     return sort_eigenvalues(eig)
+
+
+def dplr_eigvals_dense(d: torch.Tensor, k: torch.Tensor, beta: torch.Tensor) -> torch.Tensor:
+    """Eigenvalues of (I - beta k k^T) diag(d) built densely in float64 ([..., n, n]) by torch.linalg.eigvals,
+    real parts sorted ascending (the matrix is similar to a symmetric one): the oracle for
+    `kernels.spectra_dplr.dplr_eigvals`."""
+    d, k, beta = d.double(), k.double(), beta.double()
+    eye = torch.eye(d.shape[-1], dtype=torch.float64, device=d.device)
+    m = (eye - beta[..., None, None] * k[..., :, None] * k[..., None, :]) * d[..., None, :]
+    return torch.sort(torch.linalg.eigvals(m).real, dim=-1).values
