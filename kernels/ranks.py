@@ -148,7 +148,12 @@ def _replay(
     kk = k.permute(1, 2, 0, 3, 4).reshape(L, n_h, M, 1, K)
     vv = v.permute(1, 2, 0, 3, 4).reshape(L, n_h, M, 1, V)
     bk = (beta[..., None] * k).permute(1, 2, 0, 3, 4).reshape(L, n_h, M, K, 1)
-    gate = None if g is None else g.exp().to(dtype).permute(1, 0, 2).reshape(L, M, 1, 1)
+    if g is None:
+        gate = None
+    elif g.dim() == 3:  # scalar gate [N, L, H]
+        gate = g.exp().to(dtype).permute(1, 0, 2).reshape(L, M, 1, 1)
+    else:  # per-channel gate [N, L, H, K]: decays the state's key rows
+        gate = g.exp().to(dtype).permute(1, 0, 2, 3).reshape(L, M, K, 1)
     out = torch.empty(L * (n_h if substeps else 1), N, H, K, V, dtype=dtype, device=k.device)
     state = start.to(dtype).reshape(M, K, V)
     idx = 0
@@ -175,7 +180,8 @@ def replay_chunks(
 ) -> torch.Tensor:
     """States after every token (or sub-step) of a group of chunks, each replayed from its start state.
 
-    start [N, H, K, V]; k [N, L, n_h, H, K]; v [N, L, n_h, H, V]; beta [N, L, n_h, H]; g [N, L, H] | None.
+    start [N, H, K, V]; k [N, L, n_h, H, K]; v [N, L, n_h, H, V]; beta [N, L, n_h, H]; g [N, L, H] (scalar),
+    [N, L, H, K] (per key channel) or None.
     Returns [N, L, H, K, V] (or [N, L * n_h, H, K, V], sub-step j of token t at t * n_h + j), a view.
     Matrix products run in full float32 (TF32 is switched off for the call).
     """
@@ -239,8 +245,8 @@ def state_rank_metrics(
             f"boundary_states has {boundary_states.shape[1]} chunk states, T={T} needs "
             f"{n_chunks} (one per {C} tokens); pass the kernel's boundary states and chunk_size"
         )
-    if g is not None and g.shape != (B, T, H):
-        raise ValueError(f"expected g [B,T,H] = {(B, T, H)}, got {tuple(g.shape)}")
+    if g is not None and g.shape not in ((B, T, H), (B, T, H, K)):
+        raise ValueError(f"expected g [B,T,H] = {(B, T, H)} or per-channel [B,T,H,K], got {tuple(g.shape)}")
     _check_choice(method, backend)
     dtype = torch.float64 if boundary_states.dtype == torch.float64 else torch.float32
     k, v, beta = k.to(dtype), v.to(dtype), beta.to(dtype)
@@ -249,12 +255,12 @@ def state_rank_metrics(
     pad = n_chunks * C - T
     if pad:
         k, v, beta = (torch.nn.functional.pad(x, (0, 0) * (x.dim() - 2) + (0, pad)) for x in (k, v, beta))
-        g = None if g is None else torch.nn.functional.pad(g, (0, 0, 0, pad))
+        g = None if g is None else torch.nn.functional.pad(g, (0, 0) * (g.dim() - 2) + (0, pad))
     # [B, NCh, C, ...] with the batch folded into the chunk axis: chunks are independent once started.
     k = k.reshape(B * n_chunks, C, n_h, H, K)
     v = v.reshape(B * n_chunks, C, n_h, H, V)
     beta = beta.reshape(B * n_chunks, C, n_h, H)
-    g = None if g is None else g.to(dtype).reshape(B * n_chunks, C, H)
+    g = None if g is None else g.to(dtype).reshape(B * n_chunks, C, *g.shape[2:])
     starts = boundary_states[:, :n_chunks].reshape(B * n_chunks, H, K, V)
 
     per_chunk = C * (n_h if substeps else 1) * H

@@ -33,6 +33,17 @@ def token_spectra(k: np.ndarray, beta: np.ndarray, g: np.ndarray | None = None, 
     return spec.eigenvalues.to("cpu", torch.complex64).numpy()
 
 
+def channel_gate_spectra(k: np.ndarray, beta: np.ndarray, g: np.ndarray, *, device: str = "cpu") -> np.ndarray:
+    """Eigenvalues of each token's per-channel-gated transition A_t = (I - b k k^T) diag(exp g_t) (n_h = 1):
+    k [B,T,1,H,K], beta [B,T,1,H], g [B,T,H,K] -> complex [B,T,H,K] (real values, ascending), exact by the
+    secular equation (`kernels.spectra_dplr`)."""
+    from kernels.spectra_dplr import dplr_eigvals
+
+    kk, bb = _t(k[:, :, 0], device, torch.float64), _t(beta[:, :, 0], device, torch.float64)
+    d = _t(g, device, torch.float64).exp()
+    return dplr_eigvals(d, kk, bb).to("cpu").numpy().astype(np.complex64)
+
+
 # --- per-token states and their ranks --------------------------------------------------------
 
 def token_ranks(k: np.ndarray, v: np.ndarray, beta: np.ndarray, g: np.ndarray | None,

@@ -39,12 +39,18 @@ def per_token(ds: xr.Dataset, *, window: int = 4, stride: int | None = None, bud
     if window > T:
         raise ProbeError(f"--window {window} is longer than the sequences ({T} tokens): pick a window <= {T}")
     gated = "g" in ds
+    channel = gated and "dk" in ds["g"].dims  # Kimi Delta Attention: A_t = (I - b k k^T) diag(exp g_t)
+    if channel and n_h != 1:
+        raise ProbeError(f"per-channel gates with n_h = {n_h} Householder steps: A_t is no longer diagonal plus "
+                         "rank one; only n_h = 1 (Kimi Delta Attention) is supported")
     n_win = (T - window) // stride + 1
     outputs: dict[str, tuple[tuple[str, ...], Any]] = {
         "eig_P": (("seq", "layer", "pos", "head", "eig"), np.complex64),
         "window_eig_P": (("seq", "layer", "window", "head", "weig"), np.complex64),
     }
-    if gated:
+    if channel:  # all dk eigenvalues of A_t are non-trivial (and real): the secular equation, exactly
+        outputs["eig_A"] = (("seq", "layer", "pos", "head", "aeig"), np.complex64)
+    elif gated:
         outputs["eig_A"] = (("seq", "layer", "pos", "head", "eig"), np.complex64)
         outputs["window_eig_A"] = (("seq", "layer", "window", "head", "weig"), np.complex64)
 
@@ -52,17 +58,19 @@ def per_token(ds: xr.Dataset, *, window: int = 4, stride: int | None = None, bud
         k, beta = a["k"].astype(np.float32), a["beta"].astype(np.float32)
         out = {"eig_P": linalg.token_spectra(k, beta, device=device),
                "window_eig_P": linalg.token_spectra(k, beta, window=window, stride=stride, device=device)}
-        if gated:
+        if channel:
+            out["eig_A"] = linalg.channel_gate_spectra(a["k"], a["beta"], a["g"], device=device)
+        elif gated:
             g = a["g"].astype(np.float64)
             out["eig_A"] = out["eig_P"] * np.exp(g)[..., None]
             gw = np.lib.stride_tricks.sliding_window_view(g, window, axis=1)[:, ::stride].sum(-1)
             out["window_eig_A"] = out["window_eig_P"] * np.exp(gw)[..., None]
         return out
 
-    sizes = {"pos": T, "head": H, "eig": n_h, "window": n_win, "weig": window * n_h}
+    sizes = {"pos": T, "head": H, "eig": n_h, "window": n_win, "weig": window * n_h, "aeig": ds.sizes["dk"]}
     coords = {"window_start": ("window", np.arange(n_win) * stride)}
     lazy = map_seq_layer(ds, ["k", "beta", "g"], fn, outputs, sizes, budget=budget, coords=coords)
-    lazy.attrs.update({"window": window, "stride": stride, "gated": gated})
+    lazy.attrs.update({"window": window, "stride": stride, "gated": gated, "channel_gate": channel})
     return lazy
 
 

@@ -347,6 +347,8 @@ def capture(checkpoint: str | Path, data: str | Data, out: str | Path, *,
              "hidden": cfg.hidden_size}
     if cfg.grouped:  # grouped heads: q, k per key head (schema.dims_of)
         sizes["key_head"] = cfg.num_key_heads
+    if getattr(cfg, "gate", "scalar") == "channel":  # Kimi Delta Attention: g [.., head, dk]
+        sizes[schema.GATE_CHANNELS] = cfg.head_k_dim
     attrs = {
         "deltalab_format": schema.FORMAT_VERSION, "model_config": model_config,
         "checkpoint_digest": checkpoint_digest(checkpoint), "deltalab_version": deltalab_version(),

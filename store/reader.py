@@ -68,7 +68,7 @@ def _missing_chunk(path: Path, attrs: dict[str, Any], complete: np.ndarray) -> s
     batch = int(attrs["batch_size"])
     chunk_ids = np.unique(np.flatnonzero(complete) // batch)
     for var in attrs["variables"]:
-        tail = "/".join("0" for _ in schema.VARIABLES[var].dims[1:])
+        tail = "/".join("0" for _ in schema.dims_of(var, attrs.get("sizes") or {})[1:])
         for i in chunk_ids:
             key = f"c/{i}/{tail}" if tail else f"c/{i}"
             if not (path / var / key).is_file():

@@ -143,12 +143,18 @@ KEY_HEAD_VARS = ("q", "k")
 """Variables indexed by key head: with grouped heads (sizes has `key_head`) their `head` dim is `key_head`."""
 
 
+GATE_CHANNELS = "gate_channels"
+"""`sizes` entry (= dk) of stores whose forget gate is per key channel: `g` then has dims (..., head, dk)."""
+
+
 def dims_of(var: str, sizes: dict[str, int]) -> tuple[str, ...]:
     """Dims of `var` in a store of these sizes: q and k use `key_head` when the model groups its heads
     (Hk key heads < Hv value heads; value head j reads key head `key_head_of[j]`, a root attribute)."""
     dims = VARIABLES[var].dims
     if var in KEY_HEAD_VARS and "key_head" in sizes:
         return tuple("key_head" if d == "head" else d for d in dims)
+    if var == "g" and sizes.get(GATE_CHANNELS):
+        return (*dims, "dk")  # per-channel gate (Kimi Delta Attention): one log decay per key channel
     return dims
 
 

@@ -31,13 +31,14 @@ class DeltaRuleHooks(nn.Module):
 
     Shapes (n_h = 1): hook_q [B,T,Hk,dk] and hook_k [B,T,1,Hk,dk] (L2-normalised in float32, then in the
     model's dtype, as deltalab's own layers), hook_v [B,T,1,Hv,dv], hook_beta [B,T,1,Hv] (float32, as the layer
-    computed it, x2 in OLMo-Hybrid), hook_g [B,T,Hv], hook_state [B,NC,Hv,dk,dv] (chunk starts + final),
-    hook_o [B,T,Hv,dv]. Writes to any of them change the layer; an edited chunk-start state restarts the
-    recurrence from that chunk (deltalab's replay). The final state handed back to the layer's cache is
-    hook_state's last entry.
+    computed it, x2 in OLMo-Hybrid), hook_g [B,T,Hv] ([B,T,Hv,dk] for Kimi Delta Attention), hook_state
+    [B,NC,Hv,dk,dv] (chunk starts + final), hook_o [B,T,Hv,dv]. Writes to any of them change the layer; an
+    edited chunk-start state restarts the recurrence from that chunk (deltalab's replay). The final state handed
+    back to the layer's cache is hook_state's last entry.
     """
 
-    def __init__(self, layer_idx: int, num_k_heads: int, num_v_heads: int, head_k_dim: int, head_v_dim: int) -> None:
+    def __init__(self, layer_idx: int, num_k_heads: int, num_v_heads: int, head_k_dim: int, head_v_dim: int,
+                 channel_gate: bool = False) -> None:
         super().__init__()
         if num_v_heads % num_k_heads:
             raise ValueError(f"layer {layer_idx}: {num_v_heads} value heads are not a multiple of "
@@ -45,6 +46,7 @@ class DeltaRuleHooks(nn.Module):
         self.layer_idx = layer_idx
         self.num_k_heads, self.num_v_heads = num_k_heads, num_v_heads
         self.head_k_dim, self.head_v_dim = head_k_dim, head_v_dim
+        self.channel_gate = channel_gate
         self.hook_q = HookPoint()
         self.hook_k = HookPoint()
         self.hook_v = HookPoint()
@@ -58,6 +60,12 @@ class DeltaRuleHooks(nn.Module):
                 use_qk_l2norm_in_kernel: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Same contract as transformers' `torch_chunk_gated_delta_rule` (o in query's dtype)."""
         out_dtype = query.dtype
+        B, T = value.shape[:2]
+        want = (B, T, self.num_v_heads) + ((self.head_k_dim,) if self.channel_gate else ())
+        if tuple(g.shape) != want:
+            kind = "per-channel [B,T,H,dk]" if self.channel_gate else "scalar [B,T,H]"
+            raise ValueError(f"layer {self.layer_idx}: gate g has shape {tuple(g.shape)}, the config's {kind} gate "
+                             f"needs {want}: the layer and its config disagree")
         q, k = query, key
         if use_qk_l2norm_in_kernel:  # in float32, as transformers and fla do; back to the model's dtype, so
             # bf16 models run the Triton kernel's half-precision products (float32 ones are several times slower)

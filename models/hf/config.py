@@ -36,6 +36,7 @@ class HFModelConfig:
     use_beta: bool = True
     use_short_conv: bool = True
     conv_size: int = 4
+    gate: str = "scalar"  # "scalar" (Gated DeltaNet, g [B,T,H]) or "channel" (Kimi Delta Attention, g [B,T,H,dk])
     pad_token_id: int | None = None
     bos_token_id: int | None = None
     eos_token_id: int | list[int] | None = None
@@ -62,11 +63,17 @@ class HFModelConfig:
         text = config.get_text_config()
         layer_types = list(text.layer_types)
         neg = bool(getattr(text, family.neg_eig_field, False)) if family.neg_eig_field else False
+        if family.channel_gate:  # Kimi Delta Attention: one head count, dk = dv
+            heads = k_heads = int(text.linear_num_heads)
+            dk = dv = int(text.linear_head_dim)
+        else:
+            heads, k_heads = int(text.linear_num_value_heads), int(text.linear_num_key_heads)
+            dk, dv = int(text.linear_key_head_dim), int(text.linear_value_head_dim)
         return cls(
             model_type=family.model_type, family=family.label, num_hidden_layers=int(text.num_hidden_layers),
             hidden_size=int(text.hidden_size), vocab_size=int(text.vocab_size),
-            num_heads=int(text.linear_num_value_heads), num_key_heads=int(text.linear_num_key_heads),
-            head_k_dim=int(text.linear_key_head_dim), head_v_dim=int(text.linear_value_head_dim),
+            num_heads=heads, num_key_heads=k_heads, head_k_dim=dk, head_v_dim=dv,
+            gate="channel" if family.channel_gate else "scalar",
             delta_layers=[i for i, t in enumerate(layer_types) if t == LINEAR], layer_types=layer_types,
             allow_neg_eigval=neg, single_residual=family.single_residual,
             conv_size=int(getattr(text, "linear_conv_kernel_dim", 4)),

@@ -1,8 +1,11 @@
-"""Which Hugging Face model types hold Gated DeltaNet layers, and how to read them.
+"""Which Hugging Face model types hold delta-rule layers, and how to read them.
 
-Each family's linear layers are `<decoder layers>[i].linear_attn` (`config.layer_types[i] ==
-"linear_attention"`); every family calls the module globals `torch_chunk_gated_delta_rule` and
-`torch_recurrent_gated_delta_rule` of its modeling module, which deltalab reroutes (models.hf.route).
+Gated DeltaNet families: the linear layers are `<decoder layers>[i].linear_attn` (`config.layer_types[i] ==
+"linear_attention"`) and call the module globals `torch_chunk_gated_delta_rule` and
+`torch_recurrent_gated_delta_rule`. Kimi Delta Attention families (per-channel gates, `g [B,T,H,dk]`): the
+linear layers are `<decoder layers>[i].self_attn` (the attribute the softmax layers use too, so
+`layer_types` decides) and call `chunk_kimi_delta_attention` / `recurrent_kimi_delta_attention`. deltalab
+reroutes those globals of the family's modeling module (models.hf.route).
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ class Family:
     `single_residual`: the decoder layer keeps one residual stream (resid hooks exist);
     Qwen4-Exp's hyper-connections keep several, so it has none.
     `neg_eig_field`: text-config field that doubles beta (OLMo-Hybrid), or None.
+    `channel_gate`: Kimi Delta Attention (one log decay per key channel) instead of Gated DeltaNet.
+    `auto_class`: the transformers Auto class that builds the model from its folder.
     """
 
     model_type: str
@@ -30,6 +35,26 @@ class Family:
     module: str
     single_residual: bool = True
     neg_eig_field: str | None = None
+    channel_gate: bool = False
+    auto_class: str = "AutoModelForCausalLM"
+
+    @property
+    def kernels(self) -> tuple[str, str]:
+        """The module globals (chunked, recurrent) the linear layers call."""
+        return KDA_KERNELS if self.channel_gate else GDN_KERNELS
+
+    @property
+    def mixer(self) -> str:
+        """Attribute of the decoder layer that holds the linear layer."""
+        return "self_attn" if self.channel_gate else "linear_attn"
+
+    @property
+    def layer_kind(self) -> str:
+        return "Kimi Delta Attention" if self.channel_gate else "Gated DeltaNet"
+
+
+GDN_KERNELS = ("torch_chunk_gated_delta_rule", "torch_recurrent_gated_delta_rule")
+KDA_KERNELS = ("chunk_kimi_delta_attention", "recurrent_kimi_delta_attention")
 
 
 _FAMILIES = (
@@ -43,6 +68,11 @@ _FAMILIES = (
     Family("qwen4_exp", "Qwen4-Exp", "transformers.models.qwen4_exp.modeling_qwen4_exp", single_residual=False),
     Family("qwen4_exp_text", "Qwen4-Exp (text)", "transformers.models.qwen4_exp.modeling_qwen4_exp",
            single_residual=False),
+    Family("kimi_linear", "Kimi Linear", "transformers.models.kimi_linear.modeling_kimi_linear", channel_gate=True),
+    Family("bailing_hybrid", "Bailing hybrid", "transformers.models.bailing_hybrid.modeling_bailing_hybrid",
+           channel_gate=True),
+    Family("glm5_next", "GLM5-Next", "transformers.models.glm5_next.modeling_glm5_next", channel_gate=True,
+           single_residual=False, auto_class="AutoModelForImageTextToText"),  # hyper-connections, like Qwen4-Exp
 )
 
 FAMILIES: dict[str, Family] = {f.model_type: f for f in _FAMILIES}

@@ -25,14 +25,14 @@ from models.lm import IGNORE_INDEX
 class LayerHooks(nn.Module):
     """`layers.{i}`: the attn hooks (linear layers) and the residual hooks (single-stream models)."""
 
-    def __init__(self, config: HFModelConfig, layer_idx: int) -> None:
+    def __init__(self, config: HFModelConfig, layer_idx: int, mixer: str = "linear_attn") -> None:
         super().__init__()
-        self.layer_idx = layer_idx
+        self.layer_idx, self.mixer = layer_idx, mixer
         self.linear = layer_idx in config.delta_layers
         self.residual = config.single_residual
         if self.linear:
             self.attn = DeltaRuleHooks(layer_idx, config.num_key_heads, config.num_heads, config.head_k_dim,
-                                       config.head_v_dim)
+                                       config.head_v_dim, channel_gate=config.gate == "channel")
         if self.residual:
             self.hook_resid_pre = HookPoint()
             self.hook_resid_post = HookPoint()
@@ -43,14 +43,15 @@ class LayerHooks(nn.Module):
     def attach(self, decoder_layer: nn.Module) -> list[Any]:
         """Install this layer's hooks on the transformers decoder layer; returns the handles."""
         handles: list[Any] = []
+        mixer = getattr(decoder_layer, self.mixer) if self.linear else None
         if self.linear:
-            handles += attach(decoder_layer.linear_attn, self.attn)
+            handles += attach(mixer, self.attn)
         if not self.residual:
             return handles
         handles.append(decoder_layer.register_forward_pre_hook(self._resid_pre, with_kwargs=True))
         handles.append(decoder_layer.register_forward_hook(self._resid_post))
         if self.linear:  # decoder layer: x + linear_attn(norm(x)), so mid = pre + attn output
-            handles.append(decoder_layer.linear_attn.register_forward_hook(self._resid_mid))
+            handles.append(mixer.register_forward_hook(self._resid_mid))
         return handles
 
     def _resid_pre(self, _mod: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
@@ -99,8 +100,9 @@ class HookedHFModel(nn.Module):
         layers = decoder_layers(hf_model)
         if len(layers) != self.config.num_hidden_layers:
             raise ValueError(f"{len(layers)} decoder layers but num_hidden_layers={self.config.num_hidden_layers}")
-        install_router(family.module)
-        self.layers = nn.ModuleList(LayerHooks(self.config, i) for i in range(self.config.num_hidden_layers))
+        install_router(family.module, family.kernels)
+        self.layers = nn.ModuleList(LayerHooks(self.config, i, family.mixer)
+                                    for i in range(self.config.num_hidden_layers))
         self._handles = [h for hooks, layer in zip(self.layers, layers) for h in hooks.attach(layer)]
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
@@ -134,6 +136,7 @@ def summary_line(c: HFModelConfig, n_params: int) -> str:
     eig = "[-1,1]" if c.allow_neg_eigval else "[0,1]"
     full = c.num_hidden_layers - len(c.delta_layers)
     return (f"{c.family} ({c.model_type}) eigenvalues {eig}: {c.num_hidden_layers} layer(s), "
-            f"{len(c.delta_layers)} Gated DeltaNet {c.delta_layers}, {full} attention; "
+            f"{len(c.delta_layers)} {'Kimi Delta Attention' if c.gate == 'channel' else 'Gated DeltaNet'} "
+            f"{c.delta_layers}, {full} attention; "
             f"{c.num_key_heads} key / {c.num_heads} value heads, dk={c.head_k_dim} dv={c.head_v_dim}, "
             f"hidden={c.hidden_size}, vocab={c.vocab_size}; {n_params / 1e6:.2f}M parameters")

@@ -155,7 +155,8 @@ def load_hf_checkpoint(folder: str | Path, raw: dict[str, Any] | None = None, de
     layer_types = raw.get("text_config", raw).get("layer_types")
     if layer_types is not None and LINEAR not in layer_types:
         raise _no_linear(folder)
-    from transformers import AutoConfig, AutoModelForCausalLM
+    import transformers
+    from transformers import AutoConfig
 
     kwargs: dict[str, Any] = {"dtype": dtype or torch.float32}
     if device_map is not None:
@@ -165,7 +166,7 @@ def load_hf_checkpoint(folder: str | Path, raw: dict[str, Any] | None = None, de
         if LINEAR not in (getattr(config.get_text_config(), "layer_types", None) or []):
             raise _no_linear(folder)
         with _quiet_transformers():
-            model = AutoModelForCausalLM.from_pretrained(
+            model = getattr(transformers, family.auto_class).from_pretrained(
                 folder, config=config, local_files_only=True, use_safetensors=True, trust_remote_code=False, **kwargs
             )
     except Exception as err:  # noqa: BLE001 - whatever transformers raises becomes one line

@@ -18,8 +18,10 @@ from typing import Any
 
 from torch import nn
 
-KERNEL_NAMES = ("torch_chunk_gated_delta_rule", "torch_recurrent_gated_delta_rule")
-"""Module globals the Gated DeltaNet layers of every supported family call."""
+from models.hf.families import GDN_KERNELS, KDA_KERNELS
+
+KERNEL_NAMES = GDN_KERNELS + KDA_KERNELS
+"""Module globals the delta-rule layers of the supported families call (Gated DeltaNet, Kimi Delta Attention)."""
 
 _ACTIVE: contextvars.ContextVar[nn.Module | None] = contextvars.ContextVar("deltalab_hf_active", default=None)
 
@@ -49,10 +51,10 @@ def _router(original: Callable) -> Callable:
     return routed
 
 
-def install_router(module_name: str) -> None:
-    """Replace the kernel globals of `module_name` with routers (idempotent)."""
+def install_router(module_name: str, names: tuple[str, ...] = GDN_KERNELS) -> None:
+    """Replace the kernel globals `names` of `module_name` with routers (idempotent)."""
     module = importlib.import_module(module_name)
-    for name in KERNEL_NAMES:
+    for name in names:
         fn = getattr(module, name)
         if not hasattr(fn, "deltalab_original"):
             setattr(module, name, _router(fn))

@@ -14,7 +14,7 @@ from types import ModuleType
 
 import torch
 
-from models.hf.route import KERNEL_NAMES
+from models.hf.families import GDN_KERNELS
 
 FAMILIES = ("olmo_hybrid", "qwen3_next", "qwen3_5", "qwen3_5_moe", "qwen4_exp")
 LINEAR_LAYERS = (0, 1, 3)
@@ -61,15 +61,17 @@ def save_tiny(family: str, folder: Path, seed: int = 0, **save_kwargs) -> Path:
 
 
 @contextlib.contextmanager
-def original_kernels(module: ModuleType, edit: Callable | None = None) -> Iterator[list]:
+def original_kernels(module: ModuleType, edit: Callable | None = None,
+                     names: tuple[str, str] = GDN_KERNELS) -> Iterator[list]:
     """Run the family's own kernels (deltalab's router removed) and record each chunk call's
     (o, final state, inputs {query, key, value, g, beta}).
 
     `edit(call, kwargs)` may change a call's inputs: a change made by hand inside the layer.
     """
     calls: list[tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]] = []
-    routers = {name: getattr(module, name) for name in KERNEL_NAMES}
-    chunk = routers["torch_chunk_gated_delta_rule"].deltalab_original
+    chunk_name, recurrent_name = names
+    routers = {name: getattr(module, name) for name in names}
+    chunk = routers[chunk_name].deltalab_original
 
     def recorder(*args, **kwargs):
         if edit is not None:
@@ -80,8 +82,8 @@ def original_kernels(module: ModuleType, edit: Callable | None = None) -> Iterat
         return o, state
 
     try:
-        module.torch_chunk_gated_delta_rule = recorder
-        module.torch_recurrent_gated_delta_rule = routers["torch_recurrent_gated_delta_rule"].deltalab_original
+        setattr(module, chunk_name, recorder)
+        setattr(module, recurrent_name, routers[recurrent_name].deltalab_original)
         yield calls
     finally:
         for name, fn in routers.items():
