@@ -130,14 +130,15 @@ def _chunk_dense(q, k, v, beta, g, scale, initial_state, chunk_size, normalize_q
     return o.to(out_dtype), state, torch.stack(boundaries, 1)
 
 
-def _chunk_channel_gate(q, k, v, beta, g, scale, initial_state, C, out_dtype):
+def _chunk_channel_gate(q, k, v, beta, g, scale, initial_state, C, out_dtype, budget: int = 1 << 29):
     """Per-channel gates (Kimi Delta Attention): g [B, T, H, K] decays the state's key rows.
 
     Within a chunk of L sub-steps with cumulative log decays Gamma_i in R^K (the gate sits at each token's
     first sub-step), S_i = diag(e^{Gamma_i}) S_0 + sum_{j<=i} diag(e^{Gamma_i - Gamma_j}) k_j u_j^T, where
     (I + A) U = diag(b) (V - Ktilde S_0), A_ij = b_i k_i^T diag(e^{Gamma_i - Gamma_j}) k_j (j < i) and
     Ktilde_i = e^{Gamma_i} * k_i. Every exponent is a difference Gamma_i - Gamma_j with j <= i (never positive),
-    so strong decays cannot overflow; the pairwise [L, L, K] decays are built one chunk at a time.
+    so strong decays cannot overflow. The intra-chunk factors are built for groups of chunks at once (the
+    pairwise [L, L, K] decays bounded by `budget` bytes); only the state is carried chunk by chunk.
     """
     B, T, H, K = q.shape
     n_h, V = k.shape[2], v.shape[-1]
@@ -161,21 +162,32 @@ def _chunk_channel_gate(q, k, v, beta, g, scale, initial_state, C, out_dtype):
     last = idx[n_h - 1 :: n_h]
     eye = torch.eye(L, dtype=dtype, device=q.device)
 
+    U = torch.empty(B, H, n_chunks, L, V, dtype=dtype, device=q.device)
+    W = torch.empty(B, H, n_chunks, L, K, dtype=dtype, device=q.device)
+    attn = torch.empty(B, H, n_chunks, C, L, dtype=dtype, device=q.device)
+    group = max(1, budget // max(1, B * H * L * L * K * q.element_size() * 3))
+    for c0 in range(0, n_chunks, group):
+        sl = slice(c0, min(n_chunks, c0 + group))
+        kc, gc, bc = ks[:, :, sl], cum[:, :, sl], bs[:, :, sl]
+        diff = gc[..., :, None, :] - gc[..., None, :, :]  # [B, H, G, L, L, K]: Gamma_i - Gamma_j
+        decay = torch.where(causal, diff, torch.full_like(diff, -torch.inf)).exp()
+        A = (bc[..., :, None] * torch.einsum("bhgik,bhgjk,bhgijk->bhgij", kc, kc, decay)).tril(-1)
+        attn[:, :, sl] = torch.einsum("bhgtk,bhgjk,bhgtjk->bhgtj", qs[:, :, sl], kc, decay[..., last, :, :])
+        lhs = eye + A
+        U[:, :, sl] = torch.linalg.solve_triangular(lhs, bc[..., None] * vs[:, :, sl], upper=False,
+                                                    unitriangular=True)
+        W[:, :, sl] = torch.linalg.solve_triangular(lhs, bc[..., None] * kc * gc.exp(), upper=False,
+                                                    unitriangular=True)
+    q_decayed = qs * cum[..., last, :].exp()
+    k_tail = ks * (cum[..., -1:, :] - cum).exp()  # e^{Gamma_L - Gamma_j} k_j
+    chunk_decay = cum[..., -1, :].exp()[..., None]  # [B, H, NC, K, 1]
+
     state = q.new_zeros(B, H, K, V) if initial_state is None else initial_state.to(dtype)
     outs, boundaries = [], [state]
     for c in range(n_chunks):
-        kc, vc, bc, gc, qc = ks[:, :, c], vs[:, :, c], bs[:, :, c], cum[:, :, c], qs[:, :, c]
-        diff = gc[:, :, :, None, :] - gc[:, :, None, :, :]  # [B, H, L, L, K]: Gamma_i - Gamma_j
-        decay = torch.where(causal, diff, torch.full_like(diff, -torch.inf)).exp()
-        A = (bc[..., :, None] * torch.einsum("bhik,bhjk,bhijk->bhij", kc, kc, decay)).tril(-1)
-        attn = torch.einsum("bhtk,bhjk,bhtjk->bhtj", qc, kc, decay[:, :, last])  # j <= t, inclusive
-        lhs = eye + A
-        U = torch.linalg.solve_triangular(lhs, bc[..., None] * vc, upper=False, unitriangular=True)
-        W = torch.linalg.solve_triangular(lhs, bc[..., None] * kc * gc.exp(), upper=False, unitriangular=True)
-        delta = U - W @ state
-        outs.append(scale * ((qc * gc[:, :, last].exp()) @ state + attn @ delta))
-        tail = (gc[:, :, -1:] - gc).exp()  # e^{Gamma_L - Gamma_j}
-        state = gc[:, :, -1].exp()[..., None] * state + (kc * tail).transpose(-1, -2) @ delta
+        delta = U[:, :, c] - W[:, :, c] @ state
+        outs.append(scale * (q_decayed[:, :, c] @ state + attn[:, :, c] @ delta))
+        state = chunk_decay[:, :, c] * state + k_tail[:, :, c].transpose(-1, -2) @ delta
         boundaries.append(state)
     o = torch.stack(outs, 2).reshape(B, H, n_chunks * C, V)[:, :, :T].movedim(1, 2)
     return o.to(out_dtype), state, torch.stack(boundaries, 1)

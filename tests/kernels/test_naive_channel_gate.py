@@ -110,3 +110,18 @@ def test_chunked_per_channel_gate_equal_across_channels_is_the_scalar_path():
     channel = chunk_delta_product(q, k, v, beta, g[..., :1].expand_as(g).contiguous())
     for a, b in zip(scalar, channel):
         torch.testing.assert_close(a, b, rtol=1e-11, atol=1e-11)
+
+
+def test_chunk_groups_do_not_change_the_result(monkeypatch):
+    """The intra-chunk factors are built for groups of chunks within a memory budget: one chunk per group
+    gives the same result as all at once."""
+    from functools import partial
+
+    from kernels import chunk
+
+    q, k, v, beta, g = _random(1, 200, 2, 2, 8, 4, 1, 1.0, seed=11)
+    whole = chunk.chunk_delta_product(q, k, v, beta, g)
+    monkeypatch.setattr(chunk, "_chunk_channel_gate", partial(chunk._chunk_channel_gate, budget=1))
+    single = chunk.chunk_delta_product(q, k, v, beta, g)
+    for a, b in zip(whole, single):
+        torch.testing.assert_close(a, b, rtol=1e-13, atol=1e-13)
