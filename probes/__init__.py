@@ -12,6 +12,7 @@ PROBES: dict[str, str] = {
     "erank": "Entropy effective rank, stable rank and rank utilisation of the state per token/head/layer.",
     "linear": "Logistic-regression probes from the recurrence read-out (or a stored variable) to the labels.",
     "lengthgen": "Accuracy and loss against position, within and beyond the training length.",
+    "decays": "Forget-gate decays per layer/head/key channel: memory lengths 1/(1-exp g), long-memory channels.",
     "attention": "Exact attention maps (top-k sources per token, signed weights) and the GLA approximation's error.",
     "intervene": "nnsight interventions (set a beta, ablate a head, project keys, erase/write an association, "
                  "scale a decay); change in accuracy, loss and KL.",

@@ -26,6 +26,7 @@ class Transition:
     P: np.ndarray  # [dk, dk]
     eigenvalues: np.ndarray  # [n_h] complex: P's non-trivial eigenvalues (the other dk - n_h are 1)
     key_angles_deg: np.ndarray  # [n_h, n_h] angle between the reflection planes (0..90 degrees)
+    channel_decays: np.ndarray | None = None  # [dk] exp(g_t) per key channel (Kimi Delta Attention), else None
 
     @property
     def dk(self) -> int:
@@ -33,8 +34,23 @@ class Transition:
 
     @property
     def eigenvalues_A(self) -> np.ndarray:
-        """Non-trivial eigenvalues of A_t (P's, times the gate)."""
-        return self.eigenvalues * self.gate
+        """Non-trivial eigenvalues of A_t: P's times the gate; with a per-channel gate all dk eigenvalues of
+        A_t = P_t diag(d), exact by the secular equation (n_h = 1)."""
+        if self.channel_decays is None:
+            return self.eigenvalues * self.gate
+        import torch
+
+        from kernels.spectra_dplr import dplr_eigvals
+
+        d = torch.as_tensor(self.channel_decays, dtype=torch.float64)
+        k = torch.as_tensor(self.keys[0], dtype=torch.float64)
+        lam = dplr_eigvals(d[None], k[None], torch.as_tensor(self.betas[:1], dtype=torch.float64))[0]
+        return lam.numpy().astype(np.complex128)
+
+    @property
+    def A(self) -> np.ndarray:
+        """The transition matrix: gate * P, or P diag(d) with a per-channel gate."""
+        return self.P * self.gate if self.channel_decays is None else self.P * self.channel_decays[None, :]
 
     @property
     def rotation_deg(self) -> float:
@@ -42,7 +58,7 @@ class Transition:
         return float(np.degrees(np.abs(np.angle(self.eigenvalues))).max()) if self.eigenvalues.size else 0.0
 
 
-def transition(keys: np.ndarray, betas: np.ndarray, g: float | None = None) -> Transition:
+def transition(keys: np.ndarray, betas: np.ndarray, g: float | np.ndarray | None = None) -> Transition:
     """Build one token's transition from its n_h keys [n_h, dk], betas [n_h] and log gate g (or None).
 
     The non-trivial eigenvalues come from the n_h x n_h compact-WY matrix C = (I + B L)^-1 (I - B U)
@@ -61,6 +77,9 @@ def transition(keys: np.ndarray, betas: np.ndarray, g: float | None = None) -> T
         P = (np.eye(dk) - b[j] * np.outer(k[j], k[j])) @ P
     norms = np.sqrt(np.clip(np.diag(gram), 1e-30, None))
     cos = np.clip(np.abs(gram) / np.outer(norms, norms), 0.0, 1.0)
+    if g is not None and np.ndim(g) == 1:  # per-channel gate: A_t = P_t diag(exp g)
+        decays = np.exp(np.nan_to_num(np.asarray(g, dtype=np.float64), nan=0.0))
+        return Transition(k, b, 1.0, gram, P, eig, np.degrees(np.arccos(cos)), decays)
     gate = float(np.exp(g)) if g is not None and np.isfinite(g) else 1.0
     return Transition(k, b, gate, gram, P, eig, np.degrees(np.arccos(cos)))
 

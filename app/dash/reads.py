@@ -25,4 +25,5 @@ def token_transition(path, seq: int, li: int, pos: int, head: int) -> Transition
     if "k" not in ds or "beta" not in ds:
         return None
     a = _token_inputs(str(path), loading._stamp(path), int(seq), int(li), int(pos), int(head))
-    return transition(a["k"], a["beta"], float(a["g"]) if "g" in a else None)
+    g = a.get("g")
+    return transition(a["k"], a["beta"], None if g is None else (float(g) if np.ndim(g) == 0 else g))

@@ -14,7 +14,7 @@ from app.dash import export, figures, loading
 
 def render(ctx) -> None:
     st.title("Probes")
-    tabs = st.tabs(["Linear probes", "Length generalisation", "Interventions"], key="probe_tab",
+    tabs = st.tabs(["Linear probes", "Length generalisation", "Interventions", "Decays"], key="probe_tab",
                    bind="query-params")
     with tabs[0]:
         _linear(ctx)
@@ -22,6 +22,41 @@ def render(ctx) -> None:
         _lengthgen(ctx)
     with tabs[2]:
         _intervene(ctx)
+    with tabs[3]:
+        _decays(ctx)
+
+
+def _decays(ctx) -> None:
+    st.caption("How long each key channel remembers: memory length 1 / (1 - exp g) in tokens, from the forget "
+               "gate (one channel per head for Gated DeltaNet, one per key channel for Kimi Delta Attention). "
+               "Long-memory channels carry information over long spans.")
+    if "g" not in ctx.ds:
+        st.info("This store has no forget gate `g` (the model has none, or it was not captured).")
+        return
+    res = ctx.result("decays")
+    if res is None:
+        loading.missing_results("decays", ctx.path, "The memory lengths per channel come from it.")
+        return
+    import plotly.graph_objects as go
+
+    layers = [int(x) for x in res["layer"].values]
+    li = layers.index(ctx.sel.layer) if ctx.sel.layer in layers else 0
+    mem = np.asarray(res["memory_of_mean_decay"].isel(layer=li).values, dtype=np.float64)  # [head, channel]
+    logm = np.log10(np.clip(mem, 1.0, 10.0 ** 6))
+    heat = go.Figure(go.Heatmap(z=logm, x=np.arange(mem.shape[1]), y=np.arange(mem.shape[0]), colorscale="Viridis",
+                                colorbar={"title": "log10 tokens"},
+                                customdata=mem, hovertemplate="head %{y}, channel %{x}: %{customdata:.1f} tokens"
+                                                              "<extra></extra>"))
+    heat.update_layout(title=f"Memory length of the mean decay, layer {layers[li]} (head x key channel)",
+                       xaxis_title="key channel", yaxis_title="head", height=320)
+    export.chart(heat, key="decay_heat", data=res["memory_of_mean_decay"].isel(layer=li).to_dataframe().reset_index())
+    h = ctx.sel.head if 0 <= ctx.sel.head < mem.shape[0] else 0
+    order = np.argsort(-mem[h])
+    bars = go.Figure(go.Bar(x=[str(c) for c in order], y=mem[h][order],
+                            hovertemplate="channel %{x}: %{y:.1f} tokens<extra></extra>"))
+    bars.update_layout(title=f"Channels of head {h} by memory length", xaxis_title="key channel",
+                       yaxis_title="tokens (1 / (1 - mean decay))", yaxis_type="log", height=300)
+    export.chart(bars, key="decay_bars")
 
 
 def _linear(ctx) -> None:

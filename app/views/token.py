@@ -54,7 +54,11 @@ def render(ctx) -> None:
     n_h = len(tr.betas)
     c = st.columns(4)
     c[0].metric("β per step", " / ".join(f"{b:.3f}" for b in tr.betas))
-    c[1].metric("gate a_t = exp(g_t)", f"{tr.gate:.4f}" if ctx.gated else "none (1)")
+    if tr.channel_decays is not None:
+        c[1].metric("gate exp(g_t) per key channel", f"{tr.channel_decays.min():.3f} … {tr.channel_decays.max():.3f}",
+                    help="Kimi Delta Attention: each key channel decays by its own factor before the Householder step.")
+    else:
+        c[1].metric("gate a_t = exp(g_t)", f"{tr.gate:.4f}" if ctx.gated else "none (1)")
     unit = bool(np.all(np.abs(np.abs(tr.eigenvalues) - 1) < 0.05))
     c[2].metric("max |arg λ|" + (" (a rotation)" if unit else ""), f"{tr.rotation_deg:.1f}°",
                 help="The rotation angle when the non-trivial eigenvalues lie on the unit circle.")
@@ -76,15 +80,18 @@ def render(ctx) -> None:
                                                     tr.dk, tr.gate,
                                                     f"Eigenvalues of this token's transition (dk = {tr.dk})"),
                      key="tok_eigs")
+        scalar_gate = ctx.gated and tr.channel_decays is None
         rows = [{"λ": f"{e.real:+.4f} {e.imag:+.4f}i", "|λ|": f"{abs(e):.4f}",
                  "angle (°)": f"{np.degrees(np.angle(e)):+.1f}",
-                 **({"λ of A_t": f"{(e * tr.gate).real:+.4f} {(e * tr.gate).imag:+.4f}i"} if ctx.gated else {})}
+                 **({"λ of A_t": f"{(e * tr.gate).real:+.4f} {(e * tr.gate).imag:+.4f}i"} if scalar_gate else {})}
                 for e in tr.eigenvalues]
         st.dataframe(rows, hide_index=True)
         st.caption(f"The other {tr.dk - n_h} eigenvalues of P_t equal 1 (directions orthogonal to every key).")
     c1, c2 = st.columns(2)
     with c1:
-        export.chart(figures.matrix_heatmap(tr.P * tr.gate, ("A_t = exp(g_t) · P_t" if ctx.gated else "P_t")
+        title = ("A_t = P_t · diag(exp g_t)" if tr.channel_decays is not None
+                 else "A_t = exp(g_t) · P_t" if ctx.gated else "P_t")
+        export.chart(figures.matrix_heatmap(tr.A, title
                                             + f" ({tr.dk} × {tr.dk})"), key="tok_matrix")
     with c2:
         export.chart(figures.matrix_heatmap(tr.P - np.eye(tr.dk), f"P_t − I: rank ≤ {n_h}, supported on the "

@@ -66,3 +66,41 @@ def test_state_ranks_replay_the_channel_decay(kimi_store):
                                       k, v, beta, g)
     norm = np.asarray(erank["state_norm"].isel(layer=li, pos=-1).values)  # [seq, head]
     np.testing.assert_allclose(norm, final.norm(dim=(-2, -1)).numpy(), rtol=1e-4)
+
+
+def test_decays_probe_reports_memory_per_key_channel(kimi_store):
+    import json
+
+    res = CliRunner().invoke(app, ["probe", "decays", "--store", str(kimi_store), "--json", "--long", "5"])
+    assert res.exit_code == 0, res.output
+    rows = json.loads(res.output)
+    assert sorted((r["layer"], r["head"]) for r in rows) == [(i, h) for i in KDA_LINEAR for h in range(KDA_HEADS)]
+    out = open_results(kimi_store, "decays")
+    ds = store.open(kimi_store)
+    g = np.asarray(ds["g"].isel(layer=0, head=1).values, dtype=np.float64).reshape(-1, KDA_DIM)  # [tokens, dk]
+    np.testing.assert_allclose(out["mean_decay"].isel(layer=0, head=1).values, np.exp(g).mean(0), rtol=1e-6)
+    np.testing.assert_allclose(out["frac_long"].isel(layer=0, head=1).values,
+                               (1 / (1 - np.exp(g)) > 5).mean(0), rtol=1e-12)
+    mem = out["memory_of_mean_decay"].isel(layer=0, head=1).values
+    row = next(r for r in rows if (r["layer"], r["head"]) == (0, 1))
+    assert row["longest_channels"][0] == int(np.argmax(mem)) and row["channels"] == KDA_DIM
+    assert int(out["memory_hist"].isel(layer=0, head=1).sum()) == g.size
+
+
+def test_decays_probe_without_a_gate_says_so(tmp_path):
+    from probes.synthetic import write_synthetic_store
+
+    path = write_synthetic_store(tmp_path / "s.zarr", gated=False)
+    res = CliRunner().invoke(app, ["probe", "decays", "--store", str(path)])
+    assert res.exit_code == 2 and "the store has no g" in res.output
+
+
+def test_decays_probe_on_a_scalar_gate_has_one_channel(tmp_path):
+    from probes.decays import run
+    from probes.synthetic import write_synthetic_store
+
+    ds = store.open(write_synthetic_store(tmp_path / "s.zarr", gated=True))
+    out = run(ds).dataset
+    assert out.sizes["channel"] == 1
+    g = np.asarray(ds["g"].values, dtype=np.float64)  # [seq, layer, pos, head]
+    np.testing.assert_allclose(out["mean_log_decay"].values[..., 0], g.mean((0, 2)), rtol=1e-6)
