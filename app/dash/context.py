@@ -107,7 +107,7 @@ class Context:
         if res is not None:
             return res, False
         if loading.in_memory(self.path):  # your own input: computed from it, nothing to run
-            res, _ = loading.preview(self.path, self.ds, probe)
+            res, _ = loading.preview(self.path, self.ds, probe, self.sel.layer)
             st.caption(f"Preview: `{probe}` computed from your input ({self.length} tokens).")
             return res, True
         loading.missing_results(probe, self.path, what, self.checkpoint if probe == "intervene" else None)
@@ -118,7 +118,7 @@ class Context:
         if not on:
             return None, False
         try:
-            res, n = loading.preview(self.path, self.ds, probe)
+            res, n = loading.preview(self.path, self.ds, probe, self.sel.layer)
         except (ValueError, KeyError) as err:
             st.warning(f"The preview could not be computed: {str(err).splitlines()[0]}")
             return None, False

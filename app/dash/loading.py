@@ -146,10 +146,13 @@ def read_result(path: Path, name: str) -> xr.Dataset:
     return _read_result(str(path), name, _result_stamp(path, name))
 
 
-def source(path: str, stamp: float, probe: str, result: str | None, n_preview: int) -> xr.Dataset:
-    """Inside cached functions: the result group `result`, or the preview of `probe` when it is None."""
+def source(path: str, stamp: float, probe: str, result: str | None,
+           n_preview: int | tuple[int, int | None]) -> xr.Dataset:
+    """Inside cached functions: the result group `result`, or the preview of `probe` when it is None
+    (`n_preview`: sequences, or `preview_key`'s (sequences, layer))."""
     if result is None:
-        return _preview(path, stamp, probe, n_preview)
+        n, layer = n_preview if isinstance(n_preview, tuple) else (n_preview, None)
+        return _preview(path, stamp, probe, n, layer)
     return _read_result(path, result, _result_stamp(Path(path), result))
 
 
@@ -176,12 +179,17 @@ def missing_results(probe: str, path: Path, what: str, checkpoint: Path | None =
 
 
 @st.cache_resource(show_spinner=False, max_entries=16)
-def _preview(path: str, stamp: float, probe: str, n_seq: int) -> xr.Dataset:
+def _preview(path: str, stamp: float, probe: str, n_seq: int, layer: int | None = None) -> xr.Dataset:
+    """The probe on the first `n_seq` sequences: of one layer (the page's selection; a real-size store has
+    dozens, and a page shows one) or of every layer (`layer` None: the head gallery)."""
     import importlib
 
     from app.dash import previews
 
-    return previews.compute(importlib.import_module(f"probes.{probe}"), _open(path, stamp).isel(seq=slice(0, n_seq)))
+    ds = _open(path, stamp).isel(seq=slice(0, n_seq))
+    if layer is not None and "layer" in ds.dims and layer in ds["layer"].values:
+        ds = ds.sel(layer=[layer])
+    return previews.compute(importlib.import_module(f"probes.{probe}"), ds)
 
 
 def preview_n(ds: xr.Dataset, probe: str) -> int:
@@ -190,8 +198,15 @@ def preview_n(ds: xr.Dataset, probe: str) -> int:
     return int(min(n, ds.sizes["seq"]))
 
 
-def preview(path: Path, ds: xr.Dataset, probe: str) -> tuple[xr.Dataset, int]:
-    """An in-memory run of `probe` on the first few sequences (nothing is written): (dataset, n_seq)."""
+def preview_key(ds: xr.Dataset, probe: str, layer: int | None) -> tuple[int, int | None]:
+    """What identifies a page's preview in `source`: (sequences, the selected layer)."""
+    return preview_n(ds, probe), layer
+
+
+def preview(path: Path, ds: xr.Dataset, probe: str, layer: int | None = None) -> tuple[xr.Dataset, int]:
+    """An in-memory run of `probe` on the first few sequences (nothing is written), of layer `layer` only when
+    given: (dataset, n_seq)."""
     n = preview_n(ds, probe)
-    with st.spinner(f"Computing a `{probe}` preview from the first {n} sequence(s)…"):
-        return _preview(str(path), _stamp(path), probe, n), n
+    where = f" of layer {layer}" if layer is not None else ""
+    with st.spinner(f"Computing a `{probe}` preview from the first {n} sequence(s){where}…"):
+        return _preview(str(path), _stamp(path), probe, n, layer), n

@@ -21,7 +21,7 @@ REGIONS = {"all positions": "mean", "within the training length": "within_train"
 
 
 @st.cache_data(show_spinner=False, max_entries=64)
-def _one_sequence(path: str, stamp: float, result: str | None, n_preview: int, var: str, seq: int,
+def _one_sequence(path: str, stamp: float, result: str | None, n_preview: tuple[int, int | None], var: str, seq: int,
                   li: int) -> np.ndarray:
     res = loading.source(path, stamp, "erank", result, n_preview)
     return np.asarray(res[var].isel(seq=seq, layer=li).values, dtype=np.float64)  # [T, H]
@@ -71,7 +71,7 @@ def render(ctx) -> None:
     stamp = loading._stamp(ctx.path)
     if mode == "selected sequence" and per_token in res and sel.seq < n_seq:
         values = _one_sequence(str(ctx.path), stamp, None if preview else ctx.chosen.get("erank"),
-                               loading.preview_n(ctx.ds, "erank"), per_token, sel.seq, li)
+                               loading.preview_key(ctx.ds, "erank", sel.layer), per_token, sel.seq, li)
         docs = _doc_starts(str(ctx.path), stamp, sel.seq)
         what = f"sequence {sel.seq}"
     else:

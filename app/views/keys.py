@@ -16,8 +16,8 @@ from models import IGNORE_INDEX
 
 
 @st.cache_data(show_spinner=False, max_entries=64)
-def _points(path: str, stamp: float, result: str | None, n_preview: int, li: int, head: int, step: int | None,
-            seqs: tuple[int, ...]) -> dict[str, np.ndarray]:
+def _points(path: str, stamp: float, result: str | None, n_preview: tuple[int, int | None], li: int, head: int,
+            step: int | None, seqs: tuple[int, ...]) -> dict[str, np.ndarray]:
     """PCA coordinates [n, 3] (+ seq, pos, token, label per point) of the sequences `seqs`."""
     res = loading.source(path, stamp, "keys", result, n_preview)
     var = "key_pc_joint" if step is None else "key_pc"
@@ -71,7 +71,8 @@ def render(ctx) -> None:
     seqs = list(range(seqs_for_points(n_avail, ctx.length, max_points)))
     if sel.seq not in seqs and sel.seq < n_avail:  # always plot the selected token's sequence
         seqs[-1] = sel.seq
-    pts = _points(str(ctx.path), loading._stamp(ctx.path), result_name, loading.preview_n(ctx.ds, "keys"), li, head,
+    pts = _points(str(ctx.path), loading._stamp(ctx.path), result_name, loading.preview_key(ctx.ds, "keys", sel.layer),
+                  li, head,
                   step, tuple(seqs))
     keep = np.isfinite(pts["xyz"]).all(1)
     col = pts["token"] if color_by == "input token" else pts["label"]

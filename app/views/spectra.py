@@ -15,7 +15,7 @@ from app.dash.derive import name_of, seqs_for_points
 
 
 @st.cache_data(show_spinner=False, max_entries=64)
-def _eigs(path: str, stamp: float, result: str | None, n_preview: int, var: str, li: int, head: int,
+def _eigs(path: str, stamp: float, result: str | None, n_preview: tuple[int, int | None], var: str, li: int, head: int,
           seqs: tuple[int, ...]) -> dict[str, np.ndarray]:
     """Eigenvalues [n_points] of the sequences `seqs` with seq, pos, token per eigenvalue."""
     res = loading.source(path, stamp, "spectra", result, n_preview)
@@ -31,9 +31,11 @@ def _eigs(path: str, stamp: float, result: str | None, n_preview: int, var: str,
 
 @st.cache_data(show_spinner=False, max_entries=16)
 def _gates(path: str, stamp: float, li: int, n_seq: int) -> np.ndarray:
-    """exp(g) [tokens, H] of the first n_seq sequences of layer li."""
+    """exp(g) [tokens (x key channels), H] of the first n_seq sequences of layer li (an index of the store's layers)."""
     ds = loading._open(path, stamp)
-    g = np.asarray(ds["g"].isel(layer=li, seq=slice(0, n_seq)).values, dtype=np.float64)  # [s, T, H]
+    g = np.asarray(ds["g"].isel(layer=li, seq=slice(0, n_seq)).values, dtype=np.float64)  # [s, T, H(, dk)]
+    if g.ndim == 4:  # per-channel gate: every channel's decay counts for its head
+        g = np.moveaxis(g, 2, -1)
     return np.exp(g.reshape(-1, g.shape[-1]))
 
 
@@ -78,7 +80,7 @@ def render(ctx) -> None:
     if sel.seq not in seqs and sel.seq < n_avail:
         seqs[-1] = sel.seq
     pts = _eigs(str(ctx.path), loading._stamp(ctx.path), None if preview else ctx.chosen.get("spectra"),
-                loading.preview_n(ctx.ds, "spectra"), var, li, head, tuple(seqs))
+                loading.preview_key(ctx.ds, "spectra", sel.layer), var, li, head, tuple(seqs))
     hover = [f"seq {s} pos {p}<br>token {name_of(ctx.names, t)}" for s, p, t in zip(pts["seq"], pts["pos"],
                                                                                        pts["token"])]
     color = pts["token"] if color_by == "input token" else pts["pos"]
@@ -131,7 +133,7 @@ def render(ctx) -> None:
     if ctx.gated:
         st.caption("A_t = exp(g_t) · P_t: the forget gate shrinks every eigenvalue by exp(g_t) ∈ (0, 1].")
         n = min(ctx.ds.sizes["seq"], max(1, 8192 // max(1, ctx.length)))
-        gates = _gates(str(ctx.path), loading._stamp(ctx.path), li, n)
+        gates = _gates(str(ctx.path), loading._stamp(ctx.path), ctx.layers.index(sel.layer), n)
         c1, c2 = st.columns(2)
         with c1:
             export.chart(figures.gate_box(gates, head, f"Gate exp(g_t) per head, layer {sel.layer} "

@@ -387,3 +387,33 @@ def test_large_store_first_page_under_two_seconds(monkeypatch, tmp_path, tmp_pat
         assert at.title[0].value == "Overview"
     print(f"first page of a {facts['bytes'] / 1e9:.2f} GB store: {times}")
     assert min(times) < 2.0, times
+
+
+@pytest.mark.parametrize("page,probe,var", [("Keys", "keys", "explained_variance_ratio"),
+                                            ("Spectra", "spectra", "frac_complex"),
+                                            ("Effective rank", "erank", "erank_mean")])
+def test_previews_cover_the_selected_layer_only(monkeypatch, tmp_path, page, probe, var):
+    """A preview runs its probe on the selected layer (a real-size store has dozens; a page shows one): the
+    values equal the probe's on that layer, and switching layer previews the new one."""
+    import importlib
+
+    import store as store_mod
+    from app.dash import loading, previews
+    from probes.synthetic import write_synthetic_store
+
+    path = write_synthetic_store(tmp_path / "s.zarr", gated=True)  # two layers, no probe results
+    ds = store_mod.open(path)
+    layers = [int(x) for x in ds["layer"].values]
+    assert len(layers) >= 2
+    at = new_app(monkeypatch, path)
+    at.run()
+    goto(at, page)
+    next(w for w in at.selectbox if w.label == "Layer").set_value(layers[1]).run()
+    assert_clean(at)
+    assert any("Preview" in c.value for c in at.caption)
+    n = loading.preview_n(ds, probe)
+    got = loading._preview(str(path), loading._stamp(path), probe, n, layers[1])
+    assert got["layer"].values.tolist() == [layers[1]]
+    want = previews.compute(importlib.import_module(f"probes.{probe}"), ds.isel(seq=slice(0, n)))
+    np.testing.assert_allclose(np.asarray(got[var].values)[0], np.asarray(want[var].sel(layer=layers[1]).values),
+                               rtol=1e-6, atol=1e-9)
