@@ -98,7 +98,9 @@ def _tiny(out: Path) -> None:
 
 
 def time_pages(store: Path, warm: Path, pages: list[str]) -> dict[str, float]:
-    """Seconds of each AppTest script run on `store` (first run = Overview), after a warm-up on `warm`."""
+    """Seconds of each AppTest script run on `store` (first run = Overview), after a warm-up on `warm`: the
+    first visit of each page (on a store without probe results it computes that page's preview), then one
+    interaction on it (the next head selected: `PAGE / next head`)."""
     from streamlit.testing.v1 import AppTest
 
     os.environ["DELTALAB_STORE"] = str(warm)
@@ -106,6 +108,9 @@ def time_pages(store: Path, warm: Path, pages: list[str]) -> dict[str, float]:
     at.run()
     out: dict[str, float] = {}
     os.environ["DELTALAB_STORE"] = str(store)
+    import store as store_mod
+
+    n_heads = int(store_mod.open(store).sizes["head"])
     at = AppTest.from_file(str(DASHBOARD), default_timeout=300)
     t = time.perf_counter()
     at.run()
@@ -116,6 +121,12 @@ def time_pages(store: Path, warm: Path, pages: list[str]) -> dict[str, float]:
         at.sidebar.radio(key="page").set_value(page).run()
         out[page] = time.perf_counter() - t
         _check(at, page)
+        head = next((w for w in at.sidebar.number_input if w.label == "Head"), None)
+        if head is not None and page not in ("Overview",):
+            t = time.perf_counter()
+            head.set_value((int(head.value) + 1) % n_heads).run()
+            out[f"{page} / next head"] = time.perf_counter() - t
+            _check(at, page)
     return out
 
 
@@ -201,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{facts['bare_first_page_s']:.2f} s")
         print("  AppTest script runs in a running server (modules loaded, store not yet opened), vs target:")
         for page, s in facts["pages_s"].items():
-            target = 2.0 if page.startswith("Overview") else 0.3
+            target = 2.0 if page.startswith("Overview") and "/" not in page else 0.3
             print(f"  {page:<24} {s:6.2f} s   target {target:.1f} s   {'met' if s <= target else 'MISSED'}")
     return 0
 

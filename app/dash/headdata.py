@@ -13,6 +13,18 @@ from app.dash import heads, loading
 
 PROBES = ("betas", "keys", "spectra", "erank", "linear")
 PREVIEWABLE = ("betas", "keys", "spectra", "erank")
+CHEAP = ("betas",)
+"""Previewed for every head of any store (it reads one float per token and head)."""
+PREVIEW_HEADS = 64
+"""Above this many (layer, head) pairs, the gallery previews only CHEAP probes: keys, spectra and ranks of every
+head of a real-size model take minutes on a CPU, and come from `deltalab probe` (run on the GPU) instead."""
+
+
+def skipped_previews(path: Path, ds: xr.Dataset) -> list[str]:
+    """Probes the gallery shows no preview for on this store (too many heads) and that have no results."""
+    if ds.sizes.get("layer", 1) * ds.sizes.get("head", 1) <= PREVIEW_HEADS:
+        return []
+    return [p for p in PREVIEWABLE if p not in CHEAP and not loading.result_names(path, p)]
 
 
 def sources(path: Path, ds: xr.Dataset, preview: bool = True) -> tuple[dict[str, xr.Dataset | None], list[str]]:
@@ -23,7 +35,8 @@ def sources(path: Path, ds: xr.Dataset, preview: bool = True) -> tuple[dict[str,
         names = loading.result_names(path, probe)
         if names:
             out[probe] = loading.read_result(path, names[0])
-        elif preview and probe in PREVIEWABLE and all(v in ds for v in ("k", "beta")):
+        elif preview and probe in PREVIEWABLE and all(v in ds for v in ("k", "beta")) \
+                and probe not in skipped_previews(path, ds):
             try:
                 out[probe], _ = loading.preview(path, ds, probe)
                 previewed.append(probe)

@@ -14,9 +14,9 @@ from typing import Any
 import streamlit as st
 import xarray as xr
 
-PREVIEW_TOKENS = {"erank": 2048}
-"""Tokens (per layer) a preview computes from, when a store has no results of a probe yet (default 8192;
-erank rebuilds and decomposes every token's state, so it takes fewer)."""
+PREVIEW_TOKENS = {"erank": 1024, "keys": 4096, "spectra": 4096}
+"""Tokens (of the selected layer) a preview computes from, when a store has no results of a probe yet (default
+8192; erank rebuilds and decomposes every token's state, keys and spectra run per head: they take fewer)."""
 
 
 @dataclass

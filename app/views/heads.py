@@ -83,6 +83,11 @@ def render(ctx) -> None:
         return
     if previewed:
         st.caption(f"Preview from the first sequences for: {', '.join(previewed)} (no stored results yet).")
+    skipped = headdata.skipped_previews(ctx.path, ctx.ds)
+    if skipped:
+        st.info(f"**{len(ctx.layers)} layers x {ctx.ds.sizes['head']} heads: no preview of "
+                f"{', '.join(skipped)} for every head** (minutes on a CPU). Their columns fill in once the probes "
+                "have run: " + "; ".join(f"`{loading.probe_command(p, ctx.path)}`" for p in skipped) + ".")
     missing = [p for p, r in src.items() if r is None]
     if missing and loading.in_memory(ctx.path):
         st.caption(f"Not available for your own input: {', '.join(missing)} (it needs many labelled sequences).")

@@ -417,3 +417,19 @@ def test_previews_cover_the_selected_layer_only(monkeypatch, tmp_path, page, pro
     want = previews.compute(importlib.import_module(f"probes.{probe}"), ds.isel(seq=slice(0, n)))
     np.testing.assert_allclose(np.asarray(got[var].values)[0], np.asarray(want[var].sel(layer=layers[1]).values),
                                rtol=1e-6, atol=1e-9)
+
+
+def test_gallery_of_a_large_model_previews_betas_only(monkeypatch, tmp_path):
+    """Above PREVIEW_HEADS (layer, head) pairs the gallery previews only betas and says which probes to run."""
+    from app.dash import headdata
+    from probes.synthetic import write_synthetic_store
+
+    path = write_synthetic_store(tmp_path / "s.zarr", gated=True)  # 2 layers x 4 heads, no probe results
+    monkeypatch.setattr(headdata, "PREVIEW_HEADS", 4)
+    at = new_app(monkeypatch, path)
+    at.run()
+    goto(at, "Heads")
+    infos = " ".join(i.value for i in at.info)
+    assert "no preview of keys, spectra, erank for every head" in infos
+    assert f"deltalab probe erank --store {path}" in infos
+    assert any("Preview from the first sequences for: betas" in c.value for c in at.caption)
