@@ -101,6 +101,7 @@ def _text_names(attrs: dict) -> list[str] | None:
 
 def run() -> None:
     """One script run of the dashboard."""
+    state.apply_deferred()
     pages = _pages()
     side = st.sidebar
     side.markdown("## Δ deltalab")

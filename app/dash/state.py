@@ -48,6 +48,21 @@ def _clamp(key: str, lo: int, hi: int, default: int = 0) -> None:
     st.session_state[key] = int(min(max(value, lo), hi))
 
 
+DEFERRED_KEY = "_deferred_state"
+
+
+def defer(**values: object) -> None:
+    """Session-state writes for widget keys, applied at the start of the next script run (`apply_deferred`):
+    for code that runs while the page draws (widgets already exist), followed by st.rerun()."""
+    st.session_state.setdefault(DEFERRED_KEY, {}).update(values)
+
+
+def apply_deferred() -> None:
+    """Apply `defer`'s writes; the dashboard calls it before any widget is drawn."""
+    for key, value in (st.session_state.pop(DEFERRED_KEY, None) or {}).items():
+        st.session_state[key] = value
+
+
 def select(**values: int) -> None:
     """Set parts of the selection (layer=, head=, step=, seq=, pos=); call from callbacks only."""
     for name, value in values.items():

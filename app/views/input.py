@@ -12,10 +12,18 @@ import plotly.graph_objects as go
 import streamlit as st
 
 from app.dash import export, figures, loading, own_input, state, textgrid
+from app.dash.derive import name_of
 
 TEXT_EXAMPLE = ('def fib(n):\n    """Return the n-th Fibonacci number."""\n    a, b = 0, 1\n    for _ in range(n):\n'
                 '        a, b = b, a + b\n    return a\n')
 PAGES = ("Text", "Betas", "Keys", "Spectra", "Effective rank", "Token", "Heads")
+ATTENTION_MAX_TOKENS = 512
+"""Longest input whose full attention map the page draws (T x T cells)."""
+
+
+@st.cache_data(show_spinner=False, max_entries=16)
+def _attention(key: str, stamp: float, li: int, head: int) -> np.ndarray | None:
+    return input_attention(loading._open(key, stamp), li, head)
 
 
 def _warm(checkpoint: str, device: str) -> None:
@@ -42,8 +50,9 @@ def _devices() -> list[str]:
         return ["cpu"]
 
 
-def _run(store: str, attrs_json: str, names: list[str] | None) -> None:
-    """Button callback: encode, run, register the input and switch every page to it (errors kept for the page)."""
+def _run(store: str, attrs_json: str, names: list[str] | None, deferred: bool = False) -> None:
+    """Button callback: encode, run, register the input and switch every page to it (errors kept for the page).
+    `deferred`: called while the page draws (a URL's input), so the widget-bound choices wait for the next run."""
     st.session_state.pop("input_error", None)
     attrs = json.loads(attrs_json)
     checkpoint = (st.session_state.get("input_checkpoint") or "").strip()
@@ -71,8 +80,11 @@ def _run(store: str, attrs_json: str, names: list[str] | None) -> None:
     key = own_input.input_key(store, enc)
     loading.register_memory(key, ds)
     st.session_state[state.INPUT_KEY] = key
-    st.session_state[state.SOURCE_KEY] = state.SOURCES[1]
     st.session_state["input_timing"] = dict(timing.stages)
+    if deferred:
+        state.defer(**{state.SOURCE_KEY: state.SOURCES[1], state.KEYS["seq"]: 0, state.KEYS["pos"]: 0})
+        return
+    st.session_state[state.SOURCE_KEY] = state.SOURCES[1]
     state.select(seq=0, pos=0)
 
 
@@ -80,6 +92,51 @@ def _random_fill(vocab: int, names: list[str] | None) -> None:
     n = int(st.session_state.get("input_random_n") or 256)
     rng = np.random.default_rng()
     st.session_state["input_text"] = " ".join(str(int(i)) for i in rng.integers(0, vocab, n))
+
+
+def input_attention(ds, li: int, head: int) -> np.ndarray | None:
+    """The exact signed attention map [query token, source token] of value head `head` in layer index `li` of an
+    input dataset (alpha summed over each source token's Householder sub-steps), or None without q, k, v, beta."""
+    if not all(v in ds for v in ("q", "k", "v", "beta")):
+        return None
+    import torch
+
+    from kernels.attention import delta_attention
+    from store.reader import per_value_head
+
+    one = per_value_head(ds).isel(seq=[0], layer=li, head=[head])
+
+    def t(name: str) -> torch.Tensor:
+        return torch.as_tensor(np.asarray(one[name].values, dtype=np.float64))
+
+    q, k, v, beta = t("q"), t("k"), t("v"), t("beta")  # [1, T, 1, dk], [1, T, n_h, 1, dk], ...
+    g = t("g") if "g" in one else None
+    amap = delta_attention(q, k, v, beta, g, scale=q.shape[-1] ** -0.5)
+    return amap.weights[0, :, 0].sum(-1).numpy()  # [T query, T source]
+
+
+def attention_figure(weights: np.ndarray, labels: list[str], layer: int, head: int, pos: int | None) -> go.Figure:
+    """Signed attention heatmap (diverging, centred at 0): row = query token, column = source token."""
+    T = weights.shape[0]
+    lim = float(np.abs(weights).max()) or 1.0
+    custom = np.stack(np.meshgrid(np.arange(T), np.arange(T), indexing="ij"), -1)  # [query, source, 2]
+    text = np.array([[f"{labels[i]!s} ← {labels[j]!s}" for j in range(T)] for i in range(T)])
+    fig = go.Figure(go.Heatmap(z=weights, colorscale="RdBu", zmid=0, zmin=-lim, zmax=lim, customdata=custom,
+                               text=text, colorbar=dict(title="α"),
+                               hovertemplate="query %{customdata[0]} ← source %{customdata[1]}<br>%{text}"
+                                             "<br>α = %{z:.4f}<extra></extra>"))
+    if pos is not None and 0 <= pos < T:
+        fig.add_hrect(y0=pos - 0.5, y1=pos + 0.5, line=dict(color="black", width=1))
+    fig.update_xaxes(title_text="source token")
+    fig.update_yaxes(title_text="query token", autorange="reversed")
+    return figures._layout(fig, f"Exact attention α (signed) of layer {layer}, head {head}: o_t = Σ α_t,s v_s",
+                           max(320, min(700, 12 * T)))
+
+
+def _attention_click() -> None:
+    cd = state.clicked("input_attention")
+    if cd is not None and len(cd) >= 2:
+        state.select(seq=0, pos=int(cd[1]))  # the source token
 
 
 def betas_figure(beta: np.ndarray, bmax: float, step: int, layer: int, head: int) -> go.Figure:
@@ -102,24 +159,25 @@ def render(ctx) -> None:
     vocab = int(ctx.cfg.get("vocab_size") or 2)
     st.caption("Type a sequence, run the store's checkpoint on it with the hooks, and every page shows it "
                "(switch with **Show** in the sidebar). Nothing is written to the store.")
-    if "input_checkpoint" not in st.session_state:
+    from_url = "input_text" in st.query_params  # a shared URL carries the typed input (and its checkpoint)
+    if "input_checkpoint" not in st.session_state and "input_checkpoint" not in st.query_params:
         st.session_state["input_checkpoint"] = str(ctx.checkpoint or "")
-    if "input_text" not in st.session_state:
+    if "input_text" not in st.session_state and not from_url:
         st.session_state["input_text"] = TEXT_EXAMPLE if text_model else " ".join(
             str(int(i)) for i in np.random.default_rng(0).integers(0, vocab, 256))
     c1, c2 = st.columns([4, 1])
-    c1.text_input("Checkpoint", key="input_checkpoint",
+    c1.text_input("Checkpoint", key="input_checkpoint", bind="query-params",
                   help="The folder the store was captured from (found from the store's provenance).")
     c2.selectbox("Device", _devices(), key="input_device")
     _warm(st.session_state["input_checkpoint"], st.session_state.get("input_device") or "cpu")
     if text_model:
         tok = textgrid.tokenizer_file(Path(st.session_state["input_checkpoint"] or "."))
-        st.text_area("Text", key="input_text", height=220,
+        st.text_area("Text", key="input_text", height=220, bind="query-params",
                      help=f"Encoded by {'the checkpoint’s tokenizer.json' if tok else 'UTF-8 bytes'}; "
                           "the label of each token is the next one.")
     else:
         task = own_input.task_name(attrs)
-        st.text_area(f"Tokens of {task or 'the task'}", key="input_text", height=120,
+        st.text_area(f"Tokens of {task or 'the task'}", key="input_text", height=120, bind="query-params",
                      help="Token ids (0.."
                           f"{vocab - 1}) or token names, separated by spaces or commas. For a group task the labels "
                           "are the running product, so loss and accuracy are real.")
@@ -128,6 +186,12 @@ def render(ctx) -> None:
         r2.button("Fill with a random sequence", on_click=_random_fill, args=(vocab, ctx.names), key="input_random")
     st.button("Run the model on this input", type="primary", key="input_run", on_click=_run,
               args=(store, json.dumps(attrs, default=str), ctx.names))
+    key = st.session_state.get(state.INPUT_KEY)
+    if from_url and not st.session_state.get("input_from_url_done") and not (key and loading.in_memory(key)):
+        st.session_state["input_from_url_done"] = True  # the URL reproduces the view: run its input once
+        _run(store, json.dumps(attrs, default=str), ctx.names, deferred=True)
+        if not st.session_state.get("input_error"):
+            st.rerun()
     if st.session_state.get("input_error"):
         st.error(st.session_state["input_error"])
         return
@@ -151,6 +215,15 @@ def render(ctx) -> None:
     if "beta" in ds:
         beta = np.asarray(ds["beta"].isel(seq=0, layer=li, step=min(ctx.sel.step, ds.sizes["step"] - 1)).values)
         export.chart(betas_figure(beta, ctx.beta_max, ctx.sel.step, ctx.sel.layer, ctx.sel.head), "input_betas")
+    if ds.sizes["pos"] <= ATTENTION_MAX_TOKENS:
+        weights = _attention(str(key), loading._stamp(key), li, int(ctx.sel.head))
+        if weights is not None:
+            tokens = np.asarray(ds["tokens"].values[0]) if "tokens" in ds else np.arange(weights.shape[0])
+            labels = [name_of(ctx.names, int(t)) for t in tokens]
+            st.caption("Which earlier tokens each output reads from, exactly: the delta rule's key removal "
+                       "included (signed: reflections flip signs). Click a cell to select its source token.")
+            export.chart(attention_figure(weights, labels, ctx.sel.layer, ctx.sel.head, ctx.sel.pos),
+                         "input_attention", on_select=_attention_click, selection_mode="points")
     st.markdown("**See it on:**")
     cols = st.columns(len(PAGES))
     for c, page in zip(cols, PAGES):

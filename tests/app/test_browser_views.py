@@ -173,6 +173,17 @@ def test_typing_an_input_shows_it_on_every_page(server, browser):
     assert "21" in page.get_by_test_id("stMetric").first.inner_text()
     page.locator(".js-plotly-plot").first.wait_for()
     _shot(page, out / "input.png")
+    assert "input_text=" in page.url  # the URL carries the typed input: opening it reproduces the view
+    other = page.context.browser.new_page(viewport={"width": 1400, "height": 900})  # a new session
+    try:
+        other.goto(page.url)
+        _settle(other)
+        other.get_by_text("Exact attention").first.wait_for(timeout=60000)
+        _clean(other, "Input from its URL")
+        assert "21" in other.get_by_test_id("stMetric").first.inner_text()
+        _shot(other, out / "input-from-url-attention.png")
+    finally:
+        other.close()
     page.get_by_role("button", name="Text →").click()
     _settle(page)
     tokens = next(t for t in _chart_data(page) if t["name"] == "tokens")

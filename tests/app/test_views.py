@@ -251,6 +251,50 @@ def test_input_page_runs_the_model_and_every_page_shows_it(monkeypatch, tmp_path
     assert any("outside the model's vocabulary" in e.value for e in at.error)
 
 
+def test_input_page_draws_the_exact_attention_map(monkeypatch, tmp_path_factory):
+    """The typed sequence's signed attention map for the selected layer and head, equal to the exact kernel's."""
+    import torch
+
+    from app.dash import loading
+    from app.views.input import input_attention
+    from kernels.attention_naive import naive_attention
+    from tests.app.stores import default_store
+
+    built = default_store(tmp_path_factory)
+    at = new_app(monkeypatch, built["store"])
+    at.run()
+    goto(at, "Input")
+    at.text_area(key="input_text").set_value("1 2 3 4 5 6 7 8 9 10 11 12 13").run()
+    at.button(key="input_run").click().run()
+    assert_clean(at)
+    spec = next(s for s in specs(at) if s["layout"]["title"]["text"].startswith("Exact attention"))
+    z = np.asarray(arr(spec["data"][0]["z"]), dtype=np.float64).reshape(13, 13)
+    ds = loading._open(at.session_state["input_key"], loading._stamp(at.session_state["input_key"]))
+    head = int(at.session_state.get("sel_head", 0) or 0)
+    np.testing.assert_allclose(z, input_attention(ds, 0, head), rtol=1e-5, atol=1e-7)
+    assert np.abs(np.triu(z, 1)).max() == 0  # causal: no token reads a later one
+    one = ds.isel(seq=[0], layer=0, head=[head])
+    t = {n: torch.as_tensor(np.asarray(one[n].values, dtype=np.float64)) for n in ("q", "k", "v", "beta")}
+    g = torch.as_tensor(np.asarray(one["g"].values, dtype=np.float64)) if "g" in one else None
+    ref = naive_attention(t["q"], t["k"], t["v"], t["beta"], g, scale=t["q"].shape[-1] ** -0.5)
+    np.testing.assert_allclose(z, ref[0][0, :, 0].sum(-1).numpy(), rtol=1e-5, atol=1e-7)
+
+
+def test_a_url_with_typed_input_reproduces_the_view(monkeypatch, tmp_path_factory):
+    """The typed input travels in the URL; opening that URL runs it and shows the same view."""
+    from tests.app.stores import default_store
+
+    built = default_store(tmp_path_factory)
+    at = new_app(monkeypatch, built["store"])
+    at.query_params["page"] = "Input"
+    at.query_params["input_text"] = "3 1 4 1 5 9 2 6"
+    at.run()
+    assert_clean(at)
+    assert {m.label: m.value for m in at.metric}["Tokens"] == "8"
+    assert any(s["layout"]["title"]["text"].startswith("Exact attention") for s in specs(at))
+    assert at.session_state["source"] == "your input"  # every page shows it, as after pressing Run
+
+
 # --- export and URLs ---------------------------------------------------------------------------------
 
 def test_every_chart_has_its_downloads(app):
