@@ -121,6 +121,12 @@ def time_pages(store: Path, warm: Path, pages: list[str]) -> dict[str, float]:
         at.sidebar.radio(key="page").set_value(page).run()
         out[page] = time.perf_counter() - t
         _check(at, page)
+        toggle = next((w for w in at.toggle if w.key and w.key.startswith("preview_")), None)
+        if toggle is not None and not toggle.value:  # a real-size store: the preview is computed on demand
+            t = time.perf_counter()
+            toggle.set_value(True).run()
+            out[f"{page} / preview on demand"] = time.perf_counter() - t
+            _check(at, page)
         head = next((w for w in at.sidebar.number_input if w.label == "Head"), None)
         if head is not None and page not in ("Overview",):
             t = time.perf_counter()
@@ -212,8 +218,11 @@ def main(argv: list[str] | None = None) -> int:
               f"{facts['bare_first_page_s']:.2f} s")
         print("  AppTest script runs in a running server (modules loaded, store not yet opened), vs target:")
         for page, s in facts["pages_s"].items():
-            target = 2.0 if page.startswith("Overview") and "/" not in page else 0.3
-            print(f"  {page:<24} {s:6.2f} s   target {target:.1f} s   {'met' if s <= target else 'MISSED'}")
+            target = 2.0 if page.startswith("Overview") and "/" not in page else \
+                float("inf") if page.endswith("on demand") else 0.3
+            verdict = "computation asked for (no target)" if target == float("inf") else \
+                f"target {target:.1f} s   {'met' if s <= target else 'MISSED'}"
+            print(f"  {page:<36} {s:6.2f} s   {verdict}")
     return 0
 
 

@@ -113,8 +113,11 @@ class Context:
         loading.missing_results(probe, self.path, what, self.checkpoint if probe == "intervene" else None)
         if not preview:
             return None, False
-        on = st.toggle("Show a preview computed from the first sequences (not saved)", value=True,
-                       key=f"preview_{probe}", persist_state="session")
+        big = self.ds.sizes.get("layer", 1) * self.ds.sizes.get("head", 1) > loading.AUTO_PREVIEW_HEADS
+        on = st.toggle("Show a preview computed from the first sequences (not saved)", value=not big,
+                       key=f"preview_{probe}", persist_state="session",
+                       help="Off by default on real-size models: a preview computes the analysis on the spot "
+                            "(about a second per layer on a CPU); the probe's stored results load at once.")
         if not on:
             return None, False
         try:

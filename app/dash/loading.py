@@ -14,6 +14,9 @@ from typing import Any
 import streamlit as st
 import xarray as xr
 
+AUTO_PREVIEW_HEADS = 64
+"""Above this many (layer, head) pairs a page's preview waits for its toggle (on demand): pages stay instant."""
+
 PREVIEW_TOKENS = {"erank": 1024, "keys": 4096, "spectra": 4096}
 """Tokens (of the selected layer) a preview computes from, when a store has no results of a probe yet (default
 8192; erank rebuilds and decomposes every token's state, keys and spectra run per head: they take fewer)."""

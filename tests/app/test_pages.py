@@ -433,3 +433,22 @@ def test_gallery_of_a_large_model_previews_betas_only(monkeypatch, tmp_path):
     assert "no preview of keys, spectra, erank for every head" in infos
     assert f"deltalab probe erank --store {path}" in infos
     assert any("Preview from the first sequences for: betas" in c.value for c in at.caption)
+
+
+def test_previews_of_a_large_model_wait_for_their_toggle(monkeypatch, tmp_path):
+    """Above AUTO_PREVIEW_HEADS (layer, head) pairs a page opens at once with its preview off; the toggle
+    computes it on demand."""
+    from app.dash import loading
+    from probes.synthetic import write_synthetic_store
+
+    path = write_synthetic_store(tmp_path / "s.zarr", gated=True)
+    monkeypatch.setattr(loading, "AUTO_PREVIEW_HEADS", 4)
+    at = new_app(monkeypatch, path)
+    at.run()
+    goto(at, "Keys")
+    toggle = at.toggle(key="preview_keys")
+    assert toggle.value is False and not at.get("plotly_chart")
+    assert f"deltalab probe keys --store {path}" in " ".join(i.value for i in at.info)
+    toggle.set_value(True).run()
+    assert_clean(at)
+    assert at.get("plotly_chart") and any("Preview" in c.value for c in at.caption)
