@@ -364,7 +364,13 @@ def capture(checkpoint: str | Path, data: str | Data, out: str | Path, *,
     if train_length is not None:
         attrs["train_length"] = train_length
 
+    estimate = size_estimate(out, variables, sizes, dtype, len(data), batch)
+    check_disk(out, estimate)
     writer, segment, own_group = _open_store(out, attrs, data, rank, world, device)
+    if progress and rank == 0:  # once the store is known to accept this capture, before any batch runs
+        print(f"capture: about {_human(estimate['bytes_per_token'])} per token, {_human(estimate['bytes'])} for "
+              f"{len(data)} sequence(s) of {data.length} tokens (uncompressed); {_human(estimate['free'])} free "
+              f"at {estimate['disk']}", file=sys.stderr, flush=True)
     todo = [b for i, b in enumerate(writer.batches(segment)) if i % world == rank]
     pending = set(writer.pending(segment))
     todo_pending = [b for b in todo if b in pending]
@@ -394,7 +400,48 @@ def capture(checkpoint: str | Path, data: str | Data, out: str | Path, *,
         "skipped": sum(b - a for a, b in todo) - n_todo, "complete": writer.n_complete(),
         "sequences": writer.segments()[-1].stop, "seconds": round(time.perf_counter() - t0, 3),
         "writer_busy_s": round(bg.busy_s, 3), "model_blocked_s": round(bg.blocked_s, 3),
+        "estimated_bytes": estimate["bytes"], "estimated_bytes_per_token": estimate["bytes_per_token"],
     }
+
+
+def _human(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if abs(n) < 1000 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n:.1f} TB"
+
+
+def _existing_parent(path: Path) -> Path:
+    path = path.resolve()
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
+
+
+def size_estimate(out: Path, variables: list[str], sizes: dict[str, int], dtype: str, n_seq: int,
+                  batch: int = 1) -> dict[str, Any]:
+    """What the capture will write (uncompressed, an upper bound: chunks hold `batch` sequences, so the last one
+    is counted whole) and what the disk of `out` has free. Bytes already in a store at `out` count as written."""
+    import shutil
+
+    per_seq = schema.bytes_per_sequence(variables, sizes, dtype)
+    existing = 0
+    if out.exists():
+        existing = sum(f.stat().st_size for f in out.rglob("*") if f.is_file())
+    disk = _existing_parent(out)
+    chunks = -(-n_seq // max(1, batch))
+    return {"bytes": per_seq * chunks * max(1, batch), "bytes_per_token": per_seq / max(1, sizes["pos"]),
+            "already": existing, "free": shutil.disk_usage(disk).free, "disk": str(disk)}
+
+
+def check_disk(out: Path, estimate: dict[str, Any]) -> None:
+    """CaptureError (one line, nothing written) when the store would not fit on the disk of `out`."""
+    need = estimate["bytes"] - estimate["already"]
+    if need > estimate["free"]:
+        raise CaptureError(
+            f"--out {out}: the store needs about {_human(need)} but {estimate['disk']} has {_human(estimate['free'])} "
+            "free; capture less (--layers, --hooks, --dtype float16, a shorter --data) or pick another --out")
 
 
 def _open_store(out: Path, attrs: dict[str, Any], data: Data, rank: int, world: int,

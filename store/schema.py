@@ -158,6 +158,13 @@ def dims_of(var: str, sizes: dict[str, int]) -> tuple[str, ...]:
     return dims
 
 
+def bytes_per_sequence(variables: list[str], sizes: dict[str, int], act_dtype: str) -> int:
+    """Uncompressed bytes one sequence adds to a store of these variables and sizes (an upper bound of the disk
+    use: zarr compresses the integer and boolean variables)."""
+    one = {**sizes, "seq": 1}
+    return int(sum(int(np.prod(shape_of(v, one))) * storage_dtype(v, act_dtype).itemsize for v in variables))
+
+
 def shape_of(var: str, sizes: dict[str, int]) -> tuple[int, ...]:
     """Full shape of `var` given dim sizes (must include `seq`)."""
     return tuple(int(sizes[d]) for d in dims_of(var, sizes))

@@ -38,7 +38,8 @@ def sources(path: Path, ds: xr.Dataset, preview: bool = True) -> tuple[dict[str,
         elif preview and probe in PREVIEWABLE and all(v in ds for v in ("k", "beta")) \
                 and probe not in skipped_previews(path, ds):
             try:
-                out[probe], _ = loading.preview(path, ds, probe)
+                big = ds.sizes.get("layer", 1) * ds.sizes.get("head", 1) > PREVIEW_HEADS
+                out[probe], _ = loading.preview(path, ds, probe, n_seq=2 if big else None)
                 previewed.append(probe)
             except (ValueError, KeyError):
                 out[probe] = None

@@ -206,10 +206,11 @@ def preview_key(ds: xr.Dataset, probe: str, layer: int | None) -> tuple[int, int
     return preview_n(ds, probe), layer
 
 
-def preview(path: Path, ds: xr.Dataset, probe: str, layer: int | None = None) -> tuple[xr.Dataset, int]:
-    """An in-memory run of `probe` on the first few sequences (nothing is written), of layer `layer` only when
-    given: (dataset, n_seq)."""
-    n = preview_n(ds, probe)
+def preview(path: Path, ds: xr.Dataset, probe: str, layer: int | None = None,
+            n_seq: int | None = None) -> tuple[xr.Dataset, int]:
+    """An in-memory run of `probe` on the first few sequences (`n_seq`, default `preview_n`; nothing is written),
+    of layer `layer` only when given: (dataset, n_seq)."""
+    n = min(n_seq, ds.sizes["seq"]) if n_seq else preview_n(ds, probe)
     where = f" of layer {layer}" if layer is not None else ""
     with st.spinner(f"Computing a `{probe}` preview from the first {n} sequence(s){where}…"):
         return _preview(str(path), _stamp(path), probe, n, layer), n

@@ -1,0 +1,54 @@
+"""Before any work, capture estimates the store's size (per token and in total) and refuses, in one line and
+before writing anything, when the disk of --out lacks the space."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections import namedtuple
+from pathlib import Path
+
+import numpy as np
+from typer.testing import CliRunner
+
+import store
+from app.cli import app
+
+ZOO = Path(__file__).parents[2] / "models" / "zoo"
+SPEC = "S4:length=100,samples=6,seed=0"
+
+
+def test_estimate_equals_the_stores_uncompressed_size_and_bounds_the_disk(tmp_path):
+    out = tmp_path / "s.zarr"
+    res = CliRunner().invoke(app, ["capture", str(ZOO / "s4-deltaproduct2"), "--data", SPEC, "--out", str(out),
+                                   "--json", "--no-progress"])
+    assert res.exit_code == 0, res.output
+    summary = json.loads(res.output[res.output.index("{"):])
+    ds = store.open(out, key_heads="key")
+    logical = sum(int(ds[v].nbytes) for v in ds.data_vars)
+    assert summary["estimated_bytes_per_token"] == logical / (6 * 100)  # every captured variable, uncompressed
+    batch = ds.attrs["batch_size"]
+    assert summary["estimated_bytes"] == logical / 6 * batch * -(-6 // batch)  # the last chunk counted whole
+    on_disk = sum(f.stat().st_size for f in out.rglob("*") if f.is_file())
+    assert logical < on_disk <= summary["estimated_bytes"] + 64_000  # compression only shrinks it (plus metadata)
+
+
+def test_capture_that_does_not_fit_is_refused_before_writing(tmp_path, monkeypatch):
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda _p: usage(10**6, 10**6 - 20_000, 20_000))
+    out = tmp_path / "new" / "s.zarr"
+    res = CliRunner().invoke(app, ["capture", str(ZOO / "s4-deltaproduct2"), "--data", SPEC, "--out", str(out)])
+    assert res.exit_code == 2
+    lines = [ln for ln in res.output.splitlines() if ln.startswith("error:")]
+    assert len(lines) == 1 and "the store needs about" in lines[0] and "has 20.0 KB free" in lines[0]
+    assert "--dtype float16" in lines[0] and "pick another --out" in lines[0]
+    assert not out.exists() and not (tmp_path / "new").exists()
+
+
+def test_the_estimate_line_is_printed_first(tmp_path):
+    out = tmp_path / "s.zarr"
+    res = CliRunner().invoke(app, ["capture", str(ZOO / "s4-deltaproduct2"), "--data", SPEC, "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    line = next(ln for ln in res.output.splitlines() if ln.startswith("capture: about"))
+    assert "per token" in line and "for 6 sequence(s) of 100 tokens" in line and "free at" in line
+    assert np.isfinite(float(line.split("about ")[1].split(" ")[0]))
