@@ -42,7 +42,14 @@ class DeltaProductAttention(nn.Module):
         self.v_proj = nn.Linear(D, value_dim * n_h, bias=False)
         if config.use_beta:
             self.b_proj = nn.Linear(D, Hv * n_h, bias=False)
-        if config.use_forget_gate:
+        self.channel_gate = config.model_type == "kda"
+        if self.channel_gate:  # fla's KimiDeltaAttention: a low-rank projection to one log decay per key channel
+            self.f_proj = nn.Sequential(nn.Linear(D, self.head_v_dim, bias=False),
+                                        nn.Linear(self.head_v_dim, Hv * self.head_k_dim, bias=False))
+            self.A_log = nn.Parameter(torch.empty(Hv))
+            self.dt_bias = nn.Parameter(torch.empty(Hv * self.head_k_dim))
+            self.reset_gate_parameters()
+        elif config.use_forget_gate:
             self.a_proj = nn.Linear(D, Hv, bias=False)
             self.A_log = nn.Parameter(torch.empty(Hv))
             self.dt_bias = nn.Parameter(torch.empty(Hv))
@@ -52,7 +59,11 @@ class DeltaProductAttention(nn.Module):
             self.q_conv1d = ShortConvolution(key_dim, config.conv_size, config.conv_bias, qk_act)
             self.k_conv1d = ShortConvolution(key_dim * n_h, config.conv_size, config.conv_bias, qk_act)
             self.v_conv1d = ShortConvolution(value_dim * n_h, config.conv_size, config.conv_bias, "silu")
-        if config.use_output_gate:
+        if self.channel_gate:  # kda's output gate is low-rank too, with a bias
+            self.g_proj = nn.Sequential(nn.Linear(D, self.head_v_dim, bias=False),
+                                        nn.Linear(self.head_v_dim, value_dim, bias=True))
+            self.o_norm = GatedRMSNorm(self.head_v_dim, config.norm_eps, "sigmoid")
+        elif config.use_output_gate:
             self.g_proj = nn.Linear(D, value_dim, bias=False)
             self.o_norm = GatedRMSNorm(self.head_v_dim, config.norm_eps, config.output_gate_activation)
         else:
@@ -72,7 +83,8 @@ class DeltaProductAttention(nn.Module):
         with torch.no_grad():
             H = self.num_v_heads
             self.A_log.copy_(torch.log(torch.empty(H).uniform_(1, 16)))
-            dt = torch.exp(torch.rand(H) * (math.log(0.1) - math.log(1e-3)) + math.log(1e-3)).clamp(min=1e-4)
+            n = self.dt_bias.numel()
+            dt = torch.exp(torch.rand(n) * (math.log(0.1) - math.log(1e-3)) + math.log(1e-3)).clamp(min=1e-4)
             self.dt_bias.copy_(dt + torch.log(-torch.expm1(-dt)))
 
     def _qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -142,7 +154,13 @@ class DeltaProductAttention(nn.Module):
             beta = beta * 2.0
         beta = self.hook_beta(beta)
         g = None
-        if cfg.use_forget_gate:
+        if self.channel_gate:  # g [B, T, Hv, dk]
+            f = self.f_proj(x).float().view(B, T, self.num_v_heads, self.head_k_dim)
+            f = f + self.dt_bias.float().view(self.num_v_heads, self.head_k_dim)
+            a = self.A_log.float().exp()[:, None]
+            g = cfg.lower_bound * torch.sigmoid(a * f) if cfg.lower_bound is not None else -a * F.softplus(f)
+            g = self.hook_g(g)
+        elif cfg.use_forget_gate:
             g = -self.A_log.float().exp() * F.softplus(self.a_proj(x).float() + self.dt_bias)
             g = self.hook_g(g)
         scale = self.head_k_dim**-0.5

@@ -6,7 +6,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-MODEL_TYPES = ("gated_deltaproduct", "delta_net", "gated_deltanet")
+MODEL_TYPES = ("gated_deltaproduct", "delta_net", "gated_deltanet", "kda")
 
 
 class ConfigError(ValueError):
@@ -49,6 +49,7 @@ class ModelConfig:
     num_v_heads: int | None = None  # gated_deltanet: grouped value heads (None = num_heads)
     attn: dict[str, Any] | list[dict[str, Any]] | None = None  # hybrids: fla's softmax-attention layer specs
     max_position_embeddings: int | None = None
+    lower_bound: float | None = None  # kda: bounded gate lower_bound * sigmoid(...) instead of -exp(A_log) softplus
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -64,12 +65,15 @@ class ModelConfig:
             self.num_householder, self.use_forget_gate = 1, False
         if self.model_type == "gated_deltanet":
             self.num_householder, self.use_forget_gate = 1, True
+        if self.model_type == "kda":  # Kimi Delta Attention: a per-key-channel gate, a sigmoid output gate
+            self.num_householder, self.use_forget_gate, self.use_output_gate = 1, True, True
+            self.output_gate_activation = "sigmoid"
         if self.num_householder < 1:
             raise ConfigError(f"num_householder must be >= 1, got {self.num_householder}")
         if self.hidden_act != "swish":
             raise ConfigError(f"hidden_act {self.hidden_act!r} is not supported: use 'swish'")
         if self.num_v_heads is not None:
-            if self.model_type != "gated_deltanet" and self.num_v_heads != self.num_heads:
+            if self.model_type not in ("gated_deltanet", "kda") and self.num_v_heads != self.num_heads:
                 raise ConfigError(f"num_v_heads={self.num_v_heads} != num_heads={self.num_heads}: fla groups value "
                                   "heads only in gated_deltanet")
             if self.num_v_heads < self.num_heads or self.num_v_heads % self.num_heads:
@@ -95,6 +99,11 @@ class ModelConfig:
         """Key head read by each value head (j // (Hv / Hk), fla's grouped value attention)."""
         group = self.num_value_heads // self.num_key_heads
         return [j // group for j in range(self.num_value_heads)]
+
+    @property
+    def gate(self) -> str:
+        """"channel" (kda: one log decay per key channel), "scalar" (one per head) or "none"."""
+        return "channel" if self.model_type == "kda" else "scalar" if self.use_forget_gate else "none"
 
     @property
     def delta_layers(self) -> list[int]:
@@ -157,13 +166,14 @@ class ModelConfig:
             "gated_deltaproduct": ["head_dim", "expand_v", "num_householder", "use_forget_gate", "use_output_gate"],
             "delta_net": ["expand_k", "expand_v", "use_beta", "qk_activation", "qk_norm"],
             "gated_deltanet": ["head_dim", "expand_v", "output_gate_activation"],
+            "kda": ["head_dim", "expand_v", "lower_bound"],
         }[self.model_type]
         out: dict[str, Any] = dict(self.extra)
         out.update({name: getattr(self, name) for name in common + per_type})
         for name in ("num_v_heads", "attn", "max_position_embeddings"):
             if getattr(self, name) is not None:
                 out[name] = getattr(self, name)
-        if self.model_type != "gated_deltaproduct":
+        if self.model_type not in ("gated_deltaproduct", "kda"):
             out["use_gate"] = self.use_output_gate
         out["model_type"] = self.model_type
         out.setdefault("architectures", [_ARCHITECTURES[self.model_type]])
@@ -206,4 +216,5 @@ _ARCHITECTURES = {
     "gated_deltaproduct": "GatedDeltaProductForCausalLM",
     "delta_net": "DeltaNetForCausalLM",
     "gated_deltanet": "GatedDeltaNetForCausalLM",
+    "kda": "KDAForCausalLM",
 }

@@ -24,7 +24,7 @@ NAMES = sorted(p.name for p in FIXTURES.iterdir() if (p / "logits.safetensors").
 
 def test_every_variant_has_a_fixture():
     assert {"gdp_nh2_all", "gdp_nh2_none", "gdp_nh3_gate", "gdp_nh3_conv", "delta_net",
-            "gated_deltanet"} <= set(NAMES)
+            "gated_deltanet", "gdn_hybrid_gva", "kda_gva", "kda_bounded"} <= set(NAMES)
 
 
 @pytest.mark.parametrize("name", NAMES)
