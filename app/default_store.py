@@ -92,11 +92,17 @@ def _weights(checkpoint: Path) -> Path:
     raise DefaultStoreError(f"{checkpoint} has no model.safetensors")
 
 
+def probes_for(spec: str) -> tuple[str, ...]:
+    """The probes a cached store gets: text stores skip `linear` (no labels worth the 80 s it takes)."""
+    return TEXT_PROBES if spec.startswith("text:") else PROBES
+
+
 def _fingerprint(checkpoint: Path, spec: str) -> dict[str, Any]:
-    """What the cached store was built from: weights size + mtime (cheap; no hashing on every page load)."""
+    """What the cached store was built from: weights size + mtime (cheap; no hashing on every page load),
+    the data spec and the probes run on it."""
     st = _weights(checkpoint).stat()
     return {"checkpoint": str(checkpoint.resolve()), "size": st.st_size, "mtime_ns": st.st_mtime_ns, "data": spec,
-            "probes": list(PROBES)}
+            "probes": list(probes_for(spec))}
 
 
 def train_length(checkpoint: Path) -> int:
@@ -156,7 +162,7 @@ def run_probe(out: Path, name: str, extra: list[str] | None = None) -> None:
 
 def ensure_default_store(progress: Progress | None = None, *, checkpoint: str | Path | None = None,
                          out: str | Path | None = None, samples: int | None = None, spec: str | None = None,
-                         probes: tuple[str, ...] = PROBES) -> Path:
+                         probes: tuple[str, ...] | None = None) -> Path:
     """Return the default store, capturing and probing it first when it is missing or stale.
 
     `progress(fraction, message)` is called before each stage and with 1.0 at the end. Concurrent
@@ -180,7 +186,8 @@ def ensure_default_store(progress: Progress | None = None, *, checkpoint: str | 
             return out
         _marker(out).unlink(missing_ok=True)
         _reset_if_stale(out, checkpoint, spec)
-        names = list(probes) + (["intervene"] if importlib.util.find_spec("probes.intervene") else [])
+        names = list(probes or probes_for(spec))
+        names += ["intervene"] if importlib.util.find_spec("probes.intervene") else []
         steps = 1 + len(names)
         report(0.0, f"capturing {spec} from {checkpoint.name} into {out} (step 1/{steps})")
         from store import StoreError
@@ -295,6 +302,4 @@ def ensure_checkpoint_store(checkpoint: str | Path, progress: Progress | None = 
     a cached store, once; later launches open it at once (rebuilt when the weights change)."""
     checkpoint = Path(checkpoint).resolve()
     spec = checkpoint_data_spec(checkpoint)
-    probes = PROBES if not spec.startswith("text:") else TEXT_PROBES
-    return ensure_default_store(progress, checkpoint=checkpoint, out=checkpoint_store_path(checkpoint), spec=spec,
-                                probes=probes)
+    return ensure_default_store(progress, checkpoint=checkpoint, out=checkpoint_store_path(checkpoint), spec=spec)

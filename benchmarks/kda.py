@@ -2,7 +2,7 @@
 
 Rows: B in {1, 8}, T in {2048, 8192}, H in {16, 32}, dk = dv = 128, bf16 inputs, unit keys, beta in (0, 1),
 log decays g in (-0.5, 0) per channel. Ours is `kernels.dispatch.delta_product_forward` (per-channel gates run
-the chunked PyTorch form `kernels.chunk._chunk_channel_gate`; there is no Triton KDA kernel yet). Each row:
+the chunked PyTorch form, `kernels.chunk._channel_gate_factors`; there is no Triton KDA kernel yet). Each row:
 our ms, fla's ms, fla/ours, the first call of each side, and the max error of each against a float32 reference
 (ours in float32) relative to the output's max. `python -m benchmarks.kda [--quick]`.
 """

@@ -5,7 +5,7 @@ solved at once through the UT transform  (I + A) Delta = diag(beta) (V - e^Gamma
 A_ij = beta_i e^{Gamma_i - Gamma_j} k_i.k_j (j < i); across chunks the state is carried.
 Same signature and results as `kernels.naive.naive_delta_product` (grouped heads: q and k are repeated to
 the value heads; packed batches: one chunked solve per sequence). Per-channel gates g [B, T, Hv, K] (Kimi Delta
-Attention) take `_chunk_channel_gate`, which builds the pairwise per-channel decays one chunk at a time.
+Attention) take `_channel_gate_factors`, which builds the pairwise per-channel decays for groups of chunks.
 """
 
 from __future__ import annotations
@@ -68,104 +68,94 @@ def _chunk_dense(q, k, v, beta, g, scale, initial_state, chunk_size, normalize_q
     if normalize_qk:
         q, k = l2_normalize(q), l2_normalize(k)
     scale = K**-0.5 if scale is None else scale
+    state = q.new_zeros(B, H, K, V) if initial_state is None else initial_state.to(dtype)
 
     if T == 0:  # an empty sequence of a packed batch: its initial state is its final and only boundary
-        state = q.new_zeros(B, H, K, V) if initial_state is None else initial_state.to(dtype)
         return q.new_zeros(B, 0, H, V, dtype=out_dtype), state, state[:, None]
     # A sequence shorter than one chunk is solved as a single chunk of its own length: the
     # boundary states (initial, final) are the same, and no padding work is done.
     C = min(chunk_size, T)
+    channel = g is not None and g.dim() == 4
+    gamma = torch.zeros(B, T, n_h, H, *((K,) if channel else ()), dtype=dtype, device=q.device)
+    if g is not None:  # the gate sits at each token's first sub-step
+        gamma[:, :, 0] = g.to(dtype)
+    chunks = _chunks(q, k, v, beta, gamma, C)
+    if channel:
+        factors = _channel_gate_factors(*chunks)
+    else:
+        factors = _scalar_gate_factors(*chunks, gated=g is not None)
+    o, boundaries = _carry(*factors, state, scale)
+    o = o.reshape(B, H, -1, V)[:, :, :T].movedim(1, 2)
+    return o.to(out_dtype), boundaries[:, -1], boundaries
+
+
+def _chunks(q, k, v, beta, gamma, C):
+    """Pad to whole chunks and lay out per chunk: qs [B,H,NC,C,K], ks [B,H,NC,L,K], vs [B,H,NC,L,V],
+    bs [B,H,NC,L] and the cumulative log decays within each chunk cum [B,H,NC,L] (or [B,H,NC,L,K])."""
+    B, T, H, K = q.shape
     n_chunks = -(-T // C)
     pad = n_chunks * C - T
-    L = C * n_h  # sub-steps per chunk
-    if g is not None and g.dim() == 4:
-        return _chunk_channel_gate(q, k, v, beta, g.to(dtype), scale, initial_state, C, out_dtype)
-    gamma = torch.zeros(B, T, n_h, H, dtype=dtype, device=q.device)
-    if g is not None:
-        gamma[:, :, 0] = g.to(dtype)
     if pad:
         q, k, v, beta, gamma = (
             torch.nn.functional.pad(x, (0, 0) * (x.dim() - 2) + (0, pad)) for x in (q, k, v, beta, gamma)
         )
-    ks = _interleave(k).reshape(B, H, n_chunks, L, K)
-    vs = _interleave(v).reshape(B, H, n_chunks, L, V)
-    bs = _interleave(beta).reshape(B, H, n_chunks, L)
-    cum = _interleave(gamma).reshape(B, H, n_chunks, L).cumsum(-1)  # Gamma_i within the chunk
-    qs = q.movedim(2, 1).reshape(B, H, n_chunks, C, K)
 
-    idx = torch.arange(L, device=q.device)
+    def per_chunk(x: torch.Tensor) -> torch.Tensor:
+        return _interleave(x).reshape(B, H, n_chunks, -1, *x.shape[4:])
+
+    return (q.movedim(2, 1).reshape(B, H, n_chunks, C, K), per_chunk(k), per_chunk(v), per_chunk(beta),
+            per_chunk(gamma).cumsum(3))
+
+
+def _scalar_gate_factors(qs, ks, vs, bs, cum, gated: bool):
+    """Intra-chunk factors with one log decay per head (or none): (I + A) Delta = diag(beta)(V - e^Gamma K S_0),
+    A_ij = beta_i e^{Gamma_i - Gamma_j} k_i.k_j (j < i)."""
+    C, L = qs.shape[3], ks.shape[3]
+    n_h = L // C
+    idx = torch.arange(L, device=qs.device)
     causal = idx[:, None] >= idx[None, :]
     last = idx[n_h - 1 :: n_h]  # the sub-step at which each token's query reads the state
     gram = ks @ ks.transpose(-1, -2)
-    if g is None:  # no forget gate: every decay factor is 1, so skip the L x L exponentials
-        decay = causal.to(dtype)
-        A = (bs[..., :, None] * gram).tril(-1)
+    if not gated:  # every decay factor is 1, so skip the L x L exponentials
+        decay = causal.to(qs.dtype)
         W_rhs = bs[..., None] * ks
-        q_scale, tail, tail_gate = None, None, None
+        q_decayed, k_tail, chunk_decay = qs, ks, torch.ones_like(cum[..., -1])[..., None, None]
     else:
         diff = cum[..., :, None] - cum[..., None, :]
         decay = torch.where(causal, diff, torch.full_like(diff, -torch.inf)).exp()  # e^{Gamma_i - Gamma_j}, j<=i
-        A = (bs[..., :, None] * decay * gram).tril(-1)
         W_rhs = (bs * cum.exp())[..., None] * ks
-        q_scale = cum[..., last].exp()[..., None]  # [B,H,NC,C,1]
-        tail = (cum[..., -1:] - cum).exp()[..., None]  # e^{Gamma_L - Gamma_j}
-        tail_gate = cum[..., -1].exp()[..., None, None]
-    lhs = torch.eye(L, dtype=dtype, device=q.device) + A
+        q_decayed = qs * cum[..., last].exp()[..., None]
+        k_tail = ks * (cum[..., -1:] - cum).exp()[..., None]  # e^{Gamma_L - Gamma_j} k_j
+        chunk_decay = cum[..., -1].exp()[..., None, None]
+    A = (bs[..., :, None] * decay * gram).tril(-1)
+    lhs = torch.eye(L, dtype=qs.dtype, device=qs.device) + A
     U = torch.linalg.solve_triangular(lhs, bs[..., None] * vs, upper=False, unitriangular=True)
     W = torch.linalg.solve_triangular(lhs, W_rhs, upper=False, unitriangular=True)
     attn = (qs @ ks.transpose(-1, -2)) * decay[..., last, :]  # [B,H,NC,C,L]
-
-    state = q.new_zeros(B, H, K, V) if initial_state is None else initial_state.to(dtype)
-    outs, boundaries = [], [state]
-    for c in range(n_chunks):
-        delta = U[:, :, c] - W[:, :, c] @ state
-        if g is None:
-            outs.append(scale * (qs[:, :, c] @ state + attn[:, :, c] @ delta))
-            state = state + ks[:, :, c].transpose(-1, -2) @ delta
-        else:
-            outs.append(scale * (q_scale[:, :, c] * (qs[:, :, c] @ state) + attn[:, :, c] @ delta))
-            state = tail_gate[:, :, c] * state + (ks[:, :, c] * tail[:, :, c]).transpose(-1, -2) @ delta
-        boundaries.append(state)
-    o = torch.stack(outs, 2).reshape(B, H, n_chunks * C, V)[:, :, :T].movedim(1, 2)
-    return o.to(out_dtype), state, torch.stack(boundaries, 1)
+    return U, W, attn, q_decayed, k_tail, chunk_decay
 
 
-def _chunk_channel_gate(q, k, v, beta, g, scale, initial_state, C, out_dtype, budget: int = 1 << 29):
-    """Per-channel gates (Kimi Delta Attention): g [B, T, H, K] decays the state's key rows.
+def _channel_gate_factors(qs, ks, vs, bs, cum, budget: int = 1 << 29):
+    """Intra-chunk factors with per-channel gates (Kimi Delta Attention: g [B, T, H, K] decays the key rows).
 
-    Within a chunk of L sub-steps with cumulative log decays Gamma_i in R^K (the gate sits at each token's
-    first sub-step), S_i = diag(e^{Gamma_i}) S_0 + sum_{j<=i} diag(e^{Gamma_i - Gamma_j}) k_j u_j^T, where
+    Within a chunk of L sub-steps with cumulative log decays Gamma_i in R^K,
+    S_i = diag(e^{Gamma_i}) S_0 + sum_{j<=i} diag(e^{Gamma_i - Gamma_j}) k_j u_j^T, where
     (I + A) U = diag(b) (V - Ktilde S_0), A_ij = b_i k_i^T diag(e^{Gamma_i - Gamma_j}) k_j (j < i) and
     Ktilde_i = e^{Gamma_i} * k_i. Every exponent is a difference Gamma_i - Gamma_j with j <= i (never positive),
-    so strong decays cannot overflow. The intra-chunk factors are built for groups of chunks at once (the
-    pairwise [L, L, K] decays bounded by `budget` bytes); only the state is carried chunk by chunk.
+    so strong decays cannot overflow. The factors are built for groups of chunks at once (the pairwise
+    [L, L, K] decays bounded by `budget` bytes).
     """
-    B, T, H, K = q.shape
-    n_h, V = k.shape[2], v.shape[-1]
-    dtype = q.dtype
-    n_chunks = -(-T // C)
-    pad = n_chunks * C - T
-    L = C * n_h
-    gamma = torch.zeros(B, T, n_h, H, K, dtype=dtype, device=q.device)
-    gamma[:, :, 0] = g
-    if pad:
-        q, k, v, beta, gamma = (
-            torch.nn.functional.pad(x, (0, 0) * (x.dim() - 2) + (0, pad)) for x in (q, k, v, beta, gamma)
-        )
-    ks = _interleave(k).reshape(B, H, n_chunks, L, K)
-    vs = _interleave(v).reshape(B, H, n_chunks, L, V)
-    bs = _interleave(beta).reshape(B, H, n_chunks, L)
-    cum = _interleave(gamma).reshape(B, H, n_chunks, L, K).cumsum(-2)
-    qs = q.movedim(2, 1).reshape(B, H, n_chunks, C, K)
-    idx = torch.arange(L, device=q.device)
+    B, H, n_chunks, C, K = qs.shape
+    L, V = ks.shape[3], vs.shape[-1]
+    n_h = L // C
+    idx = torch.arange(L, device=qs.device)
     causal = (idx[:, None] >= idx[None, :])[..., None]  # [L, L, 1]
     last = idx[n_h - 1 :: n_h]
-    eye = torch.eye(L, dtype=dtype, device=q.device)
-
-    U = torch.empty(B, H, n_chunks, L, V, dtype=dtype, device=q.device)
-    W = torch.empty(B, H, n_chunks, L, K, dtype=dtype, device=q.device)
-    attn = torch.empty(B, H, n_chunks, C, L, dtype=dtype, device=q.device)
-    group = max(1, budget // max(1, B * H * L * L * K * q.element_size() * 3))
+    eye = torch.eye(L, dtype=qs.dtype, device=qs.device)
+    U = qs.new_empty(B, H, n_chunks, L, V)
+    W = qs.new_empty(B, H, n_chunks, L, K)
+    attn = qs.new_empty(B, H, n_chunks, C, L)
+    group = max(1, budget // max(1, B * H * L * L * K * qs.element_size() * 3))
     for c0 in range(0, n_chunks, group):
         sl = slice(c0, min(n_chunks, c0 + group))
         kc, gc, bc = ks[:, :, sl], cum[:, :, sl], bs[:, :, sl]
@@ -181,13 +171,15 @@ def _chunk_channel_gate(q, k, v, beta, g, scale, initial_state, C, out_dtype, bu
     q_decayed = qs * cum[..., last, :].exp()
     k_tail = ks * (cum[..., -1:, :] - cum).exp()  # e^{Gamma_L - Gamma_j} k_j
     chunk_decay = cum[..., -1, :].exp()[..., None]  # [B, H, NC, K, 1]
+    return U, W, attn, q_decayed, k_tail, chunk_decay
 
-    state = q.new_zeros(B, H, K, V) if initial_state is None else initial_state.to(dtype)
+
+def _carry(U, W, attn, q_decayed, k_tail, chunk_decay, state, scale):
+    """Carry the state across chunks: o [B, H, NC, C, V] and the boundary states [B, NC + 1, H, K, V]."""
     outs, boundaries = [], [state]
-    for c in range(n_chunks):
+    for c in range(U.shape[2]):
         delta = U[:, :, c] - W[:, :, c] @ state
         outs.append(scale * (q_decayed[:, :, c] @ state + attn[:, :, c] @ delta))
         state = chunk_decay[:, :, c] * state + k_tail[:, :, c].transpose(-1, -2) @ delta
         boundaries.append(state)
-    o = torch.stack(outs, 2).reshape(B, H, n_chunks * C, V)[:, :, :T].movedim(1, 2)
-    return o.to(out_dtype), state, torch.stack(boundaries, 1)
+    return torch.stack(outs, 2), torch.stack(boundaries, 1)

@@ -4,9 +4,9 @@
 written (`to_zarr` streams it chunk by chunk) or a part of it is selected and loaded. Each task
 reads one block of sequences of one layer, so memory is bounded by the block size.
 
-Padding (NaN at padded tokens, see `store.reader.mask_padded`): `fn` never sees a NaN. Its inputs are
-zero-filled there (beta = 0, k = v = 0, g = 0: an identity step) and every output with a `pos` dim is NaN
-at those tokens, so padding is neither analysed nor able to break a decomposition.
+Padding (the store's `pad`, where the reader put NaN: `store.reader.mask_padded`): `fn` never sees a NaN.
+Its inputs are zero-filled there (beta = 0, k = v = 0, g = 0: an identity step) and every output with a `pos`
+dim is NaN at those tokens, so padding is neither analysed nor able to break a decomposition.
 """
 
 from __future__ import annotations
@@ -35,7 +35,8 @@ def map_seq_layer(ds: xr.Dataset, names: Sequence[str], fn: BlockFn,
     present = [n for n in names if n in ds]
     per_layer = max(1, ds.sizes.get("layer", 1))
     block = data.block_size(ds, present, budget * per_layer, factor)
-    src = ds[present]
+    padded = "pad" in ds and bool(ds["pad"].any())  # the reader made those tokens NaN (store.reader.mask_padded)
+    src = ds[present + (["pad"] if padded else [])]
     rechunk = {d: -1 for d in src.dims}
     rechunk.update({"seq": block, "layer": 1})
     src = src.chunk({d: c for d, c in rechunk.items() if d in src.dims})
@@ -61,7 +62,7 @@ def map_seq_layer(ds: xr.Dataset, names: Sequence[str], fn: BlockFn,
     def apply(block: xr.Dataset) -> xr.Dataset:
         arrays = {n: np.asarray(block[n].values)[:, 0] if "layer" in block[n].dims else np.asarray(block[n].values)
                   for n in present}
-        missing = padded_tokens(block, present)
+        missing = np.asarray(block["pad"].transpose("seq", "pos").values, dtype=bool) if padded else None
         if missing is not None:
             arrays = {n: np.nan_to_num(a, nan=0.0) if np.issubdtype(a.dtype, np.floating) else a
                       for n, a in arrays.items()}
@@ -80,15 +81,3 @@ def map_seq_layer(ds: xr.Dataset, names: Sequence[str], fn: BlockFn,
 
     return xr.map_blocks(apply, src, template=template)
 
-
-def padded_tokens(block: xr.Dataset, names: Sequence[str]) -> np.ndarray | None:
-    """[seq, pos] True where a per-token float input is NaN (padding masked by the reader); None if none is."""
-    missing = None
-    for n in names:
-        var = block[n]
-        if "pos" not in var.dims or not np.issubdtype(var.dtype, np.floating):
-            continue
-        other = [d for d in var.dims if d not in ("seq", "pos")]
-        nan = np.isnan(var).any(other).transpose("seq", "pos").values
-        missing = nan if missing is None else missing | nan
-    return missing if missing is not None and missing.any() else None

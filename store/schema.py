@@ -158,6 +158,15 @@ def dims_of(var: str, sizes: dict[str, int]) -> tuple[str, ...]:
     return dims
 
 
+def human_bytes(n: float) -> str:
+    """1234567 -> '1.2 MB'."""
+    for unit in ("B", "kB", "MB", "GB", "TB"):
+        if n < 1000 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return str(n)
+
+
 def bytes_per_sequence(variables: list[str], sizes: dict[str, int], act_dtype: str) -> int:
     """Uncompressed bytes one sequence adds to a store of these variables and sizes (an upper bound of the disk
     use: zarr compresses the integer and boolean variables)."""

@@ -186,10 +186,3 @@ def seqs_for_points(n_seq: int, length: int, max_points: int) -> int:
     return max(1, min(n_seq, max_points // max(1, length)))
 
 
-def human_bytes(n: float) -> str:
-    """1234567 -> '1.2 MB'."""
-    for unit in ("B", "kB", "MB", "GB", "TB"):
-        if n < 1000 or unit == "TB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1000
-    return str(n)

@@ -11,7 +11,8 @@ import numpy as np
 import streamlit as st
 
 from app.dash import export, figures, loading
-from app.dash.derive import human_bytes, model_summary, param_count, readme
+from app.dash.derive import model_summary, param_count, readme
+from store.schema import human_bytes
 
 PROBES = ("betas", "keys", "spectra", "erank", "linear", "lengthgen", "intervene")
 

@@ -3,6 +3,7 @@ probed into a cached store once, then the dashboard opens that store; bad folder
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -12,7 +13,7 @@ from typer.testing import CliRunner
 import store
 from app import cmd_app
 from app.cli import app as cli
-from app.default_store import checkpoint_data_spec, checkpoint_store_path, is_built
+from app.default_store import checkpoint_data_spec, checkpoint_store_path, is_built, probes_for
 
 ZOO = Path(__file__).parents[2] / "models" / "zoo"
 HYBRID = Path(__file__).parents[1] / "fixtures" / "fla" / "gdn_hybrid_gva"
@@ -48,6 +49,8 @@ def test_text_checkpoint_opens_its_probed_store(launched, tmp_path):
     from store.reader import list_results
 
     assert {"betas", "keys", "spectra", "erank", "lengthgen"} <= set(list_results(out))
+    assert "linear" not in list_results(out)  # text stores skip it, and the marker records the probes run
+    assert json.loads(out.with_name(out.name + ".built.json").read_text())["probes"] == list(probes_for(spec))
     mtime = (out / "zarr.json").stat().st_mtime_ns
     res = CliRunner().invoke(cli, ["app", str(ckpt)])  # second launch: opened at once, nothing rebuilt
     assert res.exit_code == 0 and (out / "zarr.json").stat().st_mtime_ns == mtime

@@ -4,30 +4,19 @@ exact transition eigenvalues and the Probes page's Decays tab shows memory lengt
 from __future__ import annotations
 
 import pytest
-from typer.testing import CliRunner
 
 pytest.importorskip("transformers")
 pytest.importorskip("streamlit")
 
-from app.cli import app as cli_app  # noqa: E402
 from tests.app.test_pages import PAGES, assert_clean, new_app, specs  # noqa: E402
-from tests.models.kda_tiny import KDA_LINEAR, save_kda  # noqa: E402
+from tests.models.kda_tiny import KDA_LINEAR, probed_kimi_store  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def kimi_store(tmp_path_factory):
-    base = tmp_path_factory.mktemp("kimi_pages")
-    folder = save_kda("kimi_linear", base / "kimi")
-    out = base / "s.zarr"
-    res = CliRunner().invoke(cli_app, ["capture", str(folder), "--data", "S4:length=80,samples=8,seed=0", "--out",
-                                       str(out), "--hooks", "tokens,labels,loss,q,k,v,beta,g,state,o",
-                                       "--no-progress"])
-    assert res.exit_code == 0, res.output
-    for probe in ("betas", "keys", "spectra", "erank", "decays", "linear", "lengthgen"):
-        extra = ["--train-length", "40"] if probe == "lengthgen" else []
-        res = CliRunner().invoke(cli_app, ["probe", probe, "--store", str(out), *extra])
-        assert res.exit_code == 0, (probe, res.output)
-    return out
+    probes = {p: [] for p in ("betas", "keys", "spectra", "erank", "decays", "linear")}
+    probes["lengthgen"] = ["--train-length", "40"]
+    return probed_kimi_store(tmp_path_factory.mktemp("kimi_pages"), "S4:length=80,samples=8,seed=0", probes)
 
 
 @pytest.mark.parametrize("page", PAGES)

@@ -121,7 +121,7 @@ def test_chunk_groups_do_not_change_the_result(monkeypatch):
 
     q, k, v, beta, g = _random(1, 200, 2, 2, 8, 4, 1, 1.0, seed=11)
     whole = chunk.chunk_delta_product(q, k, v, beta, g)
-    monkeypatch.setattr(chunk, "_chunk_channel_gate", partial(chunk._chunk_channel_gate, budget=1))
+    monkeypatch.setattr(chunk, "_channel_gate_factors", partial(chunk._channel_gate_factors, budget=1))
     single = chunk.chunk_delta_product(q, k, v, beta, g)
     for a, b in zip(whole, single):
         torch.testing.assert_close(a, b, rtol=1e-13, atol=1e-13)

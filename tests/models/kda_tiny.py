@@ -55,3 +55,21 @@ def load_untouched(folder: Path, family: str) -> torch.nn.Module:
 
     cls = tf.AutoModelForImageTextToText if family == "glm5_next" else tf.AutoModelForCausalLM
     return cls.from_pretrained(folder, local_files_only=True, use_safetensors=True).eval()
+
+
+def probed_kimi_store(base: Path, spec: str, probes: dict[str, list[str]]) -> Path:
+    """A tiny Kimi Linear model saved under `base`, captured over `spec` with every hook into base/s.zarr through
+    the CLI, and probed with `probes` (name -> extra arguments); each step must succeed."""
+    from typer.testing import CliRunner
+
+    from app.cli import app
+
+    folder = save_kda("kimi_linear", base / "kimi")
+    out = base / "s.zarr"
+    res = CliRunner().invoke(app, ["capture", str(folder), "--data", spec, "--out", str(out),
+                                   "--hooks", "tokens,labels,loss,q,k,v,beta,g,state,o", "--no-progress"])
+    assert res.exit_code == 0, res.output
+    for probe, extra in probes.items():
+        res = CliRunner().invoke(app, ["probe", probe, "--store", str(out), *extra])
+        assert res.exit_code == 0, (probe, res.output)
+    return out

@@ -20,18 +20,15 @@ import torch
 from nnsight import NNsight
 from safetensors.torch import load_file
 
-import models.attention
 from kernels.naive import naive_delta_product
 from models import load_checkpoint
 from models.config import ConfigError, ModelConfig
 from models.softmax_attention import SoftmaxAttention
+from tests.models.oracles import beta_zero_by_hand, beta_zero_through_hook, fro
 
 FIXTURE = Path(__file__).parents[1] / "fixtures" / "fla" / "gdn_hybrid_gva"
 DELTA, SOFTMAX = [0, 2], [1, 3]
 
-
-def fro(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float((a.double() - b.double()).norm() / b.double().norm())
 
 
 @pytest.fixture(scope="module")
@@ -97,27 +94,9 @@ def test_b_naive_float64_reproduces_fla_kernel_output_and_state(model, ref):
 @pytest.mark.parametrize("layer, head", [(2, 3)])
 def test_c_beta_zero_through_hook_equals_by_hand(model, ref, monkeypatch, layer, head):
     ids = ref["input_ids"]
-    real = models.attention.delta_product_forward
-    calls = []
-
-    def zero_head(q, k, v, beta, g=None, **kw):
-        calls.append(1)
-        if len(calls) == DELTA.index(layer) + 1:
-            beta = beta.clone()
-            beta[..., head] = 0.0
-        return real(q, k, v, beta, g, **kw)
-
-    with torch.no_grad():
-        base = model(ids).logits
-        monkeypatch.setattr(models.attention, "delta_product_forward", zero_head)
-        by_hand = model(ids).logits
-        monkeypatch.setattr(models.attention, "delta_product_forward", real)
-        nn = NNsight(model)
-        with nn.trace(ids):
-            nn.layers[layer].attn.hook_beta.output[:, :, :, head] = 0.0
-            hooked = nn.output.save()
+    base, by_hand = beta_zero_by_hand(model, ids, DELTA.index(layer), head, monkeypatch)
     assert fro(by_hand, base) > 1e-4  # the change matters
-    assert fro(hooked.logits, by_hand) < 1e-6
+    assert fro(beta_zero_through_hook(model, ids, layer, head), by_hand) < 1e-6
 
 
 def _softmax_reference(attn: SoftmaxAttention, x: torch.Tensor) -> torch.Tensor:

@@ -35,6 +35,7 @@ from tests.models.kda_tiny import (  # noqa: E402
     load_untouched,
     save_kda,
 )
+from tests.models.oracles import beta_zero_in_transformers, beta_zero_through_hook, fro  # noqa: E402
 
 T = 70
 
@@ -57,9 +58,6 @@ def untouched(folder, hooked):
 def ids(batch: int = 2, length: int = T, seed: int = 1) -> torch.Tensor:
     return torch.randint(3, KDA_VOCAB, (batch, length), generator=torch.Generator().manual_seed(seed))
 
-
-def fro(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float((a.double() - b.double()).norm() / b.double().norm())
 
 
 def test_layout(hooked):
@@ -130,24 +128,9 @@ def test_b_naive_float64_reproduces_kernel_and_cache(hooked, untouched):
 def test_c_beta_zero_through_hook_equals_by_hand(hooked, untouched, layer, head):
     model, module = untouched
     x = ids()
-    call_of_layer = KDA_LINEAR.index(layer)
-
-    def zero_head(call, kwargs):
-        if call == call_of_layer:
-            kwargs["beta"] = kwargs["beta"].clone()
-            kwargs["beta"][..., head] = 0.0
-
-    with torch.no_grad():
-        with original_kernels(module, names=KDA_NAMES):
-            base = model(x).logits
-        with original_kernels(module, zero_head, names=KDA_NAMES):
-            by_hand = model(x).logits
-    nn = NNsight(hooked)
-    with torch.no_grad(), nn.trace(x):
-        nn.layers[layer].attn.hook_beta.output[:, :, :, head] = 0.0
-        hooked_out = nn.output.save()
+    base, by_hand = beta_zero_in_transformers(model, module, x, KDA_LINEAR.index(layer), head, KDA_NAMES)
     assert fro(by_hand, base) > 1e-4
-    assert fro(hooked_out.logits, by_hand) < 1e-5
+    assert fro(beta_zero_through_hook(hooked, x, layer, head), by_hand) < 1e-5
 
 
 def test_gate_of_the_wrong_kind_names_the_tensor():

@@ -36,6 +36,7 @@ from tests.models.hf_tiny import (  # noqa: E402
     original_kernels,
     save_tiny,
 )
+from tests.models.oracles import beta_zero_in_transformers, beta_zero_through_hook, fro  # noqa: E402
 
 T = 70  # crosses one 64-token chunk boundary
 
@@ -60,10 +61,6 @@ def untouched(folder, hooked):
 def ids(batch: int = 2, length: int = T, seed: int = 1) -> torch.Tensor:
     return torch.randint(3, VOCAB, (batch, length), generator=torch.Generator().manual_seed(seed))
 
-
-def fro(a: torch.Tensor, b: torch.Tensor) -> float:
-    """Relative error in the Frobenius norm."""
-    return float((a.double() - b.double()).norm() / b.double().norm())
 
 
 def test_layout(hooked):
@@ -154,24 +151,9 @@ def test_b_naive_float64_reproduces_kernel_and_cache(hooked, untouched):
 def test_c_beta_zero_through_hook_equals_by_hand(hooked, untouched, layer, head):
     model, module = untouched
     x = ids()
-    call_of_layer = LINEAR_LAYERS.index(layer)
-
-    def zero_head(call, kwargs):
-        if call == call_of_layer:
-            kwargs["beta"] = kwargs["beta"].clone()
-            kwargs["beta"][..., head] = 0.0
-
-    with torch.no_grad():
-        with original_kernels(module):
-            base = model(x).logits
-        with original_kernels(module, zero_head):
-            by_hand = model(x).logits
-    nn = NNsight(hooked)
-    with torch.no_grad(), nn.trace(x):
-        nn.layers[layer].attn.hook_beta.output[:, :, :, head] = 0.0
-        hooked_out = nn.output.save()
+    base, by_hand = beta_zero_in_transformers(model, module, x, LINEAR_LAYERS.index(layer), head)
     assert fro(by_hand, base) > 1e-3  # the change matters
-    assert fro(hooked_out.logits, by_hand) < 1e-5
+    assert fro(beta_zero_through_hook(hooked, x, layer, head), by_hand) < 1e-5
 
 
 def test_resid_hooks(hooked):

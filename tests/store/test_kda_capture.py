@@ -16,21 +16,13 @@ from app.cli import app  # noqa: E402
 from kernels.naive import naive_delta_product  # noqa: E402
 from kernels.spectra_naive import dplr_eigvals_dense  # noqa: E402
 from store.reader import open_results  # noqa: E402
-from tests.models.kda_tiny import KDA_DIM, KDA_HEADS, KDA_LINEAR, save_kda  # noqa: E402
+from tests.models.kda_tiny import KDA_DIM, KDA_HEADS, KDA_LINEAR, probed_kimi_store  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def kimi_store(tmp_path_factory):
-    base = tmp_path_factory.mktemp("kimi")
-    folder = save_kda("kimi_linear", base / "kimi")
-    out = base / "s.zarr"
-    res = CliRunner().invoke(app, ["capture", str(folder), "--data", "S4:length=70,samples=4,seed=0", "--out",
-                                   str(out), "--hooks", "tokens,labels,loss,q,k,v,beta,g,state,o", "--no-progress"])
-    assert res.exit_code == 0, res.output
-    for probe in ("betas", "keys", "spectra", "erank", "attention"):
-        res = CliRunner().invoke(app, ["probe", probe, "--store", str(out)])
-        assert res.exit_code == 0, (probe, res.output)
-    return out
+    return probed_kimi_store(tmp_path_factory.mktemp("kimi"), "S4:length=70,samples=4,seed=0",
+                             {p: [] for p in ("betas", "keys", "spectra", "erank", "attention")})
 
 
 def test_gate_is_stored_per_key_channel(kimi_store):
