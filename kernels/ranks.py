@@ -215,6 +215,7 @@ def state_rank_metrics(
     backend: str = "auto",
     max_states: int | None = None,
     progress: bool = False,
+    every: int = 1,
 ) -> RankMetrics:
     """Rank metrics of the state after every token (or sub-step), for every batch entry and head.
 
@@ -223,8 +224,12 @@ def state_rank_metrics(
     NC >= ceil(T / chunk_size)); None: computed here with the chunked forward from initial_state.
     Chunks are replayed in groups of about `max_states` states (default 32768 on CUDA, 8192 otherwise),
     in float32 (float64 if the states are float64); method/backend as in `singular_values`.
+    `every=N` ranks only the state after tokens N-1, 2N-1, ... (the others are NaN): the SVDs, the costly part,
+    shrink N-fold, for capture-time reductions that must keep pace with the forward.
     Returns RankMetrics of [B,T,H] ([B,T,n_h,H] with substeps).
     """
+    if every < 1 or (every > 1 and substeps):
+        raise ValueError(f"every={every}: pass a positive token stride (and substeps=False when it is above 1)")
     if k.dim() != 5 or beta.shape != k.shape[:4] or v.shape[:4] != k.shape[:4]:
         raise ValueError(
             f"expected k [B,T,n_h,H,K], v [B,T,n_h,H,V], beta [B,T,n_h,H]; got {tuple(k.shape)}, "
@@ -280,8 +285,18 @@ def state_rank_metrics(
             states = _replay(
                 starts[c0:c1], k[c0:c1], v[c0:c1], beta[c0:c1], None if g is None else g[c0:c1], substeps
             )  # [L', n, H, K, V]
-            m = torch.stack(state_metrics(states, method, backend))  # [6, L', n, H]
-            out[:, c0:c1] = m.permute(0, 2, 1, 3).reshape(len(m), c1 - c0, per_chunk).to(out_dtype)
+            if every > 1:  # states after tokens t with (t + 1) % every == 0, t global within the sequence
+                t = (torch.arange(c0, c1, device=k.device) % n_chunks)[:, None] * C + torch.arange(C, device=k.device)
+                keep = ((t + 1) % every == 0) & (t < T)  # [L', C]
+                part = torch.full((len(RankMetrics._fields), c1 - c0, C, H), float("nan"), dtype=out_dtype,
+                                  device=k.device)
+                if bool(keep.any()):
+                    picked = states.transpose(0, 1)[keep]  # states are [C, L', H, K, V]: time first
+                    part[:, keep] = torch.stack(state_metrics(picked, method, backend)).to(out_dtype)
+                out[:, c0:c1] = part.reshape(len(part), c1 - c0, per_chunk)
+            else:
+                m = torch.stack(state_metrics(states, method, backend))  # [6, L', n, H]
+                out[:, c0:c1] = m.permute(0, 2, 1, 3).reshape(len(m), c1 - c0, per_chunk).to(out_dtype)
             del states
     steps = n_h if substeps else 1
     out = out.reshape(len(RankMetrics._fields), B, n_chunks * C, steps, H)[:, :, :T]

@@ -144,6 +144,14 @@ def run(ds: xr.Dataset, *, window: tuple[int, int] | None = None, top_k: int = 8
     tok = per_token(ds, window=window, top_k=top_k, rank_by=rank_by, context=context, budget=budget, device=device)
     attrs = dict(tok.attrs)
     tok = sink.write(tok) if sink is not None else tok.compute()
+    tok.attrs.update(attrs)
+    return from_tokens(tok, ds)
+
+
+def from_tokens(tok: xr.Dataset, ds: xr.Dataset) -> ProbeResult:
+    """The result from per-token arrays already computed (by `run`, or batch by batch during capture);
+    `tok.attrs` carries per_token's parameters."""
+    attrs = {k: v for k, v in tok.attrs.items() if k not in ("records", "complete", "reduced_batches")}
     summary = summarize(tok)
     out = xr.merge([tok, summary], combine_attrs="drop")
     out.attrs = attrs

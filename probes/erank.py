@@ -17,7 +17,7 @@ import numpy as np
 import xarray as xr
 
 from probes import data, linalg
-from probes.base import ProbeResult, exit_main
+from probes.base import ProbeError, ProbeResult, exit_main
 from probes.lazy import map_seq_layer
 
 NAME = "erank"
@@ -26,8 +26,9 @@ SUMMARY_KEYS = ["layer", "head", "erank_mean", "erank_max", "stable_rank_mean", 
                 "erank_within_train", "erank_beyond_train"]
 
 
-def per_token(ds: xr.Dataset, *, budget: int = 1 << 30, device: str = "cpu") -> xr.Dataset:
-    """Lazy [seq, layer, pos, head] arrays: erank, stable_rank, rank_utilisation, state_norm (Frobenius)."""
+def per_token(ds: xr.Dataset, *, budget: int = 1 << 30, device: str = "cpu", every: int = 1) -> xr.Dataset:
+    """Lazy [seq, layer, pos, head] arrays: erank, stable_rank, rank_utilisation, state_norm (Frobenius);
+    `every=N` ranks the state after every N-th token only (NaN at the others, which summaries skip like padding)."""
     data.require(ds, ["k", "v", "beta"], NAME)
     T, H = ds.sizes["pos"], ds.sizes["head"]
     chunk = data.chunk_size(ds)
@@ -37,7 +38,7 @@ def per_token(ds: xr.Dataset, *, budget: int = 1 << 30, device: str = "cpu") -> 
         r = linalg.token_ranks(a["k"].astype(np.float32), a["v"].astype(np.float32), a["beta"].astype(np.float32),
                                a["g"].astype(np.float32) if "g" in a else None,
                                a["state"].astype(np.float32) if use_state else None,
-                               chunk_size=chunk, device=device)
+                               chunk_size=chunk, device=device, every=every)
         return {"erank": r["erank"], "stable_rank": r["stable_rank"], "rank_utilisation": r["rank_utilisation"],
                 "state_norm": r["frobenius"]}
 
@@ -50,6 +51,7 @@ def per_token(ds: xr.Dataset, *, budget: int = 1 << 30, device: str = "cpu") -> 
     lazy["erank"].attrs["description"] = "exp(entropy of sigma / sum sigma)"
     lazy["stable_rank"].attrs["description"] = "||H||_F^2 / ||H||_2^2"
     lazy["rank_utilisation"].attrs["description"] = "stable rank / min(dk, dv)"
+    lazy.attrs["every"] = every
     return lazy
 
 
@@ -126,14 +128,20 @@ def summarize(tok: xr.Dataset, ds: xr.Dataset, train_length: int | None, budget:
 
 
 def run(ds: xr.Dataset, *, train_length: int | None = None, budget: int = 1 << 30, device: str = "cpu",
-        sink: Any = None, checkpoint: str | None = None) -> ProbeResult:
+        sink: Any = None, checkpoint: str | None = None, every: int = 1) -> ProbeResult:
     """State ranks of `ds`. With a `sink` the per-token arrays are written first and the summaries read them
     back; without one they are computed in memory (small stores)."""
-    tl = data.train_length(ds, train_length, checkpoint)
-    tok = per_token(ds, budget=budget, device=device)
+    tok = per_token(ds, budget=budget, device=device, every=every)
     if "doc_start" in ds:
         tok["doc_start"] = ds["doc_start"]
     tok = sink.write(tok) if sink is not None else tok.compute()
+    return from_tokens(tok, ds, train_length=train_length, budget=budget, checkpoint=checkpoint)
+
+
+def from_tokens(tok: xr.Dataset, ds: xr.Dataset, *, train_length: int | None = None, budget: int = 1 << 30,
+                checkpoint: str | None = None) -> ProbeResult:
+    """The result from per-token arrays already computed (by `run`, or batch by batch during capture)."""
+    tl = data.train_length(ds, train_length, checkpoint)
     summary = summarize(tok, ds, tl, budget)
     out = xr.merge([tok, summary], combine_attrs="drop")
     out.attrs = {**tok.attrs, **summary.attrs}
@@ -161,11 +169,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--train-length", type=int, default=None,
                    help="training context length to mark (default: the store's train_length attr, "
                         "else what --checkpoint's run files record)")
+    p.add_argument("--every", type=int, default=1,
+                   help="rank the state after every N-th token only (N-fold fewer SVDs; default 1: every token)")
 
 
 def from_args(ds: xr.Dataset, args: argparse.Namespace, sink: Any) -> ProbeResult:
+    if args.every < 1:
+        raise ProbeError(f"--every {args.every}: pass a positive number of tokens")
     return run(ds, train_length=args.train_length, budget=args.memory_budget,
-               device=data.pick_device(args.device), sink=sink, checkpoint=args.checkpoint)
+               device=data.pick_device(args.device), sink=sink, checkpoint=args.checkpoint, every=args.every)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -48,18 +48,19 @@ def channel_gate_spectra(k: np.ndarray, beta: np.ndarray, g: np.ndarray, *, devi
 
 def token_ranks(k: np.ndarray, v: np.ndarray, beta: np.ndarray, g: np.ndarray | None,
                 boundary: np.ndarray | None, *, chunk_size: int = CHUNK_SIZE, device: str = "cpu",
-                dtype: torch.dtype = torch.float32) -> dict[str, np.ndarray]:
+                dtype: torch.dtype = torch.float32, every: int = 1) -> dict[str, np.ndarray]:
     """Rank statistics of every token's state (`kernels.ranks`): dict of [B,T,H] arrays (RANK_FIELDS).
 
     k [B,T,n_h,H,K], v [B,T,n_h,H,V], beta [B,T,n_h,H], g [B,T,H]|None, boundary [B,NC,H,K,V]|None
     (the store's chunk-start states; None = recomputed from a zero start). Only a group of chunks of
-    per-token states is ever held.
+    per-token states is ever held. `every=N`: only the states after tokens N-1, 2N-1, ... (NaN elsewhere).
     """
     from kernels.ranks import state_rank_metrics
 
     with torch.no_grad():
         m = state_rank_metrics(_t(k, device, dtype), _t(v, device, dtype), _t(beta, device, dtype),
-                               _t(g, device, dtype), _t(boundary, device, dtype), chunk_size=chunk_size)
+                               _t(g, device, dtype), _t(boundary, device, dtype), chunk_size=chunk_size,
+                               every=every)
     return {f: getattr(m, f).to("cpu", torch.float32).numpy() for f in RANK_FIELDS}
 
 

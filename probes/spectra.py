@@ -187,6 +187,15 @@ def run(ds: xr.Dataset, *, window: int = 4, stride: int | None = None, max_token
     tok = per_token(ds, window=window, stride=stride, budget=budget, device=device)
     attrs = dict(tok.attrs)
     tok = sink.write(tok) if sink is not None else tok.compute()
+    tok.attrs.update(attrs)
+    return from_tokens(tok, ds, max_tokens=max_tokens, unit_tol=unit_tol, rotation_frac=rotation_frac, budget=budget)
+
+
+def from_tokens(tok: xr.Dataset, ds: xr.Dataset, *, max_tokens: int = 64, unit_tol: float = 0.05,
+                rotation_frac: float = 0.9, budget: int = 1 << 30) -> ProbeResult:
+    """The result from per-token arrays already computed (by `run`, or batch by batch during capture);
+    `tok.attrs` carries per_token's (window, stride, gated, channel_gate)."""
+    attrs = {k: tok.attrs[k] for k in ("window", "stride", "gated", "channel_gate") if k in tok.attrs}
     summary = summarize(tok, ds, max_tokens=max_tokens, unit_tol=unit_tol, budget=budget)
     summary["rotation"] = (("layer", "head"), (summary["frac_rotation"].values >= rotation_frac)
                            & (summary["frac_complex"].values > 0))

@@ -29,6 +29,7 @@ from models.run_files import deltalab_version, training_length
 from store import schema
 from store.data import Data, load_data
 from store.errors import StoreError, StoreMismatchError
+from store.schema import human_bytes
 from store.writer import Segment, StoreWriter
 
 QUEUE_DEPTH = 2
@@ -143,7 +144,7 @@ class HookedRunner:
     """Run batches through `model` under nnsight, returning the store's variables as a HostBatch."""
 
     def __init__(self, model: Any, variables: list[str], layers: list[int], dtype: str,
-                 num_classes: int | None = None) -> None:
+                 num_classes: int | None = None, state_every: int = 1) -> None:
         import torch
         from nnsight import NNsight
 
@@ -153,6 +154,7 @@ class HookedRunner:
         self.variables = variables
         self.torch_dtype = {"float16": torch.float16, "float32": torch.float32}[dtype]
         self.num_classes = num_classes
+        self.state_every = state_every
         self.per_layer = [v for v in variables if v in schema.MODEL_HOOK_POINTS]
         self.envoys: dict[str, list[Any]] = {}
         for var in self.per_layer:
@@ -184,6 +186,9 @@ class HookedRunner:
                 cache, logits = None, self.model(ids).logits
             for var, envs in self.envoys.items():  # (layer, seq, ...): one contiguous block per layer
                 on_device[var] = torch.stack([cache[e.path].output for e in envs], dim=0).to(self.torch_dtype)
+            if "state" in on_device and self.state_every > 1:
+                on_device["state"] = on_device["state"][:, :, kept_states(on_device["state"].shape[2],
+                                                                          self.state_every)].contiguous()
             if "loss" in self.variables or "correct" in self.variables:
                 lab = torch.from_numpy(np.ascontiguousarray(labels, dtype=np.int64)).to(device, non_blocking=cuda)
                 on_device.update(_token_loss(logits, lab, self.num_classes))
@@ -204,6 +209,12 @@ class HookedRunner:
         if "labels" in self.variables:
             host["labels"] = np.asarray(labels, dtype=np.int32)
         return HostBatch(tensors, host, set(self.envoys), ready)
+
+
+def kept_states(n_boundaries: int, every: int) -> list[int]:
+    """Indices of the chunk-boundary states `--state-every N` keeps: every N-th chunk start, and the final
+    state. They are the boundaries of chunks N * CHUNK_SIZE long (the store's `chunk_size` attr)."""
+    return [*range(0, n_boundaries - 1, every), n_boundaries - 1]
 
 
 def _token_loss(logits: Any, labels: Any, num_classes: int | None) -> dict[str, Any]:
@@ -229,9 +240,11 @@ class BackgroundWriter:
     `busy_s` is the thread's time waiting for copies and writing; `blocked_s` the producer's time
     waiting for queue space (the model waiting on the disk)."""
 
-    def __init__(self, writer: StoreWriter, depth: int = QUEUE_DEPTH, on_done: Any = None) -> None:
+    def __init__(self, writer: StoreWriter, depth: int = QUEUE_DEPTH, on_done: Any = None,
+                 after_write: Any = None) -> None:
         self.writer = writer
         self.on_done = on_done
+        self.after_write = after_write
         self.error: BaseException | None = None
         self.busy_s = self.blocked_s = 0.0
         self._queue: queue.Queue = queue.Queue(maxsize=depth)
@@ -250,6 +263,8 @@ class BackgroundWriter:
             try:
                 arrays = batch.arrays()
                 self.writer.write_batch(start, arrays)
+                if self.after_write is not None:  # reductions of the batch still in memory (probes.reduce)
+                    self.after_write(start, arrays)
                 if self.on_done is not None:
                     self.on_done(len(next(iter(arrays.values()))))
             except BaseException as err:  # noqa: BLE001 - handed to the producer thread
@@ -293,13 +308,17 @@ def capture(checkpoint: str | Path, data: str | Data, out: str | Path, *,
             hooks: str | Sequence[str] | None = None, layers: str | Sequence[int] | None = None,
             batch_size: int | None = None, device: str = "cpu",
             dtype: str = "float32", progress: bool = True, command_line: list[str] | None = None,
-            model: Any = None, model_dtype: str = "float32", device_map: str | None = None) -> dict[str, Any]:
+            model: Any = None, model_dtype: str = "float32", device_map: str | None = None,
+            state_every: int = 1, reductions: Any = None) -> dict[str, Any]:
     """Capture `checkpoint` over `data` (a spec string or Data) into store `out`; returns a summary dict.
 
     Creates the store, resumes the same data spec (skipping complete sequences), or appends a new
     spec. Runs data-parallel when launched by torchrun. `model` may pass the already-loaded model.
     `model_dtype` (float32, bfloat16, float16) is the dtype the model runs in; `dtype` the stored one.
     `device_map="auto"` spreads a transformers model over the visible GPUs (accelerate).
+    `state_every=N` keeps every N-th chunk-boundary state (chunks of N * CHUNK_SIZE tokens).
+    `reductions` (probes.reduce.CaptureReductions: `check(variables)`, `batch(path, attrs, start, arrays, n_seq)`
+    after each batch is written, `finish(path)` at the end) computes analyses while the batch is in memory.
     """
     import torch
 
@@ -308,6 +327,10 @@ def capture(checkpoint: str | Path, data: str | Data, out: str | Path, *,
     rank, world, local_rank = _dist_env()
     if dtype not in schema.FLOAT_DTYPES:
         raise CaptureError(f"--dtype {dtype!r} is not supported; use one of {', '.join(schema.FLOAT_DTYPES)}")
+    if state_every < 1:
+        raise CaptureError(f"--state-every must be >= 1, got {state_every}")
+    if reductions is not None and world > 1:
+        raise CaptureError("--reduce under torchrun is not supported: capture, then run `deltalab probe` on the store")
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise CaptureError("--device cuda but no CUDA GPU is visible; use --device cpu")
     if device == "cuda" and world > 1:
@@ -327,6 +350,14 @@ def capture(checkpoint: str | Path, data: str | Data, out: str | Path, *,
         variables = schema.variables_for(hook_list, gated=bool(cfg.use_forget_gate))
     except ValueError as err:
         raise CaptureError(str(err)) from None
+    if state_every > 1 and "state" not in variables:
+        raise CaptureError(f"--state-every {state_every} but no states are captured; drop --state-every "
+                           "or add state to --hooks")
+    if reductions is not None:
+        try:
+            reductions.check(variables)
+        except ValueError as err:
+            raise CaptureError(str(err)) from None
     resid = [h for h in hook_list if h.startswith("resid_")]
     if resid and not getattr(cfg, "single_residual", True):
         raise CaptureError(f"--hooks {','.join(resid)}: {cfg.model_type} keeps several residual streams "
@@ -343,7 +374,8 @@ def capture(checkpoint: str | Path, data: str | Data, out: str | Path, *,
 
     model_config = cfg.to_dict()
     sizes = {"pos": data.length, "layer": len(layer_list), "head": cfg.num_value_heads, "step": cfg.num_householder,
-             "dk": cfg.head_k_dim, "dv": cfg.head_v_dim, "chunk": schema.n_chunks(data.length),
+             "dk": cfg.head_k_dim, "dv": cfg.head_v_dim,
+             "chunk": schema.n_chunks(data.length, CHUNK_SIZE * state_every),
              "hidden": cfg.hidden_size}
     if cfg.grouped:  # grouped heads: q, k per key head (schema.dims_of)
         sizes["key_head"] = cfg.num_key_heads
@@ -353,7 +385,7 @@ def capture(checkpoint: str | Path, data: str | Data, out: str | Path, *,
         "deltalab_format": schema.FORMAT_VERSION, "model_config": model_config,
         "checkpoint_digest": checkpoint_digest(checkpoint), "deltalab_version": deltalab_version(),
         "command_line": list(command_line if command_line is not None else sys.argv),
-        "chunk_size": CHUNK_SIZE,
+        "chunk_size": CHUNK_SIZE * state_every,
         "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "hooks": hook_list, "variables": variables, "layers": layer_list, "dtype": dtype,
         "batch_size": batch, "sizes": sizes, "data_meta": data.meta, "world_size": world,
@@ -368,25 +400,34 @@ def capture(checkpoint: str | Path, data: str | Data, out: str | Path, *,
     check_disk(out, estimate)
     writer, segment, own_group = _open_store(out, attrs, data, rank, world, device)
     if progress and rank == 0:  # once the store is known to accept this capture, before any batch runs
-        print(f"capture: about {_human(estimate['bytes_per_token'])} per token, {_human(estimate['bytes'])} for "
-              f"{len(data)} sequence(s) of {data.length} tokens (uncompressed); {_human(estimate['free'])} free "
-              f"at {estimate['disk']}", file=sys.stderr, flush=True)
+        print(f"capture: about {human_bytes(estimate['bytes_per_token'])} per token, "
+              f"{human_bytes(estimate['bytes'])} for {len(data)} sequence(s) of {data.length} tokens "
+              f"(uncompressed); {human_bytes(estimate['free'])} free at {estimate['disk']}",
+              file=sys.stderr, flush=True)
     todo = [b for i, b in enumerate(writer.batches(segment)) if i % world == rank]
     pending = set(writer.pending(segment))
     todo_pending = [b for b in todo if b in pending]
     n_todo = sum(b - a for a, b in todo_pending)
-    runner = HookedRunner(model, variables, layer_list, dtype, data.num_classes) if todo_pending else None
+    runner = HookedRunner(model, variables, layer_list, dtype, data.num_classes, state_every) \
+        if todo_pending else None
     from tqdm.auto import tqdm
 
     desc = f"capture -> {out.name}" + (f" [rank {rank}]" if world > 1 else "")
     bar = tqdm(total=n_todo, unit="seq", desc=desc,
                disable=not progress or (world > 1 and rank != 0), position=0, leave=False)
-    bg = BackgroundWriter(writer, on_done=bar.update)
+    after = None
+    if reductions is not None:
+        n_seq, root = writer.segments()[-1].stop, writer.attrs
+
+        def after(start: int, arrays: dict[str, np.ndarray]) -> None:
+            reductions.batch(out, root, start, arrays, n_seq)
+    bg = BackgroundWriter(writer, on_done=bar.update, after_write=after)
     try:
         for a, b in todo_pending:
             s, e = a - segment.start, b - segment.start
             bg.put(a, runner(data.tokens[s:e], data.labels[s:e], data.doc_start[s:e], data.pad[s:e]))
         bg.close()
+        reduced_from_store = reductions.finish(out) if reductions is not None else {}
     finally:
         bg.stop()
         bar.close()
@@ -400,16 +441,9 @@ def capture(checkpoint: str | Path, data: str | Data, out: str | Path, *,
         "skipped": sum(b - a for a, b in todo) - n_todo, "complete": writer.n_complete(),
         "sequences": writer.segments()[-1].stop, "seconds": round(time.perf_counter() - t0, 3),
         "writer_busy_s": round(bg.busy_s, 3), "model_blocked_s": round(bg.blocked_s, 3),
+        "reduced": list(getattr(reductions, "names", [])), "reduced_from_store": reduced_from_store,
         "estimated_bytes": estimate["bytes"], "estimated_bytes_per_token": estimate["bytes_per_token"],
     }
-
-
-def _human(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if abs(n) < 1000 or unit == "TB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1000
-    return f"{n:.1f} TB"
 
 
 def _existing_parent(path: Path) -> Path:
@@ -440,8 +474,9 @@ def check_disk(out: Path, estimate: dict[str, Any]) -> None:
     need = estimate["bytes"] - estimate["already"]
     if need > estimate["free"]:
         raise CaptureError(
-            f"--out {out}: the store needs about {_human(need)} but {estimate['disk']} has {_human(estimate['free'])} "
-            "free; capture less (--layers, --hooks, --dtype float16, a shorter --data) or pick another --out")
+            f"--out {out}: the store needs about {human_bytes(need)} but {estimate['disk']} has "
+            f"{human_bytes(estimate['free'])} free; capture less (--layers, --hooks, --dtype float16, "
+            "a shorter --data) or pick another --out")
 
 
 def _open_store(out: Path, attrs: dict[str, Any], data: Data, rank: int, world: int,

@@ -110,7 +110,18 @@ def open(path: str | Path, *, complete_only: bool = True, verify: bool = True,  
         if missing:
             raise TruncatedStoreError(f"{path} is truncated: {missing} is missing for complete sequences; "
                                       "recapture it into a new --out")
-    coords: dict[str, Any] = {"seq": np.arange(ds.sizes["seq"], dtype=np.int64)}
+    ds = _with_coords(ds, attrs, start=0)
+    if complete_only and not complete.all():
+        ds = _take_seq(ds, np.flatnonzero(complete))
+    if mask_padding:
+        ds = mask_padded(ds)
+    return per_value_head(ds) if key_heads == "value" else ds
+
+
+def _with_coords(ds: Any, attrs: dict[str, Any], start: int) -> Any:
+    """The coordinates `open` gives (seq from `start`, real layer numbers, chunk_pos, key_head_of) and the
+    root attributes as ds.attrs."""
+    coords: dict[str, Any] = {"seq": np.arange(start, start + ds.sizes["seq"], dtype=np.int64)}
     if "layer" in ds.dims:
         coords["layer"] = np.asarray(attrs["layers"], dtype=np.int64)
     if "chunk" in ds.dims:
@@ -121,11 +132,19 @@ def open(path: str | Path, *, complete_only: bool = True, verify: bool = True,  
         coords["key_head_of"] = ("head", np.asarray(attrs["key_head_of"], dtype=np.int64))
     ds = ds.assign_coords(coords)
     ds.attrs = dict(attrs)
-    if complete_only and not complete.all():
-        ds = _take_seq(ds, np.flatnonzero(complete))
-    if mask_padding:
-        ds = mask_padded(ds)
-    return per_value_head(ds) if key_heads == "value" else ds
+    return ds
+
+
+def batch_dataset(attrs: dict[str, Any], arrays: dict[str, np.ndarray], start: int) -> Any:
+    """One captured batch (sequences start.. of a store with root `attrs`), still in memory, as the Dataset
+    `open` would give for those sequences: same dims, coordinates, padding mask and q/k per value head.
+    Capture-time reductions run the probes on it (probes.reduce)."""
+    import xarray as xr
+
+    sizes = attrs["sizes"]
+    data_vars = {var: (schema.dims_of(var, sizes), arr) for var, arr in arrays.items() if var in schema.VARIABLES}
+    ds = _with_coords(xr.Dataset(data_vars), attrs, start)
+    return per_value_head(mask_padded(ds))
 
 
 def mask_padded(ds: Any) -> Any:
@@ -140,13 +159,13 @@ def mask_padded(ds: Any) -> Any:
             out[name] = var.where(~pad)
     if "state" in ds and "chunk_pos" in ds.coords:
         length = ds.sizes["pos"]
-        first_pad = xr_first_true(pad, length)
+        first_pad = _first_padded(pad, length)
         out["state"] = ds["state"].where(ds["chunk_pos"] <= first_pad)
     out.attrs = ds.attrs
     return out
 
 
-def xr_first_true(pad: Any, length: int) -> Any:
+def _first_padded(pad: Any, length: int) -> Any:
     """Per sequence: the first padded position (`length` when none)."""
     has = pad.any("pos")
     return pad.argmax("pos").where(has, length)

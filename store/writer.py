@@ -27,7 +27,7 @@ from store import schema
 from store.errors import StoreMismatchError, StoreWriteError
 from store.shards import ShardLayout
 
-IDENTITY_KEYS = ("checkpoint_digest", "model_config", "variables", "layers", "dtype", "sizes", "chunk_size",
+IDENTITY_KEYS = ("checkpoint_digest", "model_config", "variables", "layers", "dtype", "chunk_size", "sizes",
                  "batch_size")
 """Root attrs that must agree for a capture to append to / resume an existing store."""
 
@@ -75,6 +75,9 @@ def _describe_mismatch(key: str, old: Any, new: Any) -> str:
     if key == "sizes":
         diff = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
         return "other sizes (" + ", ".join(f"{k} {old.get(k)} vs {new.get(k)}" for k in diff) + ")"
+    if key == "chunk_size":
+        return (f"states every {old} tokens (this capture every {new}; pass --state-every "
+                f"{int(old) // schema.CHUNK_SIZE} or omit it)")
     return f"other {key} ({old} vs {new})"
 
 

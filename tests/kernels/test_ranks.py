@@ -153,3 +153,21 @@ def test_gpu_realistic_shapes(method):
     ref = naive_state_ranks(k, v, beta, g)
     errs = max_rel_error(ours, ref)
     assert max(errs.values()) < TOL, errs
+
+
+@pytest.mark.parametrize("every", [1, 4, 5, 64, 100])
+def test_every_ranks_only_every_nth_token_and_equals_the_full_run_there(every):
+    """`every=N` (capture-time reductions): the state after tokens N-1, 2N-1, ... exactly as without it, NaN
+    elsewhere; chunk groups smaller than a sequence (max_states) and T not a multiple of the chunk size."""
+    torch.manual_seed(every)
+    B, T, n_h, H, K, V = 2, 150, 2, 3, 8, 8
+    k = torch.nn.functional.normalize(torch.randn(B, T, n_h, H, K, dtype=torch.float64), dim=-1)
+    v, beta = torch.randn(B, T, n_h, H, V, dtype=torch.float64), 2 * torch.rand(B, T, n_h, H, dtype=torch.float64)
+    g = -0.1 * torch.rand(B, T, H, dtype=torch.float64)
+    full = state_rank_metrics(k, v, beta, g, None)
+    part = state_rank_metrics(k, v, beta, g, None, every=every, max_states=300)
+    keep = (torch.arange(T) + 1) % every == 0
+    for name in ("erank", "stable_rank", "frobenius"):
+        a, b = getattr(part, name), getattr(full, name)
+        assert torch.isnan(a[:, ~keep]).all()
+        torch.testing.assert_close(a[:, keep], b[:, keep], rtol=1e-10, atol=1e-12)

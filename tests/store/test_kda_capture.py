@@ -96,3 +96,18 @@ def test_decays_probe_on_a_scalar_gate_has_one_channel(tmp_path):
     assert out.sizes["channel"] == 1
     g = np.asarray(ds["g"].values, dtype=np.float64)  # [seq, layer, pos, head]
     np.testing.assert_allclose(out["mean_log_decay"].values[..., 0], g.mean((0, 2)), rtol=1e-6)
+
+
+def test_reductions_during_capture_equal_the_probes_on_per_channel_gates(kimi_store, tmp_path):
+    from tests.store.test_reduce import _assert_same
+
+    out = tmp_path / "r.zarr"
+    res = CliRunner().invoke(app, ["capture", str(kimi_store.parent / "kimi"), "--data",
+                                   "S4:length=70,samples=4,seed=0", "--out", str(out),
+                                   "--reduce", "ranks,spectra,attention", "--no-progress"])
+    assert res.exit_code == 0, res.output
+    assert "state" not in store.open(out)
+    for name in ("erank", "spectra", "attention"):  # the probes ran on the store with states and o
+        probe = open_results(kimi_store, name)
+        reduced = open_results(out, name)
+        _assert_same(reduced, probe, rtol=1e-4, skip="reconstruction_error")  # needs o, which reductions skip

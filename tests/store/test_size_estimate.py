@@ -40,7 +40,7 @@ def test_capture_that_does_not_fit_is_refused_before_writing(tmp_path, monkeypat
     res = CliRunner().invoke(app, ["capture", str(ZOO / "s4-deltaproduct2"), "--data", SPEC, "--out", str(out)])
     assert res.exit_code == 2
     lines = [ln for ln in res.output.splitlines() if ln.startswith("error:")]
-    assert len(lines) == 1 and "the store needs about" in lines[0] and "has 20.0 KB free" in lines[0]
+    assert len(lines) == 1 and "the store needs about" in lines[0] and "has 20.0 kB free" in lines[0]
     assert "--dtype float16" in lines[0] and "pick another --out" in lines[0]
     assert not out.exists() and not (tmp_path / "new").exists()
 

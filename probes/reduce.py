@@ -1,0 +1,230 @@
+"""Probe results computed during capture: `deltalab capture ... --reduce ranks,spectra,attention`.
+
+Each captured batch, still in memory (and on the capture's device for the linear algebra), goes through the
+probe's own `per_token` (store.reader.batch_dataset gives it the Dataset `store.open` would), and the per-token
+arrays are written into `results/<probe>` at the batch's sequences. When capture ends, sequences no batch
+reduced (a resumed capture, an earlier segment) are computed from the store, and the probe's own summary
+(`from_tokens`) completes the group. So the variables, names and records are the probe's, exactly, and the
+dashboard and notebooks read them as probe results; the states need not be stored at all (`--keep states`).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+import xarray as xr
+
+from models.run_files import deltalab_version
+from probes import attention, erank, spectra
+from probes.base import clean_json
+from probes.data import clean_encoding
+from probes.results import ResultSink, read_results, results_group, update_attrs
+
+REDUCTIONS: dict[str, ModuleType] = {"ranks": erank, "spectra": spectra, "attention": attention}
+"""`--reduce` names -> the probe whose results they write."""
+
+NEEDS = {"ranks": ("k", "v", "beta"), "spectra": ("k", "beta"), "attention": ("q", "k", "v", "beta")}
+"""Hook points each reduction reads."""
+
+KEEPABLE = ("states",)
+
+
+def parse_reductions(text: str | None) -> list[str]:
+    """"ranks,spectra" -> ["ranks", "spectra"]; ValueError (one line) for an unknown name."""
+    names = [t.strip() for t in (text or "").split(",") if t.strip()]
+    bad = [n for n in names if n not in REDUCTIONS]
+    if bad:
+        raise ValueError(f"--reduce {','.join(bad)}: unknown; choose among {','.join(REDUCTIONS)}")
+    return list(dict.fromkeys(names))
+
+
+def capture_hooks(hooks: list[str], reductions: list[str], keep: str | None) -> list[str]:
+    """The hook points to capture: `hooks` plus what the reductions read; the states are dropped when
+    reductions are asked for, unless `--keep states`. ValueError (one line) for a bad --keep."""
+    kept = [t.strip() for t in (keep or "").split(",") if t.strip()]
+    bad = [k for k in kept if k not in KEEPABLE]
+    if bad:
+        raise ValueError(f"--keep {','.join(bad)}: unknown; choose among {','.join(KEEPABLE)}")
+    if kept and not reductions:
+        raise ValueError("--keep only applies with --reduce (without it every hook in --hooks is stored)")
+    out = list(hooks)
+    for name in reductions:
+        out += [h for h in NEEDS[name] if h not in out]
+    if reductions and "states" not in kept:
+        out = [h for h in out if h != "state"]
+    return out
+
+
+def _fill(dtype: np.dtype) -> Any:
+    if np.issubdtype(dtype, np.floating) or np.issubdtype(dtype, np.complexfloating):
+        return np.nan
+    return False if dtype == np.bool_ else -1
+
+
+class CaptureReductions:
+    """The reductions of one capture: `batch` after each batch is written, `finish` once at the end."""
+
+    def __init__(self, names: list[str], *, device: str = "cpu", command_line: list[str] | None = None,
+                 budget: int = 1 << 30, rank_every: int = 1) -> None:
+        if rank_every < 1:
+            raise ValueError(f"--rank-every {rank_every}: pass a positive number of tokens")
+        self.names = list(names)
+        self.rank_every = rank_every
+        self.device = device
+        self.command_line = list(command_line or [])
+        self.budget = budget
+        self._open: dict[str, set[int]] = {}  # probe name -> sequences reduced (this run and earlier runs)
+
+    def check(self, variables: list[str]) -> None:
+        """ValueError (one line, before the model runs) when a reduction lacks a captured hook point."""
+        for name in self.names:
+            missing = [v for v in NEEDS[name] if v not in variables]
+            if missing:
+                raise ValueError(f"--reduce {name} reads {','.join(missing)}, which --hooks leaves out: "
+                                 f"add them to --hooks or drop {name} from --reduce")
+
+    # --- during capture -----------------------------------------------------------------------------
+
+    def batch(self, path: Path, attrs: dict[str, Any], start: int, arrays: dict[str, np.ndarray], n_seq: int) -> None:
+        """Reduce one written batch (sequences start..start+len) into every reduction's results group."""
+        from store.reader import batch_dataset
+
+        ds = batch_dataset(attrs, arrays, start)
+        for name in self.names:
+            tok = self._per_token(name, ds).compute()
+            self._write(path, name, tok, start, n_seq, attrs)
+
+    def _per_token(self, name: str, ds: xr.Dataset) -> xr.Dataset:
+        module = REDUCTIONS[name]
+        if module is erank:
+            tok = erank.per_token(ds, budget=self.budget, device=self.device, every=self.rank_every)
+            if "doc_start" in ds:
+                tok["doc_start"] = ds["doc_start"]
+            return tok
+        tok = module.per_token(ds, budget=self.budget, device=self.device)
+        return tok
+
+    def _write(self, path: Path, name: str, tok: xr.Dataset, start: int, n_seq: int, attrs: dict[str, Any]) -> None:
+        probe = REDUCTIONS[name].NAME
+        if name not in self._open:
+            self._open[name] = self._prepare(path, probe, tok, n_seq, attrs)
+        region = clean_encoding(tok.drop_vars([v for v in tok.variables if "seq" not in tok[v].dims]))
+        region.attrs = {}
+        stop = start + tok.sizes["seq"]
+        region.to_zarr(str(path), group=results_group(probe), region={"seq": slice(start, stop)}, zarr_format=3,
+                       consolidated=False)
+        done = self._open[name]
+        done.update(range(start, stop))
+        update_attrs(path, probe, {"reduced_seqs": _runs(done)})
+
+    def _prepare(self, path: Path, probe: str, tok: xr.Dataset, n_seq: int, attrs: dict[str, Any]) -> set[int]:
+        """Open `results/<probe>` for this capture (kept when it already covers the store's sequences, as on a
+        resume) or create it with every sequence empty; the set of sequences already reduced."""
+        import dask.array as da
+
+        group = Path(path) / results_group(probe)
+        old = _existing(path, probe)
+        if old is not None and old.sizes.get("seq") == n_seq and set(tok.data_vars) <= set(old.data_vars) \
+                and all(old[v].shape[1:] == tok[v].shape[1:] for v in tok.data_vars):
+            update_attrs(path, probe, {"complete": False})
+            return _from_runs(old.attrs.get("reduced_seqs", []))
+        template = {}
+        batch = tok.sizes["seq"]
+        for v, arr in tok.data_vars.items():
+            shape = (n_seq, *arr.shape[1:])
+            chunks = tuple(batch if d == "seq" else 1 if d == "layer" else s for d, s in zip(arr.dims, shape))
+            template[v] = (arr.dims, da.full(shape, _fill(arr.dtype), dtype=arr.dtype, chunks=chunks), arr.attrs)
+        coords = {c: tok.coords[c] for c in tok.coords if "seq" not in tok.coords[c].dims}
+        coords["seq"] = np.arange(n_seq, dtype=np.int64)
+        empty = clean_encoding(xr.Dataset(template, coords=coords))
+        empty.attrs = clean_json({**tok.attrs, **self._provenance(probe, attrs, n_seq), "complete": False,
+                                  "reduced_seqs": []})
+        if group.exists():
+            import shutil
+
+            shutil.rmtree(group)
+        empty.to_zarr(str(path), group=results_group(probe), mode="w", zarr_format=3, consolidated=False,
+                      compute=False)
+        return set()
+
+    def _provenance(self, probe: str, attrs: dict[str, Any], n_seq: int) -> dict[str, Any]:
+        source = {k: attrs.get(k) for k in ("checkpoint_digest", "data_spec", "deltalab_format", "model_config",
+                                             "train_length") if k in attrs}
+        params = {"reduced_during_capture": True, "device": self.device}
+        if probe == erank.NAME:
+            params["every"] = self.rank_every
+        return {"probe": probe, "params": params,
+                "deltalab_version": deltalab_version(),
+                "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+                "command_line": self.command_line, "source": source, "n_seq": n_seq,
+                "layers": [int(x) for x in attrs.get("layers", [])]}
+
+    # --- at the end -------------------------------------------------------------------------------
+
+    def finish(self, path: Path) -> dict[str, int]:
+        """Reduce the store's sequences no batch reduced, then summarise each probe and mark it complete;
+        {probe: sequences computed from the store here}."""
+        import store
+
+        ds = store.open(path)
+        attrs = dict(ds.attrs)
+        n_seq = int(attrs["segments"][-1]["start"] + attrs["segments"][-1]["count"])
+        from_store: dict[str, int] = {}
+        for name in self.names:
+            probe = REDUCTIONS[name].NAME
+            have = self._open.get(name)
+            if have is None:
+                old = _existing(path, probe)
+                have = _from_runs(old.attrs.get("reduced_seqs", [])) if old is not None else set()
+            todo = [int(s) for s in ds["seq"].values if int(s) not in have]
+            batch = int(attrs["batch_size"])
+            for a in range(0, len(todo), batch):
+                part = ds.sel(seq=todo[a:a + batch])
+                for run in _runs(set(int(s) for s in part["seq"].values)):
+                    piece = part.sel(seq=slice(run[0], run[1] - 1))
+                    self._write(path, name, self._per_token(name, piece).compute(), run[0], n_seq, attrs)
+            from_store[probe] = len(todo)
+            tok = read_results(path, probe).sel(seq=ds["seq"].values)
+            result = _from_tokens(name, tok, ds)
+            sink = ResultSink(path, probe)
+            sink.started = True
+            sink.finish(result)
+        return from_store
+
+
+def _from_tokens(name: str, tok: xr.Dataset, ds: xr.Dataset) -> Any:
+    module = REDUCTIONS[name]
+    if module is erank:
+        return erank.from_tokens(tok, ds)
+    keep = {k: v for k, v in tok.attrs.items() if k not in ("records", "complete", "reduced_seqs")}
+    tok = tok.copy()
+    tok.attrs = keep
+    return module.from_tokens(tok, ds)
+
+
+def _existing(path: Path, probe: str) -> xr.Dataset | None:
+    if not (Path(path) / results_group(probe) / "zarr.json").exists():
+        return None
+    try:
+        return read_results(path, probe)
+    except Exception:  # noqa: BLE001 - an unreadable old group is replaced
+        return None
+
+
+def _runs(seqs: set[int]) -> list[list[int]]:
+    """Sorted sequence indices as [start, stop) runs (a short JSON attr however many sequences)."""
+    out: list[list[int]] = []
+    for s in sorted(seqs):
+        if out and out[-1][1] == s:
+            out[-1][1] = s + 1
+        else:
+            out.append([s, s + 1])
+    return out
+
+
+def _from_runs(runs: list[list[int]]) -> set[int]:
+    return {s for a, b in runs for s in range(int(a), int(b))}

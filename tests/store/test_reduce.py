@@ -1,0 +1,150 @@
+"""`deltalab capture --reduce ranks,spectra,attention [--keep states]` and `--state-every N`: analyses computed
+while each batch is in memory equal the probes run on the stored data afterwards; states can be left out or
+thinned; bad flags fail in one line and write nothing."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+import store
+from app.cli import app
+from probes.results import read_results
+
+ZOO = Path(__file__).parents[2] / "models" / "zoo"
+MODEL = ZOO / "s4-deltaproduct2"
+# 7 sequences in batches of 3 (a short last batch), padding (min_length), two state chunks and a bit
+DATA = "modarith:length=150,samples=7,seed=5,min_length=40"
+
+
+def _capture(out: Path, *extra: str) -> None:
+    res = CliRunner().invoke(app, ["capture", str(MODEL), "--data", DATA, "--out", str(out), "--batch-size", "3",
+                                   "--no-progress", *extra])
+    assert res.exit_code == 0, res.output
+
+
+def _probe(store_path: Path, name: str, *extra: str) -> None:
+    res = CliRunner().invoke(app, ["probe", name, "--store", str(store_path), "--name", f"{name}-probe", *extra])
+    assert res.exit_code == 0, res.output
+
+
+def _assert_same(a, b, rtol: float = 1e-5, skip: str = "no-such-name") -> None:
+    """Every variable and record field of probe result `b` (except names starting with `skip`) is in `a` with equal
+    values (NaN where NaN)."""
+    missing = {v for v in b.data_vars if not v.startswith(skip)} - set(a.data_vars)
+    assert not missing, missing
+    for v in [v for v in b.data_vars if not v.startswith(skip)]:
+        x, y = np.asarray(a[v].values), np.asarray(b[v].values)
+        assert x.shape == y.shape, v
+        if np.issubdtype(y.dtype, np.inexact):
+            np.testing.assert_allclose(x, y, rtol=rtol, atol=1e-6, equal_nan=True, err_msg=v)
+        else:
+            np.testing.assert_array_equal(x, y, err_msg=v)
+    assert a.attrs["complete"] and [r["layer"] for r in a.attrs["records"]] == [r["layer"] for r in b.attrs["records"]]
+    for ra, rb in zip(a.attrs["records"], b.attrs["records"]):
+        for key, value in rb.items():
+            if key.startswith(skip):
+                continue
+            if isinstance(value, float):
+                assert ra[key] == pytest.approx(value, rel=rtol, abs=1e-6, nan_ok=True), key
+            else:
+                assert ra[key] == value, key
+
+
+@pytest.fixture(scope="module")
+def reduced(tmp_path_factory):
+    out = tmp_path_factory.mktemp("reduce") / "s.zarr"
+    _capture(out, "--reduce", "ranks,spectra,attention")
+    return out
+
+
+def test_reductions_equal_the_probes(reduced):
+    ds = store.open(reduced)
+    assert "state" not in ds and {"k", "v", "beta", "q"} <= set(ds.data_vars)  # states dropped by default
+    for name in ("erank", "spectra", "attention"):
+        _probe(reduced, name)
+        _assert_same(read_results(reduced, name), read_results(reduced, f"{name}-probe"))
+    attrs = read_results(reduced, "erank").attrs
+    assert attrs["params"]["reduced_during_capture"] and attrs["command_line"][0] == "deltalab"
+    assert attrs["reduced_seqs"] == [[0, 7]]
+
+
+def test_keep_states_stores_them_and_reductions_still_equal(tmp_path):
+    out = tmp_path / "s.zarr"
+    _capture(out, "--reduce", "ranks", "--keep", "states")
+    assert "state" in store.open(out)
+    _probe(out, "erank")  # the probe starts each chunk from the stored state; the reduction from its own
+    _assert_same(read_results(out, "erank"), read_results(out, "erank-probe"))
+
+
+def test_resumed_and_appended_captures_reduce_every_sequence(tmp_path):
+    out = tmp_path / "s.zarr"
+    _capture(out)  # no reductions: the first segment is reduced from the store at the next --reduce
+    res = CliRunner().invoke(app, ["capture", str(MODEL), "--data", "modarith:length=150,samples=4,seed=9",
+                                   "--out", str(out), "--no-progress", "--reduce", "ranks", "--keep", "states",
+                                   "--json"])
+    assert res.exit_code == 0, res.output
+    assert '"reduced_from_store": {"erank": 7}' in res.output
+    tok = read_results(out, "erank")
+    assert tok.sizes["seq"] == 11 and tok.attrs["reduced_seqs"] == [[0, 11]]
+    _probe(out, "erank")
+    _assert_same(tok, read_results(out, "erank-probe"))
+
+
+def test_rank_every_equals_the_probe_with_every(tmp_path):
+    out = tmp_path / "s.zarr"
+    _capture(out, "--reduce", "ranks", "--rank-every", "16")
+    _probe(out, "erank", "--every", "16")
+    reduced = read_results(out, "erank")
+    _assert_same(reduced, read_results(out, "erank-probe"))
+    er = np.asarray(reduced["erank"].values)  # [seq, layer, pos, head]
+    ranked = (np.arange(er.shape[2]) + 1) % 16 == 0
+    assert np.isnan(er[:, :, ~ranked]).all() and np.isfinite(er[:, :, ranked]).any()
+    assert reduced.attrs["params"]["every"] == 16 and np.isfinite(reduced["erank_mean"].values).all()
+
+
+def test_state_every_keeps_every_nth_boundary(tmp_path):
+    full, thin = tmp_path / "full.zarr", tmp_path / "thin.zarr"
+    _capture(full)
+    _capture(thin, "--state-every", "2")
+    a, b = store.open(full), store.open(thin)
+    assert a.attrs["chunk_size"] == 64 and b.attrs["chunk_size"] == 128
+    assert list(a["chunk_pos"].values) == [0, 64, 128, 150] and list(b["chunk_pos"].values) == [0, 128, 150]
+    np.testing.assert_array_equal(b["state"].values, a["state"].isel(chunk=[0, 2, 3]).values)
+    for path in (full, thin):
+        _probe(path, "erank")
+    _assert_same(read_results(thin, "erank-probe"), read_results(full, "erank-probe"), rtol=1e-4)
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--reduce", "ranks,pca"], "--reduce pca: unknown; choose among ranks,spectra,attention"),
+    (["--keep", "states"], "--keep only applies with --reduce"),
+    (["--state-every", "0"], "--state-every must be >= 1, got 0"),
+    (["--reduce", "ranks", "--rank-every", "0"], "--rank-every 0: pass a positive number of tokens"),
+    (["--reduce", "ranks", "--keep", "keys"], "--keep keys: unknown"),
+    (["--state-every", "2", "--hooks", "k,v,beta"], "--state-every 2 but no states are captured"),
+])
+def test_bad_reduce_flags_fail_in_one_line_and_write_nothing(tmp_path, flags, message):
+    out = tmp_path / "s.zarr"
+    res = CliRunner().invoke(app, ["capture", str(MODEL), "--data", DATA, "--out", str(out), "--no-progress", *flags])
+    assert res.exit_code == 2 and message in res.output, res.output
+    assert len([ln for ln in res.output.splitlines() if ln.strip()]) == 1
+    assert not out.exists()
+
+
+def test_reductions_capture_the_hooks_they_read(tmp_path):
+    out = tmp_path / "s.zarr"
+    _capture(out, "--reduce", "attention", "--hooks", "tokens,k,v,beta")
+    assert set(store.open(out).attrs["variables"]) >= {"q", "k", "v", "beta"}
+    assert read_results(out, "attention").attrs["complete"]
+
+
+def test_state_every_must_match_on_append(tmp_path):
+    out = tmp_path / "s.zarr"
+    _capture(out, "--state-every", "2")
+    res = CliRunner().invoke(app, ["capture", str(MODEL), "--data", "modarith:length=150,samples=2,seed=1",
+                                   "--out", str(out), "--no-progress", "--batch-size", "3"])
+    assert res.exit_code == 2 and "pass --state-every 2" in res.output, res.output
