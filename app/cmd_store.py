@@ -55,7 +55,7 @@ def capture(
 ) -> None:
     """Run CHECKPOINT over --data under nnsight and write its hook points into the zarr store --out."""
     from models import CheckpointError
-    from probes.reduce import CaptureReductions, capture_hooks, parse_reductions
+    from probes.reduce import CaptureReductions, parse_reductions, stored_hooks
     from store import StoreError
     from store import capture as run_capture
     from store.capture import parse_list
@@ -64,7 +64,7 @@ def capture(
     command_line = ["deltalab", *sys.argv[1:]]
     try:
         names = parse_reductions(reduce)
-        hook_list = capture_hooks(parse_list(hooks) or list(DEFAULT_HOOKS), names, keep)
+        hook_list = stored_hooks(parse_list(hooks) or list(DEFAULT_HOOKS), names, keep)
         every = rank_every if rank_every is not None else RANK_EVERY_CUDA if device.startswith("cuda") else 1
         reductions = CaptureReductions(names, device=device, command_line=command_line, rank_every=every) \
             if names else None

@@ -122,9 +122,14 @@ def summarize(tok: xr.Dataset, ds: xr.Dataset, train_length: int | None, budget:
         },
         coords={"layer": tok["layer"].values, "head": np.arange(H), "pos": pos, "beyond_train": ("pos", beyond)},
         attrs={"train_length": train_length if train_length is not None else -1,
-               "dk": int(ds.sizes["dk"]), "dv": int(ds.sizes["dv"]), "n_doc_starts": int(n_drop)},
+               "dk": _size(ds, "dk"), "dv": _size(ds, "dv"), "n_doc_starts": int(n_drop)},
     )
     return out
+
+
+def _size(ds: xr.Dataset, dim: str) -> int:
+    """A dim's length, from the store's sizes when no stored variable has it (reductions without k or v stored)."""
+    return int(ds.sizes[dim]) if dim in ds.sizes else int(ds.attrs["sizes"][dim])
 
 
 def run(ds: xr.Dataset, *, train_length: int | None = None, budget: int = 1 << 30, device: str = "cpu",

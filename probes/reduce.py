@@ -27,8 +27,10 @@ from probes.results import ResultSink, read_results, results_group, update_attrs
 REDUCTIONS: dict[str, ModuleType] = {"ranks": erank, "spectra": spectra, "attention": attention}
 """`--reduce` names -> the probe whose results they write."""
 
-NEEDS = {"ranks": ("k", "v", "beta"), "spectra": ("k", "beta"), "attention": ("q", "k", "v", "beta")}
-"""Hook points each reduction reads."""
+NEEDS = {"ranks": ("tokens", "k", "v", "beta", "g"), "spectra": ("tokens", "k", "beta", "g"),
+         "attention": ("tokens", "q", "k", "v", "beta", "g")}
+"""Hook points each reduction reads (tokens for the padding mask and document starts; g where the model has it).
+Capture runs them whatever --hooks says and stores only --hooks."""
 
 KEEPABLE = ("states",)
 
@@ -42,9 +44,9 @@ def parse_reductions(text: str | None) -> list[str]:
     return list(dict.fromkeys(names))
 
 
-def capture_hooks(hooks: list[str], reductions: list[str], keep: str | None) -> list[str]:
-    """The hook points to capture: `hooks` plus what the reductions read; the states are dropped when
-    reductions are asked for, unless `--keep states`. ValueError (one line) for a bad --keep."""
+def stored_hooks(hooks: list[str], reductions: list[str], keep: str | None) -> list[str]:
+    """The hook points to store: `hooks`, without the states when reductions are asked for, unless
+    `--keep states`. ValueError (one line) for a bad --keep."""
     kept = [t.strip() for t in (keep or "").split(",") if t.strip()]
     bad = [k for k in kept if k not in KEEPABLE]
     if bad:
@@ -52,8 +54,6 @@ def capture_hooks(hooks: list[str], reductions: list[str], keep: str | None) -> 
     if kept and not reductions:
         raise ValueError("--keep only applies with --reduce (without it every hook in --hooks is stored)")
     out = list(hooks)
-    for name in reductions:
-        out += [h for h in NEEDS[name] if h not in out]
     if reductions and "states" not in kept:
         out = [h for h in out if h != "state"]
     return out
@@ -79,13 +79,9 @@ class CaptureReductions:
         self.budget = budget
         self._open: dict[str, set[int]] = {}  # probe name -> sequences reduced (this run and earlier runs)
 
-    def check(self, variables: list[str]) -> None:
-        """ValueError (one line, before the model runs) when a reduction lacks a captured hook point."""
-        for name in self.names:
-            missing = [v for v in NEEDS[name] if v not in variables]
-            if missing:
-                raise ValueError(f"--reduce {name} reads {','.join(missing)}, which --hooks leaves out: "
-                                 f"add them to --hooks or drop {name} from --reduce")
+    def hooks(self) -> list[str]:
+        """The hook points the reductions read (captured, stored only if --hooks names them)."""
+        return list(dict.fromkeys(h for name in self.names for h in NEEDS[name]))
 
     # --- during capture -----------------------------------------------------------------------------
 
@@ -128,9 +124,9 @@ class CaptureReductions:
 
         group = Path(path) / results_group(probe)
         old = _existing(path, probe)
-        if old is not None and old.sizes.get("seq") == n_seq and set(tok.data_vars) <= set(old.data_vars) \
+        if old is not None and old.sizes.get("seq", n_seq + 1) <= n_seq and set(tok.data_vars) <= set(old.data_vars) \
                 and all(old[v].shape[1:] == tok[v].shape[1:] for v in tok.data_vars):
-            update_attrs(path, probe, {"complete": False})
+            _reuse(path, probe, set(tok.variables), n_seq)  # a resume or an append: keep what was reduced
             return _from_runs(old.attrs.get("reduced_seqs", []))
         template = {}
         batch = tok.sizes["seq"]
@@ -181,6 +177,12 @@ class CaptureReductions:
                 old = _existing(path, probe)
                 have = _from_runs(old.attrs.get("reduced_seqs", [])) if old is not None else set()
             todo = [int(s) for s in ds["seq"].values if int(s) not in have]
+            lacking = [v for v in NEEDS[name] if v in ("q", "k", "v", "beta") and v not in ds]
+            if todo and lacking:
+                raise ValueError(
+                    f"sequences {_describe(todo)} of {path} were captured without --reduce and the store lacks "
+                    f"{','.join(lacking)}: their {probe} results are missing; recapture them into a new --out with "
+                    f"--reduce {name}, or with those hooks and then `deltalab probe {probe}`")
             batch = int(attrs["batch_size"])
             for a in range(0, len(todo), batch):
                 part = ds.sel(seq=todo[a:a + batch])
@@ -206,6 +208,27 @@ def _from_tokens(name: str, tok: xr.Dataset, ds: xr.Dataset) -> Any:
     return module.from_tokens(tok, ds)
 
 
+def _reuse(path: Path, probe: str, per_token: set[str], n_seq: int) -> None:
+    """Make an earlier run's `results/<probe>` take this capture's batches: grow its per-token arrays to `n_seq`
+    sequences (the new ones empty), drop its summaries (rewritten at the end) and mark it incomplete."""
+    import zarr
+
+    group = zarr.open_group(str(path), path=results_group(probe), mode="r+", zarr_format=3)
+    group.attrs.update({"complete": False})
+    for name in list(group.array_keys()):
+        if name not in per_token:
+            del group[name]
+            continue
+        arr = group[name]
+        dims = list(arr.metadata.dimension_names or ())
+        if "seq" not in dims or arr.shape[dims.index("seq")] == n_seq:
+            continue
+        axis, before = dims.index("seq"), arr.shape[dims.index("seq")]
+        arr.resize(tuple(n_seq if i == axis else s for i, s in enumerate(arr.shape)))
+        where = tuple(slice(before, n_seq) if i == axis else slice(None) for i in range(arr.ndim))
+        arr[where] = np.arange(before, n_seq) if name == "seq" else _fill(arr.dtype)
+
+
 def _existing(path: Path, probe: str) -> xr.Dataset | None:
     if not (Path(path) / results_group(probe) / "zarr.json").exists():
         return None
@@ -224,6 +247,10 @@ def _runs(seqs: set[int]) -> list[list[int]]:
         else:
             out.append([s, s + 1])
     return out
+
+
+def _describe(seqs: list[int]) -> str:
+    return ", ".join(f"{a}..{b - 1}" if b - a > 1 else str(a) for a, b in _runs(set(seqs))[:4])
 
 
 def _from_runs(runs: list[list[int]]) -> set[int]:

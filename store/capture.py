@@ -317,8 +317,9 @@ def capture(checkpoint: str | Path, data: str | Data, out: str | Path, *,
     `model_dtype` (float32, bfloat16, float16) is the dtype the model runs in; `dtype` the stored one.
     `device_map="auto"` spreads a transformers model over the visible GPUs (accelerate).
     `state_every=N` keeps every N-th chunk-boundary state (chunks of N * CHUNK_SIZE tokens).
-    `reductions` (probes.reduce.CaptureReductions: `check(variables)`, `batch(path, attrs, start, arrays, n_seq)`
-    after each batch is written, `finish(path)` at the end) computes analyses while the batch is in memory.
+    `reductions` (probes.reduce.CaptureReductions: `hooks()` it reads, captured even where `hooks` leaves them out
+    and then not stored; `batch(path, attrs, start, arrays, n_seq)` after each batch is written; `finish(path)` at
+    the end) computes analyses while the batch is in memory.
     """
     import torch
 
@@ -348,16 +349,13 @@ def capture(checkpoint: str | Path, data: str | Data, out: str | Path, *,
     layer_list = resolve_layers(layers, cfg.num_hidden_layers, getattr(cfg, "delta_layers", None))
     try:
         variables = schema.variables_for(hook_list, gated=bool(cfg.use_forget_gate))
+        read = [h for h in reductions.hooks() if h not in hook_list] if reductions is not None else []
+        captured = schema.variables_for(hook_list + read, gated=bool(cfg.use_forget_gate))
     except ValueError as err:
         raise CaptureError(str(err)) from None
     if state_every > 1 and "state" not in variables:
         raise CaptureError(f"--state-every {state_every} but no states are captured; drop --state-every "
                            "or add state to --hooks")
-    if reductions is not None:
-        try:
-            reductions.check(variables)
-        except ValueError as err:
-            raise CaptureError(str(err)) from None
     resid = [h for h in hook_list if h.startswith("resid_")]
     if resid and not getattr(cfg, "single_residual", True):
         raise CaptureError(f"--hooks {','.join(resid)}: {cfg.model_type} keeps several residual streams "
@@ -408,7 +406,7 @@ def capture(checkpoint: str | Path, data: str | Data, out: str | Path, *,
     pending = set(writer.pending(segment))
     todo_pending = [b for b in todo if b in pending]
     n_todo = sum(b - a for a, b in todo_pending)
-    runner = HookedRunner(model, variables, layer_list, dtype, data.num_classes, state_every) \
+    runner = HookedRunner(model, captured, layer_list, dtype, data.num_classes, state_every) \
         if todo_pending else None
     from tqdm.auto import tqdm
 

@@ -88,8 +88,12 @@ def test_resumed_and_appended_captures_reduce_every_sequence(tmp_path):
                                    "--json"])
     assert res.exit_code == 0, res.output
     assert '"reduced_from_store": {"erank": 7}' in res.output
+    res = CliRunner().invoke(app, ["capture", str(MODEL), "--data", "modarith:length=150,samples=2,seed=4",
+                                   "--out", str(out), "--no-progress", "--reduce", "ranks", "--keep", "states",
+                                   "--json"])  # the group grows to take the new batch; nothing is recomputed
+    assert res.exit_code == 0 and '"reduced_from_store": {"erank": 0}' in res.output, res.output
     tok = read_results(out, "erank")
-    assert tok.sizes["seq"] == 11 and tok.attrs["reduced_seqs"] == [[0, 11]]
+    assert tok.sizes["seq"] == 13 and tok.attrs["reduced_seqs"] == [[0, 13]]
     _probe(out, "erank")
     _assert_same(tok, read_results(out, "erank-probe"))
 
@@ -135,11 +139,27 @@ def test_bad_reduce_flags_fail_in_one_line_and_write_nothing(tmp_path, flags, me
     assert not out.exists()
 
 
-def test_reductions_capture_the_hooks_they_read(tmp_path):
+def test_reductions_read_hooks_that_are_not_stored(reduced, tmp_path):
+    """`--hooks tokens,beta --reduce ...`: q, k, v are captured for the reductions and never written; the
+    results equal those of the store that kept them."""
     out = tmp_path / "s.zarr"
-    _capture(out, "--reduce", "attention", "--hooks", "tokens,k,v,beta")
-    assert set(store.open(out).attrs["variables"]) >= {"q", "k", "v", "beta"}
-    assert read_results(out, "attention").attrs["complete"]
+    _capture(out, "--reduce", "ranks,spectra,attention", "--hooks", "tokens,beta")
+    ds = store.open(out)
+    assert ds.attrs["variables"] == ["tokens", "doc_start", "pad", "beta", "complete"]
+    assert not (out / "k").exists() and not (out / "q").exists()
+    for name in ("erank", "spectra", "attention"):
+        _assert_same(read_results(out, name), read_results(reduced, name))
+    res = CliRunner().invoke(app, ["capture", str(MODEL), "--data", "modarith:length=150,samples=2,seed=1",
+                                   "--out", str(out), "--no-progress", "--hooks", "tokens,beta", "--batch-size", "3"])
+    assert res.exit_code == 0, res.output  # a plain append: the reductions cannot cover it later...
+    res = CliRunner().invoke(app, ["capture", str(MODEL), "--data", "modarith:length=150,samples=2,seed=2",
+                                   "--out", str(out), "--no-progress", "--hooks", "tokens,beta", "--batch-size", "3",
+                                   "--reduce", "ranks"])
+    assert res.exit_code == 2 and "captured without --reduce" in res.output, res.output  # ...and says so
+    assert len(res.output.strip().splitlines()) == 1
+    kept = read_results(out, "erank")["erank"].isel(seq=slice(0, 7))  # what was reduced before is kept
+    np.testing.assert_array_equal(kept.values, read_results(reduced, "erank")["erank"].values)
+    assert store.open(out).sizes["seq"] == 11  # and both appended segments are in the store
 
 
 def test_state_every_must_match_on_append(tmp_path):
