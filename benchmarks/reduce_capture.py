@@ -1,0 +1,134 @@
+"""`deltalab capture` end to end on a transformers hybrid, with and without reductions:
+`python -m benchmarks.reduce_capture [--family F] [--default-config] [--batch 4 --length 2048] [--quick]`.
+
+A random bf16 model built from its Config class on the GPU (as benchmarks.hf_capture). In one run: the plain
+forward's tokens/s, then `store.capture` into a store on local disk in each mode, every number a share of the
+plain forward measured in the same run:
+- `states`: the default hooks, states included (`--dtype float16`): disk-bound at real sizes;
+- `reduce`: `--hooks tokens,beta --reduce ranks,spectra` (q, k, v, g captured for the reductions, not stored);
+- `reduce+states`: the same with `--keep states --state-every 8`.
+Each mode first runs one batch into a throwaway store (compilation, allocator warm-up), then `--batches`
+batches timed. Also: GPU memory peak and store bytes per token.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from benchmarks.hf_capture import DEVICE, _default_model, _model, _sync
+
+
+def _data(n: int, length: int, vocab: int, seed: int):
+    from models import IGNORE_INDEX
+    from store.data import Data
+
+    rng = np.random.default_rng(seed)
+    tokens = rng.integers(3, vocab, size=(n, length), dtype=np.int32)
+    doc = np.zeros((n, length), bool)
+    doc[:, 0] = True
+    return Data(spec=f"random:length={length},samples={n},seed={seed}", tokens=tokens,
+                labels=np.full((n, length), IGNORE_INDEX, np.int32), doc_start=doc)
+
+
+def _dir_bytes(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--family", default="olmo_hybrid", help="olmo_hybrid (default), qwen3_5_text or kimi_linear")
+    p.add_argument("--default-config", action="store_true", help="the family's transformers default (real) size")
+    p.add_argument("--quick", action="store_true", help="a small model and shape (a smoke run)")
+    p.add_argument("--batch", type=int, default=4)
+    p.add_argument("--length", type=int, default=2048)
+    p.add_argument("--batches", type=int, default=3, help="timed batches per mode")
+    p.add_argument("--rank-every", default="64,256", help="--rank-every values for the reduce mode")
+    p.add_argument("--modes", default="states,reduce,reduce+states")
+    p.add_argument("--dir", default=None, help="where the stores go (default: a temporary folder)")
+    p.add_argument("--json", default=None)
+    args = p.parse_args()
+    from models.hf.families import FAMILIES
+    from models.hf.hooked import HookedHFModel
+    from probes.reduce import CaptureReductions
+    from store import capture
+
+    torch.manual_seed(0)
+    if args.quick:
+        hf = _model(args.family, hidden=512, layers=4, k_heads=4, v_heads=8, head_dim=64)
+        args.batch, args.length = 2, 512
+    elif args.default_config:
+        hf = _default_model(args.family)
+    else:
+        hf = _model(args.family, hidden=2048, layers=8, k_heads=8, v_heads=16, head_dim=128)
+    text = hf.config.get_text_config()
+    B, T = args.batch, args.length
+    ids = torch.randint(3, min(32000, text.vocab_size), (B, T), device=DEVICE)
+    with torch.no_grad():
+        hf(ids, use_cache=False)
+        _sync()
+        t0 = time.perf_counter()
+        for _ in range(3):
+            hf(ids, use_cache=False)
+        _sync()
+        plain_s = (time.perf_counter() - t0) / 3
+    model = HookedHFModel(hf, FAMILIES[args.family])
+    root = Path(args.dir or tempfile.mkdtemp(prefix="deltalab-reduce-"))
+    ckpt = root / "ckpt"
+    ckpt.mkdir(parents=True, exist_ok=True)
+    vocab = min(32000, text.vocab_size)
+    rows = []
+    plain_tok_s = B * T / plain_s
+    runs: list[tuple[str, dict]] = []
+    for mode in [m.strip() for m in args.modes.split(",") if m.strip()]:
+        if mode == "states":
+            runs.append((mode, dict(hooks=None, dtype="float16")))
+        elif mode in ("reduce", "reduce+states"):
+            for every in [int(e) for e in args.rank_every.split(",")]:
+                kw = dict(hooks=["tokens", "beta"], names=["ranks", "spectra"], every=every)
+                if mode == "reduce+states":
+                    kw.update(hooks=["tokens", "beta", "state"], state_every=8)
+                runs.append((f"{mode} (rank every {every})", kw))
+        else:
+            raise SystemExit(f"error: --modes {mode}: choose among states, reduce, reduce+states")
+    for label, kw in runs:
+        for warm in (True, False):
+            out = root / ("warm.zarr" if warm else "timed.zarr")
+            shutil.rmtree(out, ignore_errors=True)
+            n = B if warm else B * args.batches
+            red = CaptureReductions(kw["names"], device=DEVICE, rank_every=kw["every"]) if "names" in kw else None
+            if DEVICE == "cuda":
+                torch.cuda.reset_peak_memory_stats()
+            summary = capture(ckpt, _data(n, T, vocab, seed=1 if warm else 2), out, model=model,
+                              hooks=kw.get("hooks"), batch_size=B, device=DEVICE, dtype=kw.get("dtype", "float32"),
+                              progress=False, state_every=kw.get("state_every", 1), reductions=red,
+                              command_line=["benchmarks.reduce_capture"])
+        tok_s = n * T / summary["seconds"]
+        rows.append({"mode": label, "tok_s": tok_s, "share_of_plain": tok_s / plain_tok_s,
+                     "gpu_peak_gb": torch.cuda.max_memory_allocated() / 1e9 if DEVICE == "cuda" else float("nan"),
+                     "store_bytes_per_token": _dir_bytes(out) / (n * T), "seconds": summary["seconds"],
+                     "writer_busy_s": summary["writer_busy_s"], "model_blocked_s": summary["model_blocked_s"]})
+        shutil.rmtree(out, ignore_errors=True)
+    shutil.rmtree(root, ignore_errors=True)
+    params = sum(p.numel() for p in hf.parameters()) / 1e9
+    print(f"{args.family} {params:.2f}B params, bf16, B x T = {B} x {T}, "
+          f"{torch.cuda.get_device_name() if DEVICE == 'cuda' else 'cpu'}; plain forward {plain_s * 1e3:.0f} ms "
+          f"({plain_tok_s:,.0f} tok/s)")
+    print(f"{'mode':<34} {'tok/s':>10} {'x plain':>8} {'GPU GB':>7} {'store B/tok':>12} {'blocked s':>9}")
+    for r in rows:
+        print(f"{r['mode']:<34} {r['tok_s']:>10,.0f} {r['share_of_plain']:>8.2f} {r['gpu_peak_gb']:>7.1f} "
+              f"{r['store_bytes_per_token']:>12,.0f} {r['model_blocked_s']:>9.2f}")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"family": args.family, "params_b": params, "batch": B, "length": T,
+                                               "plain_tok_s": plain_tok_s, "rows": rows}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
