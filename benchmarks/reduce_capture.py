@@ -8,7 +8,9 @@ plain forward measured in the same run:
 - `reduce`: `--hooks tokens,beta --reduce ranks,spectra` (q, k, v, g captured for the reductions, not stored);
 - `reduce+states`: the same with `--keep states --state-every 8`.
 Each mode first runs one batch into a throwaway store (compilation, allocator warm-up), then `--batches`
-batches timed. Also: GPU memory peak and store bytes per token.
+batches timed. tokens/s counts the capture with its per-batch reductions; the summaries written once at the end
+(`summary s`, the probes' own, independent of the number of batches) are reported apart. Also: GPU memory peak,
+time in the reductions (on the writer thread, overlapping the forward) and store bytes per token.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -79,6 +82,7 @@ def main() -> None:
             hf(ids, use_cache=False)
         _sync()
         plain_s = (time.perf_counter() - t0) / 3
+    print(f"[{time.strftime('%H:%M:%S')}] plain forward {plain_s * 1e3:.0f} ms", file=sys.stderr, flush=True)
     model = HookedHFModel(hf, FAMILIES[args.family])
     root = Path(args.dir or tempfile.mkdtemp(prefix="deltalab-reduce-"))
     ckpt = root / "ckpt"
@@ -110,21 +114,26 @@ def main() -> None:
                               hooks=kw.get("hooks"), batch_size=B, device=DEVICE, dtype=kw.get("dtype", "float32"),
                               progress=False, state_every=kw.get("state_every", 1), reductions=red,
                               command_line=["benchmarks.reduce_capture"])
-        tok_s = n * T / summary["seconds"]
-        rows.append({"mode": label, "tok_s": tok_s, "share_of_plain": tok_s / plain_tok_s,
+        finish = red.seconds["finish"] if red is not None else 0.0
+        tok_s = n * T / (summary["seconds"] - finish)
+        rows.append({"mode": label, "tok_s": tok_s, "share_of_plain": tok_s / plain_tok_s, "finish_s": finish,
+                     "reduce_s": red.seconds["batches"] if red is not None else 0.0,
                      "gpu_peak_gb": torch.cuda.max_memory_allocated() / 1e9 if DEVICE == "cuda" else float("nan"),
                      "store_bytes_per_token": _dir_bytes(out) / (n * T), "seconds": summary["seconds"],
                      "writer_busy_s": summary["writer_busy_s"], "model_blocked_s": summary["model_blocked_s"]})
         shutil.rmtree(out, ignore_errors=True)
+        print(f"[{time.strftime('%H:%M:%S')}] {json.dumps(rows[-1])}", file=sys.stderr, flush=True)
     shutil.rmtree(root, ignore_errors=True)
     params = sum(p.numel() for p in hf.parameters()) / 1e9
     print(f"{args.family} {params:.2f}B params, bf16, B x T = {B} x {T}, "
           f"{torch.cuda.get_device_name() if DEVICE == 'cuda' else 'cpu'}; plain forward {plain_s * 1e3:.0f} ms "
           f"({plain_tok_s:,.0f} tok/s)")
-    print(f"{'mode':<34} {'tok/s':>10} {'x plain':>8} {'GPU GB':>7} {'store B/tok':>12} {'blocked s':>9}")
+    print(f"{'mode':<34} {'tok/s':>10} {'x plain':>8} {'GPU GB':>7} {'store B/tok':>12} {'blocked s':>9} "
+          f"{'reduce s':>8} {'summary s':>9}")
     for r in rows:
         print(f"{r['mode']:<34} {r['tok_s']:>10,.0f} {r['share_of_plain']:>8.2f} {r['gpu_peak_gb']:>7.1f} "
-              f"{r['store_bytes_per_token']:>12,.0f} {r['model_blocked_s']:>9.2f}")
+              f"{r['store_bytes_per_token']:>12,.0f} {r['model_blocked_s']:>9.2f} {r['reduce_s']:>8.2f} "
+              f"{r['finish_s']:>9.2f}")
     if args.json:
         Path(args.json).write_text(json.dumps({"family": args.family, "params_b": params, "batch": B, "length": T,
                                                "plain_tok_s": plain_tok_s, "rows": rows}, indent=1))

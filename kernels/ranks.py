@@ -253,6 +253,8 @@ def state_rank_metrics(
     if g is not None and g.shape not in ((B, T, H), (B, T, H, K)):
         raise ValueError(f"expected g [B,T,H] = {(B, T, H)} or per-channel [B,T,H,K], got {tuple(g.shape)}")
     _check_choice(method, backend)
+    if every > 1 and every % C == 0 and boundary_states.shape[1] > T // C:
+        return _ranks_at_boundaries(boundary_states, T, C, every, method, backend)
     dtype = torch.float64 if boundary_states.dtype == torch.float64 else torch.float32
     k, v, beta = k.to(dtype), v.to(dtype), beta.to(dtype)
     if normalize_k:
@@ -302,6 +304,21 @@ def state_rank_metrics(
     out = out.reshape(len(RankMetrics._fields), B, n_chunks * C, steps, H)[:, :, :T]
     if not substeps:
         out = out[:, :, :, 0]
+    return RankMetrics(*out.unbind(0))
+
+
+def _ranks_at_boundaries(boundary_states: torch.Tensor, T: int, C: int, every: int, method: str,
+                         backend: str) -> RankMetrics:
+    """`every` a multiple of the chunk size: the states after tokens every-1, 2 every-1, ... are chunk-boundary
+    states (boundary c = state after token c C - 1), so nothing is replayed; only their SVDs run."""
+    B, _, H = boundary_states.shape[:3]
+    ends = torch.arange(every, T + 1, every, device=boundary_states.device)  # t + 1 of the ranked tokens
+    dtype = torch.float64 if boundary_states.dtype == torch.float64 else torch.float32
+    out = torch.full((len(RankMetrics._fields), B, T, H), float("nan"), dtype=dtype, device=boundary_states.device)
+    if len(ends):
+        with _full_precision():
+            m = torch.stack(state_metrics(boundary_states[:, ends // C].to(dtype), method, backend))  # [6, B, n, H]
+        out[:, :, ends - 1] = m.to(dtype)
     return RankMetrics(*out.unbind(0))
 
 

@@ -192,9 +192,13 @@ def pick_device(name: str = "auto") -> str:
     import torch
 
     if name == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
+        name = "cuda" if torch.cuda.is_available() else "cpu"
     if name.startswith("cuda") and not torch.cuda.is_available():
         raise ProbeError("--device cuda asked for but no CUDA GPU is visible: use --device cpu")
+    if name.startswith("cuda"):
+        from probes.linalg import warm_up
+
+        warm_up(name)  # before dask's threads call the kernels
     return name
 
 

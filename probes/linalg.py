@@ -21,6 +21,23 @@ def _t(x: np.ndarray | None, device: str, dtype: torch.dtype = torch.float32) ->
     return torch.as_tensor(np.ascontiguousarray(x)).to(device=device, dtype=dtype)
 
 
+def warm_up(device: str) -> None:
+    """Load CUDA's linear-algebra libraries from the calling thread, once. torch loads them lazily on first
+    use, and two threads doing that at once (dask's threaded scheduler, capture's writer thread) fail with
+    "lazy wrapper should be called at most once"."""
+    if not device.startswith("cuda"):
+        return
+    a = torch.eye(4, device=device, dtype=torch.float64) + 0.1 * torch.ones(4, 4, device=device, dtype=torch.float64)
+    for dtype in (torch.float32, torch.float64):
+        m = a.to(dtype)
+        torch.linalg.solve_triangular(m.tril(), m, upper=False, unitriangular=True)
+        torch.linalg.eigvalsh(m)
+        torch.linalg.eigvals(m)
+        torch.linalg.svdvals(m)
+        torch.linalg.inv(m)
+    torch.cuda.synchronize(device)
+
+
 # --- spectra -------------------------------------------------------------------------------
 
 def token_spectra(k: np.ndarray, beta: np.ndarray, g: np.ndarray | None = None, *, window: int = 1,

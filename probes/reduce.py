@@ -11,6 +11,7 @@ dashboard and notebooks read them as probe results; the states need not be store
 from __future__ import annotations
 
 import datetime as _dt
+import time
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -22,6 +23,7 @@ from models.run_files import deltalab_version
 from probes import attention, erank, spectra
 from probes.base import clean_json
 from probes.data import clean_encoding
+from probes.linalg import warm_up
 from probes.results import ResultSink, read_results, results_group, update_attrs
 
 REDUCTIONS: dict[str, ModuleType] = {"ranks": erank, "spectra": spectra, "attention": attention}
@@ -74,10 +76,14 @@ class CaptureReductions:
             raise ValueError(f"--rank-every {rank_every}: pass a positive number of tokens")
         self.names = list(names)
         self.rank_every = rank_every
+        warm_up(device)  # the reductions run on capture's writer thread
+        # one GPU: layers one after another (threads would only queue on the device); CPU: dask's threads
+        self._scheduler = "synchronous" if device.startswith("cuda") else "threads"
         self.device = device
         self.command_line = list(command_line or [])
         self.budget = budget
         self._open: dict[str, set[int]] = {}  # probe name -> sequences reduced (this run and earlier runs)
+        self.seconds = {"batches": 0.0, "finish": 0.0}  # time in batch() and in finish(), for benchmarks
 
     def hooks(self) -> list[str]:
         """The hook points the reductions read (captured, stored only if --hooks names them)."""
@@ -89,10 +95,12 @@ class CaptureReductions:
         """Reduce one written batch (sequences start..start+len) into every reduction's results group."""
         from store.reader import batch_dataset
 
+        t0 = time.perf_counter()
         ds = batch_dataset(attrs, arrays, start)
         for name in self.names:
-            tok = self._per_token(name, ds).compute()
+            tok = self._per_token(name, ds).compute(scheduler=self._scheduler)
             self._write(path, name, tok, start, n_seq, attrs)
+        self.seconds["batches"] += time.perf_counter() - t0
 
     def _per_token(self, name: str, ds: xr.Dataset) -> xr.Dataset:
         module = REDUCTIONS[name]
@@ -166,6 +174,7 @@ class CaptureReductions:
         {probe: sequences computed from the store here}."""
         import store
 
+        t0 = time.perf_counter()
         ds = store.open(path)
         attrs = dict(ds.attrs)
         n_seq = int(attrs["segments"][-1]["start"] + attrs["segments"][-1]["count"])
@@ -195,6 +204,7 @@ class CaptureReductions:
             sink = ResultSink(path, probe)
             sink.started = True
             sink.finish(result)
+        self.seconds["finish"] += time.perf_counter() - t0
         return from_store
 
 
