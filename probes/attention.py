@@ -18,9 +18,9 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
-from probes import data
+from probes import data, linalg
 from probes.base import ProbeError, ProbeResult, exit_main
-from probes.lazy import map_seq_layer
+from probes.lazy import LayerPlan
 
 NAME = "attention"
 SUMMARY_KEYS = ["layer", "head", "gla_weight_error_mean", "gla_output_error_mean", "top1_share_mean",
@@ -45,6 +45,12 @@ def parse_window(text: str | None, T: int) -> tuple[int, int]:
 def per_token(ds: xr.Dataset, *, window: tuple[int, int] | None = None, top_k: int = 8, rank_by: str = "weight",
               context: int | None = None, budget: int = 1 << 30, device: str = "cpu") -> xr.Dataset:
     """Lazy [seq, layer, pos, head(, rank)] arrays of the maps of query tokens in `window`."""
+    return plan(ds, window=window, top_k=top_k, rank_by=rank_by, context=context, device=device).lazy(ds, budget)
+
+
+def plan(ds: xr.Dataset, *, window: tuple[int, int] | None = None, top_k: int = 8, rank_by: str = "weight",
+         context: int | None = None, device: str = "cpu") -> LayerPlan:
+    """What per_token computes for one (sequences, layer) piece of `ds` (probes.lazy.LayerPlan)."""
     data.require(ds, ["q", "k", "v", "beta"], NAME)
     T, H, n_h = ds.sizes["pos"], ds.sizes["head"], ds.sizes["step"]
     start, stop = window or (0, T)
@@ -59,17 +65,15 @@ def per_token(ds: xr.Dataset, *, window: tuple[int, int] | None = None, top_k: i
     has_o, gated = "o" in ds, "g" in ds
     Tw = stop - start
 
-    def fn(a: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def fn(a: dict[str, Any]) -> dict[str, np.ndarray]:
         import torch
 
         from kernels.attention import compare_attention
 
-        def t(x: np.ndarray) -> torch.Tensor:
-            return torch.from_numpy(np.ascontiguousarray(x[:, first:stop], dtype=np.float32)).to(device)
+        def t(x: Any) -> torch.Tensor:
+            return linalg.as_tensor(x[:, first:stop], device)
 
-        s0 = None
-        if "state" in a:
-            s0 = torch.from_numpy(np.ascontiguousarray(a["state"][:, first // C], dtype=np.float32)).to(device)
+        s0 = linalg.as_tensor(a["state"][:, first // C], device) if "state" in a else None
         cmp = compare_attention(t(a["q"]), t(a["k"]), t(a["v"]), t(a["beta"]), t(a["g"]) if gated else None,
                                 initial_state=s0, window=(start - first, stop - first), top_k=top_k, rank_by=rank_by)
         out: dict[str, np.ndarray] = {}
@@ -85,7 +89,7 @@ def per_token(ds: xr.Dataset, *, window: tuple[int, int] | None = None, top_k: i
         out["gla_output_error"] = cmp.output_error.cpu().numpy()
         out["output_norm"] = cmp.exact.output.norm(dim=-1).cpu().numpy()
         if has_o:
-            o = torch.from_numpy(np.ascontiguousarray(a["o"][:, start:stop], dtype=np.float64))
+            o = linalg.as_tensor(a["o"][:, start:stop], "cpu", torch.float64)
             rebuilt = cmp.exact.output.double().cpu()
             out["reconstruction_error"] = ((rebuilt - o).norm(dim=-1) / o.norm(dim=-1).clamp(min=1e-30)).numpy()
         return out
@@ -104,17 +108,17 @@ def per_token(ds: xr.Dataset, *, window: tuple[int, int] | None = None, top_k: i
     per_seq = data.bytes_per_seq(ds, ["q", "k", "v", "beta", "g", "state"]) / max(1, ds.sizes["layer"])
     work = H * (Tw * (ds.sizes["dk"] + 4 * top_k + 2 * C * n_h) + (C * n_h) ** 2 * 4) * 4 * 3
     names = ["q", "k", "v", "beta", "g", *(["state"] if "state" in ds else []), *(["o"] if has_o else [])]
-    lazy = map_seq_layer(ds, names, fn, outputs, {"pos": Tw, "head": H, "rank": top_k}, budget=budget,
-                         factor=1 + work / max(1.0, per_seq), coords={"pos": np.arange(start, stop),
-                                                                      "rank": np.arange(top_k)})
-    lazy["attn_weight"].attrs["description"] = "signed alpha_{t,u} = scale b_u q_t^T Phi(t,u) k_u of the top sources"
-    lazy["attn_norm"].attrs["description"] = "|alpha_{t,u}| ||v_u||: norm of the source's contribution to o_t"
-    lazy["gla_weight"].attrs["description"] = "the same with Phi replaced by the product of the gates (GLA)"
-    lazy["gla_weight_error"].attrs["description"] = "||alpha - alpha_gla|| / ||alpha|| over all sources"
-    lazy["gla_output_error"].attrs["description"] = "||o_gla - o|| / ||o||, o_gla rebuilt from the approximation"
-    lazy.attrs.update({"window_start": start, "window_stop": stop, "first_source": first, "top_k": top_k,
-                       "rank_by": rank_by, "chunk_size": C})
-    return lazy
+    descriptions = {
+        "attn_weight": "signed alpha_{t,u} = scale b_u q_t^T Phi(t,u) k_u of the top sources",
+        "attn_norm": "|alpha_{t,u}| ||v_u||: norm of the source's contribution to o_t",
+        "gla_weight": "the same with Phi replaced by the product of the gates (GLA)",
+        "gla_weight_error": "||alpha - alpha_gla|| / ||alpha|| over all sources",
+        "gla_output_error": "||o_gla - o|| / ||o||, o_gla rebuilt from the approximation",
+    }
+    return LayerPlan(names, fn, outputs, {"pos": Tw, "head": H, "rank": top_k}, factor=1 + work / max(1.0, per_seq),
+                     coords={"pos": np.arange(start, stop), "rank": np.arange(top_k)}, descriptions=descriptions,
+                     attrs={"window_start": start, "window_stop": stop, "first_source": first, "top_k": top_k,
+                            "rank_by": rank_by, "chunk_size": C})
 
 
 def summarize(tok: xr.Dataset) -> xr.Dataset:

@@ -18,7 +18,7 @@ import xarray as xr
 
 from probes import data, linalg
 from probes.base import ProbeError, ProbeResult, exit_main
-from probes.lazy import map_seq_layer
+from probes.lazy import LayerPlan
 
 NAME = "erank"
 FIELDS = ("erank", "stable_rank", "rank_utilisation", "state_norm")
@@ -29,15 +29,18 @@ SUMMARY_KEYS = ["layer", "head", "erank_mean", "erank_max", "stable_rank_mean", 
 def per_token(ds: xr.Dataset, *, budget: int = 1 << 30, device: str = "cpu", every: int = 1) -> xr.Dataset:
     """Lazy [seq, layer, pos, head] arrays: erank, stable_rank, rank_utilisation, state_norm (Frobenius);
     `every=N` ranks the state after every N-th token only (NaN at the others, which summaries skip like padding)."""
+    return plan(ds, device=device, every=every).lazy(ds, budget)
+
+
+def plan(ds: xr.Dataset, *, device: str = "cpu", every: int = 1) -> LayerPlan:
+    """What per_token computes for one (sequences, layer) piece of `ds` (probes.lazy.LayerPlan)."""
     data.require(ds, ["k", "v", "beta"], NAME)
     T, H = ds.sizes["pos"], ds.sizes["head"]
     chunk = data.chunk_size(ds)
     use_state = "state" in ds
 
-    def fn(a: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        r = linalg.token_ranks(a["k"].astype(np.float32), a["v"].astype(np.float32), a["beta"].astype(np.float32),
-                               a["g"].astype(np.float32) if "g" in a else None,
-                               a["state"].astype(np.float32) if use_state else None,
+    def fn(a: dict[str, Any]) -> dict[str, np.ndarray]:
+        r = linalg.token_ranks(a["k"], a["v"], a["beta"], a.get("g"), a["state"] if use_state else None,
                                chunk_size=chunk, device=device, every=every)
         return {"erank": r["erank"], "stable_rank": r["stable_rank"], "rank_utilisation": r["rank_utilisation"],
                 "state_norm": r["frobenius"]}
@@ -46,13 +49,11 @@ def per_token(ds: xr.Dataset, *, budget: int = 1 << 30, device: str = "cpu", eve
     # working memory: one chunk of per-token states [s, C, H, dk, dv] beside the inputs
     dkdv = ds.sizes["dk"] * ds.sizes["dv"] * H * chunk * 4 * 3
     factor = 1 + dkdv / max(1, data.bytes_per_seq(ds, ["k", "v", "beta", "g", "state"]) / max(1, ds.sizes["layer"]))
-    lazy = map_seq_layer(ds, ["k", "v", "beta", "g", "state"], fn, outputs, {"pos": T, "head": H},
-                         budget=budget, factor=factor)
-    lazy["erank"].attrs["description"] = "exp(entropy of sigma / sum sigma)"
-    lazy["stable_rank"].attrs["description"] = "||H||_F^2 / ||H||_2^2"
-    lazy["rank_utilisation"].attrs["description"] = "stable rank / min(dk, dv)"
-    lazy.attrs["every"] = every
-    return lazy
+    return LayerPlan(["k", "v", "beta", "g", "state"], fn, outputs, {"pos": T, "head": H}, factor=factor,
+                     attrs={"every": every},
+                     descriptions={"erank": "exp(entropy of sigma / sum sigma)",
+                                   "stable_rank": "||H||_F^2 / ||H||_2^2",
+                                   "rank_utilisation": "stable rank / min(dk, dv)"})
 
 
 def summarize(tok: xr.Dataset, ds: xr.Dataset, train_length: int | None, budget: int = 1 << 30) -> xr.Dataset:

@@ -12,6 +12,7 @@ dim is NaN at those tokens, so padding is neither analysed nor able to break a d
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import dask.array as da
@@ -67,17 +68,61 @@ def map_seq_layer(ds: xr.Dataset, names: Sequence[str], fn: BlockFn,
             arrays = {n: np.nan_to_num(a, nan=0.0) if np.issubdtype(a.dtype, np.floating) else a
                       for n, a in arrays.items()}
         result = fn(arrays)
-        out = {}
-        for name, (dims, dtype) in outputs.items():
-            value = np.asarray(result[name], dtype=dtype)
-            if missing is not None and "pos" in dims and np.issubdtype(value.dtype, np.inexact):
-                axis = [d for d in dims if d != "layer"].index("pos")
-                where = missing.reshape(missing.shape + (1,) * (value.ndim - 2))
-                value = np.where(np.moveaxis(where, 1, axis) if axis != 1 else where, np.nan, value)
-            value = np.expand_dims(value, dims.index("layer"))
-            out[name] = (dims, value)
+        out = {name: (dims, np.expand_dims(nan_at_padding(result[name], dims, dtype, missing), dims.index("layer")))
+               for name, (dims, dtype) in outputs.items()}
         tmpl_coords = {c: block[c] for c in ("seq", "layer") if c in block.coords}
         return xr.Dataset(out, coords={**tmpl_coords, **(coords or {})})
 
     return xr.map_blocks(apply, src, template=template)
+
+
+def nan_at_padding(value: Any, dims: tuple[str, ...], dtype: Any, missing: np.ndarray | None) -> np.ndarray:
+    """One layer's output of `fn` as `dtype`, NaN at padded tokens when it has a `pos` dim (`missing` [seq, pos])."""
+    value = np.asarray(value, dtype=dtype)
+    if missing is not None and "pos" in dims and np.issubdtype(value.dtype, np.inexact):
+        axis = [d for d in dims if d != "layer"].index("pos")
+        where = missing.reshape(missing.shape + (1,) * (value.ndim - 2))
+        value = np.where(np.moveaxis(where, 1, axis) if axis != 1 else where, np.nan, value)
+    return value
+
+
+@dataclass
+class LayerPlan:
+    """What a probe computes per (sequences, layer): `fn` over `names` (numpy arrays, or torch tensors on the
+    probe's device: capture-time reductions), its `outputs` (name -> (dims incl. seq and layer, dtype)), the
+    length of every other dim (`sizes`), extra coordinates, working-memory `factor`, and attrs of the result."""
+
+    names: list[str]
+    fn: BlockFn
+    outputs: dict[str, tuple[tuple[str, ...], Any]]
+    sizes: dict[str, int]
+    coords: dict[str, Any] | None = None
+    factor: float = 4.0
+    attrs: dict[str, Any] = field(default_factory=dict)
+    descriptions: dict[str, str] = field(default_factory=dict)
+
+    def lazy(self, ds: xr.Dataset, budget: int) -> xr.Dataset:
+        """The per-token results over every (seq block, layer) of the store `ds` (map_seq_layer)."""
+        out = map_seq_layer(ds, self.names, self.fn, self.outputs, self.sizes, budget=budget, factor=self.factor,
+                            coords=self.coords)
+        return self._dress(out)
+
+    def on_layers(self, layers: list[dict[str, Any]], seq: np.ndarray, layer: np.ndarray,
+                  missing: np.ndarray | None) -> xr.Dataset:
+        """The per-token results of one batch whose per-layer inputs are given (in memory), as `lazy` lays them
+        out; `missing` [seq, pos] marks padding (inputs already zero there)."""
+        values: dict[str, list[np.ndarray]] = {name: [] for name in self.outputs}
+        for inputs in layers:
+            result = self.fn(inputs)
+            for name, (dims, dtype) in self.outputs.items():
+                values[name].append(nan_at_padding(result[name], dims, dtype, missing))
+        data = {name: (dims, np.stack(values[name], axis=dims.index("layer")))
+                for name, (dims, _) in self.outputs.items()}
+        return self._dress(xr.Dataset(data, coords={"seq": seq, "layer": layer, **(self.coords or {})}))
+
+    def _dress(self, out: xr.Dataset) -> xr.Dataset:
+        for name, text in self.descriptions.items():
+            out[name].attrs["description"] = text
+        out.attrs.update(self.attrs)
+        return out
 

@@ -15,10 +15,25 @@ from kernels.constants import CHUNK_SIZE
 RANK_FIELDS = ("erank", "stable_rank", "rank_utilisation", "frobenius", "spectral", "nuclear")
 
 
-def _t(x: np.ndarray | None, device: str, dtype: torch.dtype = torch.float32) -> torch.Tensor | None:
+def _t(x: np.ndarray | torch.Tensor | None, device: str, dtype: torch.dtype = torch.float32) -> torch.Tensor | None:
+    """A store block (numpy) or a capture's tensor (already on its device) as a `dtype` tensor on `device`."""
     if x is None:
         return None
+    if isinstance(x, torch.Tensor):
+        return x.to(device=device, dtype=dtype)
     return torch.as_tensor(np.ascontiguousarray(x)).to(device=device, dtype=dtype)
+
+
+def as_tensor(x: np.ndarray | torch.Tensor, device: str, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """`_t` for a block that is never None."""
+    out = _t(x, device, dtype)
+    assert out is not None
+    return out
+
+
+def host(x: np.ndarray | torch.Tensor) -> np.ndarray:
+    """numpy view of a block given as numpy or as a tensor (copied to the host)."""
+    return x.detach().cpu().numpy() if isinstance(x, torch.Tensor) else np.asarray(x)
 
 
 def warm_up(device: str) -> None:

@@ -1,11 +1,12 @@
 """Probe results computed during capture: `deltalab capture ... --reduce ranks,spectra,attention`.
 
-Each captured batch, still in memory (and on the capture's device for the linear algebra), goes through the
-probe's own `per_token` (store.reader.batch_dataset gives it the Dataset `store.open` would), and the per-token
-arrays are written into `results/<probe>` at the batch's sequences. When capture ends, sequences no batch
-reduced (a resumed capture, an earlier segment) are computed from the store, and the probe's own summary
-(`from_tokens`) completes the group. So the variables, names and records are the probe's, exactly, and the
-dashboard and notebooks read them as probe results; the states need not be stored at all (`--keep states`).
+Each captured batch is reduced where the model left it (the GPU), before anything is copied to the host: the
+probe's own per-layer function (its `plan`, probes.lazy.LayerPlan) runs on the batch's tensors laid out as
+`store.open` would show them (q/k per value head, zero inputs and NaN outputs at padding), and the per-token
+arrays are written into `results/<probe>` at the batch's sequences by capture's writer thread. When capture ends,
+sequences no batch reduced (a resumed capture, an earlier segment) are computed from the store, and the probe's
+own summary (`from_tokens`) completes the group. So the variables, names and records are the probe's, and the
+dashboard and notebooks read them as probe results; the inputs need not be stored at all (`--hooks`, `--keep`).
 """
 
 from __future__ import annotations
@@ -17,12 +18,14 @@ from types import ModuleType
 from typing import Any
 
 import numpy as np
+import torch
 import xarray as xr
 
 from models.run_files import deltalab_version
 from probes import attention, erank, spectra
 from probes.base import clean_json
 from probes.data import clean_encoding
+from probes.lazy import LayerPlan
 from probes.linalg import warm_up
 from probes.results import ResultSink, read_results, results_group, update_attrs
 
@@ -61,6 +64,56 @@ def stored_hooks(hooks: list[str], reductions: list[str], keep: str | None) -> l
     return out
 
 
+INPUTS = ("q", "k", "v", "beta", "g", "state", "o")
+"""Captured variables a reduction's LayerPlan may read."""
+
+
+def _template(attrs: dict[str, Any], n: int, names: list[str]) -> xr.Dataset:
+    """A data-free Dataset with the dims, sizes and attrs `store.open` gives `n` sequences of these variables
+    (q/k per value head): what a probe's `plan` reads to decide what it computes."""
+    import dask.array as da
+
+    from store import schema
+
+    sizes = {d: s for d, s in attrs["sizes"].items() if d != "key_head"}
+    data_vars = {}
+    for var in names:
+        dims = schema.dims_of(var, sizes)
+        data_vars[var] = (dims, da.empty(tuple(n if d == "seq" else sizes[d] for d in dims), dtype=np.float32,
+                                         chunks=-1))
+    return xr.Dataset(data_vars, coords={"seq": np.arange(n), "layer": np.asarray(attrs["layers"])}, attrs=attrs)
+
+
+def _layer_inputs(attrs: dict[str, Any], tensors: dict[str, torch.Tensor],
+                  missing: np.ndarray | None) -> list[dict[str, torch.Tensor]]:
+    """Per layer, {var: tensor [seq, ...]} as probes.lazy hands a layer to a plan: q and k per value head
+    (`key_head_of`), float inputs zero at padding, states zero past a sequence's first padded token."""
+    from store import schema
+
+    sizes = attrs["sizes"]
+    out: list[dict[str, torch.Tensor]] = [{} for _ in attrs["layers"]]
+    for var, x in tensors.items():
+        if var not in INPUTS:
+            continue
+        dims = [d for d in schema.dims_of(var, sizes) if d != "layer"]
+        if "key_head" in dims:
+            index = torch.as_tensor(attrs["key_head_of"], device=x.device)
+            x = x.index_select(1 + dims.index("key_head"), index)
+        if missing is not None and "pos" in dims:  # x is [layer, seq, ...]: dims[i] is axis 1 + i
+            shape = [1] * x.dim()
+            shape[1], shape[1 + dims.index("pos")] = missing.shape
+            x = x.masked_fill(torch.as_tensor(missing, device=x.device).reshape(shape), 0)
+        if missing is not None and var == "state":
+            length = int(sizes["pos"])
+            first = np.where(missing.any(1), missing.argmax(1), length)  # [seq]
+            chunk_pos = np.minimum(np.arange(x.shape[2]) * int(attrs["chunk_size"]), length)
+            past = torch.as_tensor(chunk_pos[None, :] > first[:, None], device=x.device)  # [seq, chunk]
+            x = x.masked_fill(past[None, :, :, None, None, None], 0)
+        for i in range(len(out)):
+            out[i][var] = x[i]
+    return out
+
+
 def _fill(dtype: np.dtype) -> Any:
     if np.issubdtype(dtype, np.floating) or np.issubdtype(dtype, np.complexfloating):
         return np.nan
@@ -83,7 +136,7 @@ class CaptureReductions:
         self.command_line = list(command_line or [])
         self.budget = budget
         self._open: dict[str, set[int]] = {}  # probe name -> sequences reduced (this run and earlier runs)
-        self.seconds = {"batches": 0.0, "finish": 0.0}  # time in batch() and in finish(), for benchmarks
+        self.seconds = {"batches": 0.0, "finish": 0.0}  # time in write() and in finish(), for benchmarks
 
     def hooks(self) -> list[str]:
         """The hook points the reductions read (captured, stored only if --hooks names them)."""
@@ -91,25 +144,46 @@ class CaptureReductions:
 
     # --- during capture -----------------------------------------------------------------------------
 
-    def batch(self, path: Path, attrs: dict[str, Any], start: int, arrays: dict[str, np.ndarray], n_seq: int) -> None:
-        """Reduce one written batch (sequences start..start+len) into every reduction's results group."""
-        from store.reader import batch_dataset
-
-        t0 = time.perf_counter()
-        ds = batch_dataset(attrs, arrays, start)
+    def compute(self, attrs: dict[str, Any], tensors: dict[str, torch.Tensor],
+                host: dict[str, np.ndarray]) -> dict[str, xr.Dataset]:
+        """Every reduction of one batch, from its captured tensors where they are (the GPU: nothing makes a round
+        trip through host memory) and laid out as `store.open` would show them to the probe: (layer, seq, ...)
+        tensors in the store's dtype, q/k per value head, inputs zero and outputs NaN at padding. Runs on capture's
+        main thread; {reduction: per-token Dataset} with seq numbered from 0."""
+        n = int(host["tokens"].shape[0])
+        pad = np.asarray(host["pad"], dtype=bool)
+        missing = pad if pad.any() else None
+        template = _template(attrs, n, [v for v in tensors if v in INPUTS])
+        per_layer = _layer_inputs(attrs, tensors, missing)
+        out = {}
         for name in self.names:
-            tok = self._per_token(name, ds).compute(scheduler=self._scheduler)
+            plan = self._plan(name, template)
+            inputs = [{k: a[k] for k in plan.names if k in a} for a in per_layer]
+            tok = plan.on_layers(inputs, np.arange(n, dtype=np.int64), np.asarray(attrs["layers"], np.int64), missing)
+            if REDUCTIONS[name] is erank and "doc_start" in host:
+                tok["doc_start"] = (("seq", "pos"), np.asarray(host["doc_start"], dtype=bool))
+            out[name] = tok
+        return out
+
+    def write(self, path: Path, attrs: dict[str, Any], start: int, reduced: dict[str, xr.Dataset], n_seq: int) -> None:
+        """Write one batch's reductions (from `compute`) at sequences start.. (capture's writer thread)."""
+        t0 = time.perf_counter()
+        for name, tok in reduced.items():
+            tok = tok.assign_coords(seq=np.arange(start, start + tok.sizes["seq"], dtype=np.int64))
             self._write(path, name, tok, start, n_seq, attrs)
         self.seconds["batches"] += time.perf_counter() - t0
 
-    def _per_token(self, name: str, ds: xr.Dataset) -> xr.Dataset:
+    def _plan(self, name: str, ds: xr.Dataset) -> LayerPlan:
         module = REDUCTIONS[name]
         if module is erank:
-            tok = erank.per_token(ds, budget=self.budget, device=self.device, every=self.rank_every)
-            if "doc_start" in ds:
-                tok["doc_start"] = ds["doc_start"]
-            return tok
-        tok = module.per_token(ds, budget=self.budget, device=self.device)
+            return erank.plan(ds, device=self.device, every=self.rank_every)
+        return module.plan(ds, device=self.device)
+
+    def _per_token(self, name: str, ds: xr.Dataset) -> xr.Dataset:
+        """The probe's lazy per-token results over store data (sequences no batch reduced)."""
+        tok = self._plan(name, ds).lazy(ds, self.budget)
+        if REDUCTIONS[name] is erank and "doc_start" in ds:
+            tok["doc_start"] = ds["doc_start"]
         return tok
 
     def _write(self, path: Path, name: str, tok: xr.Dataset, start: int, n_seq: int, attrs: dict[str, Any]) -> None:

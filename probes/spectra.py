@@ -19,7 +19,7 @@ import xarray as xr
 
 from probes import data, linalg
 from probes.base import ProbeError, ProbeResult, exit_main
-from probes.lazy import map_seq_layer
+from probes.lazy import LayerPlan
 
 NAME = "spectra"
 ANGLE_BINS = 36  # 5 degree bins over [0, 180]
@@ -31,6 +31,11 @@ def per_token(ds: xr.Dataset, *, window: int = 4, stride: int | None = None, bud
               device: str = "cpu") -> xr.Dataset:
     """Lazy per-token eigenvalues: eig_P [seq,layer,pos,head,eig] (and eig_A if gated), window_eig_P
     [seq,layer,window,head,weig] (and window_eig_A)."""
+    return plan(ds, window=window, stride=stride, device=device).lazy(ds, budget)
+
+
+def plan(ds: xr.Dataset, *, window: int = 4, stride: int | None = None, device: str = "cpu") -> LayerPlan:
+    """What per_token computes for one (sequences, layer) piece of `ds` (probes.lazy.LayerPlan)."""
     data.require(ds, ["k", "beta"], NAME)
     T, n_h, H = ds.sizes["pos"], ds.sizes["step"], ds.sizes["head"]
     stride = stride or window
@@ -54,14 +59,14 @@ def per_token(ds: xr.Dataset, *, window: int = 4, stride: int | None = None, bud
         outputs["eig_A"] = (("seq", "layer", "pos", "head", "eig"), np.complex64)
         outputs["window_eig_A"] = (("seq", "layer", "window", "head", "weig"), np.complex64)
 
-    def fn(a: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        k, beta = a["k"].astype(np.float32), a["beta"].astype(np.float32)
+    def fn(a: dict[str, Any]) -> dict[str, np.ndarray]:
+        k, beta = a["k"], a["beta"]
         out = {"eig_P": linalg.token_spectra(k, beta, device=device),
                "window_eig_P": linalg.token_spectra(k, beta, window=window, stride=stride, device=device)}
         if channel:
             out["eig_A"] = linalg.channel_gate_spectra(a["k"], a["beta"], a["g"], device=device)
         elif gated:
-            g = a["g"].astype(np.float64)
+            g = linalg.host(a["g"]).astype(np.float64)
             out["eig_A"] = out["eig_P"] * np.exp(g)[..., None]
             gw = np.lib.stride_tricks.sliding_window_view(g, window, axis=1)[:, ::stride].sum(-1)
             out["window_eig_A"] = out["window_eig_P"] * np.exp(gw)[..., None]
@@ -69,9 +74,8 @@ def per_token(ds: xr.Dataset, *, window: int = 4, stride: int | None = None, bud
 
     sizes = {"pos": T, "head": H, "eig": n_h, "window": n_win, "weig": window * n_h, "aeig": ds.sizes["dk"]}
     coords = {"window_start": ("window", np.arange(n_win) * stride)}
-    lazy = map_seq_layer(ds, ["k", "beta", "g"], fn, outputs, sizes, budget=budget, coords=coords)
-    lazy.attrs.update({"window": window, "stride": stride, "gated": gated, "channel_gate": channel})
-    return lazy
+    return LayerPlan(["k", "beta", "g"], fn, outputs, sizes, coords=coords,
+                     attrs={"window": window, "stride": stride, "gated": gated, "channel_gate": channel})
 
 
 def summarize(tok: xr.Dataset, ds: xr.Dataset, *, max_tokens: int = 64, unit_tol: float = 0.05,

@@ -127,8 +127,9 @@ class HostBatch:
     """
 
     def __init__(self, tensors: dict[str, Any], host: dict[str, np.ndarray], layer_major: set[str],
-                 ready: Any = None) -> None:
+                 ready: Any = None, reduced: Any = None) -> None:
         self._tensors, self._host, self._layer_major, self._ready = tensors, host, layer_major, ready
+        self.reduced = reduced  # the batch's capture-time reductions (host data), written after the batch
 
     def arrays(self) -> dict[str, np.ndarray]:
         if self._ready is not None:
@@ -144,7 +145,8 @@ class HookedRunner:
     """Run batches through `model` under nnsight, returning the store's variables as a HostBatch."""
 
     def __init__(self, model: Any, variables: list[str], layers: list[int], dtype: str,
-                 num_classes: int | None = None, state_every: int = 1) -> None:
+                 num_classes: int | None = None, state_every: int = 1, reduce: Any = None,
+                 stored: list[str] | None = None) -> None:
         import torch
         from nnsight import NNsight
 
@@ -155,6 +157,8 @@ class HookedRunner:
         self.torch_dtype = {"float16": torch.float16, "float32": torch.float32}[dtype]
         self.num_classes = num_classes
         self.state_every = state_every
+        self.reduce = reduce  # (device tensors, host arrays) -> reductions, computed before the host copy
+        self.stored = set(stored if stored is not None else variables)  # copied to the host; the rest: reduce only
         self.per_layer = [v for v in variables if v in schema.MODEL_HOOK_POINTS]
         self.envoys: dict[str, list[Any]] = {}
         for var in self.per_layer:
@@ -192,10 +196,11 @@ class HookedRunner:
             if "loss" in self.variables or "correct" in self.variables:
                 lab = torch.from_numpy(np.ascontiguousarray(labels, dtype=np.int64)).to(device, non_blocking=cuda)
                 on_device.update(_token_loss(logits, lab, self.num_classes))
-            tensors, ready = on_device, None
+            to_host = {var: t for var, t in on_device.items() if var in self.stored}
+            tensors, ready = to_host, None
             if cuda:
-                tensors = {var: torch.empty(t.shape, dtype=t.dtype, pin_memory=True) for var, t in on_device.items()}
-                for var, t in on_device.items():
+                tensors = {var: torch.empty(t.shape, dtype=t.dtype, pin_memory=True) for var, t in to_host.items()}
+                for var, t in to_host.items():
                     tensors[var].copy_(t, non_blocking=True)
                 ready = torch.cuda.Event(blocking=True)  # the writer sleeps on it instead of spinning
                 ready.record()
@@ -208,7 +213,11 @@ class HookedRunner:
             host["pad"] = np.zeros(np.shape(tokens), dtype=bool) if pad is None else np.asarray(pad, dtype=bool)
         if "labels" in self.variables:
             host["labels"] = np.asarray(labels, dtype=np.int32)
-        return HostBatch(tensors, host, set(self.envoys), ready)
+        reduced = None
+        if self.reduce is not None:
+            with torch.no_grad():
+                reduced = self.reduce(on_device, host)
+        return HostBatch(tensors, host, set(self.envoys), ready, reduced)
 
 
 def kept_states(n_boundaries: int, every: int) -> list[int]:
@@ -263,8 +272,8 @@ class BackgroundWriter:
             try:
                 arrays = batch.arrays()
                 self.writer.write_batch(start, arrays)
-                if self.after_write is not None:  # reductions of the batch still in memory (probes.reduce)
-                    self.after_write(start, arrays)
+                if self.after_write is not None:  # the batch's reductions (probes.reduce)
+                    self.after_write(start, batch.reduced)
                 if self.on_done is not None:
                     self.on_done(len(next(iter(arrays.values()))))
             except BaseException as err:  # noqa: BLE001 - handed to the producer thread
@@ -317,9 +326,10 @@ def capture(checkpoint: str | Path, data: str | Data, out: str | Path, *,
     `model_dtype` (float32, bfloat16, float16) is the dtype the model runs in; `dtype` the stored one.
     `device_map="auto"` spreads a transformers model over the visible GPUs (accelerate).
     `state_every=N` keeps every N-th chunk-boundary state (chunks of N * CHUNK_SIZE tokens).
-    `reductions` (probes.reduce.CaptureReductions: `hooks()` it reads, captured even where `hooks` leaves them out
-    and then not stored; `batch(path, attrs, start, arrays, n_seq)` after each batch is written; `finish(path)` at
-    the end) computes analyses while the batch is in memory.
+    `reductions` (probes.reduce.CaptureReductions: the `hooks()` it reads, captured even where `hooks` leaves them
+    out and then neither copied to the host nor stored; `compute(attrs, tensors, host)` on each batch's tensors
+    where the model left them; `write(path, attrs, start, reduced, n_seq)` after the batch is written;
+    `finish(path)` at the end) computes analyses while the batch is on the GPU.
     """
     import torch
 
@@ -406,7 +416,13 @@ def capture(checkpoint: str | Path, data: str | Data, out: str | Path, *,
     pending = set(writer.pending(segment))
     todo_pending = [b for b in todo if b in pending]
     n_todo = sum(b - a for a, b in todo_pending)
-    runner = HookedRunner(model, captured, layer_list, dtype, data.num_classes, state_every) \
+    reduce = None
+    if reductions is not None:
+        root = writer.attrs
+
+        def reduce(tensors: dict[str, Any], host: dict[str, np.ndarray]) -> Any:
+            return reductions.compute(root, tensors, host)
+    runner = HookedRunner(model, captured, layer_list, dtype, data.num_classes, state_every, reduce, variables) \
         if todo_pending else None
     from tqdm.auto import tqdm
 
@@ -417,8 +433,8 @@ def capture(checkpoint: str | Path, data: str | Data, out: str | Path, *,
     if reductions is not None:
         n_seq, root = writer.segments()[-1].stop, writer.attrs
 
-        def after(start: int, arrays: dict[str, np.ndarray]) -> None:
-            reductions.batch(out, root, start, arrays, n_seq)
+        def after(start: int, reduced: Any) -> None:
+            reductions.write(out, root, start, reduced, n_seq)
     bg = BackgroundWriter(writer, on_done=bar.update, after_write=after)
     try:
         for a, b in todo_pending:

@@ -135,18 +135,6 @@ def _with_coords(ds: Any, attrs: dict[str, Any], start: int) -> Any:
     return ds
 
 
-def batch_dataset(attrs: dict[str, Any], arrays: dict[str, np.ndarray], start: int) -> Any:
-    """One captured batch (sequences start.. of a store with root `attrs`), still in memory, as the Dataset
-    `open` would give for those sequences: same dims, coordinates, padding mask and q/k per value head.
-    Capture-time reductions run the probes on it (probes.reduce)."""
-    import xarray as xr
-
-    sizes = attrs["sizes"]
-    data_vars = {var: (schema.dims_of(var, sizes), arr) for var, arr in arrays.items() if var in schema.VARIABLES}
-    ds = _with_coords(xr.Dataset(data_vars), attrs, start)
-    return per_value_head(mask_padded(ds))
-
-
 def mask_padded(ds: Any) -> Any:
     """NaN at padding (lazily): float variables with a `pos` dim where `pad`, and chunk-boundary states whose
     chunk start lies past the sequence's first padded token (they include padded tokens). No-op without pad."""
