@@ -54,6 +54,8 @@ def main() -> None:
     p.add_argument("--length", type=int, default=2048)
     p.add_argument("--batches", type=int, default=3, help="timed batches per mode")
     p.add_argument("--rank-every", default="64,256", help="--rank-every values for the reduce mode")
+    p.add_argument("--reduce", default="ranks,spectra",
+                   help="the reductions of the reduce modes; several sets separated by '+' (ranks,spectra+ranks)")
     p.add_argument("--modes", default="states,reduce,reduce+states")
     p.add_argument("--dir", default=None, help="where the stores go (default: a temporary folder)")
     p.add_argument("--json", default=None)
@@ -95,11 +97,12 @@ def main() -> None:
         if mode == "states":
             runs.append((mode, dict(hooks=None, dtype="float16")))
         elif mode in ("reduce", "reduce+states"):
-            for every in [int(e) for e in args.rank_every.split(",")]:
-                kw = dict(hooks=["tokens", "beta"], names=["ranks", "spectra"], every=every)
-                if mode == "reduce+states":
-                    kw.update(hooks=["tokens", "beta", "state"], state_every=8)
-                runs.append((f"{mode} (rank every {every})", kw))
+            for names in args.reduce.split("+"):
+                for every in [int(e) for e in args.rank_every.split(",")]:
+                    kw = dict(hooks=["tokens", "beta"], names=names.split(","), every=every)
+                    if mode == "reduce+states":
+                        kw.update(hooks=["tokens", "beta", "state"], state_every=8)
+                    runs.append((f"{mode} {names} (every {every})", kw))
         else:
             raise SystemExit(f"error: --modes {mode}: choose among states, reduce, reduce+states")
     for label, kw in runs:

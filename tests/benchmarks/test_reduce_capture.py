@@ -21,7 +21,7 @@ def test_reduce_capture_bench_prints_one_row_per_mode(tmp_path):
                           "--json", str(tmp_path / "r.json")], cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stderr
     out = json.loads((tmp_path / "r.json").read_text())
-    assert [r["mode"] for r in out["rows"]] == ["states", "reduce (rank every 64)"]
+    assert [r["mode"] for r in out["rows"]] == ["states", "reduce ranks,spectra (every 64)"]
     assert all(r["tok_s"] > 0 and 0 < r["share_of_plain"] for r in out["rows"])
     states, reduced = out["rows"]
     assert reduced["store_bytes_per_token"] < states["store_bytes_per_token"] / 5  # no q, k, v, states stored
