@@ -32,10 +32,11 @@ from probes.results import ResultSink, read_results, results_group, update_attrs
 REDUCTIONS: dict[str, ModuleType] = {"ranks": erank, "spectra": spectra, "attention": attention}
 """`--reduce` names -> the probe whose results they write."""
 
-NEEDS = {"ranks": ("tokens", "k", "v", "beta", "g"), "spectra": ("tokens", "k", "beta", "g"),
+NEEDS = {"ranks": ("tokens", "k", "v", "beta", "g", "state"), "spectra": ("tokens", "k", "beta", "g"),
          "attention": ("tokens", "q", "k", "v", "beta", "g")}
-"""Hook points each reduction reads (tokens for the padding mask and document starts; g where the model has it).
-Capture runs them whatever --hooks says and stores only --hooks."""
+"""Hook points each reduction reads (tokens for the padding mask and document starts; g where the model has it;
+the ranks start each chunk from the kernel's own chunk-boundary state instead of recomputing it). Capture runs
+them whatever --hooks says and stores only --hooks."""
 
 KEEPABLE = ("states",)
 
