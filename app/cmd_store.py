@@ -13,9 +13,10 @@ from store.schema import human_bytes
 
 store_app = typer.Typer(help="Inspect capture stores.", no_args_is_help=True)
 
-RANK_EVERY_CUDA = 64
-"""`--rank-every` default on CUDA: the exact state ranks (an SVD per token and head) run at about 1.4e5
-token-heads/s on an H100, two orders of magnitude below a 7B hybrid's forward; one state per chunk keeps pace."""
+RANK_EVERY_CUDA = 1024
+"""`--rank-every` default on CUDA: one exact state rank (an SVD per token and head) every 1024 tokens. On an H100
+with OLMo-Hybrid 7B (B x T = 4 x 2048) capture with rank reductions ran at 22% of the plain forward's tokens/s
+at 1024, 8% at 256 and 2% at 64 (`python -m benchmarks.reduce_capture`): denser ranks do not keep pace yet."""
 
 DATA_HELP = ("Task (S4:length=128,samples=512,seed=0), word-problem CSV (csv:PATH or PATH.csv) or text "
              "(text:PATH[:length=256,tokenizer=auto|bytes|tokenizer.json]).")

@@ -28,6 +28,7 @@ METHODS = ("auto", "gram64", "triton", "svd", "svd64")
 # 3.8 us per matrix, cuSOLVER XsyevBatched on the float64 Gram 9.7 us, torch.linalg.eigvalsh 581 us,
 # torch.linalg.svdvals 5.8 ms.
 CUDA_METHOD = "triton"
+TRITON_MAX_DIM = 128
 BACKENDS = ("auto", "cusolver", "torch")
 SOLVER_BATCH = 8192  # matrices per eigensolver call
 
@@ -77,11 +78,15 @@ def _check_choice(method: str, backend: str) -> None:
         raise ValueError(f"unknown backend {backend!r}; pass one of {', '.join(BACKENDS)}")
 
 
-def resolve_method(method: str, device: torch.device) -> str:
-    """'auto' -> CUDA_METHOD on CUDA, 'gram64' elsewhere."""
+def resolve_method(method: str, device: torch.device, shape: tuple[int, int] | None = None) -> str:
+    """'auto' -> CUDA_METHOD on CUDA for states [K, V] up to TRITON_MAX_DIM a side, else 'gram64' (also on the
+    CPU): the Triton kernel pads both sides to the next power of two of the larger one, so OLMo-Hybrid's 96 x 192
+    states would run as 256 x 256 matrices (about 3 ms each on an H100) where the 96 x 96 Gram costs microseconds."""
     if method != "auto":
         return method
-    return CUDA_METHOD if device.type == "cuda" else "gram64"
+    if device.type != "cuda" or (shape is not None and max(shape) > TRITON_MAX_DIM):
+        return "gram64"
+    return CUDA_METHOD
 
 
 def _eigh(a: torch.Tensor, backend: str) -> torch.Tensor:
@@ -94,7 +99,7 @@ def _eigh(a: torch.Tensor, backend: str) -> torch.Tensor:
 def singular_values(states: torch.Tensor, method: str = "auto", backend: str = "auto") -> torch.Tensor:
     """Singular values [..., min(K, V)] (unordered) of states [..., K, V].
 
-    auto: gram64 on the CPU, CUDA_METHOD on CUDA.
+    auto: gram64 on the CPU, CUDA_METHOD on CUDA (gram64 where a side exceeds TRITON_MAX_DIM).
     gram64: sqrt of the eigenvalues of the float64 Gram matrix; error ~sqrt(eps64) sigma_max ~1e-8
     sigma_max. (A float32 Gram would give sqrt(eps32) ~3e-4 sigma_max: erank off by percents on
     low-rank states, so it is not offered.)
@@ -105,8 +110,8 @@ def singular_values(states: torch.Tensor, method: str = "auto", backend: str = "
     (torch.linalg.eigh loops over matrices larger than 32 on CUDA: hundreds of times slower).
     """
     _check_choice(method, backend)
-    method = resolve_method(method, states.device)
     lead, (K, V) = states.shape[:-2], states.shape[-2:]
+    method = resolve_method(method, states.device, (K, V))
     flat = states.reshape(-1, K, V)
     outs = []
     for i in range(0, flat.shape[0], SOLVER_BATCH):

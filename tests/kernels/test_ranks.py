@@ -171,3 +171,14 @@ def test_every_ranks_only_every_nth_token_and_equals_the_full_run_there(every):
         a, b = getattr(part, name), getattr(full, name)
         assert torch.isnan(a[:, ~keep]).all()
         torch.testing.assert_close(a[:, keep], b[:, keep], rtol=1e-10, atol=1e-12)
+
+
+def test_auto_method_avoids_the_triton_kernel_for_large_or_unequal_real_head_dims():
+    """OLMo-Hybrid's 96 x 192 states would be padded to 256 x 256 by the Triton kernel (about 3 ms a matrix on an
+    H100): auto takes the float64 Gram of the 96 side there, and the Triton kernel only up to 128 a side."""
+    from kernels.ranks import resolve_method
+
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    assert resolve_method("auto", cuda, (128, 128)) == "triton"
+    assert resolve_method("auto", cuda, (96, 192)) == "gram64" and resolve_method("auto", cuda, (256, 512)) == "gram64"
+    assert resolve_method("auto", cpu, (64, 64)) == "gram64" and resolve_method("svd", cuda, (96, 192)) == "svd"

@@ -168,3 +168,16 @@ def test_state_every_must_match_on_append(tmp_path):
     res = CliRunner().invoke(app, ["capture", str(MODEL), "--data", "modarith:length=150,samples=2,seed=1",
                                    "--out", str(out), "--no-progress", "--batch-size", "3"])
     assert res.exit_code == 2 and "pass --state-every 2" in res.output, res.output
+
+
+@pytest.mark.gpu
+def test_gpu_reductions_on_the_device_equal_the_probes(tmp_path):
+    """On CUDA the reductions run on the batch's GPU tensors (nothing copied back for them); the probes, run
+    afterwards on the stored data with --device cuda, give the same results."""
+    out = tmp_path / "s.zarr"
+    _capture(out, "--device", "cuda", "--reduce", "ranks,spectra,attention", "--rank-every", "1",
+             "--keep", "states")
+    for name in ("erank", "spectra", "attention"):
+        _probe(out, name, "--device", "cuda")
+        _assert_same(read_results(out, name), read_results(out, f"{name}-probe"), rtol=1e-4)
+    assert read_results(out, "erank").attrs["params"]["device"] == "cuda"
