@@ -129,34 +129,35 @@ def _quantiles(fine: np.ndarray, bmax: float) -> np.ndarray:
 
 
 def records(out: xr.Dataset) -> list[dict[str, Any]]:
-    """One record per layer/head/step."""
+    """One record per layer/head/step (the arrays are read once: a real-size model has thousands of records)."""
     recs = []
     tokens = out["token"].values
     per_token = len(tokens) <= 32
-    for li, layer in enumerate(out["layer"].values):
-        for h in out["head"].values:
-            head_means = out["beta_mean"].values[li, :, h]
-            for s in out["step"].values:
-                q = out["beta_quantile"].values[li, s, h]
+    names = ("n_substeps", "beta_mean", "beta_std", "beta_min", "beta_max", "beta_quantile", "frac_negative",
+             "reflection")
+    a = {name: np.asarray(out[name].values) for name in names}
+    tok_mean = np.asarray(out["beta_token_mean"].values) if per_token and len(tokens) else None
+    tok_std = np.asarray(out["beta_token_std"].values) if tok_mean is not None else None
+    for li, layer in enumerate(out["layer"].values.tolist()):
+        for h in out["head"].values.tolist():
+            head_means = a["beta_mean"][li, :, h].tolist()
+            for s in out["step"].values.tolist():
+                q = a["beta_quantile"][li, s, h].tolist()
                 rec = {
                     "layer": int(layer), "head": int(h), "step": int(s),
-                    "n": int(out["n_substeps"].values[li, s, h]),
-                    "beta_mean": float(out["beta_mean"].values[li, s, h]),
-                    "beta_std": float(out["beta_std"].values[li, s, h]),
-                    "beta_min": float(out["beta_min"].values[li, s, h]),
-                    "beta_max": float(out["beta_max"].values[li, s, h]),
-                    "beta_q05": float(q[0]), "beta_q25": float(q[1]), "beta_median": float(q[2]),
-                    "beta_q75": float(q[3]), "beta_q95": float(q[4]),
-                    "frac_negative": float(out["frac_negative"].values[li, s, h]),
-                    "reflection": bool(out["reflection"].values[li, h]),
+                    "n": int(a["n_substeps"][li, s, h]),
+                    "beta_mean": float(a["beta_mean"][li, s, h]),
+                    "beta_std": float(a["beta_std"][li, s, h]),
+                    "beta_min": float(a["beta_min"][li, s, h]),
+                    "beta_max": float(a["beta_max"][li, s, h]),
+                    "beta_q05": q[0], "beta_q25": q[1], "beta_median": q[2], "beta_q75": q[3], "beta_q95": q[4],
+                    "frac_negative": float(a["frac_negative"][li, s, h]),
+                    "reflection": bool(a["reflection"][li, h]),
                     "head_beta_means": [float(x) for x in head_means],
                 }
-                if per_token and len(tokens):
-                    rec["per_token"] = {
-                        str(int(t)): [float(out["beta_token_mean"].values[li, ti, s, h]),
-                                      float(out["beta_token_std"].values[li, ti, s, h])]
-                        for ti, t in enumerate(tokens)
-                    }
+                if tok_mean is not None and tok_std is not None:
+                    rec["per_token"] = {str(int(t)): [float(tok_mean[li, ti, s, h]), float(tok_std[li, ti, s, h])]
+                                        for ti, t in enumerate(tokens)}
                 recs.append(rec)
     return recs
 

@@ -71,7 +71,11 @@ def downsample(curve: np.ndarray, n: int = SPARK_POINTS) -> np.ndarray:
     if len(y) <= n:
         return y
     edges = np.linspace(0, len(y), n + 1).astype(int)
-    return np.array([np.nanmean(y[a:b]) if np.isfinite(y[a:b]).any() else np.nan for a, b in zip(edges, edges[1:])])
+    ok = np.isfinite(y)
+    sums = np.add.reduceat(np.where(ok, y, 0.0), edges[:-1])  # one pass: sums and counts per bin
+    counts = np.add.reduceat(ok.astype(np.int64), edges[:-1])
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(counts > 0, sums / np.maximum(counts, 1), np.nan)
 
 
 def head_table(betas: xr.Dataset | None = None, keys: xr.Dataset | None = None, spectra: xr.Dataset | None = None,

@@ -165,6 +165,7 @@ def _input_source(path: Path, ds: object) -> tuple[Path, object]:
 
 
 _PREWARMED: list[bool] = []
+PREWARM_DELAY_S = 1.0
 
 
 def _prewarm() -> None:
@@ -183,7 +184,10 @@ def _prewarm() -> None:
             except Exception:  # noqa: BLE001 - a missing optional module only costs time later
                 pass
 
-    threading.Thread(target=work, name="deltalab-prewarm", daemon=True).start()
+    # a moment later: importing torch holds the GIL for a second, which would slow the first page's delivery
+    timer = threading.Timer(PREWARM_DELAY_S, work)
+    timer.name, timer.daemon = "deltalab-prewarm", True
+    timer.start()
 
 
 def _render(page: object, ctx: object) -> None:

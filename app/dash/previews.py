@@ -6,6 +6,7 @@ that computes the real results over every sequence.
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from types import ModuleType
 
 import xarray as xr
@@ -21,11 +22,25 @@ def compute(module: ModuleType, ds: xr.Dataset) -> xr.Dataset:
     thousand keys, 3 x 3 principal angles), where thread start-up costs more than it gains, and the server
     shares its cores with every other session.
     """
-    try:
-        from threadpoolctl import threadpool_limits  # installed with scikit-learn
-    except ImportError:  # pragma: no cover - then BLAS keeps its own thread count
-        from contextlib import nullcontext as threadpool_limits
-
-    with threadpool_limits(limits=1):
+    with _single_threaded_blas() if getattr(module, "NAME", "") not in NO_BLAS else nullcontext():
         result = module.run(ds, budget=BUDGET)
         return result.dataset.compute()
+
+
+NO_BLAS = {"betas"}
+"""Probes whose previews call no BLAS (histograms and means): they skip the thread limit."""
+
+
+_CONTROLLER: list = []
+
+
+def _single_threaded_blas():
+    """BLAS/OpenMP limited to one thread. The controller scans the loaded libraries once (0.15 s); each
+    `threadpool_limits()` call would rescan them."""
+    try:
+        from threadpoolctl import ThreadpoolController  # installed with scikit-learn
+    except ImportError:  # pragma: no cover - then BLAS keeps its own thread count
+        return nullcontext()
+    if not _CONTROLLER:
+        _CONTROLLER.append(ThreadpoolController())
+    return _CONTROLLER[0].limit(limits=1)
