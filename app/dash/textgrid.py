@@ -17,6 +17,8 @@ from typing import Any
 import numpy as np
 import plotly.graph_objects as go
 
+import app.dash.figures  # noqa: F401  (sets the dashboard's default plotly template, plotly_white)
+
 SHOWN = {"\n": "↵", "\t": "→", "\r": "␍"}
 """Whitespace drawn visibly in a cell (a space stays blank)."""
 
@@ -221,5 +223,5 @@ def text_figure(strings: Sequence[str], hover_names: Sequence[str], values: np.n
                      title_text="position", showgrid=False, zeroline=False, fixedrange=True, tickfont=dict(size=10))
     fig.update_layout(title=dict(text=title, x=0.0, xanchor="left", font=dict(size=15)),
                       height=70 + 30 + row_height * lay.n_rows, margin=dict(l=60, r=20, t=60, b=30),
-                      template="plotly_white", plot_bgcolor="white", hovermode="closest", dragmode=False)
+                      plot_bgcolor="white", hovermode="closest", dragmode=False)
     return fig
