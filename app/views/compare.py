@@ -36,9 +36,8 @@ def render(ctx) -> None:
     sel = ctx.sel
     mode = st.segmented_control("Compare", list(MODES), default=MODES[0], key="cmp_mode", bind="query-params",
                                 required=True) or MODES[0]
-    df, _, previewed = headdata.table(ctx.path, ctx.ds, display_names(ctx))
     a_label = f"A: layer {sel.layer} head {sel.head}"
-    other_path, other_ds, other_df = ctx.path, ctx.ds, df
+    other_path, other_ds = ctx.path, ctx.ds
     c1, c2 = st.columns(2)
     if mode == "two stores":
         st.session_state.setdefault("cmp_store", "")
@@ -53,8 +52,8 @@ def render(ctx) -> None:
         if problem is not None:
             loading.show_problem(problem, other_path)
             return
-        other_df, _, _ = headdata.table(other_path, other_ds, display_names(ctx))
         b_layer, b_head = sel.layer, sel.head
+        other_df, _, _ = headdata.table(other_path, other_ds, display_names(ctx), layers=[b_layer])
         a_label = f"A: {Path(str(ctx.path)).name} · L{sel.layer} H{sel.head}"
         b_label = f"B: {other_path.name} · L{b_layer} H{b_head}"
         same = _same_inputs(ctx, other_ds)
@@ -76,6 +75,10 @@ def render(ctx) -> None:
             b_head = sel.head
             c2.caption(f"Both sides use head {sel.head}.")
         b_label = f"B: layer {b_layer} head {b_head}"
+    both = [sel.layer] if mode == "two stores" else [sel.layer, int(b_layer)]
+    df, _, previewed = headdata.table(ctx.path, ctx.ds, display_names(ctx), layers=both)
+    if mode != "two stores":
+        other_df = df
     a = compare.Side(a_label, _row(df, sel.layer, sel.head))
     b = compare.Side(b_label, _row(other_df, int(b_layer), int(b_head)))
     if a.row is None or b.row is None:

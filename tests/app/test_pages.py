@@ -435,6 +435,41 @@ def test_gallery_of_a_large_model_previews_betas_only(monkeypatch, tmp_path):
     assert any("Preview from the first sequences for: betas" in c.value for c in at.caption)
 
 
+def test_compare_of_a_large_model_previews_only_its_two_layers(monkeypatch, tmp_path):
+    """Compare on a real-size store builds its two rows from the previews of the two layers it shows; they equal
+    the gallery's rows (the whole head table), and no other layer is previewed."""
+    import pandas as pd
+
+    import store
+    from app.dash import headdata, loading
+    from probes.synthetic import write_synthetic_store
+
+    path = write_synthetic_store(tmp_path / "s.zarr", gated=True, n_layers=3)
+    monkeypatch.setattr(headdata, "PREVIEW_HEADS", 4)
+    ds = store.open(path)
+    seen: list = []
+    real = loading.preview
+
+    def spy(path, ds, probe, layer=None, n_seq=None):
+        seen.append(layer)
+        return real(path, ds, probe, layer=layer, n_seq=n_seq)
+
+    monkeypatch.setattr(loading, "preview", spy)
+    layers = [int(x) for x in ds["layer"].values]
+    part, _, _ = headdata.table(path, ds, None, layers=[layers[2], layers[0]])
+    assert set(seen) == {layers[0], layers[2]}  # (table and its cached builder both ask; the second is a hit)
+    whole, _, _ = headdata.table(path, ds, None)
+    assert sorted(set(part["layer"])) == [layers[0], layers[2]]
+    cols = ["layer", "head", "beta_mean", "frac_beta_gt1"]
+    mine = part[cols].sort_values(["layer", "head"]).reset_index(drop=True)
+    ref = whole[whole["layer"].isin([layers[0], layers[2]])][cols].sort_values(["layer", "head"])
+    pd.testing.assert_frame_equal(mine, ref.reset_index(drop=True), check_exact=False, rtol=1e-6)
+    at = new_app(monkeypatch, path)
+    at.run()
+    goto(at, "Compare")
+    assert not at.exception and any("Preview from the first sequences" in c.value for c in at.caption)
+
+
 def test_previews_of_a_large_model_wait_for_their_toggle(monkeypatch, tmp_path):
     """Above AUTO_PREVIEW_HEADS (layer, head) pairs a page opens at once with its preview off; the toggle
     computes it on demand."""
