@@ -11,7 +11,8 @@ import argparse
 import json
 import re
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
@@ -88,7 +89,31 @@ def make_parser(name: str, description: str, *, checkpoint: bool = False) -> arg
     p.add_argument("--device", default="auto", help="auto (cuda if available), cpu or cuda")
     p.add_argument("--no-write", action="store_true", help="compute and print, do not write into the store")
     p.add_argument("--name", default=None, help=f"results group name (default {name}): STORE/results/NAME")
+    p.add_argument("--scheduler", default="threads",
+                   help="where dask runs the blocks: threads (default, this process), local (a dask.distributed "
+                        "cluster of worker processes on this machine) or a scheduler address (tcp://HOST:8786)")
     return p
+
+
+@contextmanager
+def scheduler(spec: str) -> Iterator[None]:
+    """Run the probe's dask graph on `spec`: the threaded scheduler, a local dask.distributed cluster, or the
+    cluster at an address (its workers must see the store's path). ValueError (one line) when it cannot connect."""
+    if spec == "threads":
+        yield
+        return
+    try:
+        from distributed import Client
+    except ImportError:  # pragma: no cover - distributed is a dependency
+        raise ValueError("--scheduler needs the `distributed` package: pip install distributed") from None
+    try:
+        client = Client(dashboard_address=None) if spec == "local" else Client(spec, timeout="10s")
+    except (OSError, TimeoutError, ValueError) as err:
+        why = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise ValueError(f"--scheduler {spec}: cannot reach a dask scheduler there ({why}); start one "
+                         "(`dask scheduler` and `dask worker ADDRESS`) or use --scheduler threads") from None
+    with client:
+        yield
 
 
 # --- running a probe as a script ----------------------------------------------------------
@@ -115,9 +140,10 @@ def cli_main(name: str, description: str, add_arguments: Callable[[argparse.Argu
         sink = None
         if writes and not args.no_write:
             sink = results.ResultSink(args.store, out_name, provenance(name, args, ds, argv))
-        result = from_args(ds, args, sink)
-        if sink is not None:
-            sink.finish(result)
+        with scheduler(args.scheduler):
+            result = from_args(ds, args, sink)
+            if sink is not None:
+                sink.finish(result)
     except (ValueError, KeyError, OSError) as err:  # bad input, or a failed write (e.g. disk full)
         msg = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         print(f"error: {msg}", file=sys.stderr)
