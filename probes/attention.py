@@ -155,7 +155,7 @@ def run(ds: xr.Dataset, *, window: tuple[int, int] | None = None, top_k: int = 8
 def from_tokens(tok: xr.Dataset, ds: xr.Dataset) -> ProbeResult:
     """The result from per-token arrays already computed (by `run`, or batch by batch during capture);
     `tok.attrs` carries per_token's parameters."""
-    attrs = {k: v for k, v in tok.attrs.items() if k not in ("records", "complete", "reduced_batches")}
+    attrs = dict(tok.attrs)
     summary = summarize(tok)
     out = xr.merge([tok, summary], combine_attrs="drop")
     out.attrs = attrs

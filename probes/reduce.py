@@ -122,7 +122,8 @@ def _fill(dtype: np.dtype) -> Any:
 
 
 class CaptureReductions:
-    """The reductions of one capture: `batch` after each batch is written, `finish` once at the end."""
+    """The reductions of one capture: `compute` on each batch's tensors, `write` once the batch is stored,
+    `finish` once at the end."""
 
     def __init__(self, names: list[str], *, device: str = "cpu", command_line: list[str] | None = None,
                  budget: int = 1 << 30, rank_every: int = 1) -> None:
@@ -130,9 +131,7 @@ class CaptureReductions:
             raise ValueError(f"--rank-every {rank_every}: pass a positive number of tokens")
         self.names = list(names)
         self.rank_every = rank_every
-        warm_up(device)  # the reductions run on capture's writer thread
-        # one GPU: layers one after another (threads would only queue on the device); CPU: dask's threads
-        self._scheduler = "synchronous" if device.startswith("cuda") else "threads"
+        warm_up(device)  # before capture's writer thread or dask's threads call the kernels
         self.device = device
         self.command_line = list(command_line or [])
         self.budget = budget
@@ -284,13 +283,10 @@ class CaptureReductions:
 
 
 def _from_tokens(name: str, tok: xr.Dataset, ds: xr.Dataset) -> Any:
-    module = REDUCTIONS[name]
-    if module is erank:
-        return erank.from_tokens(tok, ds)
-    keep = {k: v for k, v in tok.attrs.items() if k not in ("records", "complete", "reduced_seqs")}
+    """The probe's own summary of the per-token arrays, without the group's bookkeeping attrs."""
     tok = tok.copy()
-    tok.attrs = keep
-    return module.from_tokens(tok, ds)
+    tok.attrs = {k: v for k, v in tok.attrs.items() if k not in ("records", "complete", "reduced_seqs")}
+    return REDUCTIONS[name].from_tokens(tok, ds)
 
 
 def _reuse(path: Path, probe: str, per_token: set[str], n_seq: int) -> None:

@@ -416,12 +416,15 @@ def capture(checkpoint: str | Path, data: str | Data, out: str | Path, *,
     pending = set(writer.pending(segment))
     todo_pending = [b for b in todo if b in pending]
     n_todo = sum(b - a for a, b in todo_pending)
-    reduce = None
+    reduce = after = None
     if reductions is not None:
-        root = writer.attrs
+        n_seq, root = writer.segments()[-1].stop, writer.attrs
 
         def reduce(tensors: dict[str, Any], host: dict[str, np.ndarray]) -> Any:
             return reductions.compute(root, tensors, host)
+
+        def after(start: int, reduced: Any) -> None:
+            reductions.write(out, root, start, reduced, n_seq)
     runner = HookedRunner(model, captured, layer_list, dtype, data.num_classes, state_every, reduce, variables) \
         if todo_pending else None
     from tqdm.auto import tqdm
@@ -429,12 +432,6 @@ def capture(checkpoint: str | Path, data: str | Data, out: str | Path, *,
     desc = f"capture -> {out.name}" + (f" [rank {rank}]" if world > 1 else "")
     bar = tqdm(total=n_todo, unit="seq", desc=desc,
                disable=not progress or (world > 1 and rank != 0), position=0, leave=False)
-    after = None
-    if reductions is not None:
-        n_seq, root = writer.segments()[-1].stop, writer.attrs
-
-        def after(start: int, reduced: Any) -> None:
-            reductions.write(out, root, start, reduced, n_seq)
     bg = BackgroundWriter(writer, on_done=bar.update, after_write=after)
     try:
         for a, b in todo_pending:

@@ -31,6 +31,7 @@ def test_probe_on_a_cluster_equals_the_threaded_run(synthetic, probe):
     with distributed.LocalCluster(processes=False, n_workers=2, threads_per_worker=1, dashboard_address=None) as c:
         _run(synthetic, probe, "--name", f"{probe}-cluster", "--memory-budget", "64KB",
              "--scheduler", c.scheduler_address)
+        assert c.scheduler.task_prefixes  # the graph ran on the cluster, not on dask's local threads
     a, b = read_results(synthetic, f"{probe}-threads"), read_results(synthetic, f"{probe}-cluster")
     assert set(a.data_vars) == set(b.data_vars) and b.attrs["complete"]
     for v in a.data_vars:
