@@ -12,7 +12,8 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from app.dash import heads
-from app.dash.figures import _layout
+from app.dash import traces as tr
+from app.dash.figures import _layout, hline, vline
 
 COLORS = ("#1f77b4", "#d62728")
 
@@ -46,10 +47,10 @@ def _curve_figure(sides: Sequence[Side], column: str, title: str, xlabel: str, y
             y = y / np.nansum(y)
         xs = x if x is not None and len(x) == len(y) else np.arange(len(y))
         if bars:
-            fig.add_trace(go.Bar(x=xs, y=y, name=s.label, marker_color=COLORS[i % 2], opacity=0.6,
+            fig.add_trace(tr.Bar(x=xs, y=y, name=s.label, marker_color=COLORS[i % 2], opacity=0.6,
                                  hovertemplate="%{x}: %{y:.3f}<extra>" + s.label + "</extra>"))
         else:
-            fig.add_trace(go.Scatter(x=xs, y=y, mode="lines", name=s.label, line=dict(color=COLORS[i % 2], width=2),
+            fig.add_trace(tr.Scatter(x=xs, y=y, mode="lines", name=s.label, line=dict(color=COLORS[i % 2], width=2),
                                      hovertemplate="%{x}: %{y:.3f}<extra>" + s.label + "</extra>"))
     fig.update_layout(barmode="overlay", legend=dict(orientation="h", x=1, xanchor="right", y=1.0, yanchor="bottom"))
     fig.update_xaxes(title_text=xlabel)
@@ -91,10 +92,10 @@ def evr_figure(sides: Sequence[Side]) -> go.Figure:
         if s.row is None or not len(s.row["evr"]):
             continue
         y = np.cumsum(np.asarray(s.row["evr"], np.float64))
-        fig.add_trace(go.Scatter(x=np.arange(1, len(y) + 1), y=y, mode="lines+markers", name=s.label,
+        fig.add_trace(tr.Scatter(x=np.arange(1, len(y) + 1), y=y, mode="lines+markers", name=s.label,
                                  line=dict(color=COLORS[i % 2]),
                                  hovertemplate="first %{x} PCs: %{y:.3f}<extra>" + s.label + "</extra>"))
-    fig.add_hline(y=0.95, line=dict(color="#999", dash="dash", width=1), annotation_text="95%")
+    hline(fig, 0.95, "95%", "#999")
     fig.update_xaxes(title_text="principal components", dtick=1)
     fig.update_yaxes(title_text="cumulative explained variance", range=[0, 1.02])
     fig.update_layout(legend=dict(orientation="h", x=1, xanchor="right", y=1.0, yanchor="bottom"))
@@ -106,12 +107,12 @@ def per_position_figure(series: dict[str, np.ndarray], title: str, ylabel: str,
     """One per-token quantity over position for both sides of the same input (e.g. β of two checkpoints)."""
     fig = go.Figure()
     for i, (name, y) in enumerate(series.items()):
-        fig.add_trace(go.Scatter(x=np.arange(len(y)), y=y, mode="lines", name=name,
+        fig.add_trace(tr.Scatter(x=np.arange(len(y)), y=y, mode="lines", name=name,
                                  line=dict(color=COLORS[i % 2], width=1.5),
                                  customdata=np.arange(len(y)),
                                  hovertemplate="pos %{x}: %{y:.3f}<extra>" + name + "</extra>"))
     if selected_pos is not None:
-        fig.add_vline(x=selected_pos, line=dict(color="black", width=1))
+        vline(fig, selected_pos, None, "black", dash="solid", width=1)
     fig.update_xaxes(title_text="position")
     fig.update_yaxes(title_text=ylabel)
     fig.update_layout(legend=dict(orientation="h", x=1, xanchor="right", y=1.0, yanchor="bottom"))

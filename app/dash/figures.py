@@ -14,6 +14,8 @@ import plotly.graph_objects as go
 import plotly.io as pio
 from plotly.subplots import make_subplots
 
+from app.dash import traces as tr
+
 TOKEN_COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
                 "#bcbd22", "#17becf", "#393b79", "#ad494a", "#637939", "#8c6d31", "#843c39", "#7b4173",
                 "#3182bd", "#e6550d", "#31a354", "#756bb1", "#636363", "#9c9ede", "#e7ba52", "#de9ed6")
@@ -63,7 +65,7 @@ def layer_head_heatmap(values: np.ndarray, layers: Sequence[int], title: str, zl
     L, H = values.shape
     cols = list(col_labels) if col_labels is not None else [f"head {h}" for h in range(H)]
     text = [[("" if not np.isfinite(v) else format(v, fmt)) for v in row] for row in values] if L * H <= 400 else None
-    fig = go.Figure(go.Heatmap(
+    fig = go.Figure(tr.Heatmap(
         z=values, x=cols, y=[f"layer {int(x)}" for x in layers], colorscale=colorscale, zmin=zmin, zmax=zmax,
         zmid=zmid, text=text, texttemplate="%{text}" if text else None, colorbar=dict(title=dict(text=zlabel)),
         hovertemplate="%{y}, %{x}<br>" + zlabel + " = %{z:" + fmt + "}<extra></extra>", xgap=1, ygap=1))
@@ -85,7 +87,7 @@ def beta_step_heatmaps(values: np.ndarray, layers: Sequence[int], bmax: float, s
     for s in range(n_h):
         z = values[:, s, :]
         text = [[format(v, ".2f") if np.isfinite(v) else "" for v in row] for row in z] if L * H <= 200 else None
-        fig.add_trace(go.Heatmap(
+        fig.add_trace(tr.Heatmap(
             z=z, x=[f"h{h}" for h in range(H)], y=[f"layer {int(x)}" for x in layers], coloraxis="coloraxis",
             text=text, texttemplate="%{text}" if text else None, xgap=1, ygap=1,
             hovertemplate=f"step {s}, " + "%{y}, %{x}<br>" + stat + " = %{z:.3f}<extra></extra>"), 1, s + 1)
@@ -103,29 +105,47 @@ def beta_histogram(centers: np.ndarray, counts: np.ndarray, bmax: float, title: 
     width = float(centers[1] - centers[0]) if len(centers) > 1 else bmax
     for s, c in enumerate(counts):
         total = max(1, int(np.sum(c)))
-        fig.add_trace(go.Histogram(x=centers, y=c / total, histfunc="sum", name=f"step {s} (β{s})",
+        fig.add_trace(tr.Histogram(x=centers, y=c / total, histfunc="sum", name=f"step {s} (β{s})",
                                    xbins=dict(start=0.0, end=bmax, size=width), opacity=0.65,
                                    marker_color=token_color(s),
                                    hovertemplate="β ≈ %{x:.3f}<br>fraction %{y:.3f}<extra>step " + str(s) + "</extra>"))
     fig.update_layout(barmode="overlay")
-    _vline(fig, 1.0, "β = 1 (eigenvalue 0)", "gray")
+    vline(fig, 1.0, "β = 1 (eigenvalue 0)", "gray")
     if bmax >= 2:
-        _vline(fig, 2.0, "β = 2 (reflection)", "crimson")
+        vline(fig, 2.0, "β = 2 (reflection)", "crimson")
     fig.update_xaxes(title_text="β", range=[0, bmax * 1.02])
     fig.update_yaxes(title_text="fraction of tokens")
     return _layout(fig, title, 360)
 
 
-def _vline(fig: go.Figure, x: float, label: str, color: str, dash: str = "dash", **kw) -> None:
-    fig.add_vline(x=x, line=dict(color=color, dash=dash, width=1.5), annotation_text=label,
-                  annotation_position="top", annotation_font=dict(size=11, color=color), **kw)
+def vline(fig: go.Figure, x: float, label: str | None, color: str, dash: str = "dash", width: float = 1.5,
+           where: str = "top") -> None:
+    """A vertical line across the plot with an optional label (`where`: top, top left, bottom right, ...), drawn as
+    a paper-height shape and an annotation: plotly's add_vline looks through every subplot first, about 40 ms a
+    line, and text stores mark every document start."""
+    fig.add_shape(type="line", x0=x, x1=x, xref="x", y0=0, y1=1, yref="paper",
+                  line=dict(color=color, dash=dash, width=width))
+    if label:
+        top = where.startswith("top")
+        xanchor = "right" if where.endswith("left") else "left" if where.endswith("right") else "center"
+        fig.add_annotation(x=x, y=1 if top else 0, xref="x", yref="paper", text=label, showarrow=False,
+                           yanchor="bottom", xanchor=xanchor, font=dict(size=11, color=color))
+
+
+def hline(fig: go.Figure, y: float, label: str | None, color: str, dash: str = "dash", width: float = 1.0) -> None:
+    """A horizontal line across the plot, labelled at its right end (see _vline)."""
+    fig.add_shape(type="line", x0=0, x1=1, xref="paper", y0=y, y1=y, yref="y",
+                  line=dict(color=color, dash=dash, width=width))
+    if label:
+        fig.add_annotation(x=1, y=y, xref="paper", yref="y", text=label, showarrow=False, xanchor="right",
+                           yanchor="top", font=dict(size=11, color=color))
 
 
 def beta_token_scatter(means: np.ndarray, stds: np.ndarray, tokens: np.ndarray, labels: Sequence[str],
                        bmax: float, sx: int, sy: int, selected_token: int | None, title: str) -> go.Figure:
     """Per input token: mean beta of step sx against step sy with std error bars (DeltaProduct Figure 7)."""
     fig = go.Figure()
-    fig.add_trace(go.Scatter(
+    fig.add_trace(tr.Scatter(
         x=means[:, sx], y=means[:, sy], mode="markers+text", text=[str(int(t)) for t in tokens],
         textposition="top center", textfont=dict(size=10), name="input tokens",
         error_x=dict(type="data", array=stds[:, sx], thickness=1, color="rgba(80,80,80,0.4)"),
@@ -135,10 +155,10 @@ def beta_token_scatter(means: np.ndarray, stds: np.ndarray, tokens: np.ndarray, 
         hovertemplate=f"token %{{hovertext}}<br>β{sx} = %{{x:.3f}}<br>β{sy} = %{{y:.3f}}<extra></extra>"))
     if selected_token is not None and selected_token in set(tokens.tolist()):
         i = int(np.flatnonzero(tokens == selected_token)[0])
-        fig.add_trace(go.Scatter(x=[means[i, sx]], y=[means[i, sy]], mode="markers", marker=SELECTED,
+        fig.add_trace(tr.Scatter(x=[means[i, sx]], y=[means[i, sy]], mode="markers", marker=SELECTED,
                                  name=f"selected token {labels[i]}", hoverinfo="skip"))
     if bmax >= 2:
-        fig.add_trace(go.Scatter(x=[2], y=[2], mode="markers", name="reflection (β = 2, 2)",
+        fig.add_trace(tr.Scatter(x=[2], y=[2], mode="markers", name="reflection (β = 2, 2)",
                                  marker=dict(symbol="x-thin", size=18, line=dict(width=2, color="crimson")),
                                  hoverinfo="skip"))
     lim = [-0.05 * bmax, bmax * 1.05]
@@ -154,7 +174,7 @@ def beta_token_strip(means: np.ndarray, stds: np.ndarray, tokens: np.ndarray, la
     fig = go.Figure()
     x = [str(int(t)) for t in tokens]
     for s in range(means.shape[1]):
-        fig.add_trace(go.Scatter(x=x, y=means[:, s], mode="markers", name=f"step {s} (β{s})",
+        fig.add_trace(tr.Scatter(x=x, y=means[:, s], mode="markers", name=f"step {s} (β{s})",
                                  error_y=dict(type="data", array=stds[:, s], thickness=1),
                                  marker=dict(size=9, color=token_color(s)), hovertext=list(labels),
                                  customdata=np.stack([tokens, np.arange(len(tokens))], 1),
@@ -172,7 +192,7 @@ def beta_token_grid(means: np.ndarray, tokens: np.ndarray, labels: Sequence[str]
     n_tok, n_h, H = means.shape
     z = means.transpose(0, 2, 1).reshape(n_tok, H * n_h)
     cols = [f"h{h}·β{s}" for h in range(H) for s in range(n_h)]
-    fig = go.Figure(go.Heatmap(z=z, x=cols, y=[str(int(t)) for t in tokens], colorscale=BETA_SCALE, zmin=0,
+    fig = go.Figure(tr.Heatmap(z=z, x=cols, y=[str(int(t)) for t in tokens], colorscale=BETA_SCALE, zmin=0,
                                zmax=bmax, colorbar=dict(title="mean β"), xgap=1, ygap=1,
                                customdata=np.repeat(np.asarray(labels, dtype=object)[:, None], H * n_h, 1),
                                hovertemplate="token %{customdata}<br>%{x}: β = %{z:.3f}<extra></extra>"))
@@ -196,13 +216,12 @@ def explained_variance(evr: np.ndarray, joint: np.ndarray | None, title: str, ma
     if joint is not None:
         series.append(("all steps jointly", joint[:m], "#444444"))
     for name, e, color in series:
-        fig.add_trace(go.Bar(x=comps, y=e, name=f"{name}", marker_color=color, opacity=0.75,
+        fig.add_trace(tr.Bar(x=comps, y=e, name=f"{name}", marker_color=color, opacity=0.75,
                              hovertemplate="PC %{x}: %{y:.3f}<extra>" + name + "</extra>"))
-        fig.add_trace(go.Scatter(x=comps, y=np.nancumsum(e), mode="lines+markers", name=f"{name} (cumulative)",
+        fig.add_trace(tr.Scatter(x=comps, y=np.nancumsum(e), mode="lines+markers", name=f"{name} (cumulative)",
                                  line=dict(color=color, dash="dot"), showlegend=True,
                                  hovertemplate="first %{x} PCs: %{y:.3f}<extra>" + name + "</extra>"))
-    fig.add_hline(y=0.95, line=dict(color="crimson", dash="dash", width=1), annotation_text="95%",
-                  annotation_position="bottom right")
+    hline(fig, 0.95, "95%", "crimson")
     fig.update_layout(barmode="group")
     fig.update_xaxes(title_text="principal component", dtick=1)
     fig.update_yaxes(title_text="explained variance ratio", range=[0, 1.02])
@@ -247,7 +266,7 @@ def angles_heatmap(angles: np.ndarray, labels: Sequence[str], title: str, axis: 
     hover = [[", ".join(f"{a:.1f}°" for a in angles[i, j]) for j in range(angles.shape[1])]
              for i in range(angles.shape[0])]
     text = [[f"{v:.0f}°" if np.isfinite(v) else "" for v in row] for row in mean] if mean.size <= 400 else None
-    fig = go.Figure(go.Heatmap(z=mean, x=list(labels), y=list(labels), zmin=0, zmax=90, colorscale=ANGLE_SCALE,
+    fig = go.Figure(tr.Heatmap(z=mean, x=list(labels), y=list(labels), zmin=0, zmax=90, colorscale=ANGLE_SCALE,
                                reversescale=True, text=text, texttemplate="%{text}" if text else None,
                                customdata=hover, xgap=1, ygap=1, colorbar=dict(title="mean angle (°)"),
                                hovertemplate="%{y} vs %{x}<br>principal angles: %{customdata}<extra></extra>"))
@@ -259,7 +278,7 @@ def angles_heatmap(angles: np.ndarray, labels: Sequence[str], title: str, axis: 
 def unit_circle() -> go.Scatter:
     """The unit circle |z| = 1 (eigenvalues on it are rotations/reflections, inside contractions)."""
     t = np.linspace(0, 2 * np.pi, 361)
-    return go.Scatter(x=np.cos(t), y=np.sin(t), mode="lines", name="unit circle", hoverinfo="skip",
+    return tr.Scatter(x=np.cos(t), y=np.sin(t), mode="lines", name="unit circle", hoverinfo="skip",
                       line=dict(color="rgba(60,60,60,0.6)", width=1.5, dash="dot"))
 
 
@@ -279,18 +298,18 @@ def complex_plane(eig: np.ndarray, color: np.ndarray, color_name: str, hover: Se
     if color_name == "input token" and len(classes) <= 32:
         for c in classes:
             m = color == c
-            fig.add_trace(go.Scatter(x=eig[m].real, y=eig[m].imag, mode="markers", name=_class_name(names, int(c)),
+            fig.add_trace(tr.Scatter(x=eig[m].real, y=eig[m].imag, mode="markers", name=_class_name(names, int(c)),
                                      marker=dict(size=6, color=token_color(int(c)), opacity=0.7),
                                      hovertext=hover[m], customdata=customdata[m],
                                      hovertemplate="%{hovertext}<br>λ = %{x:.3f} %{y:+.3f}i<extra></extra>"))
     else:
-        fig.add_trace(go.Scatter(x=eig.real, y=eig.imag, mode="markers", name="eigenvalues",
+        fig.add_trace(tr.Scatter(x=eig.real, y=eig.imag, mode="markers", name="eigenvalues",
                                  marker=dict(size=5, color=color, colorscale="Viridis", opacity=0.6,
                                              colorbar=dict(title=color_name)),
                                  hovertext=hover, customdata=customdata,
                                  hovertemplate="%{hovertext}<br>λ = %{x:.3f} %{y:+.3f}i<extra></extra>"))
     if highlight is not None and highlight.size:
-        fig.add_trace(go.Scatter(x=highlight.real, y=highlight.imag, mode="markers", name="selected token",
+        fig.add_trace(tr.Scatter(x=highlight.real, y=highlight.imag, mode="markers", name="selected token",
                                  marker=SELECTED, hoverinfo="skip"))
     lim = max(1.15, float(np.nanmax(np.abs(eig))) * 1.05 if eig.size else 1.15)
     _complex_axes(fig, lim)
@@ -302,13 +321,13 @@ def angle_histogram(centers: np.ndarray, counts: np.ndarray, title: str, selecte
     """Rotation angle per token (max |arg λ|, degrees) as a histogram of pre-binned counts."""
     width = float(centers[1] - centers[0]) if len(centers) > 1 else 5.0
     total = max(1, int(np.sum(counts)))
-    fig = go.Figure(go.Histogram(x=centers, y=counts / total, histfunc="sum", name="tokens",
+    fig = go.Figure(tr.Histogram(x=centers, y=counts / total, histfunc="sum", name="tokens",
                                  xbins=dict(start=0, end=180, size=width), marker_color="#4c78a8",
                                  hovertemplate="%{x:.0f}°: fraction %{y:.3f}<extra></extra>"))
     for a in (90, 120, 180):
-        _vline(fig, a, f"{a}°", "#999", dash="dot")
+        vline(fig, a, f"{a}°", "#999", dash="dot")
     if selected is not None and np.isfinite(selected):
-        _vline(fig, selected, "selected token", "black", dash="solid")
+        vline(fig, selected, "selected token", "black", dash="solid")
     fig.update_xaxes(title_text="rotation angle max |arg λ| (degrees)", range=[0, 182], dtick=30)
     fig.update_yaxes(title_text="fraction of tokens")
     return _layout(fig, title, 360)
@@ -320,7 +339,7 @@ def token_eigenvalue_sets(eig: np.ndarray, tokens: np.ndarray, labels: Sequence[
     fig = go.Figure([unit_circle()])
     for i, t in enumerate(tokens):
         e = eig[i]
-        fig.add_trace(go.Scatter(
+        fig.add_trace(tr.Scatter(
             x=e.real, y=e.imag, mode="markers+text", text=[str(int(t))] * len(e), textposition="top center",
             textfont=dict(size=9, color=token_color(int(t))), name=str(labels[i]),
             marker=dict(size=9, color=token_color(int(t)), line=dict(width=1, color="white")),
@@ -329,7 +348,7 @@ def token_eigenvalue_sets(eig: np.ndarray, tokens: np.ndarray, labels: Sequence[
                           "<br>λ = %{x:.3f} %{y:+.3f}i<br>spread %{customdata[1]:.3f}<extra></extra>"))
     if selected_token is not None and selected_token in set(tokens.tolist()):
         i = int(np.flatnonzero(tokens == selected_token)[0])
-        fig.add_trace(go.Scatter(x=eig[i].real, y=eig[i].imag, mode="markers", marker=SELECTED,
+        fig.add_trace(tr.Scatter(x=eig[i].real, y=eig[i].imag, mode="markers", marker=SELECTED,
                                  name="selected token", hoverinfo="skip"))
     _complex_axes(fig, max(1.15, float(np.nanmax(np.abs(eig))) * 1.05 if eig.size else 1.15))
     fig.update_layout(legend=dict(title=dict(text="input token"), itemsizing="constant", font=dict(size=10)))
@@ -341,7 +360,7 @@ def token_head_heatmap(values: np.ndarray, tokens: np.ndarray, labels: Sequence[
                        selected_token: int | None) -> go.Figure:
     """values [tok, H] (e.g. each token's rotation angle in each head)."""
     n_tok, H = values.shape
-    fig = go.Figure(go.Heatmap(z=values, x=[f"h{h}" for h in range(H)], y=[str(int(t)) for t in tokens],
+    fig = go.Figure(tr.Heatmap(z=values, x=[f"h{h}" for h in range(H)], y=[str(int(t)) for t in tokens],
                                zmin=zmin, zmax=zmax, colorscale=colorscale, xgap=1, ygap=1,
                                colorbar=dict(title=zlabel),
                                customdata=np.repeat(np.asarray(labels, dtype=object)[:, None], H, 1),
@@ -360,7 +379,7 @@ def gate_box(gates: np.ndarray, selected_head: int | None, title: str) -> go.Fig
     """gates [N, H] = exp(g_t) per head as box plots (1 = no decay, 0 = forget everything)."""
     fig = go.Figure()
     for h in range(gates.shape[1]):
-        fig.add_trace(go.Box(y=gates[:, h], name=f"h{h}", boxpoints=False,
+        fig.add_trace(tr.Box(y=gates[:, h], name=f"h{h}", boxpoints=False,
                              marker_color="crimson" if h == selected_head else "#4c78a8",
                              hovertemplate="%{y:.3f}<extra>head " + str(h) + "</extra>"))
     fig.update_xaxes(title_text="head")
@@ -378,22 +397,19 @@ def rank_lines(values: np.ndarray, metric: str, *, train_length: int | None, doc
     fig = go.Figure()
     for h in range(H):
         sel = h == selected_head
-        fig.add_trace(go.Scatter(x=pos, y=values[:, h], mode="lines", name=f"head {h}",
+        fig.add_trace(tr.Scatter(x=pos, y=values[:, h], mode="lines", name=f"head {h}",
                                  line=dict(color=HEAD_COLORS[h % len(HEAD_COLORS)], width=3.5 if sel else 1.5),
                                  opacity=1.0 if sel or selected_head is None else 0.55,
                                  customdata=np.stack([pos, np.full(T, h)], 1),
                                  hovertemplate=f"pos %{{x}}<br>{metric} = %{{y:.3f}}<extra>head {h}</extra>"))
     if train_length is not None and 0 < train_length < T:
         fig.add_vrect(x0=train_length, x1=T - 1, fillcolor="rgba(200,0,0,0.05)", line_width=0)
-        _vline(fig, train_length, f"training length {train_length}", "crimson")
+        vline(fig, train_length, f"training length {train_length}", "crimson")
     for i, d in enumerate(doc_starts):
         if 0 < d < T:
-            fig.add_vline(x=d, line=dict(color="#2ca02c", dash="dot", width=1.5),
-                          annotation_text="document start" if i == 0 else None, annotation_position="bottom right",
-                          annotation_font=dict(size=11, color="#2ca02c"))
+            vline(fig, d, "document start" if i == 0 else None, "#2ca02c", dash="dot", where="bottom right")
     if selected_pos is not None:
-        fig.add_vline(x=selected_pos, line=dict(color="black", width=1.5),
-                      annotation_text=f"pos {selected_pos}", annotation_position="top left")
+        vline(fig, selected_pos, f"pos {selected_pos}", "black", dash="solid", where="top left")
     fig.update_xaxes(title_text="position (token index)")
     fig.update_yaxes(title_text=metric, rangemode="tozero")
     return _layout(fig, title, 440, hovermode="closest")
@@ -418,22 +434,21 @@ def accuracy_by_position(series: dict[str, np.ndarray], train_length: int | None
     fig = make_subplots(specs=[[{"secondary_y": loss is not None}]])
     T = max((len(v) for v in series.values()), default=0)
     for i, (name, values) in enumerate(series.items()):
-        fig.add_trace(go.Scatter(x=np.arange(len(values)), y=values, mode="lines", name=name,
+        fig.add_trace(tr.Scatter(x=np.arange(len(values)), y=values, mode="lines", name=name,
                                  line=dict(color=token_color(i), width=2),
                                  hovertemplate="pos %{x}: %{y:.3f}<extra>" + name + "</extra>"), secondary_y=False)
     if loss is not None:
-        fig.add_trace(go.Scatter(x=np.arange(len(loss)), y=loss, mode="lines", name="loss (right axis)",
+        fig.add_trace(tr.Scatter(x=np.arange(len(loss)), y=loss, mode="lines", name="loss (right axis)",
                                  line=dict(color="#888", width=1, dash="dot"),
                                  hovertemplate="pos %{x}: loss %{y:.3f}<extra></extra>"), secondary_y=True)
         fig.update_yaxes(title_text="cross-entropy loss", secondary_y=True, rangemode="tozero", showgrid=False)
     if chance is not None and np.isfinite(chance):
-        fig.add_hline(y=chance, line=dict(color="#999", dash="dash", width=1), annotation_text="chance",
-                      annotation_position="bottom right")
+        hline(fig, chance, "chance", "#999")
     if train_length is not None and 0 < train_length < T:
         fig.add_vrect(x0=train_length, x1=T - 1, fillcolor="rgba(200,0,0,0.05)", line_width=0)
-        _vline(fig, train_length, f"training length {train_length}", "crimson")
+        vline(fig, train_length, f"training length {train_length}", "crimson")
     if selected_pos is not None:
-        fig.add_vline(x=selected_pos, line=dict(color="black", width=1))
+        vline(fig, selected_pos, None, "black", dash="solid", width=1)
     fig.update_xaxes(title_text="position (token index)")
     fig.update_yaxes(title_text="accuracy", range=[0, 1.03], secondary_y=False)
     return _layout(fig, title, 400, hovermode="x unified")
@@ -442,9 +457,9 @@ def accuracy_by_position(series: dict[str, np.ndarray], train_length: int | None
 def variable_sizes(names: Sequence[str], logical: Sequence[int], stored: Sequence[int]) -> go.Figure:
     """Bytes per variable: in memory when loaded vs on disk."""
     fig = go.Figure([
-        go.Bar(y=list(names), x=[max(1, v) for v in logical], orientation="h", name="in memory (loaded)",
+        tr.Bar(y=list(names), x=[max(1, v) for v in logical], orientation="h", name="in memory (loaded)",
                marker_color="#9ecae1", hovertemplate="%{y}: %{x:.3s}B<extra>in memory</extra>"),
-        go.Bar(y=list(names), x=[max(1, v) for v in stored], orientation="h", name="on disk",
+        tr.Bar(y=list(names), x=[max(1, v) for v in stored], orientation="h", name="on disk",
                marker_color="#3182bd", hovertemplate="%{y}: %{x:.3s}B<extra>on disk</extra>"),
     ])
     fig.update_layout(barmode="group")
@@ -459,7 +474,7 @@ def keys_heatmap(keys: np.ndarray, betas: np.ndarray) -> go.Figure:
     """keys [n_h, dk]: the token's Householder keys, one row per step (labelled with its beta)."""
     n_h, dk = keys.shape
     lim = float(np.nanmax(np.abs(keys))) or 1.0
-    fig = go.Figure(go.Heatmap(z=keys, x=list(range(dk)), y=[f"k{j} (β={betas[j]:.2f})" for j in range(n_h)],
+    fig = go.Figure(tr.Heatmap(z=keys, x=list(range(dk)), y=[f"k{j} (β={betas[j]:.2f})" for j in range(n_h)],
                                colorscale="RdBu", zmid=0, zmin=-lim, zmax=lim, xgap=1, ygap=2,
                                colorbar=dict(title="k"), hovertemplate="%{y}<br>dk %{x}: %{z:.3f}<extra></extra>"))
     fig.update_xaxes(title_text="key dimension")
@@ -472,7 +487,7 @@ def matrix_heatmap(M: np.ndarray, title: str, labels: Sequence[str] | None = Non
     """A square matrix (transition, Gram) on a diverging scale centred at 0, square cells."""
     lim = max(1.0, float(np.nanmax(np.abs(M))))
     ticks = list(labels) if labels is not None else list(range(M.shape[0]))
-    fig = go.Figure(go.Heatmap(z=M, x=ticks, y=ticks, colorscale="RdBu", zmid=0, zmin=-lim, zmax=lim,
+    fig = go.Figure(tr.Heatmap(z=M, x=ticks, y=ticks, colorscale="RdBu", zmid=0, zmin=-lim, zmax=lim,
                                colorbar=dict(title="entry"),
                                hovertemplate="row %{y}, column %{x}: %{z:.3f}<extra></extra>"))
     fig.update_xaxes(title_text=axis, constrain="domain", type="category" if labels is not None else None)
@@ -485,15 +500,15 @@ def transition_eigenvalues(eig: np.ndarray, eig_A: np.ndarray | None, dk: int, g
     """One token's eigenvalues: the n_h non-trivial ones of P_t, the dk - n_h trivial ones at 1, and A_t's."""
     fig = go.Figure([unit_circle()])
     n_triv = dk - len(eig)
-    fig.add_trace(go.Scatter(x=[1.0], y=[0.0], mode="markers+text", name=f"trivial eigenvalue 1 (× {n_triv})",
+    fig.add_trace(tr.Scatter(x=[1.0], y=[0.0], mode="markers+text", name=f"trivial eigenvalue 1 (× {n_triv})",
                              text=[f"1 (×{n_triv})"], textposition="bottom right",
                              marker=dict(size=10, color="#bbb", symbol="circle-open", line=dict(width=2)),
                              hoverinfo="skip"))
-    fig.add_trace(go.Scatter(x=eig.real, y=eig.imag, mode="markers", name="non-trivial eigenvalues of P_t",
+    fig.add_trace(tr.Scatter(x=eig.real, y=eig.imag, mode="markers", name="non-trivial eigenvalues of P_t",
                              marker=dict(size=13, color="#1f77b4", line=dict(width=1, color="white")),
                              hovertemplate="λ = %{x:.4f} %{y:+.4f}i<extra>P_t</extra>"))
     if eig_A is not None and gate != 1.0:
-        fig.add_trace(go.Scatter(x=eig_A.real, y=eig_A.imag, mode="markers", name=f"A_t = {gate:.3f} · P_t",
+        fig.add_trace(tr.Scatter(x=eig_A.real, y=eig_A.imag, mode="markers", name=f"A_t = {gate:.3f} · P_t",
                                  marker=dict(size=11, color="#d62728", symbol="x"),
                                  hovertemplate="λ = %{x:.4f} %{y:+.4f}i<extra>A_t</extra>"))
     _complex_axes(fig, max(1.15, float(np.abs(eig).max()) * 1.05 if eig.size else 1.15))

@@ -18,6 +18,7 @@ import numpy as np
 import plotly.graph_objects as go
 
 import app.dash.figures  # noqa: F401  (sets the dashboard's default plotly template, plotly_white)
+from app.dash import traces as tr
 
 SHOWN = {"\n": "↵", "\t": "→", "\r": "␍"}
 """Whitespace drawn visibly in a cell (a space stays blank)."""
@@ -187,10 +188,10 @@ def text_figure(strings: Sequence[str], hover_names: Sequence[str], values: np.n
     texts[lay.row, lay.col] = [cell_text(s) for s in strings]
     fig = go.Figure()
     if (~has).any():  # tokens without a value: light grey cells
-        fig.add_trace(go.Heatmap(z=_grid(lay, np.zeros(n), ~has), text=texts, texttemplate="%{text}",
+        fig.add_trace(tr.Heatmap(z=_grid(lay, np.zeros(n), ~has), text=texts, texttemplate="%{text}",
                                  colorscale=[[0, "#ececec"], [1, "#ececec"]], showscale=False, hoverinfo="skip",
                                  xgap=1, ygap=2, name="no value", textfont=dict(family="monospace", color="#444")))
-    fig.add_trace(go.Heatmap(
+    fig.add_trace(tr.Heatmap(
         z=_grid(lay, values, has), text=texts, texttemplate="%{text}", colorscale=spec.colorscale, zmin=spec.zmin,
         zmax=spec.zmax, hoverinfo="skip", xgap=1, ygap=2, name=spec.label,
         textfont=dict(family="monospace"),
@@ -199,7 +200,7 @@ def text_figure(strings: Sequence[str], hover_names: Sequence[str], values: np.n
     hover = [f"pos {int(p)} · token {h}" + (f"<br>next/label: {labels[i]}" if labels is not None else "")
              + (f"<br>{spec.label} = {format(values[i], spec.fmt)}" if has[i] else "<br>no value")
              for i, (p, h) in enumerate(zip(positions, hover_names))]
-    fig.add_trace(go.Scatter(
+    fig.add_trace(tr.Scatter(
         x=lay.col, y=lay.row, mode="markers", name="tokens", showlegend=False,
         marker=dict(symbol="square", size=max(6, row_height - 6), opacity=0.0, color="black"),
         customdata=np.stack([np.asarray(positions, np.float64), values], 1), hovertext=hover,

@@ -8,6 +8,7 @@ import plotly.graph_objects as go
 import streamlit as st
 
 from app.dash import export, figures, headdata, heads, state
+from app.dash import traces as tr
 from app.views.text import display_names
 
 LINKS = ("Betas", "Keys", "Spectra", "Effective rank", "Probes", "Text", "Token")
@@ -17,7 +18,7 @@ def top_tokens_figure(top: list[tuple[str, float]], bmax: float, title: str) -> 
     """Horizontal bars: the input tokens with the highest mean β (over steps) in this head."""
     names = [str(t) for t, _ in top][::-1]
     vals = [b for _, b in top][::-1]
-    fig = go.Figure(go.Bar(x=vals, y=names, orientation="h", marker_color="#440154",
+    fig = go.Figure(tr.Bar(x=vals, y=names, orientation="h", marker_color="#440154",
                            hovertemplate="token %{y}: mean β %{x:.3f}<extra></extra>"))
     fig.update_xaxes(title_text="mean β over steps", range=[0, bmax * 1.02])
     fig.update_yaxes(type="category")

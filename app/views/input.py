@@ -12,6 +12,7 @@ import plotly.graph_objects as go
 import streamlit as st
 
 from app.dash import export, figures, loading, own_input, state, textgrid
+from app.dash import traces as tr
 from app.dash.derive import name_of
 
 TEXT_EXAMPLE = ('def fib(n):\n    """Return the n-th Fibonacci number."""\n    a, b = 0, 1\n    for _ in range(n):\n'
@@ -121,7 +122,7 @@ def attention_figure(weights: np.ndarray, labels: list[str], layer: int, head: i
     lim = float(np.abs(weights).max()) or 1.0
     custom = np.stack(np.meshgrid(np.arange(T), np.arange(T), indexing="ij"), -1)  # [query, source, 2]
     text = np.array([[f"{labels[i]!s} ← {labels[j]!s}" for j in range(T)] for i in range(T)])
-    fig = go.Figure(go.Heatmap(z=weights, colorscale="RdBu", zmid=0, zmin=-lim, zmax=lim, customdata=custom,
+    fig = go.Figure(tr.Heatmap(z=weights, colorscale="RdBu", zmid=0, zmin=-lim, zmax=lim, customdata=custom,
                                text=text, colorbar=dict(title="α"),
                                hovertemplate="query %{customdata[0]} ← source %{customdata[1]}<br>%{text}"
                                              "<br>α = %{z:.4f}<extra></extra>"))
@@ -142,7 +143,7 @@ def _attention_click() -> None:
 def betas_figure(beta: np.ndarray, bmax: float, step: int, layer: int, head: int) -> go.Figure:
     """beta [pos, head] of one step as a heatmap (heads on y), the selected head outlined."""
     T, H = beta.shape
-    fig = go.Figure(go.Heatmap(z=beta.T, x=np.arange(T), y=[f"h{h}" for h in range(H)], colorscale=figures.BETA_SCALE,
+    fig = go.Figure(tr.Heatmap(z=beta.T, x=np.arange(T), y=[f"h{h}" for h in range(H)], colorscale=figures.BETA_SCALE,
                                zmin=0, zmax=bmax, colorbar=dict(title="β"),
                                hovertemplate="pos %{x}, %{y}: β = %{z:.3f}<extra></extra>"))
     fig.add_hrect(y0=head - 0.5, y1=head + 0.5, line=dict(color="red", width=2))

@@ -39,11 +39,13 @@ def _decays(ctx) -> None:
         return
     import plotly.graph_objects as go
 
+    from app.dash import traces as tr
+
     layers = [int(x) for x in res["layer"].values]
     li = layers.index(ctx.sel.layer) if ctx.sel.layer in layers else 0
     mem = np.asarray(res["memory_of_mean_decay"].isel(layer=li).values, dtype=np.float64)  # [head, channel]
     logm = np.log10(np.clip(mem, 1.0, 10.0 ** 6))
-    heat = go.Figure(go.Heatmap(z=logm, x=np.arange(mem.shape[1]), y=np.arange(mem.shape[0]), colorscale="Viridis",
+    heat = go.Figure(tr.Heatmap(z=logm, x=np.arange(mem.shape[1]), y=np.arange(mem.shape[0]), colorscale="Viridis",
                                 colorbar={"title": "log10 tokens"},
                                 customdata=mem, hovertemplate="head %{y}, channel %{x}: %{customdata:.1f} tokens"
                                                               "<extra></extra>"))
@@ -52,7 +54,7 @@ def _decays(ctx) -> None:
     export.chart(heat, key="decay_heat", data=res["memory_of_mean_decay"].isel(layer=li).to_dataframe().reset_index())
     h = ctx.sel.head if 0 <= ctx.sel.head < mem.shape[0] else 0
     order = np.argsort(-mem[h])
-    bars = go.Figure(go.Bar(x=[str(c) for c in order], y=mem[h][order],
+    bars = go.Figure(tr.Bar(x=[str(c) for c in order], y=mem[h][order],
                             hovertemplate="channel %{x}: %{y:.1f} tokens<extra></extra>"))
     bars.update_layout(title=f"Channels of head {h} by memory length", xaxis_title="key channel",
                        yaxis_title="tokens (1 / (1 - mean decay))", yaxis_type="log", height=300)
@@ -200,13 +202,15 @@ def _intervention_chart(res: xr.Dataset, records: list[dict[str, Any]]) -> bool:
     """A bar chart of the change in accuracy/loss per intervention, from the records (whatever their keys)."""
     import plotly.graph_objects as go
 
+    from app.dash import traces as tr
+
     metric = next((k for k in ("delta_accuracy", "accuracy_change", "delta_loss", "loss_change", "accuracy", "loss")
                    if records and all(isinstance(r.get(k), (int, float)) for r in records)), None)
     if metric is None:
         for name, da in res.data_vars.items():  # any 1-D or 2-D numeric summary
             if da.ndim in (1, 2) and np.issubdtype(da.dtype, np.number) and da.size <= 4096:
                 z = np.asarray(da.values, dtype=np.float64)
-                fig = go.Figure(go.Heatmap(z=z[None] if z.ndim == 1 else z, colorscale="RdBu", zmid=0,
+                fig = go.Figure(tr.Heatmap(z=z[None] if z.ndim == 1 else z, colorscale="RdBu", zmid=0,
                                            colorbar=dict(title=str(name))))
                 fig.update_xaxes(title_text=str(da.dims[-1]))
                 fig.update_yaxes(title_text=str(da.dims[0]) if da.ndim == 2 else "")
@@ -216,7 +220,7 @@ def _intervention_chart(res: xr.Dataset, records: list[dict[str, Any]]) -> bool:
     label_keys = [k for k in records[0] if k not in (metric,) and not isinstance(records[0][k], (list, dict))][:4]
     labels = [", ".join(f"{k}={r.get(k)}" for k in label_keys if r.get(k) is not None) for r in records]
     values = [float(r[metric]) for r in records]
-    fig = go.Figure(go.Bar(x=values, y=labels, orientation="h",
+    fig = go.Figure(tr.Bar(x=values, y=labels, orientation="h",
                            marker_color=["crimson" if v < 0 else "#4c78a8" for v in values],
                            hovertemplate="%{y}<br>" + metric + " = %{x:.4f}<extra></extra>"))
     fig.update_xaxes(title_text=metric)
