@@ -64,15 +64,16 @@ def update_attrs(path: str | Path, name: str, attrs: dict[str, Any]) -> None:
     group.attrs.update(clean_json(attrs))
 
 
-def read_results(path: str | Path, name: str) -> xr.Dataset:
-    """The results of probe run `name` as a lazy xarray.Dataset (attrs: provenance, records, complete)."""
+def read_results(path: str | Path, name: str, *, dask: bool = True) -> xr.Dataset:
+    """The results of probe run `name` as a lazy xarray.Dataset (attrs: provenance, records, complete); `dask`
+    as in store.open_results."""
     from store import open_results
 
     if not (Path(path) / results_group(name) / "zarr.json").exists():
         have = list_results(path) if Path(path).exists() else []
         raise ProbeError(f"{path} has no results {name!r} (it has {', '.join(have) or 'none'}): "
                          f"run `deltalab probe {name.split('/')[0]} --store {path}`")
-    return open_results(path, name)
+    return open_results(path, name, dask=dask)
 
 
 def list_results(path: str | Path) -> list[str]:

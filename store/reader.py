@@ -271,8 +271,10 @@ def list_results(path: str | Path) -> list[str]:
             if any(_node_type(child / "zarr.json") == "array" for child in (root / name).iterdir() if child.is_dir())]
 
 
-def open_results(path: str | Path, name: str) -> Any:
-    """Open results sub-group `name` (written by store.write_results) as a lazy xarray.Dataset."""
+def open_results(path: str | Path, name: str, *, dask: bool = True) -> Any:
+    """Open results sub-group `name` (written by store.write_results) as a lazy xarray.Dataset: dask-backed, or
+    with `dask=False` lazily indexed arrays that read just the selected chunks on `.values` (no task graph: the
+    dashboard reads a few small slices per page, where dask's scheduling cost more than the reads)."""
     import xarray as xr
 
     path = Path(path)
@@ -280,7 +282,8 @@ def open_results(path: str | Path, name: str) -> Any:
     if not (path / "results" / name / "zarr.json").exists():
         have = ", ".join(list_results(path)) or "none"
         raise NotAStoreError(f"{path} has no results {name!r} (has: {have})")
-    return xr.open_zarr(str(path), group=f"results/{name}", consolidated=False, zarr_format=3, chunks={})
+    return xr.open_zarr(str(path), group=f"results/{name}", consolidated=False, zarr_format=3,
+                        chunks={} if dask else None)
 
 
 def info(path: str | Path) -> dict[str, Any]:

@@ -134,7 +134,7 @@ def result_index(path: str) -> dict[str, dict[str, Any]]:
 def _read_result(path: str, name: str, stamp: float) -> xr.Dataset:
     from probes.results import read_results
 
-    return read_results(path, name)
+    return read_results(path, name, dask=False)  # a page reads a few slices: no task graph per read
 
 
 def result_names(path: Path, probe: str) -> list[str]:
