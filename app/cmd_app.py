@@ -11,17 +11,13 @@ import typer
 
 from app.errors import fail
 
-DASHBOARD = Path(__file__).resolve().parent / "dashboard.py"
-
 
 def streamlit_argv(store: Path | None, port: int, host: str) -> list[str]:
-    """The command line that runs the dashboard (python -m streamlit run ... -- STORE)."""
-    argv = [sys.executable, "-m", "streamlit", "run", str(DASHBOARD),
-            "--server.address", host, "--server.port", str(port), "--server.headless", "true",
-            "--browser.gatherUsageStats", "false", "--server.fileWatcherType", "none",
-            "--theme.base", "light", "--client.toolbarMode", "minimal"]
+    """The command line that serves the dashboard (python -m app.serve HOST PORT [STORE]: streamlit's st.App with
+    the first page's modules imported while the server starts)."""
+    argv = [sys.executable, "-m", "app.serve", host, str(port)]
     if store is not None:
-        argv += ["--", str(store)]
+        argv.append(str(store))
     return argv
 
 
