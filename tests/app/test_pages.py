@@ -310,8 +310,6 @@ def test_default_store_build_shows_progress(monkeypatch, tmp_path_factory):
 # --- the default store, end to end ----------------------------------------------------------------
 
 def test_default_store_is_built_once_and_opens(monkeypatch, tmp_path_factory):
-    import time
-
     from app.default_store import ensure_default_store, is_built
 
     built = default_store(tmp_path_factory)
@@ -319,9 +317,16 @@ def test_default_store_is_built_once_and_opens(monkeypatch, tmp_path_factory):
     assert fractions == sorted(fractions) and fractions[-1] == 1.0
     assert any("probe intervene" in m for _, m in built["progress"])
     assert is_built(built["store"], built["checkpoint"], 8)
-    t = time.perf_counter()
-    assert ensure_default_store(checkpoint=built["checkpoint"], out=built["store"], samples=8) == built["store"]
-    assert time.perf_counter() - t < 1.0  # cached: no capture, no probe
+    import probes.base
+    import store as store_mod
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("an up-to-date default store must not be captured or probed again")
+
+    with pytest.MonkeyPatch.context() as mp:  # cached: no capture, no probe
+        mp.setattr(store_mod, "capture", refuse)
+        mp.setattr(probes.base, "run_module", refuse)
+        assert ensure_default_store(checkpoint=built["checkpoint"], out=built["store"], samples=8) == built["store"]
     at = new_app(monkeypatch, None, DELTALAB_CACHE=str(built["cache"]),
                  DELTALAB_DEFAULT_CHECKPOINT=str(built["checkpoint"]), DELTALAB_DEFAULT_SAMPLES="8")
     at.run()
@@ -346,10 +351,43 @@ def test_cli_app_rejects_bad_store_and_binds_localhost(tmp_path):
     result = CliRunner().invoke(cli, ["app", str(tmp_path / "missing.zarr")])
     assert result.exit_code == 2 and "does not exist" in result.output
     argv = streamlit_argv(Path("s.zarr"), 8600, "127.0.0.1")
-    i = argv.index("--server.address")
-    assert argv[i + 1] == "127.0.0.1" and argv[argv.index("--server.headless") + 1] == "true"
-    assert argv[-2:] == ["--", "s.zarr"] and argv[argv.index("--server.port") + 1] == "8600"
-    assert os.path.basename(argv[argv.index("run") + 1]) == "dashboard.py"
+    assert argv[1:] == ["-m", "app.serve", "127.0.0.1", "8600", "s.zarr"]
+    assert streamlit_argv(None, 8600, "127.0.0.1")[-2:] == ["127.0.0.1", "8600"]
+
+
+def test_server_imports_the_first_pages_modules_before_it_serves(monkeypatch):
+    """app.serve hands st.App a lifespan that imports what every first page needs, and the server options keep it
+    headless on the given address; a bad command line is one usage line."""
+    import sys
+
+    import streamlit as st
+
+    from app import serve
+
+    started: dict = {}
+
+    class FakeApp:
+        def __init__(self, script, lifespan):
+            started.update(script=script, lifespan=lifespan)
+
+        def run(self, config):
+            started["config"] = config
+
+    monkeypatch.setattr(st, "App", FakeApp)
+    monkeypatch.delenv("DELTALAB_STORE", raising=False)
+    serve.main(["127.0.0.1", "8601", "some.zarr"])
+    assert os.path.basename(started["script"]) == "dashboard.py" and started["lifespan"] is serve.preload
+    assert started["config"]["server.address"] == "127.0.0.1" and started["config"]["server.port"] == 8601
+    assert started["config"]["server.headless"] is True and os.environ["DELTALAB_STORE"] == "some.zarr"
+    code = ("import asyncio, sys\nfrom app import serve\nbefore = [m for m in serve.PRELOAD if m in sys.modules]\n"
+            "async def enter():\n    async with serve.preload(None):\n"
+            "        print(before, all(m in sys.modules for m in serve.PRELOAD))\nasyncio.run(enter())")
+    import subprocess
+
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.split()[-1] == "True" and "xarray" not in done.stdout  # imported by the lifespan itself
+    with pytest.raises(SystemExit, match="usage: python -m app.serve HOST PORT"):
+        serve.main(["127.0.0.1", "port"])
 
 
 def test_sidebar_opens_another_store_and_back(monkeypatch, tmp_path, tmp_path_factory):
@@ -362,31 +400,37 @@ def test_sidebar_opens_another_store_and_back(monkeypatch, tmp_path, tmp_path_fa
     assert at.title[0].value == "Overview"
 
 
-def test_large_store_first_page_under_two_seconds(monkeypatch, tmp_path, tmp_path_factory):
-    """A ~1 GB store (benchmarks.dashboard: one real batch, the others hard links) opens and draws the Overview in < 2 s
-    in a running server (modules loaded; the store itself not yet opened). Best of two fresh opens."""
-    import time
-
+def test_large_store_first_page_reads_no_captured_arrays(monkeypatch, tmp_path, tmp_path_factory):
+    """The first page of a ~1 GB store (benchmarks.dashboard: one real batch, the others hard links) draws from
+    metadata and the small per-sequence arrays alone, so its time does not grow with the store: every chunk file of
+    the big captured arrays is overwritten with garbage, and the page still draws cleanly (a read would fail to
+    decode). Its time is measured by `python -m benchmarks.dashboard`, not here."""
     import streamlit as st
 
     from benchmarks.dashboard import build
 
     facts = build(tmp_path / "big.zarr", 1.0, layers=2, heads=8, dk=32, length=512, batch=16)
     assert facts["bytes"] > 0.9e9
+    corrupted = 0
+    for var in ("q", "k", "v", "beta", "g", "state"):
+        for f in (tmp_path / "big.zarr" / var / "c").rglob("*"):
+            if f.is_file():
+                f.write_bytes(b"not a zarr chunk")  # hard links: every batch's file is this one
+                corrupted += 1
+    assert corrupted
     warm = new_app(monkeypatch, bare_store(tmp_path_factory))
     warm.run()
-    times = []
-    for _ in range(2):
-        st.cache_resource.clear()
-        st.cache_data.clear()
-        at = new_app(monkeypatch, tmp_path / "big.zarr")
-        t = time.perf_counter()
-        at.run()
-        times.append(time.perf_counter() - t)
-        assert_clean(at)
-        assert at.title[0].value == "Overview"
-    print(f"first page of a {facts['bytes'] / 1e9:.2f} GB store: {times}")
-    assert min(times) < 2.0, times
+    st.cache_resource.clear()
+    st.cache_data.clear()
+    at = new_app(monkeypatch, tmp_path / "big.zarr")
+    at.run()
+    assert_clean(at)
+    assert at.title[0].value == "Overview"
+    # the corruption is real: a page that reads the keys fails on it
+    import store as store_mod
+
+    with pytest.raises(Exception):  # noqa: B017 - zarr's codec error type is not part of its API
+        store_mod.open(tmp_path / "big.zarr")["k"].isel(seq=0, layer=0).load()
 
 
 @pytest.mark.parametrize("page,probe,var", [("Keys", "keys", "explained_variance_ratio"),
