@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from kernels.chunk import chunk_delta_product
     from kernels.dispatch import delta_product_forward
+    from kernels.dplr_naive import naive_dplr
     from kernels.naive import naive_delta_product
     from kernels.ranks import state_rank_metrics, state_ranks
     from kernels.spectra import householder_spectra
@@ -20,6 +21,7 @@ _HOMES = {
     "chunk_delta_product": "kernels.chunk",
     "delta_product_forward": "kernels.dispatch",
     "householder_spectra": "kernels.spectra",
+    "naive_dplr": "kernels.dplr_naive",
     "naive_delta_product": "kernels.naive",
     "state_rank_metrics": "kernels.ranks",
     "state_ranks": "kernels.ranks",
@@ -31,6 +33,7 @@ __all__ = [
     "delta_product_forward",
     "householder_spectra",
     "naive_delta_product",
+    "naive_dplr",
     "state_rank_metrics",
     "state_ranks",
 ]
