@@ -9,8 +9,10 @@ so the reads solve one unit lower-triangular system per chunk (the UT transform 
 with j < i, and the outputs and the next chunk's state follow from U:
     o_i = scale (e^{Gamma_i} * q_i)^T H_0 + sum_{j<=i} scale q_i^T diag(e^{Gamma_i - Gamma_j}) (b_j u_j^T + k_j v_j^T).
 Every exponent is a difference Gamma_x - Gamma_j with x >= j (never positive), so decays of e^-20 per token
-cannot overflow; the pairwise [C, C, K] decays are built for groups of chunks whose size `budget` bounds, and the
-state is carried through each group before the next is built (memory O(group), not O(T C K)).
+cannot overflow: within sub-blocks of SUB tokens the decays are pairwise [SUB, SUB, K]; across sub-blocks they
+split at the earlier block's last token into two factors of at most 1 and the products are matmuls
+(`_decayed_products`). Factors are built for groups of chunks whose size `budget` bounds, and the state is
+carried through each group before the next is built (memory O(group), not O(T C K)).
 """
 
 from __future__ import annotations
@@ -23,7 +25,11 @@ from kernels.dplr_naive import check_dplr_inputs
 __all__ = ["chunk_dplr"]
 
 BUDGET = 1 << 28
-"""Bytes for one group's pairwise decays ([G, C, C, K] twice, plus the einsum temporaries)."""
+"""Bytes for one group's decay factors (about 8 tensors of [G, C, K] times (C / SUB + SUB))."""
+
+SUB = 16
+"""Tokens per sub-block: pairs within a sub-block take pairwise [SUB, SUB, K] decays, pairs across sub-blocks
+split their decay at the earlier block's end into two factors at most 1 and become matrix products."""
 
 
 def chunk_dplr(
@@ -70,7 +76,10 @@ def _chunk_dense(q, k, v, a, b, g, initial_state, scale, chunk_size, budget):
     state = q.new_zeros(B, H, K, V, dtype=dtype) if initial_state is None else initial_state.to(dtype)
     if T == 0:  # an empty sequence of a packed batch: its initial state is its final and only boundary
         return q.new_zeros(B, 0, H, V, dtype=out_dtype), state, state[:, None]
-    C = min(chunk_size, T)  # a sequence shorter than a chunk is one chunk of its own length
+    # A sequence shorter than a chunk is one chunk, padded to whole sub-blocks where the chunk size allows
+    # (padded tokens change nothing, and the boundaries are still (initial, final)).
+    C = min(chunk_size, T if chunk_size % SUB else -(-T // SUB) * SUB)
+    sub = SUB if C % SUB == 0 else C
     n_chunks = -(-T // C)
     pad = n_chunks * C - T
     if g is None:
@@ -84,24 +93,16 @@ def _chunk_dense(q, k, v, a, b, g, initial_state, scale, chunk_size, budget):
     qs, ks, vs, as_, bs, gs = (per_chunk(x) for x in (q, k, v, a, b, g))
     gam = gs.cumsum(3)  # Gamma_i, inclusive
     gex = torch.cat([torch.zeros_like(gam[..., :1, :]), gam[..., :-1, :]], 3)  # Gamma_{i-1}, exactly
-    idx = torch.arange(C, device=q.device)
-    incl = (idx[:, None] >= idx[None, :])[..., None]  # [C, C, 1]: j <= i
-    excl = (idx[:, None] > idx[None, :])[..., None]  # j < i
     eye = torch.eye(C, dtype=dtype, device=q.device)
     elem = torch.finfo(dtype).bits // 8
-    group = max(1, budget // max(1, B * H * C * C * K * elem * 4))
+    group = max(1, budget // max(1, B * H * C * K * (C // sub + sub) * elem * 8))
     outs, boundaries = [], [state]
     for c0 in range(0, n_chunks, group):
         sl = slice(c0, min(n_chunks, c0 + group))
         q_, k_, v_, a_, b_, g_, x_ = qs[:, :, sl], ks[:, :, sl], vs[:, :, sl], as_[:, :, sl], bs[:, :, sl], \
             gam[:, :, sl], gex[:, :, sl]
-        d_in = g_[..., :, None, :] - g_[..., None, :, :]  # [B, H, G, C, C, K]: Gamma_i - Gamma_j
-        d_in = torch.where(incl, d_in, torch.full_like(d_in, -torch.inf)).exp()
-        d_ex = x_[..., :, None, :] - g_[..., None, :, :]  # Gamma_{i-1} - Gamma_j
-        d_ex = torch.where(excl, d_ex, torch.full_like(d_ex, -torch.inf)).exp()
-        pair = "bhgik,bhgjk,bhgijk->bhgij"
-        A_qk, A_qb = torch.einsum(pair, q_, k_, d_in), torch.einsum(pair, q_, b_, d_in)
-        A_ak, A_ab = torch.einsum(pair, a_, k_, d_ex), torch.einsum(pair, a_, b_, d_ex)
+        (A_qk, A_qb), = _decayed_products([q_], [k_, b_], g_, g_, sub, strict=False)
+        (A_ak, A_ab), = _decayed_products([a_], [k_, b_], x_, g_, sub, strict=True)
         lhs = eye - A_ab
         U0 = torch.linalg.solve_triangular(lhs, A_ak @ v_, upper=False, unitriangular=True)
         W = torch.linalg.solve_triangular(lhs, a_ * x_.exp(), upper=False, unitriangular=True)
@@ -117,3 +118,41 @@ def _chunk_dense(q, k, v, a, b, g, initial_state, scale, chunk_size, budget):
     o = torch.stack(outs, 2).reshape(B, H, n_chunks * C, V)[:, :, :T].movedim(1, 2)
     bnd = torch.stack(boundaries, 1)
     return o.to(out_dtype), state, bnd
+
+
+def _decayed_products(lefts: list[torch.Tensor], rights: list[torch.Tensor], gx: torch.Tensor, gy: torch.Tensor,
+                      sub: int, strict: bool) -> list[list[torch.Tensor]]:
+    """A[n][m][i, j] = sum_k x_{n,i,k} y_{m,j,k} e^{gx_{i,k} - gy_{j,k}} for j <= i (j < i if strict), else 0.
+
+    x, y, gx, gy [..., C, K]; gx_i <= gy_j holds on every kept pair (cumulative log decays, i after j). Pairs within
+    one sub-block of `sub` tokens take the pairwise [sub, sub, K] decays. A pair (i, j) with j in an earlier
+    sub-block r than i splits at that block's last token e_r: e^{gx_i - gy_{e_r}} e^{gy_{e_r} - gy_j}, both factors
+    at most 1, so the off-diagonal blocks are plain matrix products and nothing can overflow.
+    """
+    *lead, C, K = gx.shape
+    nb = C // sub
+    ref = gy[..., sub - 1 :: sub, :]  # [..., nb, K]: gy at each sub-block's last token
+    idx = torch.arange(C, device=gx.device)
+    later = (idx // sub)[None, :] > torch.arange(nb, device=gx.device)[:, None]  # [nb, C]: row i after block r
+    left_decay = gx[..., None, :, :] - ref[..., :, None, :]  # [..., nb, C, K]
+    left_decay = torch.where(later[..., None], left_decay, torch.full_like(left_decay, -torch.inf)).exp()
+    gyb = gy.reshape(*lead, nb, sub, K)
+    right_decay = (ref[..., :, None, :] - gyb).exp()  # [..., nb, sub, K]
+    s_idx = torch.arange(sub, device=gx.device)
+    keep = (s_idx[:, None] > s_idx[None, :]) if strict else (s_idx[:, None] >= s_idx[None, :])
+    pair = gx.reshape(*lead, nb, sub, 1, K) - gyb[..., None, :, :]  # [..., nb, sub, sub, K]
+    pair = torch.where(keep[..., None], pair, torch.full_like(pair, -torch.inf)).exp()
+    block_eye = torch.eye(nb, dtype=gx.dtype, device=gx.device)[:, None, :, None]  # [nb, 1, nb, 1]
+    out = []
+    for x in lefts:
+        xl = x[..., None, :, :] * left_decay  # [..., nb, C, K]
+        xd = x.reshape(*lead, nb, sub, 1, K) * pair  # [..., nb, sub, sub, K]
+        row = []
+        for y in rights:
+            yb = y.reshape(*lead, nb, sub, K)
+            off = xl @ (yb * right_decay).transpose(-1, -2)  # [..., nb(r), C(i), sub(j)]
+            off = off.permute(*range(len(lead)), -2, -3, -1).reshape(*lead, C, C)
+            diag = (xd * yb[..., None, :, :]).sum(-1)  # [..., nb, sub, sub]
+            row.append(off + (diag[..., :, :, None, :] * block_eye).reshape(*lead, C, C))
+        out.append(row)
+    return out

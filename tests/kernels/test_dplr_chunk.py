@@ -72,6 +72,8 @@ def test_chunk_size_and_group_budget_do_not_change_results():
     x = chunk_dplr(q, k, v, a, b, g, scale=1.0, initial_state=s0)
     y = chunk_dplr(q, k, v, a, b, g, scale=1.0, initial_state=s0, chunk_size=16)
     z = chunk_dplr(q, k, v, a, b, g, scale=1.0, initial_state=s0, budget=1)  # one chunk per group
+    w = chunk_dplr(q, k, v, a, b, g, scale=1.0, initial_state=s0, chunk_size=20)  # no 16-token sub-blocks
+    assert rel_err(w[0], x[0]) < 1e-12 and rel_err(w[1], x[1]) < 1e-12 and w[2].shape[1] == 6
     assert rel_err(y[0], x[0]) < 1e-12 and rel_err(y[1], x[1]) < 1e-12
     assert torch.allclose(y[2][:, [0, 4, -1]], x[2], rtol=1e-12, atol=1e-12)  # 16-token boundaries 0, 4: tokens 0, 64
     for p, r in zip(z, x):
@@ -115,3 +117,19 @@ def test_dispatcher_runs_the_chunked_form_with_gradients():
     assert qg.grad is not None and torch.isfinite(qg.grad).all()
     with pytest.raises(ValueError, match="^b must be"):
         dplr_forward(q, k, v, a, b[..., :4], g, scale=1.0)
+
+
+@pytest.mark.gpu
+def test_dispatcher_on_cuda_matches_float64_reference():
+    """RWKV-7-sized heads on the GPU (no Triton DPLR kernel: the chunked form), float32 and with gradients."""
+    q, k, v, a, b, g, s0 = rwkv7_inputs(2, 600, 4, 64, 64, seed=14, init=True, log_w_min=-1.0)
+    cu = torch.tensor([0, 300, 337, 600])
+    packed = [x.reshape(1, 1200, *x.shape[2:]) for x in (q, k, v, a, b, g)]
+    s0 = torch.cat([s0, s0[:1]])
+    ref = naive_dplr(*(x.cuda() for x in packed), scale=1.0, initial_state=s0.cuda(), cu_seqlens=cu)
+    f32 = [x.cuda().float().requires_grad_() for x in packed]
+    out = dplr_forward(*f32, scale=1.0, initial_state=s0.cuda().float(), cu_seqlens=cu)
+    for got, want in zip(out, ref):
+        assert got.is_cuda and rel_err(got, want) < 3e-5
+    out[0].sum().backward()
+    assert all(torch.isfinite(x.grad).all() for x in f32)
