@@ -4,6 +4,8 @@ A per-channel-gated token transition is M = (I - b k k^T) D with D = diag(d), d 
 the symmetric D^{1/2} M D^{-1/2} = D - b w w^T with w = D^{1/2} k, so its eigenvalues are real, interlace the d_i
 (each lies between consecutive d's, the smallest may drop below min d, and below 0 when b > 1), and are the
 roots of the secular equation 1 - b sum_i d_i k_i^2 / (d_i - lambda) = 0, plus every d_i whose w_i vanishes.
+The generalised delta rule's M = D + b a^T (RWKV-7: a = -kappa, b = kappa * a_rwkv) has the spectrum of the
+symmetric D - z z^T, z_i^2 = -a_i b_i, whenever every a_i b_i <= 0 (`dplr_eigvals_general`).
 
 The solver works on -(D - b w w^T) = D' + b w w^T (D' = -D, a positive rank-one update as in LAPACK's dlaed4):
 1. sort D' ascending; deflate tiny w_i (d_i is an eigenvalue) and near-equal pairs (a Givens rotation moves all
@@ -18,6 +20,8 @@ The dense reference is `kernels.spectra_naive.dplr_eigvals_dense`.
 """
 
 from __future__ import annotations
+
+import warnings
 
 import torch
 
@@ -39,20 +43,52 @@ def dplr_eigvals(d: torch.Tensor, k: torch.Tensor, beta: torch.Tensor, block: in
     if bool((d <= 0).any()):
         raise ValueError("dplr_eigvals: decays d must be positive (d = exp(g))")
     lead, n = d.shape[:-1], d.shape[-1]
-    block = block or (4096 if d.is_cuda else 128)
     d2, k2, b2 = d.reshape(-1, n).double(), k.reshape(-1, n).double(), beta.reshape(-1).double()
-    out = torch.empty_like(d2)
-    for lo in range(0, d2.shape[0], block):
-        hi = min(lo + block, d2.shape[0])
-        out[lo:hi] = _solve(d2[lo:hi], k2[lo:hi], b2[lo:hi])
-    return out.reshape(*lead, n)
+    return _blocked(d2, d2.sqrt() * k2, b2.clamp(min=0.0), block).reshape(*lead, n)
 
 
-def _solve(d: torch.Tensor, k: torch.Tensor, beta: torch.Tensor) -> torch.Tensor:
-    """[N, n] ascending eigenvalues of D - beta w w^T, w = sqrt(d) k."""
-    N, n = d.shape
-    w = d.sqrt() * k
-    rho = beta.clamp(min=0.0)
+def dplr_eigvals_general(d: torch.Tensor, a: torch.Tensor, b: torch.Tensor, block: int | None = None) -> torch.Tensor:
+    """Eigenvalues of the generalised-delta-rule transition diag(d) + b a^T for d, a, b [..., n] (RWKV-7:
+    d = e^g, a = -kappa, b = kappa * a_rwkv).
+
+    Its characteristic polynomial prod_i (lambda - d_i) (1 - sum_i a_i b_i / (lambda - d_i)) depends on the
+    products a_i b_i only, so where every a_i b_i <= 0 (always for RWKV-7: a_i b_i = -kappa_i^2 a_rwkv_i) the
+    spectrum is that of the symmetric diag(d) - z z^T with z_i^2 = -a_i b_i: real, interlacing d, and solved
+    exactly by the secular equation (float64, ascending). Otherwise (some a_i b_i > 0, complex pairs possible)
+    every matrix takes a dense float64 `torch.linalg.eigvals` after one warning, and the result is complex128
+    sorted by real then imaginary part (the symmetric-reducible matrices of that batch have zero imaginary parts).
+    """
+    if a.shape != d.shape or b.shape != d.shape:
+        raise ValueError(f"dplr_eigvals_general: d {tuple(d.shape)}, a {tuple(a.shape)} and b {tuple(b.shape)} "
+                         "must have one shape [..., n]")
+    lead, n = d.shape[:-1], d.shape[-1]
+    d2, p2 = d.reshape(-1, n).double(), (a.double() * b.double()).reshape(-1, n)
+    if not bool(torch.isfinite(d2).all()):
+        raise ValueError("dplr_eigvals_general: decays d must be finite (d = exp(g))")
+    if bool((p2 <= 0).all()):
+        return _blocked(d2, (-p2).sqrt(), torch.ones_like(d2[:, 0]), block).reshape(*lead, n)
+    warnings.warn("dplr_eigvals_general: some a_i b_i > 0 (not RWKV-7's sign pattern), so the spectrum may be "
+                  "complex; using dense float64 eigvals", stacklevel=2)
+    m = torch.diag_embed(d.double()) + b.double()[..., :, None] * a.double()[..., None, :]
+    eig = torch.linalg.eigvals(m)
+    eig = torch.complex(eig.real, torch.where(eig.imag == 0, torch.zeros_like(eig.imag), eig.imag))
+    eig = eig.gather(-1, eig.imag.argsort(dim=-1, stable=True))
+    return eig.gather(-1, eig.real.argsort(dim=-1, stable=True))
+
+
+def _blocked(d: torch.Tensor, w: torch.Tensor, rho: torch.Tensor, block: int | None) -> torch.Tensor:
+    """Ascending eigenvalues of D - rho w w^T for [N, n] float64 d, w and [N] rho >= 0, `block` matrices at a
+    time (memory O(block n^2))."""
+    block = block or (4096 if d.is_cuda else 128)
+    out = torch.empty_like(d)
+    for lo in range(0, d.shape[0], block):
+        hi = min(lo + block, d.shape[0])
+        out[lo:hi] = _solve(d[lo:hi], w[lo:hi], rho[lo:hi])
+    return out
+
+
+def _solve(d: torch.Tensor, w: torch.Tensor, rho: torch.Tensor) -> torch.Tensor:
+    """[N, n] ascending eigenvalues of D - rho w w^T."""
     dp, order = torch.sort(-d, dim=-1)  # D' ascending
     z = torch.gather(w, 1, order)
     dp, z, kept = _deflate(dp, z, rho)
