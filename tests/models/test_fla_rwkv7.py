@@ -18,6 +18,7 @@ import math
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from nnsight import NNsight
@@ -204,3 +205,28 @@ def test_info_opens_it():
     res = CliRunner().invoke(app, ["info", str(FIXTURES / "rwkv7_wide_v")])
     assert res.exit_code == 0, res.output
     assert "rwkv7" in res.stdout and "dk=32 dv=64" in res.stdout
+
+
+def test_capture_stores_per_channel_beta_and_kappa(tmp_path):
+    """A default capture of an rwkv7 model keeps beta per key channel and kappa (with a step axis of 1), and the
+    stored q, k, v, kappa, beta, g through the float64 reference give the stored chunk-start and final states."""
+    from typer.testing import CliRunner
+
+    import store
+    from app.cli import app
+    from store import schema
+
+    out = tmp_path / "s.zarr"
+    res = CliRunner().invoke(app, ["capture", str(FIXTURES / "rwkv7_fused"), "--data", "S4:length=70,samples=3,seed=0",
+                                   "--out", str(out), "--no-progress"])
+    assert res.exit_code == 0, res.output
+    ds = store.open(out)
+    assert ds["beta"].dims == ("seq", "layer", "pos", "step", "head", "dk") and ds.sizes["step"] == 1
+    assert ds["kappa"].dims == ds["k"].dims and ds["g"].dims == ("seq", "layer", "pos", "head", "dk")
+    got = {n: torch.from_numpy(np.asarray(ds[n].isel(layer=1).values)).double() for n in ("q", "k", "v", "kappa",
+                                                                                          "beta", "g", "state")}
+    k, v, kappa, beta = (got[n][:, :, 0] for n in ("k", "v", "kappa", "beta"))
+    _, _, bounds = naive_dplr(got["q"], k, v, -kappa, kappa * beta, got["g"], scale=1.0)
+    assert fro(bounds, got["state"]) < 1e-5
+    with pytest.raises(ValueError, match="only rwkv7 models have a removal key"):
+        schema.variables_for(["k", "kappa"], gated=True)
