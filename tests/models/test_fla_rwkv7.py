@@ -230,3 +230,22 @@ def test_capture_stores_per_channel_beta_and_kappa(tmp_path):
     assert fro(bounds, got["state"]) < 1e-5
     with pytest.raises(ValueError, match="only rwkv7 models have a removal key"):
         schema.variables_for(["k", "kappa"], gated=True)
+
+
+def test_trained_by_deltalab_on_a_state_tracking_task(tmp_path):
+    """`deltalab train --model-type rwkv7` builds RWKV7ForCausalLM, lowers the loss on length-2 S3 words (the first
+    label is the input itself), and its run folder opens as an fla-format rwkv7 checkpoint."""
+    from tests.train.test_state_tracking import TINY, _losses
+    from train.run import TrainError
+    from train.state_tracking import TrainConfig, train
+
+    cfg = TrainConfig(task="S3", model_type="rwkv7", steps=30, lr=1e-2,
+                      **{**TINY, "batch_size": 32, "train_length": 2, "log_every": 5})
+    train(cfg, tmp_path, device="cpu", progress=False)
+    losses = _losses(tmp_path)
+    assert losses[-1] < losses[0] - 0.2, losses
+    model = load_checkpoint(tmp_path)
+    assert model.config.model_type == "rwkv7" and (model.config.num_heads, model.config.head_dim) == (2, 8)
+    with pytest.raises(TrainError, match="rwkv7 has its own token shift and gates.*drop --short-conv"):
+        train(TrainConfig(task="S3", model_type="rwkv7", short_conv=True, **TINY), tmp_path / "x", device="cpu",
+              progress=False)
