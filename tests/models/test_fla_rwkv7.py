@@ -249,3 +249,32 @@ def test_trained_by_deltalab_on_a_state_tracking_task(tmp_path):
     with pytest.raises(TrainError, match="rwkv7 has its own token shift and gates.*drop --short-conv"):
         train(TrainConfig(task="S3", model_type="rwkv7", short_conv=True, **TINY), tmp_path / "x", device="cpu",
               progress=False)
+
+
+def test_bfloat16_load_stays_close_to_fla_float32():
+    """Loading in bfloat16 keeps the recurrence in float32 (kernels.dplr) and stays near fla's float32 logits."""
+    ref = load_file(str(FIXTURES / "rwkv7_fused" / "logits.safetensors"))
+    model = load_checkpoint(FIXTURES / "rwkv7_fused", dtype=torch.bfloat16)
+    assert model.layers[0].attn.r_proj.weight.dtype == torch.bfloat16
+    with torch.no_grad():
+        logits = model(ref["input_ids"]).logits.float()
+    err = (logits - ref["logits_fp32"]).abs().max() / ref["logits_fp32"].abs().max()
+    assert 0 < err < 5e-2, float(err)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", NAMES)
+def test_cuda_matches_fla_and_hooks_edit(name):
+    """On the GPU: float32 logits within 1e-4 of fla's, and a hook_beta edit through nnsight takes effect."""
+    folder = FIXTURES / name
+    ref = load_file(str(folder / "logits.safetensors"))
+    model = load_checkpoint(folder, device="cuda")
+    ids = ref["input_ids"].cuda()
+    with torch.no_grad():
+        plain = model(ids).logits.float().cpu()
+    assert (plain - ref["logits_fp32"]).abs().max() / ref["logits_fp32"].abs().max() < 1e-4
+    nn = NNsight(model)
+    with torch.no_grad(), nn.trace(ids):
+        nn.layers[1].attn.hook_beta.output[:, :, 0] = 0.0
+        out = nn.output.save()
+    assert fro(out.logits.float().cpu(), plain) > 1e-4
