@@ -42,8 +42,8 @@ class ModelConfig:
     output_gate_activation: str = "swish"
     hidden_ratio: int | None = 4
     intermediate_size: int | None = None
-    hidden_act: str = "swish"
-    norm_eps: float = 1e-6
+    hidden_act: str | None = None  # None: fla's default for the type ("swish"; rwkv7 "sqrelu")
+    norm_eps: float | None = None  # None: fla's default for the type (1e-6; rwkv7 1e-5)
     tie_word_embeddings: bool = False
     pad_token_id: int | None = None
     num_v_heads: int | None = None  # gated_deltanet: grouped value heads (None = num_heads)
@@ -66,6 +66,11 @@ class ModelConfig:
             raise ConfigError(
                 f"unknown model_type {self.model_type!r}: deltalab loads {', '.join(MODEL_TYPES)}"
             )
+        rwkv7 = self.model_type == "rwkv7"
+        if self.hidden_act is None:
+            self.hidden_act = "sqrelu" if rwkv7 else "swish"
+        if self.norm_eps is None:
+            self.norm_eps = 1e-5 if rwkv7 else 1e-6
         if self.model_type == "delta_net":
             key_dim = self.hidden_size * self.expand_k
             if key_dim % self.num_heads:
@@ -262,9 +267,8 @@ def parse_attention(attn: Any, num_layers: int, hidden_size: int) -> dict[int, d
     return out
 
 
-_RWKV7_DEFAULTS: dict[str, Any] = {"hidden_act": "sqrelu", "norm_eps": 1e-5, "head_dim": 64, "num_hidden_layers": 24,
-                                   "decay_low_rank_dim": 64, "gate_low_rank_dim": 128, "a_low_rank_dim": 64,
-                                   "v_low_rank_dim": 16}
+_RWKV7_DEFAULTS: dict[str, Any] = {"head_dim": 64, "num_hidden_layers": 24, "decay_low_rank_dim": 64,
+                                   "gate_low_rank_dim": 128, "a_low_rank_dim": 64, "v_low_rank_dim": 16}
 """fla 0.6.0's RWKV7Config defaults that differ from ModelConfig's."""
 
 _ARCHITECTURES = {

@@ -119,7 +119,7 @@ def model_config(cfg: TrainConfig, task: Task) -> ModelConfig:
             raise ConfigError(f"rwkv7 has its own token shift and gates and hidden = heads * head_dim: drop "
                               f"{' '.join(extra) or '--hidden-size'}")
         return ModelConfig(model_type="rwkv7", vocab_size=common["vocab_size"], hidden_size=hidden,
-                           num_hidden_layers=cfg.layers, head_dim=cfg.head_dim, hidden_act="sqrelu", norm_eps=1e-5)
+                           num_hidden_layers=cfg.layers, head_dim=cfg.head_dim)
     if cfg.model_type == "delta_net":
         ratio = cfg.heads * cfg.head_dim / hidden
         return ModelConfig(model_type="delta_net", expand_k=ratio, expand_v=ratio, **common)
