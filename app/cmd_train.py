@@ -18,7 +18,7 @@ def train(
     resume: bool = typer.Option(False, "--resume", help="Continue the run saved in --out (its saved "
                                                         "settings win over the flags below)."),
     model_type: str = typer.Option("gated_deltaproduct", "--model-type",
-                                   help="gated_deltaproduct, delta_net or gated_deltanet."),
+                                   help="gated_deltaproduct, delta_net, gated_deltanet or rwkv7."),
     layers: int = typer.Option(1, "--layers"),
     heads: int = typer.Option(12, "--heads"),
     head_dim: int = typer.Option(32, "--head-dim", help="Key (and value) head dimension."),

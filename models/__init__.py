@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     from models.hooks import HookPoint
     from models.labels import IGNORE_INDEX
     from models.lm import DeltaProductForCausalLM
+    from models.rwkv7 import RWKV7ForCausalLM
 
 _HOMES = {
     "CheckpointError": "models.checkpoint",
@@ -23,6 +24,7 @@ _HOMES = {
     "HookPoint": "models.hooks",
     "IGNORE_INDEX": "models.labels",
     "ModelConfig": "models.config",
+    "RWKV7ForCausalLM": "models.rwkv7",
     "load_checkpoint": "models.checkpoint",
     "save_checkpoint": "models.checkpoint",
 }
@@ -35,6 +37,7 @@ __all__ = [
     "HookPoint",
     "IGNORE_INDEX",
     "ModelConfig",
+    "RWKV7ForCausalLM",
     "load_checkpoint",
     "save_checkpoint",
 ]

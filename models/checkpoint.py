@@ -13,6 +13,7 @@ from safetensors.torch import load_file, save_file
 
 from models.config import MODEL_TYPES, ConfigError, ModelConfig
 from models.lm import DeltaProductForCausalLM
+from models.rwkv7 import RWKV7ForCausalLM
 
 if TYPE_CHECKING:
     from models.hf.hooked import HookedHFModel
@@ -40,9 +41,16 @@ def _read_raw_config(folder: Path) -> dict:
     return raw
 
 
+_OLD_RWKV = ("rwkv6", "rwkv5", "rwkv4", "rwkv")
+"""fla's and transformers' RWKV model types before RWKV-7."""
+
+
 def _read_config(folder: Path, raw: dict | None = None) -> ModelConfig:
     path = folder / "config.json"
     raw = _read_raw_config(folder) if raw is None else raw
+    if str(raw.get("model_type")) in _OLD_RWKV:
+        raise CheckpointError(f"model_type {raw['model_type']!r} in {path} is RWKV-6 or older: deltalab loads RWKV-7 "
+                              "only (fla's 'rwkv7' checkpoints); supported: " + ", ".join(MODEL_TYPES))
     if raw.get("model_type") not in MODEL_TYPES:
         from models.hf.families import supported_types
 
@@ -92,6 +100,35 @@ def remap_legacy(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return out
 
 
+_RWKV6_MARKERS = (".attn.x_proj.", ".attn.x_bias", ".attn.bonus", ".attn.gk_proj.", ".attn.r_proj.mu")
+"""Tensor names only fla's RWKV-6 layout has (its LerpLinear/DDLerpLinear projections and `bonus`)."""
+
+
+def remap_rwkv7(state: dict[str, torch.Tensor], folder: Path) -> dict[str, torch.Tensor]:
+    """fla's rwkv7 layouts: split version 1's stacked `attn.x_x` [6, D] into x_r..x_g (as fla's loader does);
+    RWKV-6 or BlinkDL's own `.pth` layouts fail in one line naming what deltalab loads."""
+    supported = "deltalab loads fla's rwkv7 checkpoints (RWKV-7, RWKV7ForCausalLM, version 1 or 2 layout)"
+    names = list(state)
+    if any(n.startswith(("blocks.", "emb.")) for n in names):
+        raise CheckpointError(f"{folder}: tensor names like {names[0]!r} are BlinkDL's RWKV-LM layout, not fla's: "
+                              f"{supported}; convert it with fla's RWKV-7 conversion script")
+    old = sorted(n for n in names if any(m in n for m in _RWKV6_MARKERS))
+    if old:
+        raise CheckpointError(f"{folder}: tensor {old[0]} is an RWKV-6 (or older) layout: {supported}")
+    out = dict(state)
+    for name in names:
+        if name.endswith(".attn.x_x"):
+            stacked = out.pop(name)
+            for j, part in enumerate("rwkvag"):
+                out[name[: -len("x_x")] + f"x_{part}"] = stacked[j].reshape(1, 1, -1)
+    return out
+
+
+def build_model(config: ModelConfig) -> DeltaProductForCausalLM | RWKV7ForCausalLM:
+    """The nn.Module of a config's model type (fresh random weights)."""
+    return RWKV7ForCausalLM(config) if config.model_type == "rwkv7" else DeltaProductForCausalLM(config)
+
+
 def _to_module_names(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """fla's `model.layers...` -> our top-level `layers...` (lm_head stays)."""
     return {name.removeprefix("model."): t for name, t in state.items()}
@@ -100,8 +137,9 @@ def _to_module_names(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 def load_checkpoint(
     path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype | None = None,
     device_map: str | None = None,
-) -> DeltaProductForCausalLM | HookedHFModel:
-    """Load a checkpoint folder in eval mode: fla's format into a DeltaProductForCausalLM, a transformers
+) -> DeltaProductForCausalLM | RWKV7ForCausalLM | HookedHFModel:
+    """Load a checkpoint folder in eval mode: fla's format into a DeltaProductForCausalLM (RWKV7ForCausalLM for
+    `rwkv7`), a transformers
     Gated DeltaNet family (OLMo-Hybrid, Qwen3-Next, Qwen3.5, ...) into a models.hf.HookedHFModel.
 
     `device_map` ("auto") applies to transformers models only.
@@ -123,8 +161,10 @@ def load_checkpoint(
         raise CheckpointError(f"--device-map applies to transformers models; {folder} is fla-format: "
                               "pass --device instead")
     config = _read_config(folder, raw)
-    state = _to_module_names(remap_legacy(_read_weights(folder)))
-    model = DeltaProductForCausalLM(config)
+    state = _read_weights(folder)
+    state = remap_rwkv7(state, folder) if config.model_type == "rwkv7" else remap_legacy(state)
+    state = _to_module_names(state)
+    model = build_model(config)
     expected = model.state_dict()
     if config.tie_word_embeddings:
         state.setdefault("lm_head.weight", state.get("embeddings.weight"))
@@ -152,7 +192,8 @@ def load_checkpoint(
     return model.eval()
 
 
-def save_checkpoint(model: DeltaProductForCausalLM, path: str | Path, dtype: torch.dtype | None = None) -> Path:
+def save_checkpoint(model: DeltaProductForCausalLM | RWKV7ForCausalLM, path: str | Path,
+                    dtype: torch.dtype | None = None) -> Path:
     """Write config.json (fla fields) and model.safetensors (fla names) into `path`, atomically per file.
 
     `dtype` (e.g. torch.float16) stores the floating-point tensors smaller; loading casts them back.

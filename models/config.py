@@ -6,7 +6,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-MODEL_TYPES = ("gated_deltaproduct", "delta_net", "gated_deltanet", "kda")
+MODEL_TYPES = ("gated_deltaproduct", "delta_net", "gated_deltanet", "kda", "rwkv7")
 
 
 class ConfigError(ValueError):
@@ -42,14 +42,23 @@ class ModelConfig:
     output_gate_activation: str = "swish"
     hidden_ratio: int | None = 4
     intermediate_size: int | None = None
-    hidden_act: str = "swish"
-    norm_eps: float = 1e-6
+    hidden_act: str | None = None  # None: fla's default for the type ("swish"; rwkv7 "sqrelu")
+    norm_eps: float | None = None  # None: fla's default for the type (1e-6; rwkv7 1e-5)
     tie_word_embeddings: bool = False
     pad_token_id: int | None = None
     num_v_heads: int | None = None  # gated_deltanet: grouped value heads (None = num_heads)
     attn: dict[str, Any] | list[dict[str, Any]] | None = None  # hybrids: fla's softmax-attention layer specs
     max_position_embeddings: int | None = None
     lower_bound: float | None = None  # kda: bounded gate lower_bound * sigmoid(...) instead of -exp(A_log) softplus
+    # rwkv7 (fla's RWKV7Config): low-rank widths (None: fla's sqrt(hidden) rule), norms, value width
+    decay_low_rank_dim: int | None = None
+    gate_low_rank_dim: int | None = None
+    a_low_rank_dim: int | None = None
+    v_low_rank_dim: int | None = None
+    norm_first: bool = True  # rwkv7: a LayerNorm on the embeddings before layer 0
+    norm_bias: bool = True  # rwkv7: LayerNorms with a bias
+    fuse_norm: bool = True  # rwkv7: fla's fused norms (kappa = k / sqrt(|k|^2 + 1e-6)) vs torch's (max(|k|, 1e-12))
+    value_dim: int | list[int] | None = None  # rwkv7: value width per layer (None: hidden_size)
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -57,6 +66,11 @@ class ModelConfig:
             raise ConfigError(
                 f"unknown model_type {self.model_type!r}: deltalab loads {', '.join(MODEL_TYPES)}"
             )
+        rwkv7 = self.model_type == "rwkv7"
+        if self.hidden_act is None:
+            self.hidden_act = "sqrelu" if rwkv7 else "swish"
+        if self.norm_eps is None:
+            self.norm_eps = 1e-5 if rwkv7 else 1e-6
         if self.model_type == "delta_net":
             key_dim = self.hidden_size * self.expand_k
             if key_dim % self.num_heads:
@@ -68,9 +82,11 @@ class ModelConfig:
         if self.model_type == "kda":  # Kimi Delta Attention: a per-key-channel gate, a sigmoid output gate
             self.num_householder, self.use_forget_gate, self.use_output_gate = 1, True, True
             self.output_gate_activation = "sigmoid"
+        if self.model_type == "rwkv7":
+            self._rwkv7_post_init()
         if self.num_householder < 1:
             raise ConfigError(f"num_householder must be >= 1, got {self.num_householder}")
-        if self.hidden_act != "swish":
+        if self.hidden_act != "swish" and self.model_type != "rwkv7":
             raise ConfigError(f"hidden_act {self.hidden_act!r} is not supported: use 'swish'")
         if self.num_v_heads is not None:
             if self.model_type not in ("gated_deltanet", "kda") and self.num_v_heads != self.num_heads:
@@ -79,6 +95,34 @@ class ModelConfig:
             if self.num_v_heads < self.num_heads or self.num_v_heads % self.num_heads:
                 raise ConfigError(f"num_v_heads={self.num_v_heads} must be a multiple of num_heads={self.num_heads}")
         self.attn_specs = parse_attention(self.attn, self.num_hidden_layers, self.hidden_size)
+
+    def _rwkv7_post_init(self) -> None:
+        """fla's RWKV7Config/RWKV7Attention rules: heads from head_dim, low-rank widths, one value width."""
+        if self.hidden_act != "sqrelu":
+            raise ConfigError(f"rwkv7 hidden_act {self.hidden_act!r} is not supported: fla's rwkv7 uses 'sqrelu'")
+        if self.attn:
+            raise ConfigError("rwkv7 with softmax-attention layers ('attn') is not supported: fla 0.6.0's RWKV7Block "
+                              "cannot run them (it unpacks four outputs from its attention); drop 'attn'")
+        D = self.hidden_size
+        if self.head_dim:
+            if D % self.head_dim:
+                raise ConfigError(f"rwkv7 hidden_size={D} is not divisible by head_dim={self.head_dim}")
+            self.num_heads = D // self.head_dim
+        elif self.num_heads:
+            self.head_dim = D // self.num_heads
+        widths = self.value_dim if isinstance(self.value_dim, list) else [self.value_dim or D]
+        if len(set(widths)) != 1 or widths[0] % self.num_heads or widths[0] < D:
+            raise ConfigError(f"rwkv7 value_dim {self.value_dim!r} is not supported: deltalab (like fla's first-layer "
+                              f"value residual) needs one width >= hidden_size divisible by num_heads={self.num_heads}")
+        self.expand_v = widths[0] / D
+        factor = self.head_dim / 64
+        rule = {"decay_low_rank_dim": 2.5 * factor, "gate_low_rank_dim": 5.0, "a_low_rank_dim": 2.5 * factor,
+                "v_low_rank_dim": 1.7 * factor}
+        for name, mult in rule.items():  # fla: max(32, round(mult * sqrt(hidden) / 32) * 32)
+            if getattr(self, name) is None:
+                setattr(self, name, max(32, int(round(mult * D**0.5 / 32) * 32)))
+        self.num_householder, self.use_forget_gate, self.use_output_gate = 1, True, True
+        self.use_short_conv, self.use_beta = False, True
 
     @property
     def num_key_heads(self) -> int:
@@ -103,7 +147,7 @@ class ModelConfig:
     @property
     def gate(self) -> str:
         """"channel" (kda: one log decay per key channel), "scalar" (one per head) or "none"."""
-        return "channel" if self.model_type == "kda" else "scalar" if self.use_forget_gate else "none"
+        return "channel" if self.model_type in ("kda", "rwkv7") else "scalar" if self.use_forget_gate else "none"
 
     @property
     def delta_layers(self) -> list[int]:
@@ -122,6 +166,8 @@ class ModelConfig:
     def head_v_dim(self) -> int:
         if self.model_type == "delta_net":
             return int(self.hidden_size * self.expand_v) // self.num_heads
+        if self.model_type == "rwkv7":
+            return round(self.hidden_size * self.expand_v) // self.num_heads
         return int(self.head_dim * self.expand_v)
 
     @property
@@ -129,6 +175,8 @@ class ModelConfig:
         """fla's GatedMLP width: 2/3 * hidden * ratio rounded up to a multiple of 256."""
         if self.intermediate_size is not None:
             return self.intermediate_size
+        if self.model_type == "rwkv7":  # fla's RWKV7FeedForward: hidden * ratio rounded up to a multiple of 32
+            return 32 * ((int(self.hidden_size * (self.hidden_ratio or 4)) + 31) // 32)
         size = int(self.hidden_size * (self.hidden_ratio or 4) * 2 / 3)
         return 256 * ((size + 255) // 256)
 
@@ -145,6 +193,9 @@ class ModelConfig:
             )
         if raw.get("attnres_block_size") is not None:
             raise ConfigError("attention-residual checkpoints ('attnres_block_size') are not supported")
+        if model_type == "rwkv7":  # fla's RWKV7Config defaults where config.json leaves a field out
+            for name, value in _RWKV7_DEFAULTS.items():
+                raw.setdefault(name, value)
         names = {f.name for f in dataclasses.fields(cls)} - {"extra", "use_output_gate"}
         kwargs: dict[str, Any] = {k: raw.pop(k) for k in list(raw) if k in names}
         gate = raw.pop("use_output_gate", raw.pop("use_gate", None))
@@ -167,13 +218,17 @@ class ModelConfig:
             "delta_net": ["expand_k", "expand_v", "use_beta", "qk_activation", "qk_norm"],
             "gated_deltanet": ["head_dim", "expand_v", "output_gate_activation"],
             "kda": ["head_dim", "expand_v", "lower_bound"],
+            "rwkv7": ["head_dim", "num_heads", "decay_low_rank_dim", "gate_low_rank_dim", "a_low_rank_dim",
+                      "v_low_rank_dim", "norm_first", "norm_bias", "fuse_norm", "value_dim"],
         }[self.model_type]
+        if self.model_type == "rwkv7":  # fla's RWKV7Config has no conv, eigenvalue or gate switches
+            common = [n for n in common if n not in ("use_short_conv", "conv_size", "allow_neg_eigval")]
         out: dict[str, Any] = dict(self.extra)
         out.update({name: getattr(self, name) for name in common + per_type})
         for name in ("num_v_heads", "attn", "max_position_embeddings"):
             if getattr(self, name) is not None:
                 out[name] = getattr(self, name)
-        if self.model_type not in ("gated_deltaproduct", "kda"):
+        if self.model_type not in ("gated_deltaproduct", "kda", "rwkv7"):
             out["use_gate"] = self.use_output_gate
         out["model_type"] = self.model_type
         out.setdefault("architectures", [_ARCHITECTURES[self.model_type]])
@@ -212,9 +267,14 @@ def parse_attention(attn: Any, num_layers: int, hidden_size: int) -> dict[int, d
     return out
 
 
+_RWKV7_DEFAULTS: dict[str, Any] = {"head_dim": 64, "num_hidden_layers": 24, "decay_low_rank_dim": 64,
+                                   "gate_low_rank_dim": 128, "a_low_rank_dim": 64, "v_low_rank_dim": 16}
+"""fla 0.6.0's RWKV7Config defaults that differ from ModelConfig's."""
+
 _ARCHITECTURES = {
     "gated_deltaproduct": "GatedDeltaProductForCausalLM",
     "delta_net": "DeltaNetForCausalLM",
     "gated_deltanet": "GatedDeltaNetForCausalLM",
     "kda": "KDAForCausalLM",
+    "rwkv7": "RWKV7ForCausalLM",
 }

@@ -27,6 +27,7 @@ def run(ds: xr.Dataset, *, threshold: float = 1.8, bins: int = 64, max_tokens: i
         budget: int = 1 << 30) -> ProbeResult:
     """Beta statistics of `ds` (a store Dataset); see the module docstring."""
     data.require(ds, ["beta"], NAME)
+    data.require_head_betas(ds, NAME)
     L, n_h, H = ds.sizes["layer"], ds.sizes["step"], ds.sizes["head"]
     bmax = data.beta_max(ds)
     nf = bins * FINE

@@ -87,6 +87,13 @@ def require(ds: xr.Dataset, names: Sequence[str], probe: str) -> None:
         )
 
 
+def require_head_betas(ds: xr.Dataset, probe: str) -> None:
+    """One-line ProbeError for stores whose beta is per key channel (rwkv7: `beta` has a `dk` dim)."""
+    if "beta" in ds and "dk" in ds["beta"].dims:
+        raise ProbeError(f"probe {probe} reads one beta per head and sub-step; this store's beta is per key channel "
+                         "(rwkv7's removal strength a), which it does not summarise yet")
+
+
 def model_config(ds: xr.Dataset) -> dict[str, Any]:
     """The capture's model config (dict; JSON string accepted)."""
     cfg = ds.attrs.get("model_config", {})

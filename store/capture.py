@@ -160,6 +160,8 @@ class HookedRunner:
         self.reduce = reduce  # (device tensors, host arrays) -> reductions, computed before the host copy
         self.stored = set(stored if stored is not None else variables)  # copied to the host; the rest: reduce only
         self.per_layer = [v for v in variables if v in schema.MODEL_HOOK_POINTS]
+        # RWKV-7's hooks have no Householder sub-step axis: the store's k, v, beta, kappa get one of length 1
+        self.stepless = getattr(getattr(model, "config", None), "model_type", None) == "rwkv7"
         self.envoys: dict[str, list[Any]] = {}
         for var in self.per_layer:
             self.envoys[var] = []
@@ -190,6 +192,8 @@ class HookedRunner:
                 cache, logits = None, self.model(ids).logits
             for var, envs in self.envoys.items():  # (layer, seq, ...): one contiguous block per layer
                 on_device[var] = torch.stack([cache[e.path].output for e in envs], dim=0).to(self.torch_dtype)
+                if self.stepless and var in ("k", "v", "beta", "kappa"):
+                    on_device[var] = on_device[var].unsqueeze(3)  # (layer, seq, pos, step = 1, head, ...)
             if "state" in on_device and self.state_every > 1:
                 on_device["state"] = on_device["state"][:, :, kept_states(on_device["state"].shape[2],
                                                                           self.state_every)].contiguous()
@@ -346,7 +350,6 @@ def capture(checkpoint: str | Path, data: str | Data, out: str | Path, *,
         raise CaptureError("--device cuda but no CUDA GPU is visible; use --device cpu")
     if device == "cuda" and world > 1:
         device = f"cuda:{local_rank}"
-    hook_list = parse_list(hooks) or list(schema.DEFAULT_HOOKS)
     data = data if isinstance(data, Data) else load_data(data, checkpoint)  # bad data fails before the model loads
     if model is None:
         from models import load_checkpoint
@@ -356,11 +359,15 @@ def capture(checkpoint: str | Path, data: str | Data, out: str | Path, *,
             raise CaptureError(f"--model-dtype {model_dtype!r} is not supported; use one of {', '.join(dtypes)}")
         model = load_checkpoint(checkpoint, device=device, dtype=dtypes[model_dtype], device_map=device_map)
     cfg = model.config
+    rwkv7 = getattr(cfg, "model_type", None) == "rwkv7"  # beta per key channel, and a removal key kappa
+    hook_list = list(parse_list(hooks) or schema.DEFAULT_HOOKS)
+    if rwkv7 and "beta" in hook_list and "kappa" not in hook_list:  # beta alone does not give the transition
+        hook_list.append("kappa")
     layer_list = resolve_layers(layers, cfg.num_hidden_layers, getattr(cfg, "delta_layers", None))
     try:
-        variables = schema.variables_for(hook_list, gated=bool(cfg.use_forget_gate))
+        variables = schema.variables_for(hook_list, gated=bool(cfg.use_forget_gate), removal_key=rwkv7)
         read = [h for h in reductions.hooks() if h not in hook_list] if reductions is not None else []
-        captured = schema.variables_for(hook_list + read, gated=bool(cfg.use_forget_gate))
+        captured = schema.variables_for(hook_list + read, gated=bool(cfg.use_forget_gate), removal_key=rwkv7)
     except ValueError as err:
         raise CaptureError(str(err)) from None
     if state_every > 1 and "state" not in variables:
@@ -389,6 +396,8 @@ def capture(checkpoint: str | Path, data: str | Data, out: str | Path, *,
         sizes["key_head"] = cfg.num_key_heads
     if getattr(cfg, "gate", "scalar") == "channel":  # Kimi Delta Attention: g [.., head, dk]
         sizes[schema.GATE_CHANNELS] = cfg.head_k_dim
+    if rwkv7:
+        sizes[schema.BETA_CHANNELS] = cfg.head_k_dim
     attrs = {
         "deltalab_format": schema.FORMAT_VERSION, "model_config": model_config,
         "checkpoint_digest": checkpoint_digest(checkpoint), "deltalab_version": deltalab_version(),

@@ -62,6 +62,8 @@ VARIABLES: dict[str, VarSpec] = {
     "state": VarSpec(("seq", "layer", "chunk", "head", "dk", "dv"), "act", float("nan"),
                      "state before each chunk of CHUNK_SIZE tokens, plus the final state"),
     "o": VarSpec(("seq", "layer", "pos", "head", "dv"), "act", float("nan"), "recurrence output"),
+    "kappa": VarSpec(("seq", "layer", "pos", "step", "head", "dk"), "act", float("nan"),
+                     "unit removal key (rwkv7: transition diag(e^g) - kappa (kappa * beta)^T)"),
     "resid_pre": VarSpec(("seq", "layer", "pos", "hidden"), "act", float("nan"), "residual stream in"),
     "resid_mid": VarSpec(("seq", "layer", "pos", "hidden"), "act", float("nan"), "residual after attn"),
     "resid_post": VarSpec(("seq", "layer", "pos", "hidden"), "act", float("nan"), "residual stream out"),
@@ -83,6 +85,7 @@ HOOKS: dict[str, tuple[str, ...]] = {
     "g": ("g",),
     "state": ("state",),
     "o": ("o",),
+    "kappa": ("kappa",),
     "resid_pre": ("resid_pre",),
     "resid_mid": ("resid_mid",),
     "resid_post": ("resid_post",),
@@ -99,6 +102,7 @@ MODEL_HOOK_POINTS: dict[str, str] = {
     "g": "attn.hook_g",
     "state": "attn.hook_state",
     "o": "attn.hook_o",
+    "kappa": "attn.hook_kappa",
     "resid_pre": "hook_resid_pre",
     "resid_mid": "hook_resid_mid",
     "resid_post": "hook_resid_post",
@@ -147,6 +151,11 @@ GATE_CHANNELS = "gate_channels"
 """`sizes` entry (= dk) of stores whose forget gate is per key channel: `g` then has dims (..., head, dk)."""
 
 
+BETA_CHANNELS = "beta_channels"
+"""`sizes` entry (= dk) of stores whose removal strength is per key channel (RWKV-7): `beta` then has dims
+(..., step, head, dk), and `kappa` holds the removal key."""
+
+
 def dims_of(var: str, sizes: dict[str, int]) -> tuple[str, ...]:
     """Dims of `var` in a store of these sizes: q and k use `key_head` when the model groups its heads
     (Hk key heads < Hv value heads; value head j reads key head `key_head_of[j]`, a root attribute)."""
@@ -155,6 +164,8 @@ def dims_of(var: str, sizes: dict[str, int]) -> tuple[str, ...]:
         return tuple("key_head" if d == "head" else d for d in dims)
     if var == "g" and sizes.get(GATE_CHANNELS):
         return (*dims, "dk")  # per-channel gate (Kimi Delta Attention): one log decay per key channel
+    if var == "beta" and sizes.get(BETA_CHANNELS):
+        return (*dims, "dk")  # RWKV-7: one removal strength per key channel
     return dims
 
 
@@ -196,11 +207,14 @@ def chunking(var: str, sizes: dict[str, int],
     return tuple(chunk), tuple(shard)
 
 
-def variables_for(hooks: list[str] | tuple[str, ...], *, gated: bool) -> list[str]:
-    """Variables a capture with `hooks` writes (g dropped for ungated models), plus `complete`."""
+def variables_for(hooks: list[str] | tuple[str, ...], *, gated: bool, removal_key: bool = False) -> list[str]:
+    """Variables a capture with `hooks` writes (g dropped for ungated models), plus `complete`; `kappa` only
+    for models with a separate removal key (`removal_key`, RWKV-7)."""
     unknown = [h for h in hooks if h not in HOOKS]
     if unknown:
         raise ValueError(f"unknown hook(s) {', '.join(unknown)}; choose from {', '.join(HOOKS)}")
+    if "kappa" in hooks and not removal_key:
+        raise ValueError("--hooks kappa: only rwkv7 models have a removal key separate from k; drop kappa")
     out: list[str] = []
     for h in hooks:
         if h == "g" and not gated:

@@ -89,6 +89,9 @@ def model_config(cfg: LMTrainConfig) -> ModelConfig:
     """The fla-compatible ModelConfig of a run (vocab = 256 bytes + boundary token)."""
     neg = cfg.allow_neg_eigval if cfg.allow_neg_eigval is not None else cfg.model_type == "gated_deltaproduct"
     gate = cfg.output_gate if cfg.output_gate is not None else cfg.model_type != "delta_net"
+    if cfg.model_type == "rwkv7":
+        raise LMTrainError("--model-type rwkv7: the language-model trainer builds the delta-rule families only; "
+                           "train rwkv7 on a state-tracking task (`deltalab train`)")
     common = dict(vocab_size=VOCAB_SIZE, hidden_size=cfg.hidden_size, num_hidden_layers=cfg.layers,
                   num_heads=cfg.heads, use_short_conv=cfg.short_conv, allow_neg_eigval=neg,
                   use_output_gate=gate, tie_word_embeddings=False)

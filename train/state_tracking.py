@@ -26,6 +26,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from models.checkpoint import build_model
 from models.config import ConfigError, ModelConfig
 from models.lm import IGNORE_INDEX, DeltaProductForCausalLM
 from models.run_files import TASK_FILE
@@ -111,6 +112,14 @@ def model_config(cfg: TrainConfig, task: Task) -> ModelConfig:
     common = dict(vocab_size=max(task.vocab_size, task.num_classes), hidden_size=hidden,
                   num_hidden_layers=cfg.layers, num_heads=cfg.heads, use_short_conv=cfg.short_conv,
                   allow_neg_eigval=cfg.allow_neg_eigval, use_output_gate=cfg.output_gate)
+    if cfg.model_type == "rwkv7":  # fla's RWKV7Config: heads = hidden / head_dim, its own token shift and gates;
+        # allow_neg_eigval has no meaning there (a_rwkv in (0, 1) sets the removal) and is ignored
+        extra = [f"--{n.replace('_', '-')}" for n in ("short_conv", "forget_gate", "output_gate") if getattr(cfg, n)]
+        if extra or hidden != cfg.heads * cfg.head_dim:
+            raise ConfigError(f"rwkv7 has its own token shift and gates and hidden = heads * head_dim: drop "
+                              f"{' '.join(extra) or '--hidden-size'}")
+        return ModelConfig(model_type="rwkv7", vocab_size=common["vocab_size"], hidden_size=hidden,
+                           num_hidden_layers=cfg.layers, head_dim=cfg.head_dim)
     if cfg.model_type == "delta_net":
         ratio = cfg.heads * cfg.head_dim / hidden
         return ModelConfig(model_type="delta_net", expand_k=ratio, expand_v=ratio, **common)
@@ -178,7 +187,7 @@ class TaskTrainer(Trainer):
             mcfg = model_config(self.cfg, self.task)
         except ConfigError as err:
             raise TrainError(str(err)) from None
-        model = DeltaProductForCausalLM(mcfg)
+        model = build_model(mcfg)
         if self.cfg.init_from and fresh:
             _init_weights_from(model, self.cfg.init_from)
         return model

@@ -5,7 +5,8 @@ Tolerance: `logits_fp32` were computed by fla in float32 (its own naive recurren
 since fla's chunk kernels refuse float32); ours is float32 with a different summation order, so
 agreement is limited by float32 rounding through 2 layers: we require 1e-4 of the largest logit
 (measured ~2e-6). Against fla's real bf16 kernels (`logits_bf16`) the bound is bf16's: 8e-2
-(fla's own bf16-vs-fp32 gap measured up to 5.1e-2).
+(fla's own bf16-vs-fp32 gap measured up to 5.1e-2). The rwkv7 fixtures were written on the CPU (fla under the
+Triton interpreter, float32 only) and have no `logits_bf16`.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ NAMES = sorted(p.name for p in FIXTURES.iterdir() if (p / "logits.safetensors").
 
 def test_every_variant_has_a_fixture():
     assert {"gdp_nh2_all", "gdp_nh2_none", "gdp_nh3_gate", "gdp_nh3_conv", "delta_net",
-            "gated_deltanet", "gdn_hybrid_gva", "kda_gva", "kda_bounded"} <= set(NAMES)
+            "gated_deltanet", "gdn_hybrid_gva", "kda_gva", "kda_bounded", "rwkv7_fused", "rwkv7_wide_v"} <= set(NAMES)
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -35,4 +36,5 @@ def test_fla_logits_match(name):
         logits = model(ref["input_ids"]).logits
     scale = ref["logits_fp32"].abs().max()
     assert (logits - ref["logits_fp32"]).abs().max() / scale < 1e-4
-    assert (logits - ref["logits_bf16"]).abs().max() / scale < 8e-2
+    if "logits_bf16" in ref:
+        assert (logits - ref["logits_bf16"]).abs().max() / scale < 8e-2
