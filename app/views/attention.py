@@ -133,7 +133,8 @@ def _metrics(ctx, rows: attnmap.Rows, values: np.ndarray, win: attnmap.Window, m
     m = st.columns(4)
     ok = np.isfinite(values)
     top = int(np.nanargmax(np.where(ok, np.abs(values), -np.inf)))
-    m[0].metric("Largest |α| from", f"pos {win.src0 + top}", f"α = {values[top]:.4f}", delta_color="off")
+    m[0].metric("Largest |α| from", f"pos {win.src0 + top}", f"α = {values[top]:.4f}", delta_color="off",
+                delta_arrow="off")
     m[1].metric("‖α_t‖ over the sources", f"{float(np.sqrt(np.nansum(values ** 2))):.4f}",
                 help="Of the token-summed weights shown (sub-steps of one token added).")
     m[2].metric("GLA weight error here", f"{rows.weight_error[i]:.3g}",
