@@ -10,6 +10,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from app.dash import figures
+from app.dash import traces as tr
 from app.dash.textgrid import Spec
 
 SCALE = "RdBu"
@@ -53,11 +54,11 @@ def head_grid_figure(maps: np.ndarray, lo: int, *, selected: int | None, layer: 
     for h in range(H):
         r, c = h // cols + 1, h % cols + 1
         lim = limit(maps[h])
-        fig.add_trace(go.Heatmap(z=maps[h], x=pos, y=pos, colorscale=SCALE, zmin=-lim, zmax=lim, showscale=False,
+        fig.add_trace(tr.Heatmap(z=maps[h], x=pos, y=pos, colorscale=SCALE, zmin=-lim, zmax=lim, showscale=False,
                                  hoverinfo="skip", name=f"head {h}"), row=r, col=c)
         vals = maps[h][qi, si]
         custom = np.stack([np.full(qi.size, h, np.float64), pos[qi], pos[si], vals], 1)
-        fig.add_trace(go.Scatter(
+        fig.add_trace(tr.Scatter(
             x=pos[si], y=pos[qi], mode="markers", name=f"head {h} cells", showlegend=False,
             marker=dict(symbol="square", size=4, opacity=0.0, color="black"), customdata=custom,
             hovertemplate=template, unselected=dict(marker=dict(opacity=0.0)),
