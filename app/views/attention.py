@@ -22,9 +22,10 @@ def _valid_length(path: str, stamp: float, seq: int) -> int:
     return attnmap.valid_length(loading._open(path, stamp), seq)
 
 
-@st.cache_resource(show_spinner=False, max_entries=12)
+@st.cache_resource(show_spinner=False, max_entries=8)
 def _rows(path: str, stamp: float, seq: int, li: int, head: int, src0: int, lo: int, hi: int) -> attnmap.Rows:
-    """Full rows of one head's window (read-only: shared by every session)."""
+    """Full rows of one head's window (read-only: shared by every session). At most 512 x 2048 x n_h float64 per
+    map, two maps: 16 MB per sub-step an entry on real sizes, small ones for short sequences."""
     return attnmap.rows(loading._open(path, stamp), seq, li, head, attnmap.Window(src0, lo, hi))
 
 
