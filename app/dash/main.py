@@ -19,12 +19,12 @@ STORE_PARAM = "store"
 
 
 def _pages() -> dict[str, object]:
-    from app.views import betas, compare, erank, head, heads, keys, overview, probes, spectra, text, token
+    from app.views import attention, betas, compare, erank, head, heads, keys, overview, probes, spectra, text, token
     from app.views import input as input_view
 
     return {"Overview": overview, "Input": input_view, "Betas": betas, "Keys": keys, "Spectra": spectra,
-            "Effective rank": erank, "Probes": probes, "Token": token, "Text": text, "Heads": heads, "Head": head,
-            "Compare": compare}
+            "Effective rank": erank, "Probes": probes, "Token": token, "Text": text, "Attention": attention,
+            "Heads": heads, "Head": head, "Compare": compare}
 
 
 def cli_store() -> str | None:

@@ -17,7 +17,7 @@ from app.dash.derive import name_of
 
 TEXT_EXAMPLE = ('def fib(n):\n    """Return the n-th Fibonacci number."""\n    a, b = 0, 1\n    for _ in range(n):\n'
                 '        a, b = b, a + b\n    return a\n')
-PAGES = ("Text", "Betas", "Keys", "Spectra", "Effective rank", "Token", "Heads")
+PAGES = ("Text", "Attention", "Betas", "Keys", "Spectra", "Effective rank", "Token", "Heads")
 ATTENTION_MAX_TOKENS = 512
 """Longest input whose full attention map the page draws (T x T cells)."""
 

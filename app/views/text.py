@@ -134,7 +134,10 @@ def render(ctx) -> None:
         m[3].metric("Highest at", f"pos {top}", format(float(values[top]), spec.fmt), delta_color="off")
     if quantity == "effective rank":
         st.caption("Entropy effective rank of the state after each token, rebuilt from the chunk-start states.")
-    st.button("Drill down: this token's transition matrix →", on_click=state.go_to, args=("Token",), key="drill_text")
+    d1, d2 = st.columns(2)
+    d1.button("Drill down: this token's transition matrix →", on_click=state.go_to, args=("Token",), key="drill_text")
+    d2.button("Which tokens it reads: exact attention →", on_click=state.go_to, args=("Attention",),
+              key="drill_text_attention")
 
 
 @st.cache_data(show_spinner=False, max_entries=64)

@@ -248,3 +248,48 @@ def test_one_download_of_each_kind(server, browser):
     pq = pd.read_parquet(io.BytesIO(_download(page, sync_api, "Parquet")))
     assert len(pq) == 128 and (pq["value"].round(4) == csv["value"].round(4)).all()
     (out / "download.png").write_bytes(png)
+
+
+def _shaded(page, index: int = 0) -> int:
+    """Cells of the attention view that carry a weight (finite values of its signed α heatmap)."""
+    return int(page.evaluate(
+        "(i) => { const t = document.querySelectorAll('.js-plotly-plot')[i]._fullData.find(d => d.type === 'heatmap'"
+        " && d.name.startsWith('α')); return Array.from(t.z).flatMap(r => Array.from(r))"
+        ".filter(v => v !== null && Number.isFinite(v)).length; }",
+        index))
+
+
+def test_attention_view_click_shades_sources_with_hover_values(server, browser):
+    url, _ = server
+    page, out = browser
+    _open(page, f"{url}/?page=Attention&sel_pos=2&sel_head=0")
+    assert page.locator("h1").first.inner_text() == "Attention"
+    page.locator(".js-plotly-plot").nth(1).wait_for(timeout=60000)
+    _clean(page, "Attention")
+    assert _shaded(page) == 3  # query 2 reads tokens 0, 1, 2
+    page.mouse.click(*_cell_center(page, 0, 9))  # make token 9 the query
+    _settle(page)
+    assert "sel_pos=9" in page.url and "pos 9" in page.get_by_test_id("stSidebar").inner_text()
+    assert _shaded(page) == 10  # its sources: tokens 0..9, shaded by signed weight
+    page.mouse.move(*_cell_center(page, 0, 4))
+    hover = page.locator(".hoverlayer .hovertext").first
+    hover.wait_for(timeout=10000)
+    text = hover.text_content()
+    assert "pos 4" in text and "α (exact) = " in text and "by step" in text, text
+    value = float(text.split("α (exact) = ")[1].split()[0].replace("−", "-"))
+    assert value != 0.0
+    page.mouse.move(*_cell_center(page, 0, 20))  # after the query: no weight
+    page.wait_for_timeout(300)
+    assert "no value" in page.locator(".hoverlayer .hovertext").first.text_content()
+    _shot(page, out / "attention-view.png")
+    grid = page.locator(".js-plotly-plot").nth(1)
+    grid.scroll_into_view_if_needed()
+    maps = json.loads(page.evaluate("() => JSON.stringify(document.querySelectorAll('.js-plotly-plot')[1]._fullData"
+                                    ".filter(t => t.type === 'heatmap').map(t => t.name))"))
+    assert maps == ["head 0", "head 1"]  # the tiny model's two heads
+    box = grid.locator(".nsewdrag").nth(1).bounding_box()  # head 1's map: click in its lower triangle
+    page.mouse.click(box["x"] + 0.3 * box["width"], box["y"] + 0.7 * box["height"])
+    _settle(page)
+    assert "sel_head=1" in page.url, page.url
+    _clean(page, "Attention, head 1")
+    _shot(page, out / "attention-head-1.png")
