@@ -117,18 +117,26 @@ def input_attention(ds, li: int, head: int) -> np.ndarray | None:
 
 
 def attention_figure(weights: np.ndarray, labels: list[str], layer: int, head: int, pos: int | None) -> go.Figure:
-    """Signed attention heatmap (diverging, centred at 0): row = query token, column = source token."""
+    """Signed attention heatmap (diverging, centred at 0): row = query token, column = source token. Streamlit
+    reports no selection for a click on a heatmap, so invisible points over the causal cells carry the hover and the
+    click (customdata [query, source]), as the Text page's token grid does."""
     T = weights.shape[0]
     lim = float(np.abs(weights).max()) or 1.0
-    custom = np.stack(np.meshgrid(np.arange(T), np.arange(T), indexing="ij"), -1)  # [query, source, 2]
-    text = np.array([[f"{labels[i]!s} ← {labels[j]!s}" for j in range(T)] for i in range(T)])
-    fig = go.Figure(tr.Heatmap(z=weights, colorscale="RdBu", zmid=0, zmin=-lim, zmax=lim, customdata=custom,
-                               text=text, colorbar=dict(title="α"),
-                               hovertemplate="query %{customdata[0]} ← source %{customdata[1]}<br>%{text}"
-                                             "<br>α = %{z:.4f}<extra></extra>"))
+    fig = go.Figure(tr.Heatmap(z=weights, colorscale="RdBu", zmid=0, zmin=-lim, zmax=lim, colorbar=dict(title="α"),
+                               hoverinfo="skip"))
+    qi, si = np.tril_indices(T)
+    text = [f"query {i} {labels[i]!s} ← source {j} {labels[j]!s}<br>α = {weights[i, j]:.4f}"
+            for i, j in zip(qi.tolist(), si.tolist())]
+    points = go.Scattergl if len(qi) > 20_000 else go.Scatter  # WebGL above ~20k points (up to 512 tokens)
+    fig.add_trace(points(x=si, y=qi, mode="markers", customdata=np.stack([qi, si], 1), text=text,
+                         marker=dict(symbol="square", size=max(4, min(14, 600 // max(T, 1))), opacity=0.0,
+                                     color="black"),
+                         hovertemplate="%{text}<extra></extra>", showlegend=False, name="cells",
+                         unselected=dict(marker=dict(opacity=0.0)), selected=dict(marker=dict(opacity=0.0)),
+                         _validate=False))
     if pos is not None and 0 <= pos < T:
         fig.add_hrect(y0=pos - 0.5, y1=pos + 0.5, line=dict(color="black", width=1))
-    fig.update_xaxes(title_text="source token")
+    fig.update_xaxes(title_text="source token", range=[-0.5, T - 0.5])
     fig.update_yaxes(title_text="query token", autorange="reversed")
     return figures._layout(fig, f"Exact attention α (signed) of layer {layer}, head {head}: o_t = Σ α_t,s v_s",
                            max(320, min(700, 12 * T)))

@@ -182,6 +182,17 @@ def test_typing_an_input_shows_it_on_every_page(server, browser):
         _clean(other, "Input from its URL")
         assert "21" in other.get_by_test_id("stMetric").first.inner_text()
         _shot(other, out / "input-from-url-attention.png")
+        other.get_by_text("Exact attention").first.scroll_into_view_if_needed()
+        other.wait_for_function("() => document.querySelectorAll('.js-plotly-plot .main-svg').length >= 2",
+                                timeout=60000)
+        _settle(other)
+        index = other.locator(".js-plotly-plot").count() - 1  # the page's last chart: the attention map
+        kinds = {t["type"] for t in _chart_data(other, index)}
+        assert {"heatmap"} < kinds, kinds  # the map and the invisible points that carry the clicks
+        other.mouse.click(*_cell_center(other, 10, 4, index))  # query token 10 <- source token 4
+        _settle(other)
+        _clean(other, "Input attention click")
+        assert "pos 4" in other.get_by_test_id("stSidebar").inner_text() and "sel_pos=4" in other.url, other.url
     finally:
         other.close()
     page.get_by_role("button", name="Text →").click()
