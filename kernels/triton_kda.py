@@ -73,6 +73,7 @@ def _prep_kernel(
     K: tl.constexpr,
     V: tl.constexpr,
     BK: tl.constexpr,
+    BKC: tl.constexpr,
     BV: tl.constexpr,
     IS_VARLEN: tl.constexpr,
     F32: tl.constexpr,
@@ -81,7 +82,9 @@ def _prep_kernel(
     """Persistent over jobs (value head, global chunk): the chunk's intra-chunk factors (module docstring).
 
     Per program an fp32 scratch holds Gamma [64, BK] (rows gathered by the sub-block loops) and A [64, 64]
-    (rows read back by the forward substitution); reused job after job, so it stays in L2.
+    (rows read back by the forward substitution); reused job after job, so it stays in L2. [64, dk] work runs
+    in key-column blocks of BKC, in loops that are not unrolled: whole [64, 128] tiles spilled 2.3 KB per thread
+    (ptxas for sm_90 with Triton 3.9, 4 warps); 8 warps and 32 columns spill 24 bytes (kernels/NOTES.md).
     """
     o_r = tl.arange(0, 64)
     o_i = tl.arange(0, 16)
@@ -99,14 +102,15 @@ def _prep_kernel(
         t0 = c * 64
         t = t0 + o_r
         m_t = t < Tn
-        m_tk = m_t[:, None] & m_k[None, :]
         k_base = k + bos * (HK * K) + i_hk * K
         q_base = q + bos * (HK * K) + i_hk * K
         rows0 = (i_h.to(tl.int64) * NCT + gc) * 64  # this chunk's first row in W/U/Kd/Qd/Aqk
-        p_g = g + ((bos + t) * HV + i_h)[:, None] * K + o_k[None, :]
-        b_G = tl.cumsum(tl.load(p_g, mask=m_tk, other=0.0).to(tl.float32), 0)  # padded tokens: no decay
         tl.debug_barrier()  # the previous job may still read the scratch
-        tl.store(SG + o_r[:, None] * BK + o_k[None, :], b_G)
+        for cb in range(BK // BKC):
+            o_c = cb * BKC + tl.arange(0, BKC)
+            p_g = g + ((bos + t) * HV + i_h)[:, None] * K + o_c[None, :]
+            b_g = tl.load(p_g, mask=m_t[:, None] & (o_c < K)[None, :], other=0.0).to(tl.float32)
+            tl.store(SG + o_r[:, None] * BK + o_c[None, :], tl.cumsum(b_g, 0))  # padded tokens: no decay
         tl.debug_barrier()
         for I in tl.static_range(4):  # 16-token sub-blocks: rows r..r+15
             r = 16 * I
@@ -116,20 +120,24 @@ def _prep_kernel(
             b_kI = tl.load(k_base + (t0 + ri)[:, None] * (HK * K) + o_k[None, :], mask=m_rik, other=0.0).to(tl.float32)
             b_qI = tl.load(q_base + (t0 + ri)[:, None] * (HK * K) + o_k[None, :], mask=m_rik, other=0.0).to(tl.float32)
             b_GI = tl.load(SG + ri[:, None] * BK + o_k[None, :])
+            b_Akk = tl.zeros([16, 64], dtype=tl.float32)
+            b_Aqk = tl.zeros([16, 64], dtype=tl.float32)
             if I > 0:  # earlier sub-blocks, through token r: e^{G_i - G_r} e^{G_r - G_j}
-                b_Gr = tl.load(SG + r * BK + o_k)
-                b_eI = tl.exp(b_GI - b_Gr[None, :])
                 m_j = o_r < r
-                b_kc = tl.load(k_base + t[:, None] * (HK * K) + o_k[None, :], mask=m_j[:, None] & m_tk, other=0.0).to(
-                    tl.float32
-                )
-                b_Gc = tl.load(SG + o_r[:, None] * BK + o_k[None, :])
-                b_kc = _dot_in(b_kc * tl.exp(tl.where(m_j[:, None], b_Gr[None, :] - b_Gc, 0.0)), k, F32)
-                b_Akk = tl.dot(_dot_in(b_kI * b_eI, k, F32), tl.trans(b_kc), input_precision=PREC)
-                b_Aqk = tl.dot(_dot_in(b_qI * b_eI, k, F32), tl.trans(b_kc), input_precision=PREC)
-            else:
-                b_Akk = tl.zeros([16, 64], dtype=tl.float32)
-                b_Aqk = tl.zeros([16, 64], dtype=tl.float32)
+                for cb in range(BK // BKC):
+                    o_c = cb * BKC + tl.arange(0, BKC)
+                    m_c = (o_c < K)[None, :]
+                    b_Gr = tl.load(SG + r * BK + o_c)
+                    b_eI = tl.exp(tl.load(SG + ri[:, None] * BK + o_c[None, :]) - b_Gr[None, :])
+                    p_I = (t0 + ri)[:, None] * (HK * K) + o_c[None, :]
+                    b_kIc = tl.load(k_base + p_I, mask=m_ri[:, None] & m_c, other=0.0).to(tl.float32) * b_eI
+                    b_qIc = tl.load(q_base + p_I, mask=m_ri[:, None] & m_c, other=0.0).to(tl.float32) * b_eI
+                    p_c = k_base + t[:, None] * (HK * K) + o_c[None, :]
+                    b_kc = tl.load(p_c, mask=(m_j & m_t)[:, None] & m_c, other=0.0).to(tl.float32)
+                    b_Gc = tl.load(SG + o_r[:, None] * BK + o_c[None, :])
+                    b_kc = _dot_in(b_kc * tl.exp(tl.where(m_j[:, None], b_Gr[None, :] - b_Gc, 0.0)), k, F32)
+                    b_Akk += tl.dot(_dot_in(b_kIc, k, F32), tl.trans(b_kc), input_precision=PREC)
+                    b_Aqk += tl.dot(_dot_in(b_qIc, k, F32), tl.trans(b_kc), input_precision=PREC)
             for jj in range(16):  # pairs within the sub-block, column by column
                 j = r + jj
                 m_kj = o_k < tl.where(t0 + j < Tn, K, 0)  # (a scalar & a vector mask trips the interpreter)
@@ -172,17 +180,26 @@ def _prep_kernel(
         b_Ti = _dot_in(tl.load(S + o_r[:, None] * 64 + o_r[None, :], mask=m_tri, other=0.0), k, F32)
         # WY factors and the decayed keys and queries
         rows = rows0 + o_r
-        b_G = tl.load(SG + o_r[:, None] * BK + o_k[None, :])
-        b_Gl = tl.load(SG + 63 * BK + o_k)
         b_b = tl.load(beta + (bos + t) * HV + i_h, mask=m_t, other=0.0).to(tl.float32)
-        b_k = tl.load(k_base + t[:, None] * (HK * K) + o_k[None, :], mask=m_tk, other=0.0).to(tl.float32)
-        b_W = tl.dot(b_Ti, _dot_in(b_k * tl.exp(b_G) * b_b[:, None], k, F32), input_precision=PREC)
-        tl.store(W + rows[:, None] * K + o_k[None, :], b_W.to(W.dtype.element_ty), mask=m_k[None, :])
-        b_kd = b_k * tl.exp(b_Gl[None, :] - b_G)
-        tl.store(Kd + rows[:, None] * K + o_k[None, :], b_kd.to(Kd.dtype.element_ty), mask=m_k[None, :])
-        b_q = tl.load(q_base + t[:, None] * (HK * K) + o_k[None, :], mask=m_tk, other=0.0).to(tl.float32)
-        tl.store(Qd + rows[:, None] * K + o_k[None, :], (b_q * tl.exp(b_G)).to(Qd.dtype.element_ty), mask=m_k[None, :])
-        tl.store(glast + (i_h.to(tl.int64) * NCT + gc) * K + o_k, b_Gl, mask=m_k)
+        for cb in range(BK // BKC):  # W = T diag(b) (e^G k) is separable by key columns
+            o_c = cb * BKC + tl.arange(0, BKC)
+            m_c = (o_c < K)[None, :]
+            b_G = tl.load(SG + o_r[:, None] * BK + o_c[None, :])
+            b_Gl = tl.load(SG + 63 * BK + o_c)
+            p_c = t[:, None] * (HK * K) + o_c[None, :]
+            b_k = tl.load(k_base + p_c, mask=m_t[:, None] & m_c, other=0.0).to(tl.float32)
+            b_q = tl.load(q_base + p_c, mask=m_t[:, None] & m_c, other=0.0).to(tl.float32)
+            b_eG = tl.exp(b_G)
+            tl.store(Qd + rows[:, None] * K + o_c[None, :], (b_q * b_eG).to(Qd.dtype.element_ty), mask=m_c)
+            tl.store(
+                Kd + rows[:, None] * K + o_c[None, :],
+                (b_k * tl.exp(b_Gl[None, :] - b_G)).to(Kd.dtype.element_ty),
+                mask=m_c,
+            )
+            tl.store(glast + (i_h.to(tl.int64) * NCT + gc) * K + o_c, b_Gl, mask=o_c < K)
+            b_X = _dot_in(b_k * b_eG * b_b[:, None], k, F32)  # last, so that G, k and q are dead during the product
+            b_W = tl.dot(b_Ti, b_X, input_precision=PREC)
+            tl.store(W + rows[:, None] * K + o_c[None, :], b_W.to(W.dtype.element_ty), mask=m_c)
         v_base = v + bos * (HV * V) + i_h * V
         for iv in range((V + BV - 1) // BV):  # a loop, not unrolled
             o_v = iv * BV + tl.arange(0, BV)
@@ -335,9 +352,10 @@ class KdaConfig:
     x value heads fill the GPU at dk <= 128; never 16 on CUDA, see there). Not tuned on a GPU yet."""
 
     state_bv: int | None = None  # value tile of the sequential kernel
-    prep_warps: int = 4
+    prep_warps: int = 8  # with prep_bk 32: 255 registers, 24 bytes of spills (4 warps: 400 bytes)
     prep_bv: int = 64  # value tile of U = T diag(b) V
-    prep_programs_per_sm: int = 4
+    prep_bk: int = 32  # key-column block of the prep kernel's [64, dk] work
+    prep_programs_per_sm: int = 1  # 8 warps x 255 registers fill an SM's register file
     state_warps: int = 4
     state_stages: int = 2
     out_warps: int = 4
@@ -433,7 +451,8 @@ def triton_kda(
         scratch = torch.empty(n_prog, 64 * BK + 64 * 64, dtype=f32, device=dev)
         _prep_kernel[(n_prog,)](
             q, k, v, beta, g, W, U, Kd, Qd, Aqk, glast, scratch, *seq_args, n_jobs,
-            HK=HK, BK=BK, BV=min(cfg.prep_bv, BVF), num_warps=cfg.prep_warps, **common,
+            HK=HK, BK=BK, BKC=min(_pow2(cfg.prep_bk), BK), BV=min(cfg.prep_bv, BVF), num_warps=cfg.prep_warps,
+            **common,
         )  # fmt: skip
     BKH = BK // 2 if BK > 128 else BK
     state_consts = dict(

@@ -95,7 +95,7 @@ CPU_CASES = {
     "two chunks and a part": (2, 150, 1, 1, 16, 32, {}),
     "grouped heads, no initial state": (1, 100, 1, 3, 16, 16, dict(h0=False)),
     "strong decays (g down to -20)": (1, 140, 2, 2, 16, 16, dict(strength=20.0)),
-    "dk, dv not powers of two": (1, 70, 1, 2, 24, 40, {}),
+    "dk, dv not powers of two; key-column blocks": (1, 70, 1, 2, 24, 40, dict(prep_bk=16)),
     "packed, grouped, short and empty": (1, None, 2, 4, 16, 16, dict(lengths=[70, 9, 0, 130, 64])),
 }
 
@@ -103,8 +103,12 @@ CPU_CASES = {
 @cpu_only
 @pytest.mark.parametrize("name", list(CPU_CASES))
 def test_fp32_matches_float64_reference(name):
+    from kernels.triton_kda import KdaConfig
+
     *shape, kw = CPU_CASES[name]
-    _check(*shape, **kw)
+    kw = dict(kw)
+    bk = kw.pop("prep_bk", None)
+    _check(*shape, **kw, config=KdaConfig(prep_bk=bk) if bk else None)
 
 
 @cpu_only
