@@ -10,8 +10,9 @@ fp32 inputs), for g [B, T, Hv, dk] and n_h = 1. Within a chunk with cumulative l
     o_i = scale ((e^Gamma_i * q_i) S + sum_{j <= i} Aqk_ij Dlt_j),  Aqk_ij = sum_c q_ic k_jc e^{Gamma_ic - Gamma_jc}
     S' = diag(e^{Gamma_last}) S + (e^{Gamma_last - Gamma} * K)^T Dlt
 
-Every exponent is a difference Gamma_i - Gamma_j with j <= i, never positive. The pairs are taken in 16-token
-sub-blocks: a pair in two different sub-blocks factors through the first token r of the later one,
+Every exponent is a difference Gamma_i - Gamma_j with j <= i, never positive, and is summed from the gates it
+spans (g_{j+1} + ... + g_i) rather than subtracted, which keeps fp32 to ~1e-7 at strong decays. The pairs are
+taken in 16-token sub-blocks: a pair in two different sub-blocks factors through the first token r of the later one,
 e^{Gamma_i - Gamma_j} = e^{Gamma_i - Gamma_r} e^{Gamma_r - Gamma_j} (both <= 1), so A and Aqk are matrix
 products there; pairs within a sub-block (16 x 16 per sub-block) are summed channel by channel.
 
@@ -81,10 +82,13 @@ def _prep_kernel(
 ):
     """Persistent over jobs (value head, global chunk): the chunk's intra-chunk factors (module docstring).
 
-    Per program an fp32 scratch holds Gamma [64, BK] (rows gathered by the sub-block loops) and A [64, 64]
-    (rows read back by the forward substitution); reused job after job, so it stays in L2. [64, dk] work runs
+    Every log-decay difference is summed from the gates it spans (Gamma_i - Gamma_j = g_{j+1} + ... + g_i, by
+    cumulative sums of the gates shifted and masked), never taken as a difference of two cumulative sums: those
+    reach -600 at g = -20 per token, where fp32 spacing (6e-5) is the relative error of a decay near 1.
+    Per program an fp32 scratch holds A [64, 64] (rows read back by the forward substitution); reused job after
+    job, so it stays in L2. [64, dk] work runs
     in key-column blocks of BKC, in loops that are not unrolled: whole [64, 128] tiles spilled 2.3 KB per thread
-    (ptxas for sm_90 with Triton 3.9, 4 warps); 8 warps and 32 columns spill 24 bytes (kernels/NOTES.md).
+    (ptxas for sm_90 with Triton 3.9, 4 warps); 8 warps and 16 columns spill 24 bytes (kernels/NOTES.md).
     """
     o_r = tl.arange(0, 64)
     o_i = tl.arange(0, 16)
@@ -93,8 +97,7 @@ def _prep_kernel(
     m_k = o_k < K
     m_tri = o_r[:, None] >= o_r[None, :]
     eye16 = tl.where(o_i[:, None] == o_i[None, :], 1.0, 0.0)
-    SG = scratch + tl.program_id(0).to(tl.int64) * (64 * BK + 64 * 64)
-    S = SG + 64 * BK
+    S = scratch + tl.program_id(0).to(tl.int64) * (64 * 64)
     for job in range(tl.program_id(0), n_jobs, tl.num_programs(0)):
         i_h, gc = job // NCT, job % NCT
         i_n, c, bos, Tn = _chunk_seq(gc, T, cu, cidx, coff, IS_VARLEN)
@@ -104,14 +107,9 @@ def _prep_kernel(
         m_t = t < Tn
         k_base = k + bos * (HK * K) + i_hk * K
         q_base = q + bos * (HK * K) + i_hk * K
+        g_base = g + (bos * HV + i_h) * K  # token row u at + u * HV * K; padded tokens read 0 (no decay)
         rows0 = (i_h.to(tl.int64) * NCT + gc) * 64  # this chunk's first row in W/U/Kd/Qd/Aqk
         tl.debug_barrier()  # the previous job may still read the scratch
-        for cb in range(BK // BKC):
-            o_c = cb * BKC + tl.arange(0, BKC)
-            p_g = g + ((bos + t) * HV + i_h)[:, None] * K + o_c[None, :]
-            b_g = tl.load(p_g, mask=m_t[:, None] & (o_c < K)[None, :], other=0.0).to(tl.float32)
-            tl.store(SG + o_r[:, None] * BK + o_c[None, :], tl.cumsum(b_g, 0))  # padded tokens: no decay
-        tl.debug_barrier()
         for I in tl.static_range(4):  # 16-token sub-blocks: rows r..r+15
             r = 16 * I
             ri = r + o_i
@@ -119,7 +117,7 @@ def _prep_kernel(
             m_rik = m_ri[:, None] & m_k[None, :]
             b_kI = tl.load(k_base + (t0 + ri)[:, None] * (HK * K) + o_k[None, :], mask=m_rik, other=0.0).to(tl.float32)
             b_qI = tl.load(q_base + (t0 + ri)[:, None] * (HK * K) + o_k[None, :], mask=m_rik, other=0.0).to(tl.float32)
-            b_GI = tl.load(SG + ri[:, None] * BK + o_k[None, :])
+            b_gI = tl.load(g_base + (t0 + ri)[:, None] * (HV * K) + o_k[None, :], mask=m_rik, other=0.0).to(tl.float32)
             b_Akk = tl.zeros([16, 64], dtype=tl.float32)
             b_Aqk = tl.zeros([16, 64], dtype=tl.float32)
             if I > 0:  # earlier sub-blocks, through token r: e^{G_i - G_r} e^{G_r - G_j}
@@ -127,24 +125,28 @@ def _prep_kernel(
                 for cb in range(BK // BKC):
                     o_c = cb * BKC + tl.arange(0, BKC)
                     m_c = (o_c < K)[None, :]
-                    b_Gr = tl.load(SG + r * BK + o_c)
-                    b_eI = tl.exp(tl.load(SG + ri[:, None] * BK + o_c[None, :]) - b_Gr[None, :])
                     p_I = (t0 + ri)[:, None] * (HK * K) + o_c[None, :]
+                    b_gIc = tl.load(
+                        g_base + (t0 + ri)[:, None] * (HV * K) + o_c[None, :], mask=m_ri[:, None] & m_c, other=0.0
+                    ).to(tl.float32)
+                    b_eI = tl.exp(tl.cumsum(tl.where(o_i[:, None] > 0, b_gIc, 0.0), 0))  # g_{r+1} + ... + g_i
                     b_kIc = tl.load(k_base + p_I, mask=m_ri[:, None] & m_c, other=0.0).to(tl.float32) * b_eI
                     b_qIc = tl.load(q_base + p_I, mask=m_ri[:, None] & m_c, other=0.0).to(tl.float32) * b_eI
+                    # g_{j+1} + ... + g_r for j < r: the gates shifted up a row, summed from the bottom
+                    p_s = g_base + (t + 1)[:, None] * (HV * K) + o_c[None, :]
+                    b_gs = tl.load(p_s, mask=(m_j & (t + 1 < Tn))[:, None] & m_c, other=0.0).to(tl.float32)
                     p_c = k_base + t[:, None] * (HK * K) + o_c[None, :]
                     b_kc = tl.load(p_c, mask=(m_j & m_t)[:, None] & m_c, other=0.0).to(tl.float32)
-                    b_Gc = tl.load(SG + o_r[:, None] * BK + o_c[None, :])
-                    b_kc = _dot_in(b_kc * tl.exp(tl.where(m_j[:, None], b_Gr[None, :] - b_Gc, 0.0)), k, F32)
+                    b_kc = _dot_in(b_kc * tl.exp(tl.cumsum(b_gs, 0, reverse=True)), k, F32)
                     b_Akk += tl.dot(_dot_in(b_kIc, k, F32), tl.trans(b_kc), input_precision=PREC)
                     b_Aqk += tl.dot(_dot_in(b_qIc, k, F32), tl.trans(b_kc), input_precision=PREC)
             for jj in range(16):  # pairs within the sub-block, column by column
                 j = r + jj
                 m_kj = o_k < tl.where(t0 + j < Tn, K, 0)  # (a scalar & a vector mask trips the interpreter)
                 b_kj = tl.load(k_base + (t0 + j) * (HK * K) + o_k, mask=m_kj, other=0.0).to(tl.float32)
-                b_Gj = tl.load(SG + j * BK + o_k)
                 m_ij = o_i >= jj
-                b_ke = b_kj[None, :] * tl.exp(tl.where(m_ij[:, None], b_GI - b_Gj[None, :], 0.0))
+                # g_{j+1} + ... + g_i for i >= j (0 above: masked out below)
+                b_ke = b_kj[None, :] * tl.exp(tl.cumsum(tl.where(o_i[:, None] > jj, b_gI, 0.0), 0))
                 b_kk = tl.sum(b_kI * b_ke, 1)
                 b_qk = tl.sum(b_qI * b_ke, 1)
                 sel = o_r[None, :] == j
@@ -184,18 +186,17 @@ def _prep_kernel(
         for cb in range(BK // BKC):  # W = T diag(b) (e^G k) is separable by key columns
             o_c = cb * BKC + tl.arange(0, BKC)
             m_c = (o_c < K)[None, :]
-            b_G = tl.load(SG + o_r[:, None] * BK + o_c[None, :])
-            b_Gl = tl.load(SG + 63 * BK + o_c)
+            p_gc = g_base + t[:, None] * (HV * K) + o_c[None, :]
+            b_g = tl.load(p_gc, mask=m_t[:, None] & m_c, other=0.0).to(tl.float32)
+            b_Gl = tl.sum(b_g, 0)
+            b_eG = tl.exp(tl.cumsum(b_g, 0))  # e^{Gamma_i}
             p_c = t[:, None] * (HK * K) + o_c[None, :]
             b_k = tl.load(k_base + p_c, mask=m_t[:, None] & m_c, other=0.0).to(tl.float32)
             b_q = tl.load(q_base + p_c, mask=m_t[:, None] & m_c, other=0.0).to(tl.float32)
-            b_eG = tl.exp(b_G)
             tl.store(Qd + rows[:, None] * K + o_c[None, :], (b_q * b_eG).to(Qd.dtype.element_ty), mask=m_c)
-            tl.store(
-                Kd + rows[:, None] * K + o_c[None, :],
-                (b_k * tl.exp(b_Gl[None, :] - b_G)).to(Kd.dtype.element_ty),
-                mask=m_c,
-            )
+            b_gs = tl.load(p_gc + HV * K, mask=((o_r < 63) & (t + 1 < Tn))[:, None] & m_c, other=0.0).to(tl.float32)
+            b_kd = b_k * tl.exp(tl.cumsum(b_gs, 0, reverse=True))  # e^{g_{j+1} + ... + g_last} k_j
+            tl.store(Kd + rows[:, None] * K + o_c[None, :], b_kd.to(Kd.dtype.element_ty), mask=m_c)
             tl.store(glast + (i_h.to(tl.int64) * NCT + gc) * K + o_c, b_Gl, mask=o_c < K)
             b_X = _dot_in(b_k * b_eG * b_b[:, None], k, F32)  # last, so that G, k and q are dead during the product
             b_W = tl.dot(b_Ti, b_X, input_precision=PREC)
@@ -352,9 +353,9 @@ class KdaConfig:
     x value heads fill the GPU at dk <= 128; never 16 on CUDA, see there). Not tuned on a GPU yet."""
 
     state_bv: int | None = None  # value tile of the sequential kernel
-    prep_warps: int = 8  # with prep_bk 32: 255 registers, 24 bytes of spills (4 warps: 400 bytes)
+    prep_warps: int = 8  # with prep_bk 16: 255 registers, 24 bytes of spills (4 warps: 424 bytes)
     prep_bv: int = 64  # value tile of U = T diag(b) V
-    prep_bk: int = 32  # key-column block of the prep kernel's [64, dk] work
+    prep_bk: int = 16  # key-column block of the prep kernel's [64, dk] work (32: 256 bytes of spills)
     prep_programs_per_sm: int = 1  # 8 warps x 255 registers fill an SM's register file
     state_warps: int = 4
     state_stages: int = 2
@@ -448,7 +449,7 @@ def triton_kda(
     if NCT > 0:
         n_jobs = HV * NCT
         n_prog = min(n_jobs, 3 if interp else _num_sms() * cfg.prep_programs_per_sm)
-        scratch = torch.empty(n_prog, 64 * BK + 64 * 64, dtype=f32, device=dev)
+        scratch = torch.empty(n_prog, 64 * 64, dtype=f32, device=dev)
         _prep_kernel[(n_prog,)](
             q, k, v, beta, g, W, U, Kd, Qd, Aqk, glast, scratch, *seq_args, n_jobs,
             HK=HK, BK=BK, BKC=min(_pow2(cfg.prep_bk), BK), BV=min(cfg.prep_bv, BVF), num_warps=cfg.prep_warps,
