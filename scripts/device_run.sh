@@ -6,7 +6,7 @@
 # tests:   the GPU-marked tests (realistic shapes, fla 0.6.0 comparisons)
 # kernels: python -m benchmarks.kernels (forward vs fla, accuracy; ~9 min on an H100, so a call of its own)
 # kda:     the Triton KDA forward's GPU tests (float64, fla's chunk_kda when importable) and python -m benchmarks.kda
-#          (ours vs fla, same run; no new row after 300 s, then our per-kernel profile): under ~8 min on an H100
+#          (ours vs fla, same run; no new row after 240 s, then our per-kernel profile): under ~8 min on an H100
 # analysis: python -m benchmarks.kernels_analysis (spectra incl. windows, state ranks vs the authors' loop)
 # probes:  erank/spectra probe throughput (python -m benchmarks.probes) on a GPU capture of the bundled model
 # store:   capture vs plain forward, write rate vs dd, memory (benchmarks.store) on the GPU; hidden 512 and 1024
@@ -34,7 +34,7 @@ for section in "$@"; do
     kda)
       python3 -m pytest -q -m gpu -rA tests/kernels/test_triton_kda.py --durations=0 2>&1 | tail -60 \
         | tee "$OUT/kda-tests.log"
-      python3 -m benchmarks.kda --budget 300 --profile 2>&1 | tee "$OUT/kda-bench.txt" ;;
+      python3 -m benchmarks.kda --budget 240 --profile 2>&1 | tee "$OUT/kda-bench.txt" ;;
     analysis)
       python3 -m benchmarks.kernels_analysis --targets spectra,ranks --out "$OUT/bench_analysis.json" 2>&1 \
         | tee "$OUT/bench_analysis.txt" ;;
