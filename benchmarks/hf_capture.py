@@ -2,7 +2,8 @@
 
 A random model built from its Config class, bf16, on the GPU, one softmax-attention layer in four: OLMo-Hybrid
 (default; beta in (0, 2), grouped heads), Qwen3.5 (`--family qwen3_5_text`, grouped heads) or Kimi Linear
-(`--family kimi_linear`, per-channel gates: deltalab's PyTorch KDA path). Timed per batch (B x T tokens):
+(`--family kimi_linear`, per-channel gates: deltalab's Triton KDA forward, `kernels.triton_kda`). Timed per batch
+(B x T tokens):
 - `plain`: the untouched transformers forward (fla's Triton kernels when fla is importable, else its torch path);
 - `hooked`: the same model with deltalab's hooks attached (deltalab's kernel, chunk-boundary states), no nnsight;
 - `capture`: hooked under nnsight, caching q, k, v, beta, g and state of every linear layer (what

@@ -1,10 +1,12 @@
 """Benchmark: the Kimi Delta Attention forward (per-channel gates) against fla 0.6.0's `chunk_kda`, same run.
 
 Rows: B in {1, 8}, T in {2048, 8192}, H in {16, 32}, dk = dv = 128, bf16 inputs, unit keys, beta in (0, 1),
-log decays g in (-0.5, 0) per channel. Ours is `kernels.dispatch.delta_product_forward` (per-channel gates run
-the chunked PyTorch form, `kernels.chunk._channel_gate_factors`; there is no Triton KDA kernel yet). Each row:
-our ms, fla's ms, fla/ours, the first call of each side, and the max error of each against a float32 reference
-(ours in float32) relative to the output's max. `python -m benchmarks.kda [--quick]`.
+log decays g in (-0.5, 0) per channel. Ours is `kernels.dispatch.delta_product_forward`, which runs the Triton
+KDA forward (`kernels.triton_kda`) on CUDA. Each row: our ms, fla's ms, fla/ours, the first call of each side, and
+the max error of each against the PyTorch chunked form in float32 (`kernels.chunk`, an independent path) relative
+to the output's max. `--budget S` starts no new row after S seconds (fla autotunes at each new shape);
+`--profile` prints our per-kernel CUDA times at the last row measured.
+`python -m benchmarks.kda [--quick] [--budget S] [--profile]`.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import Any
 
 import torch
 
+from kernels.chunk import chunk_delta_product
 from kernels.dispatch import delta_product_forward
 
 GRID = dict(B=(1, 8), T=(2048, 8192), H=(16, 32))
@@ -57,9 +60,29 @@ def inputs(B: int, T: int, H: int, device: str, dtype=torch.bfloat16, seed: int 
 
 def ours(q, k, v, beta, g) -> torch.Tensor:
     with torch.no_grad(), warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # the dispatcher's one-line note that per-channel gates skip Triton
+        warnings.simplefilter("error")  # a fallback to the PyTorch form would not be the kernel under test
         return delta_product_forward(q, k.unsqueeze(2), v.unsqueeze(2), beta.unsqueeze(2).float(), g,
                                      scale=K**-0.5)[0]
+
+
+def reference(q, k, v, beta, g) -> torch.Tensor:
+    """The chunked PyTorch form in float32 on the same (bf16-rounded) inputs."""
+    with torch.no_grad():
+        x = [t.float() for t in (q, k, v, beta, g)]
+        return chunk_delta_product(x[0], x[1].unsqueeze(2), x[2].unsqueeze(2), x[3].unsqueeze(2), x[4],
+                                   scale=K**-0.5)[0]
+
+
+def profile(fn: Callable[[], Any], top: int = 8) -> None:
+    """Our per-kernel CUDA times for one call (torch.profiler)."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    fn()
+    with torch_profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        _sync()
+    print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=top))
 
 
 def load_fla() -> tuple[Any, str]:
@@ -74,7 +97,10 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m benchmarks.kda", description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="B=1 and T=2048 only")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--budget", type=float, default=float("inf"), help="start no new row after this many seconds")
+    p.add_argument("--profile", action="store_true", help="per-kernel CUDA times of ours at the last row")
     args = p.parse_args(argv)
+    start = time.perf_counter()
     fla, why = load_fla()
     name = torch.cuda.get_device_name(0) if args.device.startswith("cuda") else "CPU"
     print(f"Kimi Delta Attention forward on {name}: ours vs fla 0.6.0 chunk_kda (bf16, dk = dv = 128)")
@@ -83,10 +109,15 @@ def main(argv: list[str] | None = None) -> None:
     print(f"{'B':>3} {'T':>6} {'H':>3} {'ours ms':>9} {'fla ms':>9} {'fla/ours':>9} {'first s ours/fla':>17} "
           f"{'err ours':>9} {'err fla':>9}")
     grid = dict(B=(1,), T=(2048,), H=GRID["H"]) if args.quick else GRID
-    for B, T, H in itertools.product(grid["B"], grid["T"], grid["H"]):
+    rows = list(itertools.product(grid["B"], grid["T"], grid["H"]))
+    x = None
+    for i, (B, T, H) in enumerate(rows):
+        if time.perf_counter() - start > args.budget:
+            print(f"   budget of {args.budget:.0f} s spent: rows not run: {rows[i:]}")
+            break
         x = inputs(B, T, H, args.device)
         first_o, ms_o, o = timed(lambda x=x: ours(*x))
-        ref = ours(*(t.float() for t in x))
+        ref = reference(*x)
         scale = ref.abs().max()
         err_o = float((o.float() - ref).abs().max() / scale)
         ms_f = first_f = err_f = float("nan")
@@ -95,9 +126,11 @@ def main(argv: list[str] | None = None) -> None:
             err_f = float((o_f.float() - ref).abs().max() / scale)
         print(f"{B:>3} {T:>6} {H:>3} {ms_o:>9.2f} {ms_f:>9.2f} {ms_f / ms_o:>8.2f}x {first_o:>8.1f}/{first_f:<8.1f} "
               f"{err_o:>9.1e} {err_f:>9.1e}", flush=True)
-        del x
+        del ref, o
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
+    if args.profile and x is not None and args.device.startswith("cuda"):
+        profile(lambda: ours(*x))
 
 
 if __name__ == "__main__":

@@ -65,15 +65,25 @@ def token_spectra(k: np.ndarray, beta: np.ndarray, g: np.ndarray | None = None, 
     return spec.eigenvalues.to("cpu", torch.complex64).numpy()
 
 
-def channel_gate_spectra(k: np.ndarray, beta: np.ndarray, g: np.ndarray, *, device: str = "cpu") -> np.ndarray:
-    """Eigenvalues of each token's per-channel-gated transition A_t = (I - b k k^T) diag(exp g_t) (n_h = 1):
-    k [B,T,1,H,K], beta [B,T,1,H], g [B,T,H,K] -> complex [B,T,H,K] (real values, ascending), exact by the
-    secular equation (`kernels.spectra_dplr`)."""
-    from kernels.spectra_dplr import dplr_eigvals
+def channel_gate_spectra(k: np.ndarray, beta: np.ndarray, g: np.ndarray, *, window: int = 1, stride: int = 1,
+                         device: str = "cpu") -> np.ndarray:
+    """All dk eigenvalues of each token's (window's) per-channel-gated transition, A_t = P_t diag(exp g_t):
+    k [B,T,n_h,H,K], beta [B,T,n_h,H], g [B,T,H,K] -> complex [B,T',H,K].
 
-    kk, bb = _t(k[:, :, 0], device, torch.float64), _t(beta[:, :, 0], device, torch.float64)
-    d = _t(g, device, torch.float64).exp()
-    return dplr_eigvals(d, kk, bb).to("cpu").numpy().astype(np.complex64)
+    One token with n_h = 1: real values, ascending, exact by the secular equation (`kernels.spectra_dplr`).
+    Otherwise the transitions are multiplied out in float64 and solved densely (`kernels.spectra_channel`),
+    sorted by angle, then modulus."""
+    if window == 1 and k.shape[2] == 1:
+        from kernels.spectra_dplr import dplr_eigvals
+
+        kk, bb = _t(k[:, :, 0], device, torch.float64), _t(beta[:, :, 0], device, torch.float64)
+        d = _t(g, device, torch.float64).exp()
+        return dplr_eigvals(d, kk, bb).to("cpu").numpy().astype(np.complex64)
+    from kernels.spectra_channel import channel_spectra
+
+    spec = channel_spectra(_t(k, device, torch.float64), _t(beta, device, torch.float64),
+                           _t(g, device, torch.float64), window=window, stride=stride)
+    return spec.eigenvalues.to("cpu", torch.complex64).numpy()
 
 
 # --- per-token states and their ranks --------------------------------------------------------

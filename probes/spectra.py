@@ -28,14 +28,20 @@ SUMMARY_KEYS = ["layer", "head", "frac_complex", "frac_unit_modulus", "frac_rota
 
 
 def per_token(ds: xr.Dataset, *, window: int = 4, stride: int | None = None, budget: int = 1 << 30,
-              device: str = "cpu") -> xr.Dataset:
+              device: str = "cpu", channel_windows: bool = False) -> xr.Dataset:
     """Lazy per-token eigenvalues: eig_P [seq,layer,pos,head,eig] (and eig_A if gated), window_eig_P
-    [seq,layer,window,head,weig] (and window_eig_A)."""
-    return plan(ds, window=window, stride=stride, device=device).lazy(ds, budget)
+    [seq,layer,window,head,weig] (and window_eig_A; for per-channel gates only with `channel_windows`)."""
+    return plan(ds, window=window, stride=stride, device=device, channel_windows=channel_windows).lazy(ds, budget)
 
 
-def plan(ds: xr.Dataset, *, window: int = 4, stride: int | None = None, device: str = "cpu") -> LayerPlan:
-    """What per_token computes for one (sequences, layer) piece of `ds` (probes.lazy.LayerPlan)."""
+def plan(ds: xr.Dataset, *, window: int = 4, stride: int | None = None, device: str = "cpu",
+         channel_windows: bool = False) -> LayerPlan:
+    """What per_token computes for one (sequences, layer) piece of `ds` (probes.lazy.LayerPlan).
+
+    Per-channel gates (Kimi Delta Attention): eig_A has all dk eigenvalues of each token's transition (`aeig`),
+    exact by the secular equation for n_h = 1, dense float64 for n_h > 1. window_eig_A [seq,layer,window,head,aeig]
+    multiplies each window's transitions out densely (`kernels.spectra_channel`; milliseconds per window and head
+    at dk = 128), so it is computed only with `channel_windows`."""
     data.require(ds, ["k", "beta"], NAME)
     T, n_h, H = ds.sizes["pos"], ds.sizes["step"], ds.sizes["head"]
     stride = stride or window
@@ -45,16 +51,15 @@ def plan(ds: xr.Dataset, *, window: int = 4, stride: int | None = None, device: 
         raise ProbeError(f"--window {window} is longer than the sequences ({T} tokens): pick a window <= {T}")
     gated = "g" in ds
     channel = gated and "dk" in ds["g"].dims  # Kimi Delta Attention: A_t = (I - b k k^T) diag(exp g_t)
-    if channel and n_h != 1:
-        raise ProbeError(f"per-channel gates with n_h = {n_h} Householder steps: A_t is no longer diagonal plus "
-                         "rank one; only n_h = 1 (Kimi Delta Attention) is supported")
     n_win = (T - window) // stride + 1
     outputs: dict[str, tuple[tuple[str, ...], Any]] = {
         "eig_P": (("seq", "layer", "pos", "head", "eig"), np.complex64),
         "window_eig_P": (("seq", "layer", "window", "head", "weig"), np.complex64),
     }
-    if channel:  # all dk eigenvalues of A_t are non-trivial (and real): the secular equation, exactly
+    if channel:  # all dk eigenvalues of A_t are non-trivial (real for n_h = 1: the secular equation, exactly)
         outputs["eig_A"] = (("seq", "layer", "pos", "head", "aeig"), np.complex64)
+        if channel_windows:
+            outputs["window_eig_A"] = (("seq", "layer", "window", "head", "aeig"), np.complex64)
     elif gated:
         outputs["eig_A"] = (("seq", "layer", "pos", "head", "eig"), np.complex64)
         outputs["window_eig_A"] = (("seq", "layer", "window", "head", "weig"), np.complex64)
@@ -64,7 +69,10 @@ def plan(ds: xr.Dataset, *, window: int = 4, stride: int | None = None, device: 
         out = {"eig_P": linalg.token_spectra(k, beta, device=device),
                "window_eig_P": linalg.token_spectra(k, beta, window=window, stride=stride, device=device)}
         if channel:
-            out["eig_A"] = linalg.channel_gate_spectra(a["k"], a["beta"], a["g"], device=device)
+            out["eig_A"] = linalg.channel_gate_spectra(k, beta, a["g"], device=device)
+            if channel_windows:
+                out["window_eig_A"] = linalg.channel_gate_spectra(k, beta, a["g"], window=window, stride=stride,
+                                                                  device=device)
         elif gated:
             g = linalg.host(a["g"]).astype(np.float64)
             out["eig_A"] = out["eig_P"] * np.exp(g)[..., None]
@@ -75,7 +83,8 @@ def plan(ds: xr.Dataset, *, window: int = 4, stride: int | None = None, device: 
     sizes = {"pos": T, "head": H, "eig": n_h, "window": n_win, "weig": window * n_h, "aeig": ds.sizes["dk"]}
     coords = {"window_start": ("window", np.arange(n_win) * stride)}
     return LayerPlan(["k", "beta", "g"], fn, outputs, sizes, coords=coords,
-                     attrs={"window": window, "stride": stride, "gated": gated, "channel_gate": channel})
+                     attrs={"window": window, "stride": stride, "gated": gated, "channel_gate": channel,
+                            "channel_windows": channel and channel_windows})
 
 
 def summarize(tok: xr.Dataset, ds: xr.Dataset, *, max_tokens: int = 64, unit_tol: float = 0.05,
@@ -185,10 +194,10 @@ def median_from_hist(hist: np.ndarray, centers: np.ndarray) -> float:
 
 def run(ds: xr.Dataset, *, window: int = 4, stride: int | None = None, max_tokens: int = 64,
         unit_tol: float = 0.05, rotation_frac: float = 0.9, budget: int = 1 << 30, device: str = "cpu",
-        sink: Any = None) -> ProbeResult:
+        sink: Any = None, channel_windows: bool = False) -> ProbeResult:
     """Spectra of `ds`. With a `sink` (results.ResultSink) the per-token arrays are written first and the
     summaries read them back; without one they are computed in memory (small stores)."""
-    tok = per_token(ds, window=window, stride=stride, budget=budget, device=device)
+    tok = per_token(ds, window=window, stride=stride, budget=budget, device=device, channel_windows=channel_windows)
     attrs = dict(tok.attrs)
     tok = sink.write(tok) if sink is not None else tok.compute()
     tok.attrs.update(attrs)
@@ -199,7 +208,8 @@ def from_tokens(tok: xr.Dataset, ds: xr.Dataset, *, max_tokens: int = 64, unit_t
                 rotation_frac: float = 0.9, budget: int = 1 << 30) -> ProbeResult:
     """The result from per-token arrays already computed (by `run`, or batch by batch during capture);
     `tok.attrs` carries per_token's (window, stride, gated, channel_gate)."""
-    attrs = {k: tok.attrs[k] for k in ("window", "stride", "gated", "channel_gate") if k in tok.attrs}
+    attrs = {k: tok.attrs[k] for k in ("window", "stride", "gated", "channel_gate", "channel_windows")
+             if k in tok.attrs}
     summary = summarize(tok, ds, max_tokens=max_tokens, unit_tol=unit_tol, budget=budget)
     summary["rotation"] = (("layer", "head"), (summary["frac_rotation"].values >= rotation_frac)
                            & (summary["frac_complex"].values > 0))
@@ -246,12 +256,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--unit-tol", type=float, default=0.05, help="|eig| within this of 1 counts as unit modulus")
     p.add_argument("--rotation-frac", type=float, default=0.9,
                    help="flag a head `rotation` when this fraction of its tokens are rotations")
+    p.add_argument("--channel-windows", action="store_true",
+                   help="per-channel gates: also window_eig_A, all dk eigenvalues of each window's transitions "
+                        "(dense float64 eig, milliseconds per window and head at dk = 128)")
 
 
 def from_args(ds: xr.Dataset, args: argparse.Namespace, sink: Any) -> ProbeResult:
     return run(ds, window=args.window, stride=args.stride, max_tokens=args.max_tokens, unit_tol=args.unit_tol,
                rotation_frac=args.rotation_frac, budget=args.memory_budget,
-               device=data.pick_device(args.device), sink=sink)
+               device=data.pick_device(args.device), sink=sink, channel_windows=args.channel_windows)
 
 
 def main(argv: list[str] | None = None) -> None:

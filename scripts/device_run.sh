@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # One device call's worth of GPU work, by section; logs and JSON go to $OUT (the device tool's folder).
 #   usage (on the device, from the repo root, after the wheel install line of ../shared/device/README.md):
-#     bash scripts/device_run.sh s4 | tests | kernels | analysis | probes | store | dist  [more sections ...]
+#     bash scripts/device_run.sh s4 | tests | kernels | kda | analysis | probes | store | dist  [more sections ...]
 # s4:      continue the bundled S4 model (trained up to length 128) at 128, then 256, and evaluate it
 # tests:   the GPU-marked tests (realistic shapes, fla 0.6.0 comparisons)
 # kernels: python -m benchmarks.kernels (forward vs fla, accuracy; ~9 min on an H100, so a call of its own)
+# kda:     the Triton KDA forward's GPU tests (float64, fla's chunk_kda when importable) and python -m benchmarks.kda
+#          (ours vs fla, same run; no new row after 240 s, then our per-kernel profile): under ~8 min on an H100
 # analysis: python -m benchmarks.kernels_analysis (spectra incl. windows, state ranks vs the authors' loop)
 # probes:  erank/spectra probe throughput (python -m benchmarks.probes) on a GPU capture of the bundled model
 # store:   capture vs plain forward, write rate vs dd, memory (benchmarks.store) on the GPU; hidden 512 and 1024
@@ -29,6 +31,10 @@ for section in "$@"; do
       python3 -m pytest -q -m gpu tests 2>&1 | tail -30 | tee "$OUT/gpu-tests.log" ;;
     kernels)
       python3 -m benchmarks.kernels --skip analysis --json "$OUT/bench.json" 2>&1 | tee "$OUT/bench.txt" ;;
+    kda)
+      python3 -m pytest -q -m gpu -rA tests/kernels/test_triton_kda.py --durations=0 2>&1 | tail -60 \
+        | tee "$OUT/kda-tests.log"
+      python3 -m benchmarks.kda --budget 240 --profile 2>&1 | tee "$OUT/kda-bench.txt" ;;
     analysis)
       python3 -m benchmarks.kernels_analysis --targets spectra,ranks --out "$OUT/bench_analysis.json" 2>&1 \
         | tee "$OUT/bench_analysis.txt" ;;
@@ -46,6 +52,6 @@ for section in "$@"; do
       export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1  # required on shared hosts
       python3 scripts/dist_capture_check.py --gpus "$(nvidia-smi -L | wc -l)" --json "$OUT/dist.json" 2>&1 \
         | tee "$OUT/dist.txt" ;;
-    *) echo "unknown section $section: use s4, tests, kernels, analysis, probes, store or dist" >&2; exit 2 ;;
+    *) echo "unknown section $section: use s4, tests, kernels, kda, analysis, probes, store or dist" >&2; exit 2 ;;
   esac
 done

@@ -1,0 +1,115 @@
+"""Registers, spills and shared memory of the Triton KDA kernels, compiled for a GPU architecture without a GPU.
+
+Triton compiles ahead of time for a target (default sm_90, the H100/H200) with its bundled ptxas; `cuobjdump
+--dump-resource-usage` reads the cubin. Spills (STACK bytes per thread) were the first thing to remove in the
+prep kernel (kernels/NOTES.md). `python -m benchmarks.kda_ptxas [--dtype bf16] [--dk 128] [--dv 128]
+[--prep-warps 8] [--prep-bk 32] [--state-bv 64]`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+import kernels.triton_kda as tk
+
+PTR_DTYPES = {"bf16": "bf16", "fp16": "fp16", "fp32": "fp32"}
+
+
+def _cuobjdump() -> Path:
+    return Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+
+
+def resources(
+    fn: Any, pointers: dict[str, str], consts: dict[str, Any], warps: int, stages: int = 2, arch: int = 90
+) -> dict[str, int]:
+    """Compile `fn` with `pointers` typed as given (other runtime arguments i32) and return its REG, STACK,
+    SHARED (static) and LOCAL bytes from the cubin, and `smem`, the dynamic shared memory Triton asks for."""
+    sig = {n: pointers.get(n, "i32") for n in fn.arg_names}
+    sig.update({n: "constexpr" for n in consts})
+    src = ASTSource(fn=fn, signature=sig, constexprs={(fn.arg_names.index(n),): v for n, v in consts.items()})
+    compiled = triton.compile(src, target=GPUTarget("cuda", arch, 32), options=dict(num_warps=warps, num_stages=stages))
+    with tempfile.NamedTemporaryFile("wb", suffix=".cubin") as f:
+        f.write(compiled.asm["cubin"])
+        f.flush()
+        out = subprocess.run(
+            [str(_cuobjdump()), "--dump-resource-usage", f.name], capture_output=True, text=True, check=True
+        ).stdout
+    found = re.search(r"REG:(\d+) STACK:(\d+) SHARED:(\d+) LOCAL:(\d+)", out)
+    if found is None:
+        raise RuntimeError(f"no resource line in cuobjdump's output: {out[:200]}")
+    reg, stack, shared, local = (int(x) for x in found.groups())
+    return dict(reg=reg, stack=stack, shared=shared, local=local, smem=int(compiled.metadata.shared))
+
+
+def report(
+    dtype: str = "bf16", dk: int = 128, dv: int = 128, cfg: tk.KdaConfig | None = None, arch: int = 90
+) -> dict[str, dict[str, int]]:
+    """Resources of the prep, state and output kernels at one shape and launch configuration."""
+    cfg = cfg or tk.KdaConfig()
+    t = PTR_DTYPES[dtype]
+    BK, BVF = max(16, triton.next_power_of_2(dk)), max(16, triton.next_power_of_2(dv))
+    F32 = dtype == "fp32"
+    common = dict(HV=16, K=dk, V=dv, IS_VARLEN=False, F32=F32, PREC="ieee" if F32 else "tf32")
+    f32, i32 = "*fp32", "*i32"
+    half = {n: "*" + t for n in ("q", "k", "v", "W", "U", "Kd", "Qd", "Aqk", "D", "o")}
+    ptrs = {
+        **half,
+        **{n: f32 for n in ("beta", "g", "glast", "scratch", "bnd", "ht", "h0")},
+        **{n: i32 for n in ("cu", "cidx", "coff", "order")},
+        "scale": "fp32",
+    }
+    BKH = BK // 2 if BK > 128 else BK
+    state_bv = min(cfg.state_bv or (64 if dk <= 128 else 32), BVF)
+    return {
+        "prep": resources(
+            tk._prep_kernel,
+            ptrs,
+            dict(common, HK=8, BK=BK, BKC=min(cfg.prep_bk, BK), BV=min(cfg.prep_bv, BVF)),
+            cfg.prep_warps,
+            arch=arch,
+        ),
+        "state": resources(
+            tk._state_kernel,
+            ptrs,
+            dict(common, BKH=BKH, SPLIT=BKH < BK, BV=state_bv, HAS_H0=True, STORE_FINAL=True, STORE_BND=True),
+            cfg.state_warps,
+            cfg.state_stages,
+            arch=arch,
+        ),
+        "output": resources(
+            tk._output_kernel, ptrs, dict(common, BK=BK, BV=min(cfg.out_bv, BVF)), cfg.out_warps, arch=arch
+        ),
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.kda_ptxas", description=__doc__.splitlines()[0])
+    p.add_argument("--dtype", choices=list(PTR_DTYPES), default="bf16")
+    p.add_argument("--dk", type=int, default=128)
+    p.add_argument("--dv", type=int, default=128)
+    p.add_argument("--arch", type=int, default=90, help="compute capability x 10 (90: H100/H200)")
+    p.add_argument("--prep-warps", type=int, default=tk.KdaConfig.prep_warps)
+    p.add_argument("--prep-bk", type=int, default=tk.KdaConfig.prep_bk)
+    p.add_argument("--state-bv", type=int, default=None)
+    args = p.parse_args(argv)
+    if os.environ.get("TRITON_INTERPRET", "0") == "1":
+        raise SystemExit("benchmarks.kda_ptxas compiles for the GPU: run it without TRITON_INTERPRET=1")
+    cfg = tk.KdaConfig(prep_warps=args.prep_warps, prep_bk=args.prep_bk, state_bv=args.state_bv)
+    print(f"Triton {triton.__version__}, sm_{args.arch}, {args.dtype}, dk={args.dk}, dv={args.dv}, {cfg}")
+    print(f"{'kernel':>8} {'regs':>5} {'spill B':>8} {'smem B':>8}")
+    for name, r in report(args.dtype, args.dk, args.dv, cfg, args.arch).items():
+        print(f"{name:>8} {r['reg']:>5} {r['stack'] + r['local']:>8} {r['smem']:>8}")
+
+
+if __name__ == "__main__":
+    main()

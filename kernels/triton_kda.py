@@ -1,0 +1,478 @@
+"""Triton chunked (WY/UT) forward of Kimi Delta Attention: per-key-channel gates, one Householder step a token.
+
+H_t = (I - b_t k_t k_t^T) diag(e^{g_t}) H_{t-1} + b_t k_t v_t^T,  o_t = scale H_t^T q_t,  g_t in R^dk (log decays,
+g <= 0). Same contract as `kernels.triton_chunk.triton_delta_product` (o, final states and the fp32 states at
+every 64-token chunk boundary; grouped heads read in the kernels; packed batches via `cu_seqlens`; bf16, fp16 or
+fp32 inputs), for g [B, T, Hv, dk] and n_h = 1. Within a chunk with cumulative log decays Gamma_i in R^dk
+(from the chunk start, token i's gate included) and start state S:
+
+    (I + A) Dlt = diag(b) (V - (e^Gamma * K) S),  A_ij = b_i sum_c k_ic k_jc e^{Gamma_ic - Gamma_jc}   (j < i)
+    o_i = scale ((e^Gamma_i * q_i) S + sum_{j <= i} Aqk_ij Dlt_j),  Aqk_ij = sum_c q_ic k_jc e^{Gamma_ic - Gamma_jc}
+    S' = diag(e^{Gamma_last}) S + (e^{Gamma_last - Gamma} * K)^T Dlt
+
+Every exponent is a difference Gamma_i - Gamma_j with j <= i, never positive, and is summed from the gates it
+spans (g_{j+1} + ... + g_i) rather than subtracted, which keeps fp32 to ~1e-7 at strong decays. The pairs are
+taken in 16-token sub-blocks: a pair in two different sub-blocks factors through the first token r of the later one,
+e^{Gamma_i - Gamma_j} = e^{Gamma_i - Gamma_r} e^{Gamma_r - Gamma_j} (both <= 1), so A and Aqk are matrix
+products there; pairs within a sub-block (16 x 16 per sub-block) are summed channel by channel.
+
+Kernels:
+1. `_prep_kernel` (persistent over chunk x value head): Gamma, A and Aqk, T = (I + A)^-1 by 16 x 16 forward
+   substitutions merged by block rows, then W = T diag(b) (e^Gamma * K), U = T diag(b) V, Kd = e^{Gamma_last -
+   Gamma} * K, Qd = e^Gamma * q and Gamma_last.
+2. `_state_kernel` (sequential over a sequence's chunks, parallel over sequence x value head x value tile):
+   stores S_c, Dlt = U - W S_c, S_{c+1} = e^{Gamma_last} S_c + Kd^T Dlt (dk > 128 as two key halves, as
+   `triton_chunk`: a [256, 32] tile miscompiled on an H100).
+3. `_output_kernel` (parallel over chunks): o = scale (Qd S_c + Aqk Dlt).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels.naive import CHUNK_SIZE, check_inputs, l2_normalize
+from kernels.triton_chunk import (
+    _chunk_seq,
+    _dot_in,
+    _interpreting,
+    _launch,
+    _num_sms,
+    _pow2,
+    _varlen_tables,
+    default_config,
+)
+
+MAX_K, MAX_V = 256, 512  # head dims this path takes (the dispatcher falls back beyond)
+
+
+@triton.jit
+def _prep_kernel(
+    q,
+    k,
+    v,
+    beta,
+    g,
+    W,
+    U,
+    Kd,
+    Qd,
+    Aqk,
+    glast,
+    scratch,
+    T,
+    cu,
+    cidx,
+    coff,
+    NCT,
+    n_jobs,
+    HK: tl.constexpr,
+    HV: tl.constexpr,
+    K: tl.constexpr,
+    V: tl.constexpr,
+    BK: tl.constexpr,
+    BKC: tl.constexpr,
+    BV: tl.constexpr,
+    IS_VARLEN: tl.constexpr,
+    F32: tl.constexpr,
+    PREC: tl.constexpr,
+):
+    """Persistent over jobs (value head, global chunk): the chunk's intra-chunk factors (module docstring).
+
+    Every log-decay difference is summed from the gates it spans (Gamma_i - Gamma_j = g_{j+1} + ... + g_i, by
+    cumulative sums of the gates shifted and masked), never taken as a difference of two cumulative sums: those
+    reach -600 at g = -20 per token, where fp32 spacing (6e-5) is the relative error of a decay near 1.
+    Per program an fp32 scratch holds A [64, 64] (rows read back by the forward substitution); reused job after
+    job, so it stays in L2. [64, dk] work runs
+    in key-column blocks of BKC, in loops that are not unrolled: whole [64, 128] tiles spilled 2.3 KB per thread
+    (ptxas for sm_90 with Triton 3.9, 4 warps); 8 warps and 16 columns spill 24 bytes (kernels/NOTES.md).
+    """
+    o_r = tl.arange(0, 64)
+    o_i = tl.arange(0, 16)
+    o_p = tl.arange(0, 4)
+    o_k = tl.arange(0, BK)
+    m_k = o_k < K
+    m_tri = o_r[:, None] >= o_r[None, :]
+    eye16 = tl.where(o_i[:, None] == o_i[None, :], 1.0, 0.0)
+    S = scratch + tl.program_id(0).to(tl.int64) * (64 * 64)
+    for job in range(tl.program_id(0), n_jobs, tl.num_programs(0)):
+        i_h, gc = job // NCT, job % NCT
+        i_n, c, bos, Tn = _chunk_seq(gc, T, cu, cidx, coff, IS_VARLEN)
+        i_hk = i_h // (HV // HK)
+        t0 = c * 64
+        t = t0 + o_r
+        m_t = t < Tn
+        k_base = k + bos * (HK * K) + i_hk * K
+        q_base = q + bos * (HK * K) + i_hk * K
+        g_base = g + (bos * HV + i_h) * K  # token row u at + u * HV * K; padded tokens read 0 (no decay)
+        rows0 = (i_h.to(tl.int64) * NCT + gc) * 64  # this chunk's first row in W/U/Kd/Qd/Aqk
+        tl.debug_barrier()  # the previous job may still read the scratch
+        for I in tl.static_range(4):  # 16-token sub-blocks: rows r..r+15
+            r = 16 * I
+            ri = r + o_i
+            m_ri = (t0 + ri) < Tn
+            m_rik = m_ri[:, None] & m_k[None, :]
+            b_kI = tl.load(k_base + (t0 + ri)[:, None] * (HK * K) + o_k[None, :], mask=m_rik, other=0.0).to(tl.float32)
+            b_qI = tl.load(q_base + (t0 + ri)[:, None] * (HK * K) + o_k[None, :], mask=m_rik, other=0.0).to(tl.float32)
+            b_gI = tl.load(g_base + (t0 + ri)[:, None] * (HV * K) + o_k[None, :], mask=m_rik, other=0.0).to(tl.float32)
+            b_Akk = tl.zeros([16, 64], dtype=tl.float32)
+            b_Aqk = tl.zeros([16, 64], dtype=tl.float32)
+            if I > 0:  # earlier sub-blocks, through token r: e^{G_i - G_r} e^{G_r - G_j}
+                m_j = o_r < r
+                for cb in range(BK // BKC):
+                    o_c = cb * BKC + tl.arange(0, BKC)
+                    m_c = (o_c < K)[None, :]
+                    p_I = (t0 + ri)[:, None] * (HK * K) + o_c[None, :]
+                    b_gIc = tl.load(
+                        g_base + (t0 + ri)[:, None] * (HV * K) + o_c[None, :], mask=m_ri[:, None] & m_c, other=0.0
+                    ).to(tl.float32)
+                    b_eI = tl.exp(tl.cumsum(tl.where(o_i[:, None] > 0, b_gIc, 0.0), 0))  # g_{r+1} + ... + g_i
+                    b_kIc = tl.load(k_base + p_I, mask=m_ri[:, None] & m_c, other=0.0).to(tl.float32) * b_eI
+                    b_qIc = tl.load(q_base + p_I, mask=m_ri[:, None] & m_c, other=0.0).to(tl.float32) * b_eI
+                    # g_{j+1} + ... + g_r for j < r: the gates shifted up a row, summed from the bottom
+                    p_s = g_base + (t + 1)[:, None] * (HV * K) + o_c[None, :]
+                    b_gs = tl.load(p_s, mask=(m_j & (t + 1 < Tn))[:, None] & m_c, other=0.0).to(tl.float32)
+                    p_c = k_base + t[:, None] * (HK * K) + o_c[None, :]
+                    b_kc = tl.load(p_c, mask=(m_j & m_t)[:, None] & m_c, other=0.0).to(tl.float32)
+                    b_kc = _dot_in(b_kc * tl.exp(tl.cumsum(b_gs, 0, reverse=True)), k, F32)
+                    b_Akk += tl.dot(_dot_in(b_kIc, k, F32), tl.trans(b_kc), input_precision=PREC)
+                    b_Aqk += tl.dot(_dot_in(b_qIc, k, F32), tl.trans(b_kc), input_precision=PREC)
+            for jj in range(16):  # pairs within the sub-block, column by column
+                j = r + jj
+                m_kj = o_k < tl.where(t0 + j < Tn, K, 0)  # (a scalar & a vector mask trips the interpreter)
+                b_kj = tl.load(k_base + (t0 + j) * (HK * K) + o_k, mask=m_kj, other=0.0).to(tl.float32)
+                m_ij = o_i >= jj
+                # g_{j+1} + ... + g_i for i >= j (0 above: masked out below)
+                b_ke = b_kj[None, :] * tl.exp(tl.cumsum(tl.where(o_i[:, None] > jj, b_gI, 0.0), 0))
+                b_kk = tl.sum(b_kI * b_ke, 1)
+                b_qk = tl.sum(b_qI * b_ke, 1)
+                sel = o_r[None, :] == j
+                b_Akk = tl.where(sel & (o_i > jj)[:, None], b_kk[:, None], b_Akk)
+                b_Aqk = tl.where(sel & m_ij[:, None], b_qk[:, None], b_Aqk)
+            b_bI = tl.load(beta + (bos + t0 + ri) * HV + i_h, mask=m_ri, other=0.0).to(tl.float32)
+            tl.store(S + ri[:, None] * 64 + o_r[None, :], b_Akk * b_bI[:, None])
+            tl.store(Aqk + (rows0 + ri)[:, None] * 64 + o_r[None, :], b_Aqk.to(Aqk.dtype.element_ty))
+        tl.debug_barrier()
+        # T = (I + A)^-1: four 16x16 diagonal inverses (row i of T - I is -a_i + sum_j (-a_ij) (T - I)_j) ...
+        b_T3 = tl.zeros([4, 16, 16], dtype=tl.float32)
+        for i in range(1, 16):
+            b_a = -tl.load(S + (16 * o_p[:, None] + i) * 64 + 16 * o_p[:, None] + o_i[None, :])
+            b_a = tl.where(o_i[None, :] < i, b_a, 0.0)
+            b_new = b_a + tl.sum(b_a[:, :, None] * b_T3, 1)
+            b_T3 = tl.where(o_i[None, :, None] == i, b_new[:, None, :], b_T3)
+        b_T3 += eye16[None, :, :]
+        p_d = S + (16 * o_p[:, None, None] + o_i[None, :, None]) * 64 + 16 * o_p[:, None, None] + o_i[None, None, :]
+        tl.debug_barrier()
+        tl.store(p_d, b_T3)
+        tl.debug_barrier()
+        # ... then block rows, in place: T_{p,<p} = -T_pp A_{p,<p} T_{<p,<p}
+        for p in tl.static_range(1, 4):
+            row = 16 * p + o_i
+            b_Ap = tl.load(S + row[:, None] * 64 + o_r[None, :], mask=o_r[None, :] < 16 * p, other=0.0)
+            b_Tprev = tl.load(S + o_r[:, None] * 64 + o_r[None, :], mask=(o_r[:, None] < 16 * p) & m_tri, other=0.0)
+            b_R = tl.dot(b_Ap, b_Tprev, input_precision=PREC)
+            b_Tpp = tl.load(S + row[:, None] * 64 + 16 * p + o_i[None, :])
+            b_off = -tl.dot(b_Tpp, b_R, input_precision=PREC)
+            tl.debug_barrier()
+            tl.store(S + row[:, None] * 64 + o_r[None, :], b_off, mask=o_r[None, :] < 16 * p)
+            tl.debug_barrier()
+        b_Ti = _dot_in(tl.load(S + o_r[:, None] * 64 + o_r[None, :], mask=m_tri, other=0.0), k, F32)
+        # WY factors and the decayed keys and queries
+        rows = rows0 + o_r
+        b_b = tl.load(beta + (bos + t) * HV + i_h, mask=m_t, other=0.0).to(tl.float32)
+        for cb in range(BK // BKC):  # W = T diag(b) (e^G k) is separable by key columns
+            o_c = cb * BKC + tl.arange(0, BKC)
+            m_c = (o_c < K)[None, :]
+            p_gc = g_base + t[:, None] * (HV * K) + o_c[None, :]
+            b_g = tl.load(p_gc, mask=m_t[:, None] & m_c, other=0.0).to(tl.float32)
+            b_Gl = tl.sum(b_g, 0)
+            b_eG = tl.exp(tl.cumsum(b_g, 0))  # e^{Gamma_i}
+            p_c = t[:, None] * (HK * K) + o_c[None, :]
+            b_k = tl.load(k_base + p_c, mask=m_t[:, None] & m_c, other=0.0).to(tl.float32)
+            b_q = tl.load(q_base + p_c, mask=m_t[:, None] & m_c, other=0.0).to(tl.float32)
+            tl.store(Qd + rows[:, None] * K + o_c[None, :], (b_q * b_eG).to(Qd.dtype.element_ty), mask=m_c)
+            b_gs = tl.load(p_gc + HV * K, mask=((o_r < 63) & (t + 1 < Tn))[:, None] & m_c, other=0.0).to(tl.float32)
+            b_kd = b_k * tl.exp(tl.cumsum(b_gs, 0, reverse=True))  # e^{g_{j+1} + ... + g_last} k_j
+            tl.store(Kd + rows[:, None] * K + o_c[None, :], b_kd.to(Kd.dtype.element_ty), mask=m_c)
+            tl.store(glast + (i_h.to(tl.int64) * NCT + gc) * K + o_c, b_Gl, mask=o_c < K)
+            b_X = _dot_in(b_k * b_eG * b_b[:, None], k, F32)  # last, so that G, k and q are dead during the product
+            b_W = tl.dot(b_Ti, b_X, input_precision=PREC)
+            tl.store(W + rows[:, None] * K + o_c[None, :], b_W.to(W.dtype.element_ty), mask=m_c)
+        v_base = v + bos * (HV * V) + i_h * V
+        for iv in range((V + BV - 1) // BV):  # a loop, not unrolled
+            o_v = iv * BV + tl.arange(0, BV)
+            m_v = o_v < V
+            b_v = tl.load(v_base + t[:, None] * (HV * V) + o_v[None, :], mask=m_t[:, None] & m_v[None, :], other=0.0)
+            b_U = tl.dot(b_Ti, _dot_in(b_v.to(tl.float32) * b_b[:, None], k, F32), input_precision=PREC)
+            tl.store(U + rows[:, None] * V + o_v[None, :], b_U.to(U.dtype.element_ty), mask=m_v[None, :])
+
+
+@triton.jit
+def _state_kernel(
+    W,
+    U,
+    Kd,
+    D,
+    glast,
+    bnd,
+    ht,
+    h0,
+    T,
+    cu,
+    coff,
+    order,
+    NCT,
+    HV: tl.constexpr,
+    K: tl.constexpr,
+    V: tl.constexpr,
+    BKH: tl.constexpr,
+    SPLIT: tl.constexpr,
+    BV: tl.constexpr,
+    HAS_H0: tl.constexpr,
+    STORE_FINAL: tl.constexpr,
+    STORE_BND: tl.constexpr,
+    IS_VARLEN: tl.constexpr,
+    F32: tl.constexpr,
+    PREC: tl.constexpr,
+):
+    """One program per (value tile, sequence * value head), over the sequence's chunks: store S_c,
+    D = U - W S_c and S_{c+1} = diag(e^{Gamma_last}) S_c + Kd^T D. Key rows in two halves when dk > 128."""
+    i_v, i_nh = tl.program_id(0), tl.program_id(1)
+    i_n, i_h = i_nh // HV, i_nh % HV
+    if IS_VARLEN:  # longest sequences first (`order`)
+        i_n = tl.load(order + i_n).to(tl.int32)
+        i_nh = i_n * HV + i_h
+        bos = tl.load(cu + i_n).to(tl.int64)
+        Tn = (tl.load(cu + i_n + 1).to(tl.int64) - bos).to(tl.int32)
+        gc0 = tl.load(coff + i_n).to(tl.int32)
+    else:
+        Tn = T
+        gc0 = i_n * tl.cdiv(T, 64)
+    NC = tl.cdiv(Tn, 64)
+    o_r = tl.arange(0, 64)
+    o_k1 = tl.arange(0, BKH)
+    o_k2 = BKH + tl.arange(0, BKH)
+    o_v = i_v * BV + tl.arange(0, BV)
+    m_k1 = o_k1 < K
+    m_k2 = o_k2 < K
+    m_v = o_v < V
+    m_h1 = m_k1[:, None] & m_v[None, :]
+    m_h2 = m_k2[:, None] & m_v[None, :]
+    p_h1 = o_k1[:, None] * V + o_v[None, :]
+    p_h2 = o_k2[:, None] * V + o_v[None, :]
+    bnd_base = bnd + ((gc0 + i_n).to(tl.int64) * HV + i_h) * K * V  # this sequence's first boundary
+    b_h2 = tl.zeros([BKH, BV], dtype=tl.float32)
+    if HAS_H0:
+        h0_base = h0 + i_nh.to(tl.int64) * K * V
+        b_h1 = tl.load(h0_base + p_h1, mask=m_h1, other=0.0).to(tl.float32)
+        if SPLIT:
+            b_h2 = tl.load(h0_base + p_h2, mask=m_h2, other=0.0).to(tl.float32)
+    else:
+        b_h1 = tl.zeros([BKH, BV], dtype=tl.float32)
+    for c in range(NC):
+        if STORE_BND:
+            tl.store(bnd_base + c * (HV * K * V) + p_h1, b_h1, mask=m_h1)
+            if SPLIT:
+                tl.store(bnd_base + c * (HV * K * V) + p_h2, b_h2, mask=m_h2)
+        blk = i_h.to(tl.int64) * NCT + gc0 + c
+        rows = blk * 64 + o_r
+        b_u = tl.load(U + rows[:, None] * V + o_v[None, :], mask=m_v[None, :], other=0.0)
+        b_w1 = tl.load(W + rows[:, None] * K + o_k1[None, :], mask=m_k1[None, :], other=0.0)
+        b_wh = tl.dot(_dot_in(b_w1, W, F32), _dot_in(b_h1, W, F32), input_precision=PREC)
+        if SPLIT:
+            b_w2 = tl.load(W + rows[:, None] * K + o_k2[None, :], mask=m_k2[None, :], other=0.0)
+            b_wh += tl.dot(_dot_in(b_w2, W, F32), _dot_in(b_h2, W, F32), input_precision=PREC)
+        b_d = _dot_in(b_u.to(tl.float32) - b_wh, W, F32)
+        tl.store(D + rows[:, None] * V + o_v[None, :], b_d.to(D.dtype.element_ty), mask=m_v[None, :])
+        b_k1 = tl.load(Kd + rows[:, None] * K + o_k1[None, :], mask=m_k1[None, :], other=0.0)
+        b_l1 = tl.exp(tl.load(glast + blk * K + o_k1, mask=m_k1, other=0.0))
+        b_h1 = b_h1 * b_l1[:, None] + tl.dot(tl.trans(_dot_in(b_k1, W, F32)), b_d, input_precision=PREC)
+        if SPLIT:
+            b_k2 = tl.load(Kd + rows[:, None] * K + o_k2[None, :], mask=m_k2[None, :], other=0.0)
+            b_l2 = tl.exp(tl.load(glast + blk * K + o_k2, mask=m_k2, other=0.0))
+            b_h2 = b_h2 * b_l2[:, None] + tl.dot(tl.trans(_dot_in(b_k2, W, F32)), b_d, input_precision=PREC)
+    if STORE_BND:
+        tl.store(bnd_base + NC * (HV * K * V) + p_h1, b_h1, mask=m_h1)
+        if SPLIT:
+            tl.store(bnd_base + NC * (HV * K * V) + p_h2, b_h2, mask=m_h2)
+    if STORE_FINAL:
+        tl.store(ht + i_nh.to(tl.int64) * K * V + p_h1, b_h1, mask=m_h1)
+        if SPLIT:
+            tl.store(ht + i_nh.to(tl.int64) * K * V + p_h2, b_h2, mask=m_h2)
+
+
+@triton.jit
+def _output_kernel(
+    Qd,
+    D,
+    Aqk,
+    bnd,
+    o,
+    T,
+    cu,
+    cidx,
+    coff,
+    NCT,
+    scale,
+    HV: tl.constexpr,
+    K: tl.constexpr,
+    V: tl.constexpr,
+    BK: tl.constexpr,
+    BV: tl.constexpr,
+    IS_VARLEN: tl.constexpr,
+    F32: tl.constexpr,
+    PREC: tl.constexpr,
+):
+    """One program per (value tile, global chunk, value head): o = scale (Qd S_c + Aqk D)."""
+    i_v, gc, i_h = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_n, c, bos, Tn = _chunk_seq(gc, T, cu, cidx, coff, IS_VARLEN)
+    o_r = tl.arange(0, 64)
+    o_k = tl.arange(0, BK)
+    o_v = i_v * BV + tl.arange(0, BV)
+    m_k = o_k < K
+    m_v = o_v < V
+    rows = (i_h.to(tl.int64) * NCT + gc) * 64 + o_r
+    b_q = tl.load(Qd + rows[:, None] * K + o_k[None, :], mask=m_k[None, :], other=0.0)
+    p_h = bnd + ((gc + i_n).to(tl.int64) * HV + i_h) * K * V + o_k[:, None] * V + o_v[None, :]
+    b_h = tl.load(p_h, mask=m_k[:, None] & m_v[None, :], other=0.0)
+    b_o = tl.dot(_dot_in(b_q, Qd, F32), _dot_in(b_h, Qd, F32), input_precision=PREC)
+    b_a = tl.load(Aqk + rows[:, None] * 64 + o_r[None, :])
+    b_d = tl.load(D + rows[:, None] * V + o_v[None, :], mask=m_v[None, :], other=0.0)
+    b_o += tl.dot(_dot_in(b_a, Qd, F32), _dot_in(b_d, Qd, F32), input_precision=PREC)
+    t = c * 64 + o_r
+    p_o = o + (bos + t)[:, None] * (HV * V) + i_h * V + o_v[None, :]
+    tl.store(p_o, (b_o * scale).to(o.dtype.element_ty), mask=(t < Tn)[:, None] & m_v[None, :])
+
+
+@dataclass(frozen=True)
+class KdaConfig:
+    """Launch choices; state_bv None picks `triton_chunk.default_config`'s value tile (32, or 64 when sequences
+    x value heads fill the GPU at dk <= 128; never 16 on CUDA, see there). Not tuned on a GPU yet."""
+
+    state_bv: int | None = None  # value tile of the sequential kernel
+    prep_warps: int = 8  # with prep_bk 16: 255 registers, 24 bytes of spills (4 warps: 424 bytes)
+    prep_bv: int = 64  # value tile of U = T diag(b) V
+    prep_bk: int = 16  # key-column block of the prep kernel's [64, dk] work (32: 256 bytes of spills)
+    prep_programs_per_sm: int = 1  # 8 warps x 255 registers fill an SM's register file
+    state_warps: int = 4
+    state_stages: int = 2
+    out_warps: int = 4
+    out_bv: int = 128
+
+
+def unsupported_reason(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, chunk_size: int = CHUNK_SIZE) -> str | None:
+    """Why this path would not take these (valid, per-channel-gated) inputs, or None when it does."""
+    K, V, n_h = q.shape[-1], v.shape[-1], k.shape[2]
+    if n_h != 1:
+        return f"n_h={n_h} (the Triton KDA forward takes one Householder step a token)"
+    if chunk_size != CHUNK_SIZE:
+        return f"chunk_size={chunk_size} (the Triton forward uses {CHUNK_SIZE})"
+    if q.dtype not in (torch.bfloat16, torch.float16, torch.float32):
+        return f"dtype {q.dtype} (bf16, fp16 or fp32)"
+    if K > MAX_K or V > MAX_V:
+        return f"dk={K}, dv={V} (the Triton KDA forward takes dk <= {MAX_K}, dv <= {MAX_V})"
+    if not (q.is_cuda or _interpreting()):
+        return "tensors not on CUDA"
+    return None
+
+
+def triton_kda(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    beta: torch.Tensor,
+    g: torch.Tensor,
+    scale: float | None = None,
+    initial_state: torch.Tensor | None = None,
+    chunk_size: int = CHUNK_SIZE,
+    normalize_qk: bool = False,
+    output_final_state: bool = True,
+    output_boundary_states: bool = True,
+    config: KdaConfig | None = None,
+    cu_seqlens: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """Return (o [B,T,Hv,V] in q's dtype, final states [N,Hv,K,V] fp32, boundary states [B,NB,Hv,K,V] fp32).
+
+    Forward only. q [B,T,Hk,K], k [B,T,1,Hk,K], v [B,T,1,Hv,V], beta [B,T,1,Hv], g [B,T,Hv,K] (log decays <= 0;
+    any float dtype, read as fp32); shapes, grouped heads and the packed boundary layout as `kernels.naive`.
+    bf16/fp16 inputs run the matrix products in half precision with fp32 accumulation.
+    """
+    N = check_inputs(q, k, v, beta, g, initial_state, cu_seqlens)[0]
+    if g is None or g.dim() != 4:
+        raise ValueError("triton_kda needs a per-channel gate g [B,T,Hv,K]; use triton_delta_product for scalar gates")
+    why = unsupported_reason(q, k, v, chunk_size)
+    if why is not None:
+        raise ValueError(f"the Triton KDA forward does not take {why}; use chunk_delta_product")
+    B, T, HK, K = q.shape
+    HV, V = v.shape[3], v.shape[-1]
+    dtype = q.dtype
+    k, v = k.to(dtype), v.to(dtype)
+    if normalize_qk:  # in fp32, then back to the inputs' precision
+        q, k = l2_normalize(q.float()).to(dtype), l2_normalize(k.float()).to(dtype)
+    q, k, v, beta, g = (x.contiguous() for x in (q, k, v, beta, g))
+    h0 = initial_state.contiguous() if initial_state is not None else None
+    scale = K**-0.5 if scale is None else float(scale)
+    dev = q.device
+    varlen = cu_seqlens is not None
+    if varlen:
+        cu, cidx, coff, order, NCT = _varlen_tables(cu_seqlens, dev)
+    else:
+        cu = cidx = coff = order = None
+        NCT = B * triton.cdiv(T, CHUNK_SIZE)
+    interp = _interpreting()
+    F32 = interp or dtype == torch.float32  # fp32 operands in tl.dot (the interpreter's bf16 dot is wrong)
+    PREC = "ieee" if dtype == torch.float32 else "tf32"
+    cfg = config or KdaConfig()
+    state_bv = cfg.state_bv or default_config(N, HV, V, 1, K).state_bv
+    if state_bv < 32 and V > 16 and not interp:
+        raise ValueError(f"state_bv={state_bv} miscompiles on CUDA (see triton_chunk.default_config); use 32 or 64")
+    BK, BVF = _pow2(K), _pow2(V)
+    BV = min(state_bv, BVF)
+    common = dict(HV=HV, K=K, V=V, IS_VARLEN=varlen, F32=F32, PREC=PREC)
+    seq_args = (T, cu, cidx, coff, NCT)
+
+    f32 = torch.float32
+    rows = NCT * CHUNK_SIZE  # token rows per value head, chunks padded to 64
+    W = torch.empty(HV, rows, K, dtype=dtype, device=dev)
+    Kd = torch.empty(HV, rows, K, dtype=dtype, device=dev)
+    Qd = torch.empty(HV, rows, K, dtype=dtype, device=dev)
+    U = torch.empty(HV, rows, V, dtype=dtype, device=dev)
+    D = torch.empty(HV, rows, V, dtype=dtype, device=dev)
+    Aqk = torch.empty(HV, rows, CHUNK_SIZE, dtype=dtype, device=dev)
+    glast = torch.empty(HV, NCT, K, dtype=f32, device=dev)
+    bnd = torch.empty(NCT + N, HV, K, V, dtype=f32, device=dev)  # each sequence's chunk starts, then its final
+    ht = torch.empty(N, HV, K, V, dtype=f32, device=dev) if output_final_state else None
+    o = torch.empty(B, T, HV, V, dtype=dtype, device=dev)
+    if NCT > 0:
+        n_jobs = HV * NCT
+        n_prog = min(n_jobs, 3 if interp else _num_sms() * cfg.prep_programs_per_sm)
+        scratch = torch.empty(n_prog, 64 * 64, dtype=f32, device=dev)
+        _prep_kernel[(n_prog,)](
+            q, k, v, beta, g, W, U, Kd, Qd, Aqk, glast, scratch, *seq_args, n_jobs,
+            HK=HK, BK=BK, BKC=min(_pow2(cfg.prep_bk), BK), BV=min(cfg.prep_bv, BVF), num_warps=cfg.prep_warps,
+            **common,
+        )  # fmt: skip
+    BKH = BK // 2 if BK > 128 else BK
+    state_consts = dict(
+        BKH=BKH, SPLIT=BKH < BK, BV=BV, HAS_H0=h0 is not None, STORE_FINAL=output_final_state, STORE_BND=True,
+        **common,
+    )  # fmt: skip
+    smem = 64 * (2 * BK + BV) * q.element_size()  # one chunk's W, Kd and U tiles per pipeline stage
+    _launch(
+        _state_kernel,
+        (triton.cdiv(V, BV), N * HV),
+        cfg,
+        (W, U, Kd, D, glast, bnd, ht, h0, T, cu, coff, order, NCT),
+        state_consts,
+        smem,
+    )
+    if NCT > 0:
+        obv = min(cfg.out_bv, BVF)
+        _output_kernel[(triton.cdiv(V, obv), NCT, HV)](
+            Qd, D, Aqk, bnd, o, *seq_args, scale, BK=BK, BV=obv, num_warps=cfg.out_warps, **common,
+        )  # fmt: skip
+    bnd_out = bnd.view(1 if varlen else B, -1, HV, K, V) if output_boundary_states else None
+    return o, ht, bnd_out
