@@ -27,7 +27,7 @@ def _badges(row: pd.Series, beta_max: float) -> list[str]:
     if np.isfinite(row["key_dim"]) and row["key_dim"] <= 3:
         out.append((f"{int(row['key_dim'])}-D keys", "#31a354"))
     return [f'<span style="background:{c};color:white;border-radius:8px;padding:0 6px;font-size:0.75em;'
-            f'margin-left:4px">{html.escape(t)}</span>' for t, c in out]
+            f'margin-right:4px;white-space:nowrap">{html.escape(t)}</span>' for t, c in out]
 
 
 def card_html(row: pd.Series, beta_max: float, selected: bool = False) -> str:
@@ -56,8 +56,9 @@ def card_html(row: pd.Series, beta_max: float, selected: bool = False) -> str:
                         for s, c in zip(sparks, ("β", "angle", "eff. rank")) if s)
     border = "border-left:4px solid #d62728;padding-left:6px;" if selected else ""
     return (f'<div style="{border}font-size:0.85em" data-head="{int(row["layer"])}-{int(row["head"])}">'
-            f'<div style="font-weight:600;font-size:1.1em">Layer {int(row["layer"])} · head {int(row["head"])}'
-            f'{"".join(_badges(row, beta_max))}</div>'
+            f'<div style="font-weight:600;font-size:1.1em;white-space:nowrap">'
+            f'Layer {int(row["layer"])} · head {int(row["head"])}</div>'
+            f'<div style="min-height:1.2em">{"".join(_badges(row, beta_max))}</div>'
             f'<table style="border:none;margin:4px 0">{table}</table>'
             f'<div style="display:flex;gap:4px">{spark_row}</div></div>')
 
