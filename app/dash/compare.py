@@ -26,6 +26,9 @@ class Side:
     row: pd.Series | None
 
 
+INSIDE_LEGEND = dict(x=0.99, xanchor="right", y=0.03, yanchor="bottom", bgcolor="rgba(255,255,255,0.8)")
+"""Legends of the side-by-side charts sit inside the plot's lower right (above the plot they ran into the title)."""
+
 def metrics_table(a: Side, b: Side) -> pd.DataFrame:
     """Every METRICS value of both sides and their difference B − A."""
     out = []
@@ -98,7 +101,7 @@ def evr_figure(sides: Sequence[Side]) -> go.Figure:
     hline(fig, 0.95, "95%", "#999")
     fig.update_xaxes(title_text="principal components", dtick=1)
     fig.update_yaxes(title_text="cumulative explained variance", range=[0, 1.02])
-    fig.update_layout(legend=dict(orientation="h", x=1, xanchor="right", y=1.0, yanchor="bottom"))
+    fig.update_layout(legend=INSIDE_LEGEND)
     return _layout(fig, "Key subspace: cumulative explained variance", 340)
 
 
@@ -115,5 +118,5 @@ def per_position_figure(series: dict[str, np.ndarray], title: str, ylabel: str,
         vline(fig, selected_pos, None, "black", dash="solid", width=1)
     fig.update_xaxes(title_text="position")
     fig.update_yaxes(title_text=ylabel)
-    fig.update_layout(legend=dict(orientation="h", x=1, xanchor="right", y=1.0, yanchor="bottom"))
+    fig.update_layout(legend=INSIDE_LEGEND)
     return _layout(fig, title, 340, hovermode="x unified")
