@@ -21,7 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.attention import AttentionMap, _check_mode, _Inputs, _prepare, _window
+from kernels.attention import AttentionMap, _check_mode, _decayed, _Inputs, _prepare, _window
 
 C = 64  # tokens per chunk: the query block of one program
 
@@ -68,40 +68,48 @@ def _cross_kernel(
     tl.store(RC + rows[:, None] * BK + o_k[None, :], b_r)
 
 
-def _factors(inp: _Inputs, BK: int):
-    """Per-chunk factors, batched over chunks: (Z, P, intra scores, rows of every token carried to its chunk start)."""
+def _factors(inp: _Inputs, BK: int, budget: int = 1 << 28):
+    """Per-chunk factors, batched over chunks: (Z, P, intra scores, rows of every token carried to its chunk start).
+
+    Gates: G = 1 log-decay per sub-step (scalar or none) or G = dk (per channel). The pairwise decays
+    e^{Gamma_w - Gamma_z} (z <= w, never a positive exponent) are [L, L] per chunk for scalar gates and
+    [L, L, dk] per channel; those are built for groups of chunks of at most `budget` bytes.
+    """
     BH, T, K = inp.q.shape
     n_h, L = inp.n_h, C * inp.n_h
     NC = -(-T // C)
+    X = BH * NC  # chunks of every head, batched
     pad = NC * C - T
+    G = inp.lg.shape[-1]
     dt, dev = inp.q.dtype, inp.q.device
-    ks = torch.nn.functional.pad(inp.k, (0, 0, 0, pad * n_h)).view(BH, NC, L, K)
-    bs = torch.nn.functional.pad(inp.b, (0, pad * n_h)).view(BH, NC, L)
-    gam = torch.nn.functional.pad(inp.lg[..., 0], (0, pad * n_h)).view(BH, NC, L).cumsum(-1)
-    qs = torch.nn.functional.pad(inp.q, (0, 0, 0, pad)).view(BH, NC, C, K)
+    ks = torch.nn.functional.pad(inp.k, (0, 0, 0, pad * n_h)).reshape(X, L, K)
+    bs = torch.nn.functional.pad(inp.b, (0, pad * n_h)).reshape(X, L)
+    gam = torch.nn.functional.pad(inp.lg, (0, 0, 0, pad * n_h)).reshape(X, L, G).cumsum(1)
+    qs = torch.nn.functional.pad(inp.q, (0, 0, 0, pad)).reshape(X, C, K)
     idx = torch.arange(L, device=dev)
     strict = idx[:, None] > idx[None, :]
-    diff = (gam[..., :, None] - gam[..., None, :]).masked_fill(~strict, -torch.inf)
-    lhs = (ks @ ks.transpose(-1, -2)) * diff.exp() * bs[..., None] + torch.eye(L, dtype=dt, device=dev)
-    W = torch.linalg.solve_triangular(lhs, (bs * gam.exp())[..., None] * ks, upper=False, unitriangular=True)
-    k_end = ks * (gam[..., -1:] - gam).exp()[..., None]
-    TtK = torch.linalg.solve_triangular(lhs.transpose(-1, -2), k_end, upper=True, unitriangular=True)
-    Z = torch.zeros(BH, NC, BK, L, dtype=torch.float32, device=dev)
-    Z[:, :, :K] = (inp.scale * TtK * bs[..., None]).transpose(-1, -2)
-    P = torch.zeros(BH, NC, BK, BK, dtype=torch.float32, device=dev)
-    P[:, :, :K, :K] = torch.diag_embed(gam[..., -1:].exp().expand(BH, NC, K)) - k_end.transpose(-1, -2) @ W
-    # each chunk's own queries (token i reads after sub-step i n_h + n_h - 1)
-    p = torch.arange(C, device=dev) * n_h + n_h - 1
+    p = torch.arange(C, device=dev) * n_h + n_h - 1  # token i of a chunk reads after sub-step i n_h + n_h - 1
     causal = p[:, None] >= idx[None, :]
-    gp = gam[..., p]  # [BH, NC, C]
-    M = (qs @ ks.transpose(-1, -2)) * (gp[..., :, None] - gam[..., None, :]).masked_fill(~causal, -torch.inf).exp()
-    intra = (
-        inp.scale
-        * torch.linalg.solve_triangular(lhs, M, upper=False, left=False, unitriangular=True)
-        * bs[..., None, :]
-    )
-    carried = gp.exp()[..., None] * qs - M @ W  # [BH, NC, C, K]
-    return Z, P, intra, carried
+    gp = gam[:, p]  # [X, C, G]
+    A = torch.empty(X, L, L, dtype=dt, device=dev)
+    M = torch.empty(X, C, L, dtype=dt, device=dev)
+    group = X if G == 1 else max(1, budget // (L * (L + C) * K * 4 * 2))
+    for x0 in range(0, X, group):
+        sl = slice(x0, min(X, x0 + group))
+        A[sl] = _decayed(ks[sl], gam[sl], ks[sl], gam[sl], strict)
+        M[sl] = _decayed(qs[sl], gp[sl], ks[sl], gam[sl], causal)
+    lhs = A * bs[..., None] + torch.eye(L, dtype=dt, device=dev)
+    W = torch.linalg.solve_triangular(lhs, (bs[..., None] * gam.exp()) * ks, upper=False, unitriangular=True)
+    gam_end = gam[:, -1:]  # [X, 1, G]
+    k_end = ks * (gam_end - gam).exp()  # keys decayed to the chunk end
+    TtK = torch.linalg.solve_triangular(lhs.transpose(-1, -2), k_end, upper=True, unitriangular=True)
+    Z = torch.zeros(X, BK, L, dtype=torch.float32, device=dev)
+    Z[:, :K] = (inp.scale * TtK * bs[..., None]).transpose(-1, -2)
+    P = torch.zeros(X, BK, BK, dtype=torch.float32, device=dev)
+    P[:, :K, :K] = torch.diag_embed(gam_end[:, 0].exp().expand(X, K)) - k_end.transpose(-1, -2) @ W
+    intra = inp.scale * torch.linalg.solve_triangular(lhs, M, upper=False, left=False, unitriangular=True) * bs[:, None]
+    carried = gp.exp() * qs - M @ W  # [X, C, K]
+    return (Z.view(BH, NC, BK, L), P.view(BH, NC, BK, BK), intra.view(BH, NC, C, L), carried.view(BH, NC, C, K))
 
 
 def triton_attention(
@@ -125,8 +133,6 @@ def triton_attention(
     Scalar or no gate. precision: tl.dot's input precision ('ieee' float32, or 'tf32': faster, ~1e-3).
     """
     _check_mode(top_k, rank_by, C)
-    if g is not None and g.dim() != 3:
-        raise ValueError("triton_attention takes scalar gates [B, T, Hv] only: use kernels.attention.delta_attention")
     if tile < C or tile % C:
         raise ValueError(f"tile={tile}: pass a positive multiple of {C} query tokens")
     if precision not in ("ieee", "tf32"):
