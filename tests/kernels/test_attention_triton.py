@@ -62,16 +62,40 @@ def test_triton_matches_the_float64_oracle(n_h, gate):
 
 
 @cpu_only
-def test_triton_top_k_matches_the_chunked_form():
+@pytest.mark.parametrize(
+    "n_h,gate,rank_by", [(2, "scalar", "contribution"), (2, "channel", "weight"), (1, None, "weight")]
+)
+def test_triton_top_k_matches_the_chunked_form(n_h, gate, rank_by):
+    """The running top-k inside the kernel (top_k <= KERNEL_TOP_K): index, signed weight, norm, rebuilt output.
+
+    Small top_k and two chunks: the interpreter runs tl.topk's sorting network slowly."""
     from kernels.attention_triton import triton_attention
 
-    q, k, v, beta, g, s0 = make_inputs(2, 130, 2, 2, 16, 8, 2, True)
-    want = delta_attention(q, k, v, beta, g, initial_state=s0, window=(1, 130), top_k=6, rank_by="contribution")
-    got = triton_attention(q, k, v, beta, g, initial_state=s0, window=(1, 130), top_k=6, rank_by="contribution")
+    q, k, v, beta, g, s0 = make_inputs(1, 100, 1, 2, 16, 8, n_h, gate)
+    want = delta_attention(q, k, v, beta, g, initial_state=s0, top_k=3, rank_by=rank_by)
+    got = triton_attention(q, k, v, beta, g, initial_state=s0, top_k=3, rank_by=rank_by)
+    assert got.weights is None
     assert (got.top_index == want.top_index).float().mean() > 0.999  # float32 ties aside
     assert rel(got.top_weight, want.top_weight) < 1e-5 and rel(got.top_norm, want.top_norm) < 1e-5
-    assert (got.top_index[:, 0, :, 4:] == -1).all() and (got.top_index[:, 0, :, :4] >= 0).all()  # token 1: 4 sources
-    assert rel(got.output, want.output) < 1e-5
+    assert (got.top_index[:, 0, :, n_h:] == -1).all() and (got.top_index[:, 0, :, :n_h] >= 0).all()  # token 0
+    assert (got.top_weight[:, 0, :, n_h:] == 0).all()
+    assert rel(got.output, want.output) < 1e-5 and rel(got.row_norm, want.row_norm) < 1e-5
+    assert rel(got.initial, want.initial) < 1e-5
+
+
+@cpu_only
+def test_triton_top_k_in_the_kernel_equals_the_tiled_form(monkeypatch):
+    """Both top-k paths of triton_attention (in the kernel, and tiles of full rows for top_k > KERNEL_TOP_K)."""
+    import kernels.attention_triton as at
+
+    q, k, v, beta, g, s0 = make_inputs(1, 140, 1, 1, 16, 8, 3, "channel")
+    args = dict(initial_state=s0, window=(70, 140), top_k=2, rank_by="contribution", tile=64)
+    got = at.triton_attention(q, k, v, beta, g, **args)
+    monkeypatch.setattr(at, "KERNEL_TOP_K", 0)
+    tiled = at.triton_attention(q, k, v, beta, g, **args)
+    assert (got.top_index == tiled.top_index).float().mean() > 0.999
+    assert rel(got.top_weight, tiled.top_weight) < 1e-5 and rel(got.top_norm, tiled.top_norm) < 1e-5
+    assert rel(got.output, tiled.output) < 1e-5 and rel(got.row_norm, tiled.row_norm) < 1e-5
 
 
 @cpu_only
