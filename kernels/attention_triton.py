@@ -218,7 +218,7 @@ def _top_k_walk(inp: _Inputs, factors, start: int, stop: int, top_k: int, by_nor
     K, n_h, N = inp.q.shape[-1], inp.n_h, stop * inp.n_h
     DV = inp.v.shape[-1]
     BV = min(64, max(16, triton.next_power_of_2(DV)))
-    KP = triton.next_power_of_2(top_k)
+    KP = max(2, triton.next_power_of_2(top_k))  # k = 1 is a separate path in tl.topk: avoid it
     dev = inp.q.device
     c_lo, c_hi = start // C, -(-stop // C)
     NQ = c_hi - c_lo

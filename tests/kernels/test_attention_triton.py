@@ -141,20 +141,28 @@ def test_triton_refuses_a_bad_gate_shape():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("n_h,gate", [(1, False), (3, True)])
+@pytest.mark.parametrize("n_h,gate", [(1, "scalar"), (2, "scalar"), (1, "channel"), (2, "channel")])
 def test_triton_gpu_4096_tokens(n_h, gate):
-    """T = 4096, one batch, 2 value heads on 1 key head, dk = dv = 128: against the float64 chunked form
-    (itself checked against the oracle above) and the float64 recurrence outputs."""
+    """T = 4096, 2 value heads on 1 key head, dk = dv = 128, an initial state: against the float64 chunked form on
+    the GPU (checked against the dense oracle on small shapes) and the float64 chunked recurrence.
+
+    Full rows for a 1024-token window; the in-kernel top-k for all 4096 queries. Under a minute on an H100."""
+    import time
+
+    from kernels.attention import chunk_recurrence
     from kernels.attention_triton import triton_attention
 
-    q, k, v, beta, g, s0 = make_inputs(1, 4096, 1, 2, 128, 128, n_h, gate, device="cuda")
-    m = triton_attention(q, k, v, beta, g, initial_state=s0, window=(3000, 4096))
-    ref = delta_attention(q, k, v, beta, g, initial_state=s0, window=(3000, 4096))
-    assert rel(m.weights, ref.weights) < 1e-4 and rel(m.initial, ref.initial) < 1e-4
-    from kernels.chunk import chunk_delta_product
-
-    qh, kh = q.repeat_interleave(2, 2), k.repeat_interleave(2, 3)
-    o = chunk_delta_product(qh, kh, v, beta, g, initial_state=s0)[0]
-    assert rel(m.output, o[:, 3000:]) < 1e-4
-    top = triton_attention(q, k, v, beta, g, initial_state=s0, top_k=8)
-    assert rel(top.output, o) < 1e-4
+    q, k, v, beta, g, s0 = make_inputs(1, 4096, 1, 2, 128, 128, n_h, gate, device="cuda", decay=0.05)
+    t0 = time.perf_counter()
+    m = triton_attention(q, k, v, beta, g, initial_state=s0, window=(3072, 4096))
+    ref = delta_attention(q, k, v, beta, g, initial_state=s0, window=(3072, 4096))
+    o, _ = chunk_recurrence(q, k, v, beta, g, initial_state=s0)
+    errs = dict(weights=rel(m.weights, ref.weights), output=rel(m.output, o[:, 3072:]),
+                initial=((m.initial - ref.initial).norm() / o[:, 3072:].norm()).item())
+    top = triton_attention(q, k, v, beta, g, initial_state=s0, top_k=8, rank_by="contribution")
+    ref_top = delta_attention(q, k, v, beta, g, initial_state=s0, top_k=8, rank_by="contribution")
+    agree = (top.top_index == ref_top.top_index).float().mean().item()
+    errs |= dict(top_weight=rel(top.top_weight, ref_top.top_weight), top_output=rel(top.output, o), agree=agree)
+    print(f"n_h={n_h} gate={gate}: {errs} in {time.perf_counter() - t0:.1f} s")
+    assert errs["weights"] < 2e-5 and errs["output"] < 2e-5 and errs["initial"] < 2e-5
+    assert agree > 0.99 and errs["top_weight"] < 1e-3 and errs["top_output"] < 2e-5  # near ties may swap
