@@ -118,12 +118,18 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def run(T: int, n_hs: list[int], gates: list[str], device: str, sample_rows: int, repeat: int = 3) -> list[dict]:
+def run(T: int, n_hs: list[int], gates: list[str], device: str, sample_rows: int, repeat: int = 3,
+        json_path: str | None = None) -> list[dict]:
+    """Every (n_h, gate) row; each is printed and (json_path) written as soon as it is done, so a run cut short
+    keeps its finished rows."""
     rows = []
     for n_h in n_hs:
         for gate in gates:
             rows.append(bench_one(T, n_h, gate, device, sample_rows, repeat))
             print(json.dumps(rows[-1]), flush=True)
+            if json_path:
+                with open(json_path, "w") as f:
+                    json.dump(rows, f, indent=1)
     return rows
 
 
@@ -139,11 +145,8 @@ def main(argv: list[str] | None = None) -> None:
     a = p.parse_args(argv)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     T, n_hs, repeat = (128, [2], 1) if a.quick else (a.T, a.n_h, a.repeat)
-    rows = run(T, n_hs, a.gate, device, a.sample_rows, repeat)
+    rows = run(T, n_hs, a.gate, device, a.sample_rows, repeat, a.json)
     print(table(rows))
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump(rows, f, indent=1)
 
 
 if __name__ == "__main__":
