@@ -161,8 +161,10 @@ def test_triton_gpu_4096_tokens(n_h, gate):
                 initial=((m.initial - ref.initial).norm() / o[:, 3072:].norm()).item())
     top = triton_attention(q, k, v, beta, g, initial_state=s0, top_k=8, rank_by="contribution")
     ref_top = delta_attention(q, k, v, beta, g, initial_state=s0, top_k=8, rank_by="contribution")
-    agree = (top.top_index == ref_top.top_index).float().mean().item()
-    errs |= dict(top_weight=rel(top.top_weight, ref_top.top_weight), top_output=rel(top.output, o), agree=agree)
+    same = top.top_index == ref_top.top_index  # float32 near ties may swap a pair: compare where they agree
+    errs |= dict(agree=same.float().mean().item(), top_weight=rel(top.top_weight[same], ref_top.top_weight[same]),
+                 top_norm=rel(top.top_norm, ref_top.top_norm), top_output=rel(top.output, o))
     print(f"n_h={n_h} gate={gate}: {errs} in {time.perf_counter() - t0:.1f} s")
     assert errs["weights"] < 2e-5 and errs["output"] < 2e-5 and errs["initial"] < 2e-5
-    assert agree > 0.99 and errs["top_weight"] < 1e-3 and errs["top_output"] < 2e-5  # near ties may swap
+    assert errs["agree"] > 0.999 and errs["top_weight"] < 2e-5 and errs["top_norm"] < 2e-5  # sorted: swap-proof
+    assert errs["top_output"] < 2e-5
