@@ -289,7 +289,8 @@ def triton_attention(
     if top_k is not None:
         top = (torch.full((BH, Tw, top_k), -1, dtype=torch.long, device=dev), inp.q.new_zeros(BH, Tw, top_k))
     sq = inp.q.new_zeros(BH, Tw)
-    in_kernel = top_k is not None and top_k <= KERNEL_TOP_K
+    # ranked by contribution, the kernel keeps |alpha| ||v_u|| and divides ||v_u|| back out: not where v_u = 0
+    in_kernel = top_k is not None and top_k <= KERNEL_TOP_K and not (rank_by == "contribution" and (vnorm == 0).any())
     if in_kernel:
         idx, w, out, sq, rows_end = _top_k_walk(
             inp, (Z, P, intra, carried), start, stop, top_k, rank_by == "contribution", precision

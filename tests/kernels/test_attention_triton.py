@@ -99,6 +99,20 @@ def test_triton_top_k_in_the_kernel_equals_the_tiled_form(monkeypatch):
 
 
 @cpu_only
+def test_triton_top_k_by_contribution_with_zero_values():
+    """Sources with v_u = 0 (contribution 0) still report their exact signed weight, never NaN."""
+    from kernels.attention_triton import triton_attention
+
+    q, k, v, beta, g, s0 = make_inputs(1, 70, 1, 1, 16, 8, 1, "scalar")
+    v[:, 3:60] = 0  # fewer than top_k sources with a non-zero contribution for the early rows
+    want = delta_attention(q, k, v, beta, g, initial_state=s0, top_k=4, rank_by="contribution")
+    got = triton_attention(q, k, v, beta, g, initial_state=s0, top_k=4, rank_by="contribution")
+    assert torch.isfinite(got.top_weight).all()
+    same = got.top_index == want.top_index  # ties at contribution 0 are arbitrary
+    assert same[:, :3].all() and rel(got.top_weight[same], want.top_weight[same]) < 1e-5
+
+
+@cpu_only
 @pytest.mark.parametrize("n_h,Hk,Hv", [(1, 1, 2), (2, 2, 4)])
 def test_triton_per_channel_gates_match_the_float64_oracle(n_h, Hk, Hv):
     """Kimi Delta Attention gates g [B, T, Hv, dk]: T = 140 (a partial third chunk), grouped heads, a state."""
