@@ -142,8 +142,8 @@ def _cross_topk_kernel(
     for a in tl.static_range(NH):
         cols = cq * L + a * 64 + o_r
         b_s = tl.load(INTRA + (base * 64 + o_r[:, None]) * L + a * 64 + o_r[None, :])
-        valid = (cols[None, :] <= read[:, None]) & (cols[None, :] < n_src)
-        acc, sq, top = _absorb(b_s, cols, valid, V, VN, v_base, o_v, DV, acc, sq, top, KP, BY_NORM, PREC)
+        causal = (cols[None, :] <= read[:, None]) & (cols[None, :] < n_src)
+        acc, sq, top = _absorb(b_s, cols, causal, V, VN, v_base, o_v, DV, acc, sq, top, KP, BY_NORM, PREC)
     b_r = tl.load(R0 + rows[:, None] * BK + o_k[None, :])
     for i in range(0, cq):
         c = cq - 1 - i
@@ -152,8 +152,8 @@ def _cross_topk_kernel(
             b_z = tl.load(Z + (base * BK + o_k[:, None]) * L + a * 64 + o_r[None, :])
             b_s = tl.dot(b_r, b_z, input_precision=PREC)
             cols = c * L + a * 64 + o_r
-            valid = cols[None, :] >= 0
-            acc, sq, top = _absorb(b_s, cols, valid, V, VN, v_base, o_v, DV, acc, sq, top, KP, BY_NORM, PREC)
+            past = cols[None, :] >= 0  # every source of an earlier chunk is causal
+            acc, sq, top = _absorb(b_s, cols, past, V, VN, v_base, o_v, DV, acc, sq, top, KP, BY_NORM, PREC)
         b_p = tl.load(P + (base * BK + o_k[:, None]) * BK + o_k[None, :])
         b_r = tl.dot(b_r, b_p, input_precision=PREC)
     tl.store(OUT + rows[:, None] * DV + o_v[None, :], acc, mask=o_v[None, :] < DV)
