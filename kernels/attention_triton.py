@@ -11,10 +11,10 @@ Same math and result as `kernels.attention.delta_attention` (read its docstring)
   holds its 64 carried rows in registers and walks back through chunks c = cq-1 .. 0, writing r Z_c and
   carrying r <- r P_c; the rows it ends with are Phi(t,-1)^T q_t, which give the initial-state term.
   The walk does not depend on the gate's kind: per-channel gates change only the factors.
-Full rows are written for query tiles of `tile` tokens. With top_k <= KERNEL_TOP_K, `_cross_topk_kernel` keeps a
-running top-k per query row in registers (tl.topk over packed int64 keys), with the squared row norms and the
-rebuilt output: no score matrix is stored, memory O(Tw (top_k + dk + dv)). Larger top_k reduce each tile with
-torch.topk before the next, memory O(tile * sources).
+Full rows are written for query tiles of `tile` tokens. With top_k <= KERNEL_TOP_K, `_cross_topk_kernel` keeps
+a running top-k per query row in registers (max-and-replace rounds over packed int64 keys), with the squared row
+norms and the rebuilt output: no score matrix is stored, memory O(Tw (top_k + dk + dv)). Larger top_k reduce each
+tile with torch.topk before the next, memory O(tile * sources).
 """
 
 from __future__ import annotations
@@ -78,7 +78,9 @@ def _absorb(b_s, cols, valid, V, VN, v_base, o_v, DV, acc, sq, top, KP: tl.const
     """Fold one [64, 64] block of scores (flat sources cols) into the output, the squared row norms and the top KP.
 
     Ranks by |alpha| (or |alpha| ||v_u||) packed with the sign and the source into one int64, float bits high (a
-    non-negative float's bits order like the float), so one tl.topk keeps key, sign and index together.
+    non-negative float's bits order like the float), so a max over packed keys carries key, sign and index
+    together. The block's largest key replaces the buffer's smallest while it is larger: at most as many rounds
+    as the most candidates any row has above its current smallest (none, for most old, decayed blocks).
     """
     b_v = tl.load(V + (v_base + cols[:, None]) * DV + o_v[None, :], mask=o_v[None, :] < DV, other=0.0)
     acc += tl.dot(b_s, b_v, input_precision=PREC)
@@ -89,9 +91,15 @@ def _absorb(b_s, cols, valid, V, VN, v_base, o_v, DV, acc, sq, top, KP: tl.const
     bits = key.to(tl.int32, bitcast=True).to(tl.int64)
     packed = (bits << 32) | ((b_s < 0).to(tl.int64) << 31) | cols[None, :].to(tl.int64)
     packed = tl.where(valid, packed, -1)
-    if KP < 64:
-        packed = tl.topk(packed, KP)
-    top = tl.topk(tl.reshape(tl.join(top, packed), [64, 2 * KP]), KP)
+    floor = tl.min(top, 1)
+    rounds = tl.minimum(tl.max(tl.sum((packed > floor[:, None]).to(tl.int32), 1)), KP)
+    slot = tl.arange(0, KP)
+    for _ in range(rounds):
+        best = tl.max(packed, 1)
+        floor = tl.min(top, 1)
+        at = tl.argmin(top, 1)
+        top = tl.where((slot[None, :] == at[:, None]) & (best > floor)[:, None], best[:, None], top)
+        packed = tl.where(packed == best[:, None], -1, packed)
     return acc, sq, top
 
 
@@ -121,8 +129,8 @@ def _cross_topk_kernel(
 ):
     """Program (i_q, i_bh, i_v): as `_cross_kernel`, but the scores never leave the program.
 
-    Each 64-source block is folded into a running top-KP per query row (packed int64, TOP [BH, 64 NQ, KP]), the
-    squared row norms SQ and the rebuilt output OUT[..., i_v BV : i_v BV + BV] (= sum_u alpha_u v_u); the
+    Each 64-source block is folded into a running top-KP per query row (packed int64, TOP [BH, 64 NQ, KP], in no
+    order), the squared row norms SQ and the rebuilt output OUT[..., i_v BV : i_v BV + BV] (= sum_u alpha_u v_u); the
     query's own chunk is read from INTRA [BH, NC, 64, 64 NH] and masked causally. Memory: O(rows * KP).
     V [BH, 64 NH NC, DV] and VN [BH, 64 NH NC] (value norms) are padded to whole chunks.
     """
@@ -218,7 +226,7 @@ def _top_k_walk(inp: _Inputs, factors, start: int, stop: int, top_k: int, by_nor
     K, n_h, N = inp.q.shape[-1], inp.n_h, stop * inp.n_h
     DV = inp.v.shape[-1]
     BV = min(64, max(16, triton.next_power_of_2(DV)))
-    KP = max(2, triton.next_power_of_2(top_k))  # k = 1 is a separate path in tl.topk: avoid it
+    KP = max(2, triton.next_power_of_2(top_k))  # a power of two for tl.arange
     dev = inp.q.device
     c_lo, c_hi = start // C, -(-stop // C)
     NQ = c_hi - c_lo
@@ -235,7 +243,7 @@ def _top_k_walk(inp: _Inputs, factors, start: int, stop: int, top_k: int, by_nor
     _cross_topk_kernel[grid](R0, Z, P, intra.contiguous(), V, VN, TOP, SQ, OUT, RC, c_lo, N, NQ, NC, DV, BK=BK,
                              NH=n_h, BV=BV, KP=KP, BY_NORM=by_norm, PREC=precision, num_stages=1)
     sel = slice(start - c_lo * C, stop - c_lo * C)
-    packed = TOP[:, sel, :top_k]
+    packed = TOP[:, sel].sort(dim=-1, descending=True).values[..., :top_k]
     ok = packed >= 0
     idx = (packed & 0x7FFFFFFF).masked_fill(~ok, -1)
     key = (packed >> 32).to(torch.int32).view(torch.float32)
