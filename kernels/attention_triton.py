@@ -146,24 +146,23 @@ def _cross_topk_kernel(
     sq = tl.zeros([64], dtype=tl.float32)
     top = tl.full([64, KP], -1, dtype=tl.int64)
     read = (cq * 64 + o_r) * NH + NH - 1  # the sub-step after which each row's query reads the state
-    base = i_bh.to(tl.int64) * NC + cq
-    for a in tl.static_range(NH):
-        cols = cq * L + a * 64 + o_r
-        b_s = tl.load(INTRA + (base * 64 + o_r[:, None]) * L + a * 64 + o_r[None, :])
-        causal = (cols[None, :] <= read[:, None]) & (cols[None, :] < n_src)
-        acc, sq, top = _absorb(b_s, cols, causal, V, VN, v_base, o_v, DV, acc, sq, top, KP, BY_NORM, PREC)
     b_r = tl.load(R0 + rows[:, None] * BK + o_k[None, :])
-    for i in range(0, cq):
-        c = cq - 1 - i
+    for i in range(0, cq + 1):  # the query's own chunk first (i = 0), then c = cq - 1 .. 0; one _absorb in the code
+        c = cq - i
         base = i_bh.to(tl.int64) * NC + c
-        for a in tl.static_range(NH):
-            b_z = tl.load(Z + (base * BK + o_k[:, None]) * L + a * 64 + o_r[None, :])
-            b_s = tl.dot(b_r, b_z, input_precision=PREC)
+        for a in range(NH):
             cols = c * L + a * 64 + o_r
-            past = cols[None, :] >= 0  # every source of an earlier chunk is causal
-            acc, sq, top = _absorb(b_s, cols, past, V, VN, v_base, o_v, DV, acc, sq, top, KP, BY_NORM, PREC)
-        b_p = tl.load(P + (base * BK + o_k[:, None]) * BK + o_k[None, :])
-        b_r = tl.dot(b_r, b_p, input_precision=PREC)
+            if i == 0:
+                b_s = tl.load(INTRA + (base * 64 + o_r[:, None]) * L + a * 64 + o_r[None, :])
+                valid = (cols[None, :] <= read[:, None]) & (cols[None, :] < n_src)
+            else:
+                b_z = tl.load(Z + (base * BK + o_k[:, None]) * L + a * 64 + o_r[None, :])
+                b_s = tl.dot(b_r, b_z, input_precision=PREC)
+                valid = (cols[None, :] >= 0) & (o_r[:, None] >= 0)  # every source of an earlier chunk
+            acc, sq, top = _absorb(b_s, cols, valid, V, VN, v_base, o_v, DV, acc, sq, top, KP, BY_NORM, PREC)
+        if i > 0:
+            b_p = tl.load(P + (base * BK + o_k[:, None]) * BK + o_k[None, :])
+            b_r = tl.dot(b_r, b_p, input_precision=PREC)
     tl.store(OUT + rows[:, None] * DV + o_v[None, :], acc, mask=o_v[None, :] < DV)
     if i_v == 0:
         tl.store(RC + rows[:, None] * BK + o_k[None, :], b_r)
