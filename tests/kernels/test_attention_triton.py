@@ -145,6 +145,17 @@ def test_triton_strong_decays_stay_finite_and_exact(gate):
     assert ((m.initial - ref.initial).norm(dim=-1) / ref.output.norm(dim=-1)).max() < 1e-6
 
 
+def test_per_channel_factors_do_not_depend_on_the_byte_budget():
+    """The [L, L, dk] pairwise decays are built for groups of chunks; one chunk at a time gives the same factors."""
+    from kernels.attention import _prepare
+    from kernels.attention_triton import _factors
+
+    q, k, v, beta, g, _ = make_inputs(2, 150, 1, 2, 16, 8, 2, "channel")
+    inp = _prepare(*(x.float() for x in (q, k, v, beta, g)), None, None, False, 150)
+    for whole, grouped in zip(_factors(inp, 16), _factors(inp, 16, budget=1)):
+        assert torch.equal(whole, grouped)
+
+
 def test_triton_refuses_a_bad_gate_shape():
     from kernels.attention_triton import triton_attention
 
