@@ -153,7 +153,7 @@ def test_per_channel_factors_do_not_depend_on_the_byte_budget():
     q, k, v, beta, g, _ = make_inputs(2, 150, 1, 2, 16, 8, 2, "channel")
     inp = _prepare(*(x.float() for x in (q, k, v, beta, g)), None, None, False, 150)
     for whole, grouped in zip(_factors(inp, 16), _factors(inp, 16, budget=1)):
-        assert torch.equal(whole, grouped)
+        assert torch.allclose(whole, grouped, rtol=1e-6, atol=1e-7)  # BLAS may block batches differently
 
 
 def test_triton_refuses_a_bad_gate_shape():
