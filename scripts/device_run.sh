@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call's worth of GPU work, by section; logs and JSON go to $OUT (the device tool's folder).
 #   usage (on the device, from the repo root, after the wheel install line of ../shared/device/README.md):
-#     bash scripts/device_run.sh s4 | tests | kernels | kda | analysis | probes | store | dist  [more sections ...]
+#     bash scripts/device_run.sh s4 | tests | kernels | kda | analysis | probes | store | dist | attention  [more ...]
 # s4:      continue the bundled S4 model (trained up to length 128) at 128, then 256, and evaluate it
 # tests:   the GPU-marked tests (realistic shapes, fla 0.6.0 comparisons)
 # kernels: python -m benchmarks.kernels (forward vs fla, accuracy; ~9 min on an H100, so a call of its own)
@@ -10,6 +10,9 @@
 # analysis: python -m benchmarks.kernels_analysis (spectra incl. windows, state ranks vs the authors' loop)
 # probes:  erank/spectra probe throughput (python -m benchmarks.probes) on a GPU capture of the bundled model
 # store:   capture vs plain forward, write rate vs dd, memory (benchmarks.store) on the GPU; hidden 512 and 1024
+# attention: exact attention maps (unmeasured; timeouts bound it to 8 min): the T=4096 GPU tests of the
+#          Triton kernel, one pytest per case under its own timeout (n_h 1, 2 x scalar, per-channel gates), then
+#          python -m benchmarks.attention at T=4096 (n_h 1, 2 x both gates; fp64 oracle and dense Phi extrapolated)
 # dist:    torchrun capture on every GPU of the machine (NCCL) against one GPU; same values (nvidia-h200-x2)
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -52,6 +55,17 @@ for section in "$@"; do
       export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1  # required on shared hosts
       python3 scripts/dist_capture_check.py --gpus "$(nvidia-smi -L | wc -l)" --json "$OUT/dist.json" 2>&1 \
         | tee "$OUT/dist.txt" ;;
-    *) echo "unknown section $section: use s4, tests, kernels, kda, analysis, probes, store or dist" >&2; exit 2 ;;
+    attention)
+      # the first case of each n_h compiles its kernels (about 20-40 s); the channel cases reuse them
+      for case in 1-scalar:100 2-scalar:100 1-channel:75 2-channel:75; do
+        timeout "${case#*:}" python3 -m pytest -q -s -m gpu -p no:cacheprovider \
+          "tests/kernels/test_attention_triton.py::test_triton_gpu_4096_tokens[${case%:*}]" 2>&1 | tail -4 \
+          | tee -a "$OUT/attention-gpu-tests.log"
+        echo "[${case%:*}] exit ${PIPESTATUS[0]} (124: past ${case#*:} s)" | tee -a "$OUT/attention-gpu-tests.log"
+      done
+      timeout 130 python3 -m benchmarks.attention --T 4096 --n-h 1 2 --gate scalar channel \
+        --json "$OUT/attention-bench.json" 2>&1 | tee "$OUT/attention-bench.txt" ;;
+    *) echo "unknown section $section: use s4, tests, kernels, kda, analysis, probes, store, dist or attention" >&2
+       exit 2 ;;
   esac
 done
