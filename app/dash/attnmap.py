@@ -17,8 +17,9 @@ from typing import Any
 
 import numpy as np
 
-MAX_QUERIES = 512
-"""Query tokens whose full rows one window holds."""
+MAX_QUERIES = 128
+"""Query tokens whose full rows one window holds (aligned blocks: a click inside the block reuses it; 128 keeps the next
+head of a real-size store at about 0.1 s, where 512 took 1-2 s)."""
 MAX_SOURCES = 2048
 """Source tokens a window shows (the query window and the tokens before it)."""
 GRID_TOKENS = 64
@@ -67,22 +68,52 @@ def grid_window(pos: int, length: int, n_heads: int) -> Window:
     return Window(lo, lo, lo + n)
 
 
-def inputs(ds: Any, seq: int, li: int, heads: list[int], start: int, stop: int) -> dict[str, Any]:
-    """q, k, v, beta (and g) of tokens [start, stop) of one sequence, layer index `li` and value heads `heads`, as
-    float64 tensors in the kernels' layouts ([1, T, H, dk], [1, T, n_h, H, dk], ...). Grouped stores: value head h
-    reads key head key_head_of[h]."""
-    import torch
+@dataclass(frozen=True)
+class Inputs:
+    """q, k, v, beta (and g) of every value head for tokens [start, stop) of one sequence and layer, as read from the
+    store (numpy, the store's dtype, per value head): read once, then sliced per head and window."""
 
+    start: int
+    stop: int
+    arrays: dict[str, np.ndarray]
+
+    def covers(self, start: int, stop: int) -> bool:
+        return self.start <= start and stop <= self.stop
+
+
+def read_inputs(ds: Any, seq: int, li: int, start: int, stop: int) -> Inputs:
+    """The stored inputs of tokens [start, stop) of sequence `seq`, layer index `li`, every value head (grouped
+    stores: value head h reads key head key_head_of[h])."""
     from store.reader import per_value_head
 
     missing = [v for v in NEEDS if v not in ds]
     if missing:
         raise ValueError(f"the store has no {', '.join(missing)}: recapture with --hooks including q,k,v,beta")
     names = [*NEEDS, *(["g"] if "g" in ds else [])]
-    one = per_value_head(ds[names]).isel(seq=[seq], layer=li, head=list(heads), pos=slice(start, stop)).compute()
-    out = {n: torch.as_tensor(np.asarray(one[n].values, dtype=np.float64)) for n in names}
-    out.setdefault("g", None)
+    one = per_value_head(ds[names]).isel(seq=[seq], layer=li, pos=slice(start, stop)).compute()
+    return Inputs(start, stop, {n: np.asarray(one[n].values) for n in names})
+
+
+def pick(inp: Inputs, heads: list[int], start: int, stop: int) -> dict[str, Any]:
+    """Value heads `heads` of tokens [start, stop) (inside `inp`) as float64 tensors in the kernels' layouts
+    ([1, T, H, dk], [1, T, n_h, H, dk], ...); "g" is None for ungated stores."""
+    import torch
+
+    if not inp.covers(start, stop):
+        raise ValueError(f"tokens [{start}, {stop}) are outside the inputs read [{inp.start}, {inp.stop})")
+    t = slice(start - inp.start, stop - inp.start)
+    out: dict[str, Any] = {"g": None}
+    for name, a in inp.arrays.items():
+        head_axis = 3 if name in ("k", "v", "beta") else 2  # [1, T, (n_h,) H, ...]
+        sub = np.take(a[:, t], heads, axis=head_axis)
+        out[name] = torch.as_tensor(np.ascontiguousarray(sub, dtype=np.float64))
     return out
+
+
+def inputs(ds: Any, seq: int, li: int, heads: list[int], start: int, stop: int) -> dict[str, Any]:
+    """q, k, v, beta (and g) of tokens [start, stop) of one sequence, layer index `li` and value heads `heads`, as
+    float64 tensors in the kernels' layouts ([1, T, H, dk], [1, T, n_h, H, dk], ...)."""
+    return pick(read_inputs(ds, seq, li, start, stop), list(heads), start, stop)
 
 
 @dataclass
@@ -108,11 +139,14 @@ class Rows:
         return w
 
 
-def rows(ds: Any, seq: int, li: int, head: int, win: Window) -> Rows:
-    """The exact map and the GLA approximation of value head `head` for the queries of `win` (float64)."""
+def rows(ds: Any, seq: int, li: int, head: int, win: Window, read: Inputs | None = None) -> Rows:
+    """The exact map and the GLA approximation of value head `head` for the queries of `win` (float64), from `read`
+    when it covers the window (inputs read once for every head), else read from the store."""
     from kernels.attention import compare_attention
 
-    a = inputs(ds, seq, li, [head], win.src0, win.hi)
+    if read is None or not read.covers(win.src0, win.hi):
+        read = read_inputs(ds, seq, li, win.src0, win.hi)
+    a = pick(read, [head], win.src0, win.hi)
     cmp = compare_attention(a["q"], a["k"], a["v"], a["beta"], a["g"], window=(win.lo - win.src0, win.hi - win.src0))
 
     def full(m) -> np.ndarray:  # [1, Tw, 1, S, n_h] -> [Tw, S, n_h]
@@ -122,13 +156,15 @@ def rows(ds: Any, seq: int, li: int, head: int, win: Window) -> Rows:
                 cmp.output_error[0, :, 0].numpy(), cmp.exact.output[0, :, 0].numpy())
 
 
-def grid(ds: Any, seq: int, li: int, win: Window) -> tuple[np.ndarray, np.ndarray]:
+def grid(ds: Any, seq: int, li: int, win: Window, read: Inputs | None = None) -> tuple[np.ndarray, np.ndarray]:
     """(exact, GLA) maps of every head over tokens [win.lo, win.hi): [head, query, source], summed over sub-steps
-    (NaN above the diagonal: sources after the query)."""
+    (NaN above the diagonal: sources after the query); from `read` when it covers them."""
     from kernels.attention import compare_attention
 
     H = int(ds.sizes.get("head", 1))
-    a = inputs(ds, seq, li, list(range(H)), win.lo, win.hi)
+    if read is None or not read.covers(win.lo, win.hi):
+        read = read_inputs(ds, seq, li, win.lo, win.hi)
+    a = pick(read, list(range(H)), win.lo, win.hi)
     cmp = compare_attention(a["q"], a["k"], a["v"], a["beta"], a["g"])
     n = win.hi - win.lo
     later = np.triu(np.ones((n, n), bool), 1)

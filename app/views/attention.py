@@ -22,22 +22,34 @@ def _valid_length(path: str, stamp: float, seq: int) -> int:
     return attnmap.valid_length(loading._open(path, stamp), seq)
 
 
+@st.cache_resource(show_spinner=False, max_entries=4)
+def _inputs(path: str, stamp: float, seq: int, li: int, start: int, stop: int) -> attnmap.Inputs:
+    """The stored q, k, v, beta, g of every head of one window, read once: the next head, the head grid and the
+    exact/GLA switch slice it instead of reading the store again (the read was most of an interaction)."""
+    return attnmap.read_inputs(loading._open(path, stamp), seq, li, start, stop)
+
+
 @st.cache_resource(show_spinner=False, max_entries=8)
 def _rows(path: str, stamp: float, seq: int, li: int, head: int, src0: int, lo: int, hi: int) -> attnmap.Rows:
-    """Full rows of one head's window (read-only: shared by every session). At most 512 x 2048 x n_h float64 per
-    map, two maps: 16 MB per sub-step an entry on real sizes, small ones for short sequences."""
-    return attnmap.rows(loading._open(path, stamp), seq, li, head, attnmap.Window(src0, lo, hi))
+    """Full rows of one head's window (read-only: shared by every session). At most 128 x 2048 x n_h float64 per
+    map, two maps: 4 MB per sub-step an entry on real sizes, small ones for short sequences."""
+    return attnmap.rows(loading._open(path, stamp), seq, li, head, attnmap.Window(src0, lo, hi),
+                        _inputs(path, stamp, seq, li, src0, hi))
 
 
 @st.cache_resource(show_spinner=False, max_entries=16)
-def _grid(path: str, stamp: float, seq: int, li: int, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
-    return attnmap.grid(loading._open(path, stamp), seq, li, attnmap.Window(lo, lo, hi))
+def _grid(path: str, stamp: float, seq: int, li: int, lo: int, hi: int, src0: int, stop: int
+          ) -> tuple[np.ndarray, np.ndarray]:
+    """Every head's small maps over [lo, hi), sliced from the query window's inputs [src0, stop) when they hold it."""
+    read = _inputs(path, stamp, seq, li, src0, stop) if src0 <= lo and hi <= stop else None
+    return attnmap.grid(loading._open(path, stamp), seq, li, attnmap.Window(lo, lo, hi), read)
 
 
 @st.cache_resource(show_spinner=False, max_entries=16)
-def _grid_figure(path: str, stamp: float, seq: int, li: int, lo: int, hi: int, mode: str, head: int, layer: int):
+def _grid_figure(path: str, stamp: float, seq: int, li: int, lo: int, hi: int, mode: str, head: int, layer: int,
+                 src0: int, stop: int):
     """The head grid's figure (building it takes longer than the maps: clicks within one grid reuse it)."""
-    exact, gla = _grid(path, stamp, seq, li, lo, hi)
+    exact, gla = _grid(path, stamp, seq, li, lo, hi, src0, stop)
     maps = exact if mode == attnmap.MODES[0] else gla
     return attnfig.head_grid_figure(maps, lo, selected=head, layer=layer, mode=mode)
 
@@ -188,7 +200,8 @@ def _stored(ctx, rows: attnmap.Rows, strings: list[str]) -> None:
 def _head_grid(ctx, T: int, mode: str, strings: list[str]) -> None:
     sel = ctx.sel
     gw = attnmap.grid_window(sel.pos, T, ctx.n_heads)
+    win = attnmap.window(sel.pos, T)  # the query window's inputs, already read for the rows
     with st.spinner(f"Computing every head of layer {sel.layer}…"):
         fig = _grid_figure(str(ctx.path), loading._stamp(ctx.path), sel.seq, sel.li, gw.lo, gw.hi, mode, sel.head,
-                           sel.layer)
+                           sel.layer, win.src0, win.hi)
     export.chart(fig, "attn_heads", on_select=lambda: _on_head("attn_heads"), selection_mode="points")
