@@ -98,7 +98,7 @@ def _layer_inputs(attrs: dict[str, Any], tensors: dict[str, torch.Tensor],
             continue
         dims = [d for d in schema.dims_of(var, sizes) if d != "layer"]
         if "key_head" in dims:
-            index = torch.as_tensor(attrs["key_head_of"], device=x.device)
+            index = torch.as_tensor(schema.key_head_positions(attrs), device=x.device)
             x = x.index_select(1 + dims.index("key_head"), index)
         if missing is not None and "pos" in dims:  # x is [layer, seq, ...]: dims[i] is axis 1 + i
             shape = [1] * x.dim()
