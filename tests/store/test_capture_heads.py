@@ -1,0 +1,179 @@
+"""`deltalab capture --heads`: a capture of some heads is the full capture restricted to them (bitwise), with the
+model's head numbers as the `head` coordinate; the probes and the capture-time reductions give the full store's
+results for those heads; the size estimate shrinks with the heads; bad selections and a resume with other heads
+are refused in one line."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+import store
+from app.cli import app
+from store import schema
+from store.capture import CaptureError, resolve_heads
+
+ZOO = Path(__file__).parents[2] / "models" / "zoo"
+GATED = ZOO / "stdlib-gated-deltaproduct2"
+SPEC = "S4:length=70,samples=4,seed=0"
+HOOKS = "tokens,labels,loss,q,k,v,beta,g,state,o"
+PER_HEAD = ("q", "k", "v", "beta", "g", "state", "o")
+PROBES = ("betas", "keys", "spectra", "erank")
+
+
+def cli(*args: str):
+    return CliRunner().invoke(app, [*args])
+
+
+def capture(folder: Path, out: Path, *extra: str, hooks: str = HOOKS, spec: str = SPEC) -> dict:
+    res = cli("capture", str(folder), "--data", spec, "--out", str(out), "--hooks", hooks, "--batch-size", "2",
+              "--no-progress", "--json", *extra)
+    assert res.exit_code == 0, res.output
+    return json.loads(res.output[res.output.index("{"):])
+
+
+def error_line(res) -> str:
+    assert res.exit_code == 2, res.output
+    lines = [ln for ln in res.output.splitlines() if ln.startswith("error:")]
+    assert len(lines) == 1, res.output
+    return lines[0]
+
+
+def assert_restricted(full, sub, heads: list[int], variables=PER_HEAD) -> None:
+    """Every per-head variable of `sub` is `full` at those heads, bit for bit (NaN where NaN)."""
+    assert sub["head"].values.tolist() == heads
+    for var in variables:
+        if var not in full:
+            continue
+        assert sub[var].dims == full[var].dims, var
+        np.testing.assert_array_equal(sub[var].values, full[var].sel(head=heads).values, err_msg=var)
+
+
+@pytest.fixture(scope="module")
+def gated_pair(tmp_path_factory):
+    """The gated DeltaProduct_2 from the zoo captured whole and with --heads 1,3, both probed."""
+    base = tmp_path_factory.mktemp("heads")
+    full, sub = base / "full.zarr", base / "sub.zarr"
+    capture(GATED, full)
+    summary = capture(GATED, sub, "--heads", "3,1,3-3")  # unsorted and repeated: sorted, unique
+    for path in (full, sub):
+        for probe in PROBES:
+            res = cli("probe", probe, "--store", str(path))
+            assert res.exit_code == 0, (probe, res.output)
+    return full, sub, summary
+
+
+def test_heads_capture_equals_the_full_capture_at_those_heads(gated_pair):
+    full, sub, _ = gated_pair
+    a, b = store.open(full), store.open(sub)
+    assert b.attrs["heads"] == [1, 3] and b.sizes["head"] == 2 and a.sizes["head"] == 4
+    assert_restricted(a, b, [1, 3])
+    for var in ("tokens", "labels", "loss", "correct"):  # per-token variables are untouched
+        np.testing.assert_array_equal(b[var].values, a[var].values)
+
+
+@pytest.mark.parametrize("probe", PROBES)
+def test_probe_results_equal_the_full_stores_at_those_heads(gated_pair, probe):
+    full, sub, _ = gated_pair
+    ra, rb = store.open_results(full, probe), store.open_results(sub, probe)
+    assert rb["head"].values.tolist() == [1, 3]  # the model's head numbers
+    for name, da in rb.data_vars.items():
+        if "head" not in da.dims:
+            continue
+        want = np.asarray(ra[name].sel(head=[1, 3]).values).astype(np.complex128)  # spectra: complex eigenvalues
+        got = np.asarray(da.values).astype(np.complex128)
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6, equal_nan=True, err_msg=f"{probe}.{name}")
+    recs_a = {(r["layer"], r["head"], r.get("step")): r for r in ra.attrs["records"]}
+    recs_b = rb.attrs["records"]
+    assert sorted({r["head"] for r in recs_b}) == [1, 3]
+    for r in recs_b:
+        ref = recs_a[(r["layer"], r["head"], r.get("step"))]
+        for k, v in r.items():
+            if isinstance(v, float) and v == v:
+                assert abs(v - ref[k]) <= 1e-6 * max(1.0, abs(ref[k])), (probe, k)
+
+
+def test_reductions_during_capture_equal_the_full_stores_probes(gated_pair, tmp_path):
+    full, _, _ = gated_pair
+    out = tmp_path / "r.zarr"
+    summary = capture(GATED, out, "--heads", "2,0", "--reduce", "ranks,spectra")
+    assert summary["reduced"] == ["ranks", "spectra"]
+    assert "state" not in store.open(out)  # reduced, not kept
+    for probe in ("erank", "spectra"):
+        ra, rb = store.open_results(full, probe), store.open_results(out, probe)
+        assert rb["head"].values.tolist() == [0, 2]
+        for name, da in rb.data_vars.items():
+            if "head" in da.dims:
+                np.testing.assert_allclose(np.asarray(da.values).astype(np.complex128),
+                                           np.asarray(ra[name].sel(head=[0, 2]).values).astype(np.complex128),
+                                           rtol=1e-5, atol=1e-6, equal_nan=True, err_msg=f"{probe}.{name}")
+
+
+def test_estimate_shrinks_with_the_heads(gated_pair):
+    full, sub, summary = gated_pair
+    ds = store.open(full)
+    H, k = ds.sizes["head"], 2
+    per_head = sum(int(ds[v].nbytes) for v in ds.data_vars if "head" in ds[v].dims)
+    rest = sum(int(ds[v].nbytes) for v in ds.data_vars if "head" not in ds[v].dims)
+    tokens = ds.sizes["seq"] * ds.sizes["pos"]
+    assert summary["estimated_bytes_per_token"] == pytest.approx((rest + per_head * k / H) / tokens, rel=1e-12)
+    assert summary["estimated_bytes_per_token"] < (rest + per_head) / tokens
+
+
+def test_resume_with_the_same_heads_and_refusal_of_other_heads(gated_pair):
+    _, sub, _ = gated_pair
+    again = capture(GATED, sub, "--heads", "1,3")
+    assert again["written"] == 0 and again["skipped"] == 4
+    line = error_line(cli("capture", str(GATED), "--data", SPEC, "--out", str(sub), "--hooks", HOOKS,
+                          "--heads", "0,1"))
+    assert "heads 1,3" in line and "this capture heads 0,1" in line and "pass --heads 1,3" in line
+    line = error_line(cli("capture", str(GATED), "--data", "S4:length=70,samples=2,seed=5", "--out", str(sub),
+                          "--hooks", HOOKS))  # appending all heads to a store of some
+    assert "this capture all heads" in line and "pass --heads 1,3" in line
+
+
+def test_full_store_refuses_a_heads_append(gated_pair):
+    full, _, _ = gated_pair
+    line = error_line(cli("capture", str(GATED), "--data", SPEC, "--out", str(full), "--hooks", HOOKS,
+                          "--heads", "0"))
+    assert "all heads" in line and "omit --heads" in line
+
+
+@pytest.mark.parametrize(("heads", "needle"), [
+    ("4", "head 4 is out of range: the model has 4 heads (0..3)"),
+    ("-1", "'-1' is not an integer or a range"),
+    ("", "--heads is empty"),
+    (",", "--heads is empty"),
+    ("a", "is not an integer or a range; pass e.g. --heads 0,3-5"),
+    ("5-3", "is an empty range"),
+    ("key:0", "does not group its heads"),
+])
+def test_bad_heads_are_one_line_errors(tmp_path, heads, needle):
+    out = tmp_path / "s.zarr"
+    line = error_line(cli("capture", str(GATED), "--data", SPEC, "--out", str(out), "--heads", heads))
+    assert needle in line
+    assert not out.exists()
+
+
+def test_grouped_value_and_key_head_selection():
+    key_head_of = [0, 0, 1, 1, 2, 2]
+    assert resolve_heads("1,4", 6, key_head_of) == ([1, 4], [0, 2])
+    assert resolve_heads("key:1", 6, key_head_of) == ([2, 3], [1])
+    assert resolve_heads(None, 6, key_head_of) is None
+    with pytest.raises(CaptureError, match=r"value head 6 is out of range: the model has 6 value heads \(0..5\) "
+                                           r"and 3 key heads; --heads names value heads .* --heads key:0,2"):
+        resolve_heads("6", 6, key_head_of)
+    with pytest.raises(CaptureError, match=r"key head 3 is out of range: the model has 3 key heads \(0..2\) "
+                                           r"and 6 value heads; drop key: to name value heads"):
+        resolve_heads("key:3", 6, key_head_of)
+
+
+def test_schema_key_head_positions():
+    assert schema.key_head_positions({"key_head_of": [0, 0, 1]}) == [0, 0, 1]
+    assert schema.key_head_positions({"key_head_of": [1, 3, 3], "key_heads": [1, 3]}) == [0, 1, 1]
+    assert schema.head_numbers({"sizes": {"head": 3}}) == [0, 1, 2]
+    assert schema.head_numbers({"sizes": {"head": 2}, "heads": [5, 7]}) == [5, 7]
