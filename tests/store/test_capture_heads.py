@@ -177,3 +177,65 @@ def test_schema_key_head_positions():
     assert schema.key_head_positions({"key_head_of": [1, 3, 3], "key_heads": [1, 3]}) == [0, 1, 1]
     assert schema.head_numbers({"sizes": {"head": 3}}) == [0, 1, 2]
     assert schema.head_numbers({"sizes": {"head": 2}, "heads": [5, 7]}) == [5, 7]
+
+
+# --- grouped heads (transformers Gated DeltaNet) and per-channel gates (Kimi Delta Attention) -------------------
+
+@pytest.fixture(scope="module")
+def grouped_full(tmp_path_factory):
+    pytest.importorskip("transformers")
+    from tests.models.hf_tiny import save_tiny
+
+    base = tmp_path_factory.mktemp("grouped")
+    folder = save_tiny("olmo_hybrid", base / "olmo")
+    full = base / "full.zarr"
+    capture(folder, full)
+    res = cli("probe", "attention", "--store", str(full))
+    assert res.exit_code == 0, res.output
+    return folder, full
+
+
+@pytest.mark.parametrize(("heads", "values", "keys"), [("1,2", [1, 2], [0, 1]), ("key:1", [2, 3], [1])])
+def test_grouped_value_heads_keep_the_key_heads_they_read(grouped_full, tmp_path, heads, values, keys):
+    folder, full = grouped_full
+    out = tmp_path / "s.zarr"
+    capture(folder, out, "--heads", heads)
+    a, b = store.open(full), store.open(out)
+    assert_restricted(a, b, values)  # q, k per value head (the default view) included
+    assert b.attrs["key_heads"] == keys and b.attrs["key_head_of"] == [v // 2 for v in values]
+    as_stored = store.open(out, key_heads="key")
+    assert as_stored["key_head"].values.tolist() == keys and as_stored["key_head_of"].values.tolist() == b.attrs[
+        "key_head_of"]
+    np.testing.assert_array_equal(as_stored["k"].values, store.open(full, key_heads="key")["k"].values[..., keys, :])
+
+
+def test_grouped_reduced_attention_equals_the_full_stores_probe(grouped_full, tmp_path):
+    folder, full = grouped_full
+    out = tmp_path / "r.zarr"
+    capture(folder, out, "--heads", "key:1", "--reduce", "attention")
+    ra, rb = store.open_results(full, "attention"), store.open_results(out, "attention")
+    assert rb["head"].values.tolist() == [2, 3]
+    for name, da in rb.data_vars.items():
+        if "head" in da.dims:
+            np.testing.assert_allclose(np.asarray(da.values, np.float64),
+                                       np.asarray(ra[name].sel(head=[2, 3]).values, np.float64),
+                                       rtol=1e-5, atol=1e-6, equal_nan=True, err_msg=name)
+
+
+def test_grouped_out_of_range_names_value_and_key_heads(grouped_full, tmp_path):
+    folder, _ = grouped_full
+    line = error_line(cli("capture", str(folder), "--data", SPEC, "--out", str(tmp_path / "s.zarr"),
+                          "--heads", "key:2"))
+    assert "key head 2 is out of range: the model has 2 key heads (0..1) and 4 value heads" in line
+
+
+def test_per_channel_gates_keep_their_heads(tmp_path):
+    pytest.importorskip("transformers")
+    from tests.models.kda_tiny import save_kda
+
+    folder = save_kda("kimi_linear", tmp_path / "kimi")
+    capture(folder, tmp_path / "full.zarr")
+    capture(folder, tmp_path / "sub.zarr", "--heads", "1")
+    a, b = store.open(tmp_path / "full.zarr"), store.open(tmp_path / "sub.zarr")
+    assert b["g"].dims == ("seq", "layer", "pos", "head", "dk")
+    assert_restricted(a, b, [1])
