@@ -67,8 +67,11 @@ def _open(path: str, stamp: float) -> xr.Dataset:
     if path in _MEMORY:
         return _MEMORY[path][1]
     import store
+    from probes.data import positional_heads
 
-    return store.open(path)
+    # capture --heads: the dashboard indexes heads by position (as it does layers, by `li`); it shows the model's
+    # numbers from the store's `heads` attr (state.head_number)
+    return positional_heads(store.open(path))
 
 
 def open_store(path: Path) -> tuple[xr.Dataset | None, Problem | None]:
