@@ -120,7 +120,9 @@ def info(
                f"heads={cfg.get('num_heads')} n_h={cfg.get('num_householder', 1)} "
                f"vocab={cfg.get('vocab_size')}  "
                f"checkpoint {prov.get('checkpoint_digest', '?')[:23]}...")
-    typer.echo(f"captured: layers {prov.get('layers')}, hooks {','.join(prov.get('hooks', []))}, "
+    typer.echo(f"captured: layers {prov.get('layers')}, "
+               + (f"heads {prov['heads']}, " if "heads" in prov else "")
+               + f"hooks {','.join(prov.get('hooks', []))}, "
                f"dtype {prov.get('dtype')}, batch {prov.get('batch_size')}"
                + (f", train_length {prov['train_length']}" if "train_length" in prov else ""))
     typer.echo(f"created {prov.get('created')} by deltalab {prov.get('deltalab_version')}: "

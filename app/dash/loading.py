@@ -195,7 +195,10 @@ def _preview(path: str, stamp: float, probe: str, n_seq: int, layer: int | None 
     ds = _open(path, stamp).isel(seq=slice(0, n_seq))
     if layer is not None and "layer" in ds.dims and layer in ds["layer"].values:
         ds = ds.sel(layer=[layer])
-    return previews.compute(importlib.import_module(f"probes.{probe}"), ds)
+    from probes.data import relabel_heads
+
+    out = previews.compute(importlib.import_module(f"probes.{probe}"), ds)
+    return relabel_heads(out, None, ds.attrs.get("heads"))[0]  # labelled like stored results (capture --heads)
 
 
 def preview_n(ds: xr.Dataset, probe: str) -> int:

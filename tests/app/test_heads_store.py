@@ -62,3 +62,20 @@ def test_head_cards_show_model_numbers_and_open_that_head(dash):
     assert at.session_state["page"] == "Head" and at.title[0].value == f"Head 3 · layer {layer}"
     assert at.sidebar.selectbox(key="sel_head").value == 1  # its position in the store
     goto(at, "Betas")
+
+
+def test_own_input_keeps_the_stores_heads(heads_store):
+    """The Input page's run of a store sequence gives the --heads store's own arrays (the same heads)."""
+    import numpy as np
+
+    import store
+    from app.dash import own_input
+
+    ds = store.open(heads_store)
+    tokens = np.asarray(ds["tokens"].isel(seq=1).values)
+    enc = own_input.encode(" ".join(map(str, tokens)), dict(ds.attrs))
+    mine = own_input.run(own_input.get_model(ZOO), enc, dict(ds.attrs))
+    assert mine.sizes["head"] == len(HEADS)
+    for var in ("q", "beta", "k", "g", "state", "o"):
+        np.testing.assert_allclose(mine[var].isel(seq=0).values, ds[var].isel(seq=1).values, rtol=1e-4, atol=1e-5,
+                                   err_msg=var)

@@ -33,7 +33,7 @@ def capture(folder: Path, out: Path, *extra: str, hooks: str = HOOKS, spec: str 
     res = cli("capture", str(folder), "--data", spec, "--out", str(out), "--hooks", hooks, "--batch-size", "2",
               "--no-progress", "--json", *extra)
     assert res.exit_code == 0, res.output
-    return json.loads(res.output[res.output.index("{"):])
+    return json.loads(next(ln for ln in res.output.splitlines() if ln.startswith('{"store"')))
 
 
 def error_line(res) -> str:
@@ -239,3 +239,16 @@ def test_per_channel_gates_keep_their_heads(tmp_path):
     a, b = store.open(tmp_path / "full.zarr"), store.open(tmp_path / "sub.zarr")
     assert b["g"].dims == ("seq", "layer", "pos", "head", "dk")
     assert_restricted(a, b, [1])
+
+
+def test_vars_is_hooks_and_store_info_names_the_heads(gated_pair, tmp_path):
+    full, sub, _ = gated_pair
+    out = tmp_path / "v.zarr"
+    res = cli("capture", str(GATED), "--data", SPEC, "--out", str(out), "--vars", "tokens,beta", "--heads", "2",
+              "--batch-size", "2", "--no-progress")
+    assert res.exit_code == 0, res.output
+    ds = store.open(out)
+    assert ds.attrs["hooks"] == ["tokens", "beta"] and ds["head"].values.tolist() == [2]
+    np.testing.assert_array_equal(ds["beta"].values, store.open(full)["beta"].sel(head=[2]).values)
+    info = cli("store", "info", str(sub))
+    assert info.exit_code == 0 and "heads [1, 3]" in info.output
