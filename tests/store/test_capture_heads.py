@@ -252,3 +252,15 @@ def test_vars_is_hooks_and_store_info_names_the_heads(gated_pair, tmp_path):
     np.testing.assert_array_equal(ds["beta"].values, store.open(full)["beta"].sel(head=[2]).values)
     info = cli("store", "info", str(sub))
     assert info.exit_code == 0 and "heads [1, 3]" in info.output
+
+
+def test_rwkv7_per_channel_betas_and_removal_keys_keep_their_heads(tmp_path):
+    """RWKV-7 (fla's checkpoint): k, v, beta, kappa get a sub-step axis of length 1 and beta/g are per key channel;
+    --heads keeps the same heads of each."""
+    folder = Path(__file__).parents[1] / "fixtures" / "fla" / "rwkv7_fused"
+    hooks = "tokens,k,v,beta,g,state,o"
+    capture(folder, tmp_path / "full.zarr", hooks=hooks)
+    capture(folder, tmp_path / "sub.zarr", "--heads", "0,2-3", hooks=hooks)
+    a, b = store.open(tmp_path / "full.zarr"), store.open(tmp_path / "sub.zarr")
+    assert b["beta"].dims[-2:] == ("head", "dk") and "kappa" in b
+    assert_restricted(a, b, [0, 2, 3], (*PER_HEAD, "kappa"))
