@@ -264,3 +264,23 @@ def test_rwkv7_per_channel_betas_and_removal_keys_keep_their_heads(tmp_path):
     a, b = store.open(tmp_path / "full.zarr"), store.open(tmp_path / "sub.zarr")
     assert b["beta"].dims[-2:] == ("head", "dk") and "kappa" in b
     assert_restricted(a, b, [0, 2, 3], (*PER_HEAD, "kappa"))
+
+
+def test_intervene_names_model_heads_on_a_heads_store(gated_pair):
+    """intervene edits name the model's heads: its sweep covers the captured ones, a key projection of head 3 reads
+    that head's keys (the same result as on the full store), and a head the store lacks is a one-line error."""
+    from models import load_checkpoint
+    from probes import data, intervene
+    from probes.base import ProbeError
+
+    full, sub, _ = gated_pair
+    model = load_checkpoint(GATED)
+    ds_full = data.positional_heads(data.open_store(full))
+    ds_sub = data.positional_heads(data.open_store(sub))
+    assert sorted({e.head for e in intervene.sweep(ds_sub)}) == [1, 3]
+    edit = [intervene.parse_edit("project_keys", "0:3=1")]
+    a = intervene.run(ds_full, model, edits=edit).records[1]["delta_loss"]
+    b = intervene.run(ds_sub, model, edits=edit).records[1]["delta_loss"]
+    assert abs(a) > 1e-4 and abs(a - b) <= 1e-6
+    with pytest.raises(ProbeError, match=r"the store holds heads 1,3 \(captured with --heads\), so head 0"):
+        intervene.run(ds_sub, model, edits=[intervene.parse_edit("project_keys", "0:0=1")])
