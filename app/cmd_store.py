@@ -28,10 +28,13 @@ def capture(
     data: str = typer.Option(..., "--data", "-d", help=DATA_HELP),
     out: Path = typer.Option(..., "--out", "-o",
                              help="Store folder (zarr v3); rerun to resume, a new --data appends."),
-    hooks: str | None = typer.Option(None, "--hooks",
+    hooks: str | None = typer.Option(None, "--hooks", "--vars",
                                      help="Comma-separated: tokens,labels,loss,q,k,v,beta,g,state (default) "
                                           "and o,resid_pre,resid_mid,resid_post."),
     layers: str | None = typer.Option(None, "--layers", help="Comma-separated layer indices (default: all)."),
+    heads: str | None = typer.Option(None, "--heads",
+                                     help="Heads to keep of every per-head variable, e.g. 0,3-5 (value heads; "
+                                          "grouped models: key:0,1 names key heads). Default: all."),
     batch_size: int | None = typer.Option(None, "--batch-size",
                                           help="Sequences per batch = store chunk along seq "
                                                "(default 8, or the store's)."),
@@ -70,7 +73,8 @@ def capture(
         every = rank_every if rank_every is not None else RANK_EVERY_CUDA if device.startswith("cuda") else 1
         reductions = CaptureReductions(names, device=device, command_line=command_line, rank_every=every) \
             if names else None
-        summary = run_capture(checkpoint, data, out, hooks=hook_list, layers=layers, batch_size=batch_size,
+        summary = run_capture(checkpoint, data, out, hooks=hook_list, layers=layers, heads=heads,
+                              batch_size=batch_size,
                               device=device, dtype=dtype, progress=progress, model_dtype=model_dtype,
                               device_map=device_map, state_every=state_every, reductions=reductions,
                               command_line=command_line)
@@ -116,7 +120,9 @@ def info(
                f"heads={cfg.get('num_heads')} n_h={cfg.get('num_householder', 1)} "
                f"vocab={cfg.get('vocab_size')}  "
                f"checkpoint {prov.get('checkpoint_digest', '?')[:23]}...")
-    typer.echo(f"captured: layers {prov.get('layers')}, hooks {','.join(prov.get('hooks', []))}, "
+    typer.echo(f"captured: layers {prov.get('layers')}, "
+               + (f"heads {prov['heads']}, " if "heads" in prov else "")
+               + f"hooks {','.join(prov.get('hooks', []))}, "
                f"dtype {prov.get('dtype')}, batch {prov.get('batch_size')}"
                + (f", train_length {prov['train_length']}" if "train_length" in prov else ""))
     typer.echo(f"created {prov.get('created')} by deltalab {prov.get('deltalab_version')}: "

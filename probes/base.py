@@ -136,12 +136,15 @@ def cli_main(name: str, description: str, add_arguments: Callable[[argparse.Argu
 
         ds = data.open_store(args.store)
         ds = data.select(ds, layers=args.layers, max_seqs=args.max_seqs)
+        heads = data.head_numbers(ds)  # capture --heads: probes see positions, results get the model's numbers
+        ds = data.positional_heads(ds)
         out_name = args.name or name
         sink = None
         if writes and not args.no_write:
-            sink = results.ResultSink(args.store, out_name, provenance(name, args, ds, argv))
+            sink = results.ResultSink(args.store, out_name, provenance(name, args, ds, argv), heads=heads)
         with scheduler(args.scheduler):
             result = from_args(ds, args, sink)
+            result.dataset, result.records = data.relabel_heads(result.dataset, result.records, heads)
             if sink is not None:
                 sink.finish(result)
     except (ValueError, KeyError, OSError) as err:  # bad input, or a failed write (e.g. disk full)

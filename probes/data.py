@@ -215,3 +215,45 @@ def clean_encoding(ds: xr.Dataset) -> xr.Dataset:
     for v in ds.variables.values():
         v.encoding = {}
     return ds
+
+
+HEAD_DIMS = ("head", "probe_head")
+"""Result dims indexed by (value) head: `probe_head` is the linear probe's, with ALL (-1) for all heads together."""
+
+
+def head_numbers(ds: xr.Dataset) -> list[int] | None:
+    """The model's number of each entry along `head` when the store keeps only some heads (`capture --heads`: the
+    `head` coordinate); None when it keeps them all (entry i is head i)."""
+    if "head" not in ds.coords or "heads" not in ds.attrs:
+        return None
+    return [int(h) for h in ds["head"].values]
+
+
+def positional_heads(ds: xr.Dataset) -> xr.Dataset:
+    """`ds` without its head coordinates: probes work on head positions 0..H-1 (their results are labelled with
+    the model's numbers afterwards by `relabel_heads`)."""
+    return ds.drop_vars([c for c in ("head", "key_head") if c in ds.coords])
+
+
+def relabel_heads(ds: xr.Dataset, records: list[dict[str, Any]] | None, heads: Sequence[int] | None
+                  ) -> tuple[xr.Dataset, list[dict[str, Any]] | None]:
+    """A probe's result (computed on head positions) with the model's head numbers: the `head` coordinate, the
+    linear probe's `probe_head` (its all-heads entry kept) and each record's `head`. Results without a head dim
+    (intervene: its heads are the model's already) and stores of every head are returned as they are."""
+    dims = [d for d in HEAD_DIMS if d in ds.dims]
+    if heads is None or not dims:
+        return ds, records
+    heads = [int(h) for h in heads]
+
+    def real(h: Any) -> Any:
+        return heads[int(h)] if h is not None and 0 <= int(h) < len(heads) else h
+
+    coords: dict[str, Any] = {}
+    for d in dims:
+        old = np.asarray(ds[d].values) if d in ds.coords else np.arange(ds.sizes[d])
+        coords[d] = np.asarray([real(h) for h in old], dtype=np.int64)
+    out = ds.assign_coords(coords)
+    if records is not None:
+        records = [{**r, "head": real(r["head"])} if isinstance(r.get("head"), int | np.integer) else r
+                   for r in records]
+    return out, records

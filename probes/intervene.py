@@ -131,11 +131,17 @@ def sweep(ds: xr.Dataset, n_components: int = 3) -> list[Edit]:
     """Default interventions: each step's beta -> 0, each head ablated, each head's keys on n_components PCs."""
     edits = []
     for layer in data.layer_values(ds):
-        for h in range(ds.sizes["head"]):
+        for h in _model_heads(ds):  # the model's head numbers (a store captured with --heads has some)
             edits += [Edit("set_beta", int(layer), h, s, 0.0) for s in range(ds.sizes["step"])]
             edits.append(Edit("ablate_head", int(layer), h))
             edits.append(Edit("project_keys", int(layer), h, None, float(n_components)))
     return edits
+
+
+def _model_heads(ds: xr.Dataset) -> list[int]:
+    """The model's number of each head the store holds (`heads` attr of a `capture --heads` store; else all)."""
+    heads = ds.attrs.get("heads")
+    return [int(h) for h in heads] if heads is not None else list(range(ds.sizes["head"]))
 
 
 def _key_bases(ds: xr.Dataset, store_path: str | None, edits: list[Edit], budget: int) -> dict[tuple, tuple]:
@@ -157,15 +163,20 @@ def _key_bases(ds: xr.Dataset, store_path: str | None, edits: list[Edit], budget
 
         pca = keys.run(data.select(ds, layers=layers), budget=budget).dataset
     out = {}
+    model_heads = _model_heads(ds)
     for e in wanted:
         sel = pca.sel(layer=e.layer)
-        heads = range(ds.sizes["head"]) if e.head is None else [e.head]
+        heads = model_heads if e.head is None else [e.head]
         for h in heads:
+            if h not in model_heads:
+                raise ProbeError(f"{e.label}: the store holds heads {','.join(map(str, model_heads))} (captured with "
+                                 f"--heads), so head {h} has no keys to project on; pick one of those")
+            i = model_heads.index(h)  # its position in the store and in the keys results
             k = int(e.value or 0)
             if e.step is None:
-                out[(e.layer, h, None)] = (sel["mean_joint"].values[h], sel["components_joint"].values[h, :k])
+                out[(e.layer, h, None)] = (sel["mean_joint"].values[i], sel["components_joint"].values[i, :k])
             else:
-                out[(e.layer, h, e.step)] = (sel["mean"].values[e.step, h], sel["components"].values[e.step, h, :k])
+                out[(e.layer, h, e.step)] = (sel["mean"].values[e.step, i], sel["components"].values[e.step, i, :k])
     return out
 
 

@@ -24,7 +24,7 @@ import xarray as xr
 from models.run_files import deltalab_version
 from probes import attention, erank, spectra
 from probes.base import clean_json
-from probes.data import clean_encoding
+from probes.data import clean_encoding, head_numbers, positional_heads, relabel_heads
 from probes.lazy import LayerPlan
 from probes.linalg import warm_up
 from probes.results import ResultSink, read_results, results_group, update_attrs
@@ -98,7 +98,7 @@ def _layer_inputs(attrs: dict[str, Any], tensors: dict[str, torch.Tensor],
             continue
         dims = [d for d in schema.dims_of(var, sizes) if d != "layer"]
         if "key_head" in dims:
-            index = torch.as_tensor(attrs["key_head_of"], device=x.device)
+            index = torch.as_tensor(schema.key_head_positions(attrs), device=x.device)
             x = x.index_select(1 + dims.index("key_head"), index)
         if missing is not None and "pos" in dims:  # x is [layer, seq, ...]: dims[i] is axis 1 + i
             shape = [1] * x.dim()
@@ -250,6 +250,8 @@ class CaptureReductions:
 
         t0 = time.perf_counter()
         ds = store.open(path)
+        heads = head_numbers(ds)  # capture --heads: the summaries are labelled with the model's head numbers
+        pos_ds = positional_heads(ds)
         attrs = dict(ds.attrs)
         n_seq = int(attrs["segments"][-1]["start"] + attrs["segments"][-1]["count"])
         from_store: dict[str, int] = {}
@@ -271,10 +273,12 @@ class CaptureReductions:
                 part = ds.sel(seq=todo[a:a + batch])
                 for run in _runs(set(int(s) for s in part["seq"].values)):
                     piece = part.sel(seq=slice(run[0], run[1] - 1))
-                    self._write(path, name, self._per_token(name, piece).compute(), run[0], n_seq, attrs)
+                    self._write(path, name, self._per_token(name, positional_heads(piece)).compute(), run[0], n_seq,
+                                attrs)
             from_store[probe] = len(todo)
             tok = read_results(path, probe).sel(seq=ds["seq"].values)
-            result = _from_tokens(name, tok, ds)
+            result = _from_tokens(name, tok, pos_ds)
+            result.dataset, result.records = relabel_heads(result.dataset, result.records, heads)
             sink = ResultSink(path, probe)
             sink.started = True
             sink.finish(result)
@@ -284,7 +288,7 @@ class CaptureReductions:
 
 def _from_tokens(name: str, tok: xr.Dataset, ds: xr.Dataset) -> Any:
     """The probe's own summary of the per-token arrays, without the group's bookkeeping attrs."""
-    tok = tok.copy()
+    tok = positional_heads(tok)  # a finished earlier run labelled its heads: the summary works on positions
     tok.attrs = {k: v for k, v in tok.attrs.items() if k not in ("records", "complete", "reduced_seqs")}
     return REDUCTIONS[name].from_tokens(tok, ds)
 

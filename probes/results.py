@@ -16,7 +16,7 @@ from typing import Any
 import xarray as xr
 
 from probes.base import ProbeError, ProbeResult, clean_json
-from probes.data import clean_encoding
+from probes.data import clean_encoding, relabel_heads
 
 
 def results_group(name: str) -> str:
@@ -86,23 +86,34 @@ def list_results(path: str | Path) -> list[str]:
 class ResultSink:
     """Where a probe run writes: one results group, filled in one or more parts, then marked complete."""
 
-    def __init__(self, path: str | Path, name: str, attrs: dict[str, Any] | None = None) -> None:
+    def __init__(self, path: str | Path, name: str, attrs: dict[str, Any] | None = None,
+                 heads: list[int] | None = None) -> None:
         self.path = Path(path)
         self.name = name
         self.attrs = dict(attrs or {})
         self.started = False
+        self.heads = heads  # capture --heads: the model's head numbers, the stored results' `head` coordinate
 
     def write(self, ds: xr.Dataset) -> xr.Dataset:
-        """First part replaces the group; later parts are appended. Returns the group, lazily reopened."""
+        """First part replaces the group; later parts are appended. Returns the group, lazily reopened (head
+        coordinates dropped: the probe goes on with head positions)."""
+        if self.heads is not None:
+            ds = relabel_heads(ds, None, self.heads)[0]
+            written = self._write(ds)
+            return written.drop_vars([d for d in ("head", "probe_head") if d in written.coords])
+        return self._write(ds)
+
+    def _write(self, ds: xr.Dataset) -> xr.Dataset:
         if not self.started:
             self.started = True
             return write_results(self.path, self.name, ds, {**self.attrs, "complete": False})
         return append_results(self.path, self.name, ds)
 
     def finish(self, result: ProbeResult) -> None:
-        """Write whatever of `result.dataset` is not stored yet, then the records and `complete=True`."""
+        """Write whatever of `result.dataset` is not stored yet, then the records and `complete=True` (the result
+        already labelled with the model's head numbers: probes.data.relabel_heads)."""
         if not self.started:
-            self.write(result.dataset)
+            self._write(result.dataset)
         else:
             have = set(read_results(self.path, self.name).variables)
             rest = result.dataset.drop_vars([v for v in result.dataset.variables if v in have])

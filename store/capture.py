@@ -107,6 +107,74 @@ def resolve_layers(layers: str | Sequence[int] | None, num_layers: int,
     return sorted(set(out))
 
 
+def _int_ranges(text: str, flag: str, example: str) -> list[int]:
+    """"0,3-5" -> [0, 3, 4, 5]; CaptureError (one line) for anything else."""
+    out: list[int] = []
+    for part in parse_list(text) or []:
+        lo, sep, hi = part.partition("-")
+        try:
+            a, b = int(lo), int(hi) if sep else int(lo)
+        except ValueError:
+            raise CaptureError(f"{flag} {part!r} is not an integer or a range; pass e.g. {flag} {example}") from None
+        if b < a:
+            raise CaptureError(f"{flag} {part!r} is an empty range; write it low-high, e.g. {flag} {example}")
+        out.extend(range(a, b + 1))
+    return out
+
+
+def resolve_heads(heads: str | Sequence[int] | None, num_heads: int,
+                  key_head_of: Sequence[int] | None = None) -> tuple[list[int], list[int] | None] | None:
+    """(value heads, key heads or None) that `--heads` captures (sorted, unique, model numbers); None = all.
+
+    `--heads 0,3-5` names value heads (the `head` dim of every per-head variable). On grouped models
+    (`key_head_of`: value head -> key head) q and k are kept for the key heads those value heads read, and
+    `--heads key:0,1` names key heads instead (every value head reading them is captured).
+    CaptureError (one line, with the fix) for a bad, empty or out-of-range selection."""
+    if heads is None:
+        return None
+    text = heads if isinstance(heads, str) else ",".join(map(str, heads))
+    by_key = text.strip().startswith("key:")
+    grouped = key_head_of is not None
+    n_key = len(set(key_head_of)) if grouped else num_heads
+    if by_key and not grouped:
+        raise CaptureError(f"--heads {text}: this model does not group its heads (each of its {num_heads} heads has "
+                           f"its own keys); drop key: and pass e.g. --heads 0,1")
+    picked = _int_ranges(text.strip()[4:] if by_key else text, "--heads", "key:0,1" if by_key else "0,3-5")
+    if not picked:
+        raise CaptureError("--heads is empty; pass e.g. --heads 0 or omit it for all heads")
+    limit, what = (n_key, "key head") if by_key else (num_heads, "value head" if grouped else "head")
+    for h in picked:
+        if not 0 <= h < limit:
+            msg = f"{what} {h} is out of range: the model has {limit} {what}s (0..{limit - 1})"
+            if grouped and by_key:
+                msg += f" and {num_heads} value heads; drop key: to name value heads (--heads 0,{num_heads - 1})"
+            elif grouped:
+                msg += (f" and {n_key} key heads; --heads names value heads (q, k are kept for the key heads they "
+                        f"read), --heads key:0,{n_key - 1} names key heads")
+            raise CaptureError(msg)
+    if not grouped:
+        return sorted(set(picked)), None
+    if by_key:
+        values = [j for j, kh in enumerate(key_head_of) if kh in set(picked)]
+    else:
+        values = sorted(set(picked))
+    return values, sorted({int(key_head_of[j]) for j in values})
+
+
+def head_index(var: str, sizes: dict[str, int], heads: tuple[list[int], list[int] | None] | None
+               ) -> tuple[int, list[int]] | None:
+    """(axis, model head numbers) to keep of per-layer variable `var` laid out [layer, seq, ...] (the store's dims
+    with seq and layer swapped); None when `var` has no head axis or every head is captured."""
+    if heads is None:
+        return None
+    dims = schema.dims_of(var, sizes)
+    if "key_head" in dims:
+        return dims.index("key_head"), list(heads[1] or [])
+    if "head" in dims:
+        return dims.index("head"), list(heads[0])
+    return None
+
+
 def _dist_env() -> tuple[int, int, int]:
     """(rank, world size, local rank) from torchrun's environment; (0, 1, 0) otherwise."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -146,7 +214,7 @@ class HookedRunner:
 
     def __init__(self, model: Any, variables: list[str], layers: list[int], dtype: str,
                  num_classes: int | None = None, state_every: int = 1, reduce: Any = None,
-                 stored: list[str] | None = None) -> None:
+                 stored: list[str] | None = None, heads: dict[str, tuple[int, list[int]]] | None = None) -> None:
         import torch
         from nnsight import NNsight
 
@@ -159,6 +227,8 @@ class HookedRunner:
         self.state_every = state_every
         self.reduce = reduce  # (device tensors, host arrays) -> reductions, computed before the host copy
         self.stored = set(stored if stored is not None else variables)  # copied to the host; the rest: reduce only
+        self.heads = dict(heads or {})  # var -> (axis in [layer, seq, ...], heads kept): --heads
+        self._head_index: dict[tuple[str, Any], Any] = {}
         self.per_layer = [v for v in variables if v in schema.MODEL_HOOK_POINTS]
         # RWKV-7's hooks have no Householder sub-step axis: the store's k, v, beta, kappa get one of length 1
         self.stepless = getattr(getattr(model, "config", None), "model_type", None) == "rwkv7"
@@ -194,6 +264,13 @@ class HookedRunner:
                 on_device[var] = torch.stack([cache[e.path].output for e in envs], dim=0).to(self.torch_dtype)
                 if self.stepless and var in ("k", "v", "beta", "kappa"):
                     on_device[var] = on_device[var].unsqueeze(3)  # (layer, seq, pos, step = 1, head, ...)
+                if var in self.heads:  # --heads: only these heads leave the device (and reach the reductions)
+                    axis, keep = self.heads[var]
+                    t = on_device[var]
+                    key = (var, t.device)
+                    if key not in self._head_index:
+                        self._head_index[key] = torch.as_tensor(keep, dtype=torch.long, device=t.device)
+                    on_device[var] = t.index_select(axis, self._head_index[key])
             if "state" in on_device and self.state_every > 1:
                 on_device["state"] = on_device["state"][:, :, kept_states(on_device["state"].shape[2],
                                                                           self.state_every)].contiguous()
@@ -322,7 +399,8 @@ def capture(checkpoint: str | Path, data: str | Data, out: str | Path, *,
             batch_size: int | None = None, device: str = "cpu",
             dtype: str = "float32", progress: bool = True, command_line: list[str] | None = None,
             model: Any = None, model_dtype: str = "float32", device_map: str | None = None,
-            state_every: int = 1, reductions: Any = None) -> dict[str, Any]:
+            state_every: int = 1, reductions: Any = None,
+            heads: str | Sequence[int] | None = None) -> dict[str, Any]:
     """Capture `checkpoint` over `data` (a spec string or Data) into store `out`; returns a summary dict.
 
     Creates the store, resumes the same data spec (skipping complete sequences), or appends a new
@@ -330,6 +408,8 @@ def capture(checkpoint: str | Path, data: str | Data, out: str | Path, *,
     `model_dtype` (float32, bfloat16, float16) is the dtype the model runs in; `dtype` the stored one.
     `device_map="auto"` spreads a transformers model over the visible GPUs (accelerate).
     `state_every=N` keeps every N-th chunk-boundary state (chunks of N * CHUNK_SIZE tokens).
+    `heads` ("0,3-5", or "key:0,1" on grouped models; see resolve_heads) keeps only those heads of every per-head
+    variable; the store's `head` coordinate then holds the model's head numbers (root attr `heads`).
     `reductions` (probes.reduce.CaptureReductions: the `hooks()` it reads, captured even where `hooks` leaves them
     out and then neither copied to the host nor stored; `compute(attrs, tensors, host)` on each batch's tensors
     where the model left them; `write(path, attrs, start, reduced, n_seq)` after the batch is written;
@@ -364,6 +444,7 @@ def capture(checkpoint: str | Path, data: str | Data, out: str | Path, *,
     if rwkv7 and "beta" in hook_list and "kappa" not in hook_list:  # beta alone does not give the transition
         hook_list.append("kappa")
     layer_list = resolve_layers(layers, cfg.num_hidden_layers, getattr(cfg, "delta_layers", None))
+    head_sel = resolve_heads(heads, cfg.num_value_heads, list(cfg.key_head_of) if cfg.grouped else None)
     try:
         variables = schema.variables_for(hook_list, gated=bool(cfg.use_forget_gate), removal_key=rwkv7)
         read = [h for h in reductions.hooks() if h not in hook_list] if reductions is not None else []
@@ -394,6 +475,10 @@ def capture(checkpoint: str | Path, data: str | Data, out: str | Path, *,
              "hidden": cfg.hidden_size}
     if cfg.grouped:  # grouped heads: q, k per key head (schema.dims_of)
         sizes["key_head"] = cfg.num_key_heads
+    if head_sel is not None:  # --heads: the head dims hold the chosen heads only
+        sizes["head"] = len(head_sel[0])
+        if cfg.grouped:
+            sizes["key_head"] = len(head_sel[1] or [])
     if getattr(cfg, "gate", "scalar") == "channel":  # Kimi Delta Attention: g [.., head, dk]
         sizes[schema.GATE_CHANNELS] = cfg.head_k_dim
     if rwkv7:
@@ -408,7 +493,12 @@ def capture(checkpoint: str | Path, data: str | Data, out: str | Path, *,
         "batch_size": batch, "sizes": sizes, "data_meta": data.meta, "world_size": world,
     }
     if "key_head" in sizes:
-        attrs["key_head_of"] = list(cfg.key_head_of)
+        attrs["key_head_of"] = list(cfg.key_head_of) if head_sel is None else \
+            [int(cfg.key_head_of[j]) for j in head_sel[0]]
+    if head_sel is not None:
+        attrs["heads"] = head_sel[0]
+        if cfg.grouped:
+            attrs["key_heads"] = head_sel[1]
     train_length = training_length(checkpoint)
     if train_length is not None:
         attrs["train_length"] = train_length
@@ -434,8 +524,10 @@ def capture(checkpoint: str | Path, data: str | Data, out: str | Path, *,
 
         def after(start: int, reduced: Any) -> None:
             reductions.write(out, root, start, reduced, n_seq)
-    runner = HookedRunner(model, captured, layer_list, dtype, data.num_classes, state_every, reduce, variables) \
-        if todo_pending else None
+    picks = {v: p for v in captured if v in schema.MODEL_HOOK_POINTS
+             and (p := head_index(v, sizes, head_sel)) is not None}
+    runner = HookedRunner(model, captured, layer_list, dtype, data.num_classes, state_every, reduce, variables,
+                          picks) if todo_pending else None
     from tqdm.auto import tqdm
 
     desc = f"capture -> {out.name}" + (f" [rank {rank}]" if world > 1 else "")
@@ -495,7 +587,7 @@ def check_disk(out: Path, estimate: dict[str, Any]) -> None:
     if need > estimate["free"]:
         raise CaptureError(
             f"--out {out}: the store needs about {human_bytes(need)} but {estimate['disk']} has "
-            f"{human_bytes(estimate['free'])} free; capture less (--layers, --hooks, --dtype float16, "
+            f"{human_bytes(estimate['free'])} free; capture less (--layers, --heads, --hooks, --dtype float16, "
             "a shorter --data) or pick another --out")
 
 

@@ -20,8 +20,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("checkpoint")
     p.add_argument("--data", required=True)
     p.add_argument("--out", required=True)
-    p.add_argument("--hooks")
+    p.add_argument("--hooks", "--vars", dest="hooks")
     p.add_argument("--layers")
+    p.add_argument("--heads")
     p.add_argument("--batch-size", type=int)
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default="float32")
@@ -32,7 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError:  # pragma: no cover - models is part of the distribution
         CheckpointError = ValueError  # noqa: N806
     try:
-        summary = capture(args.checkpoint, args.data, args.out, hooks=args.hooks, layers=args.layers,
+        summary = capture(args.checkpoint, args.data, args.out, hooks=args.hooks, layers=args.layers, heads=args.heads,
                           batch_size=args.batch_size, device=args.device, dtype=args.dtype,
                           progress=not args.no_progress, command_line=["python", "-m", "store.capture_dist",
                                                                        *(argv or sys.argv[1:])])

@@ -119,8 +119,8 @@ def open(path: str | Path, *, complete_only: bool = True, verify: bool = True,  
 
 
 def _with_coords(ds: Any, attrs: dict[str, Any], start: int) -> Any:
-    """The coordinates `open` gives (seq from `start`, real layer numbers, chunk_pos, key_head_of) and the
-    root attributes as ds.attrs."""
+    """The coordinates `open` gives (seq from `start`, real layer numbers, chunk_pos, key_head_of; with --heads the
+    real head and key head numbers) and the root attributes as ds.attrs."""
     coords: dict[str, Any] = {"seq": np.arange(start, start + ds.sizes["seq"], dtype=np.int64)}
     if "layer" in ds.dims:
         coords["layer"] = np.asarray(attrs["layers"], dtype=np.int64)
@@ -128,8 +128,12 @@ def _with_coords(ds: Any, attrs: dict[str, Any], start: int) -> Any:
         length = int(attrs["sizes"]["pos"])
         starts = np.arange(ds.sizes["chunk"]) * int(attrs["chunk_size"])
         coords["chunk_pos"] = ("chunk", np.minimum(starts, length))
+    if "head" in ds.dims and "heads" in attrs:  # --heads: the model's head numbers (as `layer`)
+        coords["head"] = np.asarray(attrs["heads"], dtype=np.int64)
     if "key_head" in ds.dims:
         coords["key_head_of"] = ("head", np.asarray(attrs["key_head_of"], dtype=np.int64))
+        if "key_heads" in attrs:
+            coords["key_head"] = np.asarray(attrs["key_heads"], dtype=np.int64)
     ds = ds.assign_coords(coords)
     ds.attrs = dict(attrs)
     return ds
@@ -163,16 +167,21 @@ def per_value_head(ds: Any) -> Any:
     """q and k of a grouped store indexed by value head (value head j reads key head `key_head_of[j]`).
 
     Lazy: dask takes the key heads when a block is computed; nothing is copied on disk. A store
-    without a `key_head` dim is returned as it is.
+    without a `key_head` dim is returned as it is. (With --heads, `key_head_of` holds model numbers and the
+    stored key heads are `key_heads`: schema.key_head_positions maps one to the other.)
     """
     import xarray as xr
 
     if "key_head" not in ds.dims:
         return ds
-    index = xr.DataArray(np.asarray(ds["key_head_of"].values, dtype=np.int64), dims="head")
+    if "key_heads" in ds.attrs:
+        positions = schema.key_head_positions(ds.attrs)
+    else:
+        positions = np.asarray(ds["key_head_of"].values, dtype=np.int64)
+    index = xr.DataArray(np.asarray(positions, dtype=np.int64), dims="head")
     out = ds.copy()
     for var in [v for v in ds.data_vars if "key_head" in ds[v].dims]:
-        out[var] = ds[var].isel(key_head=index).drop_vars("key_head_of", errors="ignore")
+        out[var] = ds[var].isel(key_head=index).drop_vars(["key_head_of", "key_head"], errors="ignore")
     return out.drop_dims("key_head", errors="ignore")
 
 

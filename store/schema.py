@@ -127,7 +127,25 @@ REQUIRED_ATTRS = (
     "segments",  # [{"data_spec": str, "start": int, "count": int}], one per capture command
 )
 """Root attributes (JSON data only, never evaluated). Optional: `train_length`; `key_head_of` (list[int], the
-key head each value head reads) in stores with a `key_head` dim."""
+key head each value head reads, model numbers) in stores with a `key_head` dim; `heads` (list[int], the captured
+value heads, model numbers: the `head` coordinate; absent = all heads) and, grouped, `key_heads` (the captured key
+heads, model numbers: the `key_head` coordinate) in stores captured with `--heads`."""
+
+
+def head_numbers(attrs: dict) -> list[int]:
+    """The model's number of each entry along `head` (the `heads` attr; all heads 0..H-1 when absent)."""
+    heads = attrs.get("heads")
+    return [int(h) for h in heads] if heads is not None else list(range(int(attrs["sizes"]["head"])))
+
+
+def key_head_positions(attrs: dict) -> list[int]:
+    """Per stored value head, the index along the stored `key_head` dim of the key head it reads: `key_head_of`
+    (model numbers) mapped through `key_heads` (the captured key heads; all of them when absent)."""
+    key_heads = attrs.get("key_heads")
+    if key_heads is None:
+        return [int(k) for k in attrs["key_head_of"]]
+    where = {int(k): i for i, k in enumerate(key_heads)}
+    return [where[int(k)] for k in attrs["key_head_of"]]
 
 
 def n_chunks(length: int, chunk_size: int = CHUNK_SIZE) -> int:

@@ -27,8 +27,8 @@ from store import schema
 from store.errors import StoreMismatchError, StoreWriteError
 from store.shards import ShardLayout
 
-IDENTITY_KEYS = ("checkpoint_digest", "model_config", "variables", "layers", "dtype", "chunk_size", "sizes",
-                 "batch_size")
+IDENTITY_KEYS = ("checkpoint_digest", "model_config", "variables", "layers", "heads", "dtype", "chunk_size",
+                 "sizes", "batch_size")
 """Root attrs that must agree for a capture to append to / resume an existing store."""
 
 
@@ -78,6 +78,11 @@ def _describe_mismatch(key: str, old: Any, new: Any) -> str:
     if key == "chunk_size":
         return (f"states every {old} tokens (this capture every {new}; pass --state-every "
                 f"{int(old) // schema.CHUNK_SIZE} or omit it)")
+    if key == "heads":
+        def show(h: Any) -> str:
+            return "all heads" if h is None else "heads " + ",".join(map(str, h))
+        fix = f"pass --heads {','.join(map(str, old))}" if old is not None else "omit --heads"
+        return f"{show(old)} (this capture {show(new)}; {fix} or write to a new --out)"
     return f"other {key} ({old} vs {new})"
 
 
@@ -159,6 +164,9 @@ class StoreWriter:
     def check_identity(self, attrs: dict[str, Any]) -> None:
         """Refuse (one line) a capture that differs from the store on an IDENTITY_KEYS attribute."""
         for key in IDENTITY_KEYS:
+            if key == "heads" and self.attrs.get(key) != attrs.get(key):  # absent = all heads, on either side
+                raise StoreMismatchError(f"{self.path} holds a capture of "
+                                         f"{_describe_mismatch(key, self.attrs.get(key), attrs.get(key))}")
             if key in attrs and self.attrs.get(key) != attrs[key]:
                 what = _describe_mismatch(key, self.attrs.get(key), attrs[key])
                 raise StoreMismatchError(

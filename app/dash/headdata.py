@@ -67,7 +67,9 @@ def _table(path: str, stamp: float, key: tuple, names: tuple[str, ...] | None,
            layers: tuple[int, ...] | None = None) -> pd.DataFrame:
     ds = loading._open(path, stamp)
     src, _ = sources(Path(path), ds, layers=layers)
-    return heads.head_table(**src, token_names=list(names) if names else None)
+    from app.dash.state import head_numbers
+
+    return heads.head_table(**src, token_names=list(names) if names else None, head_numbers=head_numbers(ds.attrs))
 
 
 def table(path: Path, ds: xr.Dataset, names: list[str] | None, layers: list[int] | None = None

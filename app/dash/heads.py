@@ -80,15 +80,18 @@ def downsample(curve: np.ndarray, n: int = SPARK_POINTS) -> np.ndarray:
 
 def head_table(betas: xr.Dataset | None = None, keys: xr.Dataset | None = None, spectra: xr.Dataset | None = None,
                erank: xr.Dataset | None = None, linear: xr.Dataset | None = None,
-               token_names: Sequence[str] | None = None) -> pd.DataFrame:
+               token_names: Sequence[str] | None = None, head_numbers: Sequence[int] | None = None) -> pd.DataFrame:
     """One row per (layer, head) found in any result: METRICS columns (NaN where a probe has not run), plus
     `beta_steps` (mean β per step), `dominant_angles`, `top_tokens` ([(token, mean β)] highest first), and curves
-    for sparklines: `beta_hist`, `angle_hist`, `erank_curve`, `evr`."""
+    for sparklines: `beta_hist`, `angle_hist`, `erank_curve`, `evr`. `head` is the head's position in the store,
+    `head_id` its number in the model (`head_numbers`: a store captured with --heads; else the same)."""
     sources = [r for r in (betas, keys, spectra, erank, linear) if r is not None]
     layers = sorted({layer for r in sources for layer in _layers(r)})
     n_heads = max([int(r.sizes["head"]) for r in sources if "head" in r.sizes] or [0])
     rows: dict[tuple[int, int], dict[str, Any]] = {
-        (layer, h): {"layer": layer, "head": h, **{m: np.nan for m in METRICS}, "beta_steps": [],
+        (layer, h): {"layer": layer, "head": h,
+                     "head_id": int(head_numbers[h]) if head_numbers is not None and h < len(head_numbers) else h,
+                     **{m: np.nan for m in METRICS}, "beta_steps": [],
                      "dominant_angles": [], "top_tokens": [], "beta_hist": [], "angle_hist": [], "erank_curve": [],
                      "evr": []}
         for layer in layers for h in range(n_heads)}
@@ -137,7 +140,10 @@ def head_table(betas: xr.Dataset | None = None, keys: xr.Dataset | None = None, 
                 rows[(layer, h)]["erank_curve"] = downsample(by_pos[li, :, h]).tolist()
     if linear is not None:
         acc = np.asarray(linear["accuracy"].values, np.float64)  # [L, probe_head]
-        heads = [int(x) for x in linear["probe_head"].values]
+        heads = [int(x) for x in linear["probe_head"].values]  # the model's numbers (-1: all heads)
+        if head_numbers is not None:
+            where = {int(n): i for i, n in enumerate(head_numbers)}
+            heads = [where.get(h, -2) if h >= 0 else h for h in heads]
         for li, layer in enumerate(_layers(linear)):
             for pi, h in enumerate(heads):
                 if h >= 0 and (layer, h) in rows:

@@ -67,8 +67,11 @@ def _open(path: str, stamp: float) -> xr.Dataset:
     if path in _MEMORY:
         return _MEMORY[path][1]
     import store
+    from probes.data import positional_heads
 
-    return store.open(path)
+    # capture --heads: the dashboard indexes heads by position (as it does layers, by `li`); it shows the model's
+    # numbers from the store's `heads` attr (state.head_number)
+    return positional_heads(store.open(path))
 
 
 def open_store(path: Path) -> tuple[xr.Dataset | None, Problem | None]:
@@ -192,7 +195,10 @@ def _preview(path: str, stamp: float, probe: str, n_seq: int, layer: int | None 
     ds = _open(path, stamp).isel(seq=slice(0, n_seq))
     if layer is not None and "layer" in ds.dims and layer in ds["layer"].values:
         ds = ds.sel(layer=[layer])
-    return previews.compute(importlib.import_module(f"probes.{probe}"), ds)
+    from probes.data import relabel_heads
+
+    out = previews.compute(importlib.import_module(f"probes.{probe}"), ds)
+    return relabel_heads(out, None, ds.attrs.get("heads"))[0]  # labelled like stored results (capture --heads)
 
 
 def preview_n(ds: xr.Dataset, probe: str) -> int:

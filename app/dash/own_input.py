@@ -192,7 +192,7 @@ def is_loaded(checkpoint: Path | str, device: str = "cpu") -> bool:
 def run(model: Any, enc: Encoded, attrs: dict[str, Any], timing: Timing | None = None) -> xr.Dataset:
     """Run `model` with the store's hooks over one encoded sequence: a Dataset with the store's variables, dims,
     coordinates and attributes (data_spec 'input:text' or 'input:task'), holding one complete sequence."""
-    from store.capture import HookedRunner
+    from store.capture import HookedRunner, head_index
 
     timing = timing or Timing()
     t0 = time.perf_counter()
@@ -200,7 +200,11 @@ def run(model: Any, enc: Encoded, attrs: dict[str, Any], timing: Timing | None =
     variables = [v for v in attrs.get("variables") or schema.variables_for(schema.DEFAULT_HOOKS,
                                                                              gated=model.config.use_forget_gate)
                  if v != "complete" and v in schema.VARIABLES]
-    runner = HookedRunner(model, variables + ["complete"], layers, "float32", enc.num_classes)
+    kept = (list(attrs["heads"]), attrs.get("key_heads")) if attrs.get("heads") is not None else None
+    sizes = dict(attrs.get("sizes") or {})
+    picks = {v: p for v in variables if v in schema.MODEL_HOOK_POINTS and sizes
+             and (p := head_index(v, sizes, kept)) is not None}  # the store's --heads, so the input matches it
+    runner = HookedRunner(model, variables + ["complete"], layers, "float32", enc.num_classes, heads=picks)
     arrays = runner(enc.tokens[None], enc.labels[None], enc.doc_start[None]).arrays()
     t0 = timing.add("run with hooks", t0)
     T = int(enc.tokens.size)

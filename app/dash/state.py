@@ -37,6 +37,33 @@ class Selection:
     pos: int
     token: int
     label: int
+    head_id: int = -1  # the model's number of head `head` (capture --heads keeps some heads); -1: same as head
+
+    @property
+    def head_name(self) -> int:
+        """The head as the model numbers it (what the dashboard shows)."""
+        return self.head if self.head_id < 0 else self.head_id
+
+
+def head_numbers(attrs: dict) -> list[int] | None:
+    """The model's number of each head position of a store captured with --heads (its `heads` attr); None when
+    the store keeps every head (position = number)."""
+    heads = attrs.get("heads")
+    return [int(h) for h in heads] if heads is not None else None
+
+
+def head_number(attrs: dict, h: int) -> int:
+    """The model's number of head position `h`."""
+    numbers = head_numbers(attrs)
+    return numbers[h] if numbers is not None and 0 <= h < len(numbers) else int(h)
+
+
+def head_position(attrs: dict, number: int) -> int | None:
+    """The position of the model's head `number` in the store (None when it was not captured)."""
+    numbers = head_numbers(attrs)
+    if numbers is None:
+        return int(number)
+    return numbers.index(int(number)) if int(number) in numbers else None
 
 
 def _clamp(key: str, lo: int, hi: int, default: int = 0) -> None:
@@ -131,7 +158,12 @@ def sidebar_selection(ds: Any, path: Any, names: list[str] | None) -> Selection:
     side.caption("Shared by every page; charts highlight it. Click a point in a chart to select its token.")
     c1, c2 = side.columns(2)
     c1.selectbox("Layer", layers, key=KEYS["layer"], bind="query-params", format_func=lambda x: f"layer {x}")
-    c2.number_input("Head", 0, H - 1, step=1, key=KEYS["head"], bind="query-params")
+    numbers = head_numbers(ds.attrs)
+    if numbers is None:
+        c2.number_input("Head", 0, H - 1, step=1, key=KEYS["head"], bind="query-params")
+    else:  # capture --heads: pick among the captured heads, shown with the model's numbers
+        c2.selectbox("Head", list(range(H)), key=KEYS["head"], bind="query-params",
+                     format_func=lambda h: f"head {numbers[h]}", help="The heads this store captured (--heads).")
     c1.number_input("Sequence", 0, n_seq - 1, step=1, key=KEYS["seq"], bind="query-params",
                     help="Index among the store's complete sequences.")
     c2.number_input("Position", 0, T - 1, step=1, key=KEYS["pos"], bind="query-params")
@@ -147,8 +179,9 @@ def sidebar_selection(ds: Any, path: Any, names: list[str] | None) -> Selection:
 
     label_text = "none" if label < 0 else name_of(names, label)
     side.markdown(f"Selected token: **{name_of(names, token)}** at seq {seq}, pos {pos}  \nlabel: {label_text}")
-    return Selection(layer, layers.index(layer), int(st.session_state[KEYS["head"]]),
-                     int(st.session_state.get(KEYS["step"]) or 0), seq, pos, token, label)
+    head = int(st.session_state[KEYS["head"]])
+    return Selection(layer, layers.index(layer), head, int(st.session_state.get(KEYS["step"]) or 0), seq, pos, token,
+                     label, head_number(ds.attrs, head) if numbers is not None else -1)
 
 
 def first_occurrence(path: Any, seq: int, token: int, after: int = 0) -> int | None:

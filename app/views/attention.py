@@ -108,7 +108,7 @@ def render(ctx) -> None:
         st.info(f"Position {sel.pos} is padding after sequence {sel.seq}'s end: select a token before {T}.")
         return
     win = attnmap.window(sel.pos, T)
-    with st.spinner(f"Computing the exact map of layer {sel.layer}, head {sel.head} (float64)…"):
+    with st.spinner(f"Computing the exact map of layer {sel.layer}, head {sel.head_name} (float64)…"):
         rows = _rows(path, stamp, sel.seq, sel.li, sel.head, win.src0, win.lo, win.hi)
     row = rows.row(sel.pos, mode)  # [source, step]
     values = row.sum(-1)
@@ -128,14 +128,14 @@ def render(ctx) -> None:
                                positions=np.arange(win.src0, win.hi), doc_start=doc[part] if doc is not None else None,
                                selected_pos=sel.pos, labels=label_names[part],
                                title=f"Sources of token {sel.pos} ({hover[sel.pos]}): {mode} α, layer {sel.layer}, "
-                                     f"head {sel.head}{shown}")
+                                     f"head {sel.head_name}{shown}")
     export.chart(fig, "attn_text", on_select=lambda: _on_token("attn_text"), selection_mode="points",
                  data=export.table(position=np.arange(win.src0, win.hi), token=ids[part], text=strings[part],
                                    alpha=values))
     _metrics(ctx, rows, values, win, mode)
     if "key_head_of" in ctx.ds.coords:
         kh = int(np.asarray(ctx.ds["key_head_of"].values)[sel.head])
-        st.caption(f"Grouped heads: value head {sel.head} reads key head {kh} (its queries and keys).")
+        st.caption(f"Grouped heads: value head {sel.head_name} reads key head {kh} (its queries and keys).")
     _stored(ctx, rows, strings)
     _head_grid(ctx, T, mode, strings)
 

@@ -11,6 +11,7 @@ import pandas as pd
 import streamlit as st
 
 from app.dash import compare, export, headdata, loading
+from app.dash.state import head_number, head_numbers
 from app.views.text import display_names
 
 MODES = ("two heads", "two layers", "two stores")
@@ -36,7 +37,7 @@ def render(ctx) -> None:
     sel = ctx.sel
     mode = st.segmented_control("Compare", list(MODES), default=MODES[0], key="cmp_mode", bind="query-params",
                                 required=True) or MODES[0]
-    a_label = f"A: layer {sel.layer} head {sel.head}"
+    a_label = f"A: layer {sel.layer} head {sel.head_name}"
     other_path, other_ds = ctx.path, ctx.ds
     c1, c2 = st.columns(2)
     if mode == "two stores":
@@ -54,7 +55,7 @@ def render(ctx) -> None:
             return
         b_layer, b_head = sel.layer, sel.head
         other_df, _, _ = headdata.table(other_path, other_ds, display_names(ctx), layers=[b_layer])
-        a_label = f"A: {Path(str(ctx.path)).name} · L{sel.layer} H{sel.head}"
+        a_label = f"A: {Path(str(ctx.path)).name} · L{sel.layer} H{sel.head_name}"
         b_label = f"B: {other_path.name} · L{b_layer} H{b_head}"
         same = _same_inputs(ctx, other_ds)
         c2.caption(("Same input tokens in both stores." if same else
@@ -67,14 +68,17 @@ def render(ctx) -> None:
             b_layer = c1.selectbox("Layer of B", layers, index=layers.index(sel.layer), key="cmp_head_layer",
                                    bind="query-params")
             b_head = int(c2.number_input("Head of B", 0, ctx.n_heads - 1, default_head, key="cmp_head",
-                                         bind="query-params"))
+                                         bind="query-params",
+                                         help=None if head_numbers(ctx.attrs) is None else
+                                         "Head position in the store; this store keeps heads "
+                                         + ",".join(map(str, head_numbers(ctx.attrs)))))
         else:
             others = [x for x in layers if x != sel.layer] or layers
             b_layer = c1.selectbox("Layer of B", layers, index=layers.index(others[0]), key="cmp_other_layer",
                                    bind="query-params")
             b_head = sel.head
-            c2.caption(f"Both sides use head {sel.head}.")
-        b_label = f"B: layer {b_layer} head {b_head}"
+            c2.caption(f"Both sides use head {sel.head_name}.")
+        b_label = f"B: layer {b_layer} head {head_number(ctx.attrs, b_head)}"
     both = [sel.layer] if mode == "two stores" else [sel.layer, int(b_layer)]
     df, _, previewed = headdata.table(ctx.path, ctx.ds, display_names(ctx), layers=both)
     if mode != "two stores":

@@ -33,7 +33,7 @@ def small(fig: go.Figure, height: int = 340) -> go.Figure:
 
 def render(ctx) -> None:
     sel = ctx.sel
-    st.title(f"Head {sel.head} · layer {sel.layer}")
+    st.title(f"Head {sel.head_name} · layer {sel.layer}")
     df, src, previewed = headdata.table(ctx.path, ctx.ds, display_names(ctx))
     hit = df[(df["layer"] == sel.layer) & (df["head"] == sel.head)] if not df.empty else df
     if hit.empty:
@@ -85,13 +85,13 @@ def render(ctx) -> None:
             curve = np.asarray(e["erank_by_pos"].isel(layer=li["erank"]).values, np.float64)[:, sel.head: sel.head + 1]
             fig = figures.rank_lines(curve, "effective rank", train_length=ctx.train_length, doc_starts=[],
                                      selected_head=0, selected_pos=None, title="Effective rank over position")
-            fig.data[0].name = f"head {sel.head}"
+            fig.data[0].name = f"head {sel.head_name}"
             export.chart(small(fig).update_layout(showlegend=False), "card_erank")
         lin = src["linear"]
-        if lin is not None and li["linear"] is not None and sel.head in [int(h) for h in lin["probe_head"].values]:
-            pi = [int(h) for h in lin["probe_head"].values].index(sel.head)
+        if lin is not None and li["linear"] is not None and sel.head_name in [int(h) for h in lin["probe_head"].values]:
+            pi = [int(h) for h in lin["probe_head"].values].index(sel.head_name)  # the model's head numbers
             by_pos = np.asarray(lin["accuracy_by_pos"].isel(layer=li["linear"], probe_head=pi).values)
-            export.chart(small(figures.accuracy_by_position({f"head {sel.head}": by_pos}, ctx.train_length,
+            export.chart(small(figures.accuracy_by_position({f"head {sel.head_name}": by_pos}, ctx.train_length,
                                                             "Linear-probe accuracy over position",
                                                             chance=float(lin["chance"].values[li["linear"], pi]))),
                          "card_probe")

@@ -55,9 +55,10 @@ def card_html(row: pd.Series, beta_max: float, selected: bool = False) -> str:
     spark_row = "".join(f'<div style="flex:1;min-width:0;text-align:center;font-size:0.7em;color:#666">{s}<br>{c}</div>'
                         for s, c in zip(sparks, ("β", "angle", "eff. rank")) if s)
     border = "border-left:4px solid #d62728;padding-left:6px;" if selected else ""
+    number = int(row.get("head_id", row["head"]))  # the model's head number (capture --heads)
     return (f'<div style="{border}font-size:0.85em" data-head="{int(row["layer"])}-{int(row["head"])}">'
             f'<div style="font-weight:600;font-size:1.1em;white-space:nowrap">'
-            f'Layer {int(row["layer"])} · head {int(row["head"])}</div>'
+            f'Layer {int(row["layer"])} · head {number}</div>'
             f'<div style="min-height:1.2em">{"".join(_badges(row, beta_max))}</div>'
             f'<table style="border:none;margin:4px 0">{table}</table>'
             f'<div style="display:flex;gap:4px">{spark_row}</div></div>')

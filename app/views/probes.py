@@ -73,7 +73,7 @@ def _linear(ctx) -> None:
     heads = [int(h) for h in res["probe_head"].values]
     acc, chance = np.asarray(res["accuracy"].values), np.asarray(res["chance"].values)
     li = layers.index(sel.layer) if sel.layer in layers else 0
-    col = heads.index(sel.head) if sel.head in heads else None
+    col = heads.index(sel.head_name) if sel.head_name in heads else None  # probe_head: the model's numbers
     export.chart(figures.probe_accuracy_heatmap(
         acc, chance, layers, heads, (li, col) if col is not None else None,
         f"Test accuracy of linear probes on `{res.attrs.get('features', '?')}` "
@@ -81,7 +81,7 @@ def _linear(ctx) -> None:
     by_pos = np.asarray(res["accuracy_by_pos"].isel(layer=li).values)  # [probe_head, pos]
     series = {"all heads": by_pos[heads.index(-1)]} if -1 in heads else {}
     if col is not None:
-        series[f"head {sel.head}"] = by_pos[col]
+        series[f"head {sel.head_name}"] = by_pos[col]
     window = max(1, by_pos.shape[-1] // 64)
     smooth = {k: _smooth(v, window) for k, v in series.items()}
     export.chart(figures.accuracy_by_position(

@@ -42,7 +42,7 @@ def _sequence_strip(ctx) -> None:
 def render(ctx) -> None:
     sel = ctx.sel
     st.title(f"Token {name_of(ctx.names, sel.token)} · seq {sel.seq}, pos {sel.pos}")
-    st.caption(f"Layer {sel.layer}, head {sel.head}: the transition A_t = a_t · P_t, "
+    st.caption(f"Layer {sel.layer}, head {sel.head_name}: the transition A_t = a_t · P_t, "
                "P_t = (I − β_n k_n k_nᵀ) … (I − β_1 k_1 k_1ᵀ), that this token applies to the state. "
                "Change layer, head, sequence or position in the sidebar.")
     _sequence_strip(ctx)
