@@ -27,9 +27,10 @@ SERVER_OPTIONS = {"server.headless": True, "browser.gatherUsageStats": False, "s
 
 @contextlib.asynccontextmanager
 async def preload(app: object) -> AsyncIterator[None]:
-    """st.App lifespan: import PRELOAD before the server accepts connections."""
+    """st.App lifespan: import PRELOAD and warm plotly up before the server accepts connections."""
     for name in PRELOAD:
         importlib.import_module(name)
+    importlib.import_module("app.dash.figures").warm_up()  # plotly's validators, built once per process
     yield
 
 

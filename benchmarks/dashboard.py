@@ -120,8 +120,17 @@ def time_pages(store: Path, warm: Path, pages: list[str]) -> dict[str, float]:
     """Seconds of each AppTest script run on `store` (first run = Overview), after a warm-up on `warm`: the
     first visit of each page (on a store without probe results it computes that page's preview), then one
     interaction on it (the next head selected: `PAGE / next head`)."""
+    import asyncio
+
     from streamlit.testing.v1 import AppTest
 
+    from app import serve
+
+    async def lifespan() -> None:  # what `deltalab app` does before it serves (app.serve)
+        async with serve.preload(None):
+            pass
+
+    asyncio.run(lifespan())
     os.environ["DELTALAB_STORE"] = str(warm)
     at = AppTest.from_file(str(DASHBOARD), default_timeout=300)
     at.run()

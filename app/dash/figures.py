@@ -37,6 +37,25 @@ def _layout(fig: go.Figure, title: str, height: int = 420, **kw) -> go.Figure:
     return fig
 
 
+def warm_up() -> None:
+    """Build one small figure of every kind the pages draw, so plotly creates its property validators (about 0.3 s
+    the first time a process builds a kind of figure) before a visitor's first page does."""
+    x = np.arange(3.0)
+    fig = go.Figure([tr.Scatter(x=x, y=x), tr.Heatmap(z=np.eye(3)), tr.Bar(x=x, y=x), tr.Histogram(x=x, y=x),
+                     tr.Box(y=x)])
+    fig.update_xaxes(title_text="x", range=[0, 2], dtick=1, zeroline=True)
+    fig.update_yaxes(title_text="y", range=[0, 2], scaleanchor="x", scaleratio=1, autorange="reversed")
+    fig.add_vrect(x0=0, x1=1, fillcolor="rgba(0,0,0,0.1)", line_width=0)
+    fig.add_hrect(y0=0, y1=1, line=dict(color="black", width=1))
+    vline(fig, 1.0, "mark", "crimson")
+    hline(fig, 1.0, "mark", "#999")
+    _highlight_cell(fig, 0, 0)
+    _layout(fig, "warm-up", barmode="overlay", hovermode="closest")
+    fig.update_layout(legend=dict(title=dict(text="t"), itemsizing="constant", orientation="h", x=1, y=1,
+                                  xanchor="right", yanchor="bottom", bgcolor="white", font=dict(size=10)))
+    fig.to_dict()
+
+
 def _class_name(names: Sequence[str] | None, c: int) -> str:
     """Legend entry of a token/label class: '3: (1, 2, 4, 3)', or '3' without names (-100 = no label)."""
     if c < 0:
