@@ -1,9 +1,10 @@
-"""Per-token transition spectra of an rwkv7 store, split by input token (the numbers in models/zoo/parity-rwkv7).
+"""Smallest transition eigenvalue of an rwkv7 store per layer, head and input bigram (models/zoo/parity-rwkv7's card).
 
-`python scripts/rwkv7_token_spectra.py STORE [--json]`: for every layer, head and input token, the eigenvalues of
-RWKV-7's transition A_t = diag(w_t) - kappa_t (kappa_t * a_t)^T. With a_t > 0, diag(a)^(1/2) A diag(a)^(-1/2) =
-diag(w) - u u^T (u = sqrt(a) * kappa) is symmetric, so the spectrum is real and eigvalsh gives it exactly: all
-but one eigenvalue interlace the w's; the smallest is the one the removal pulls down (>= min w - 1 > -0.455).
+`python scripts/rwkv7_token_spectra.py STORE [--json]`: every token's transition
+A_t = diag(w_t) - kappa_t (kappa_t * a_t)^T has a real spectrum (kernels.spectra_dplr.dplr_eigvals_general,
+exact by the secular equation); all but the smallest eigenvalue interlace the w's, and the smallest is the one the
+removal pulls down (>= min w - 1 > -0.455 for RWKV-7). Reported: its mean per current token and per
+(previous token, current token), its minimum, and the share of tokens where it is negative.
 """
 
 from __future__ import annotations
@@ -12,32 +13,41 @@ import argparse
 import json
 
 import numpy as np
+import torch
 
 import store
+from kernels.spectra_dplr import dplr_eigvals_general
 
 
-def token_spectra(path: str) -> dict:
-    """{layer: {head: {token: {min, max, mean_min, share_negative}}}} over all (seq, pos) of the store."""
+def smallest_eigenvalues(path: str) -> tuple[np.ndarray, np.ndarray]:
+    """(tokens [S, T], smallest eigenvalue [S, L, T, H]) of every token's transition in the store."""
     ds = store.open(path)
-    tokens = np.asarray(ds["tokens"].values)
-    out: dict = {}
+    out = []
     for layer in ds["layer"].values.tolist():
         sub = ds.sel(layer=layer)
-        w = np.exp(np.asarray(sub["g"].values, dtype=np.float64))  # [S, T, H, K]
-        kappa = np.asarray(sub["kappa"].values, dtype=np.float64)[:, :, 0]
-        a = np.asarray(sub["beta"].values, dtype=np.float64)[:, :, 0]
-        u = np.sqrt(a) * kappa
-        sym = np.einsum("sthk,kl->sthkl", w, np.eye(w.shape[-1])) - u[..., :, None] * u[..., None, :]
-        eig = np.linalg.eigvalsh(sym)  # [S, T, H, K], ascending
-        out[layer] = {}
-        for head in range(eig.shape[2]):
-            out[layer][head] = {}
-            for tok in np.unique(tokens).tolist():
-                e = eig[:, :, head][tokens == tok]  # [N, K]
-                out[layer][head][tok] = {"min": round(float(e.min()), 4), "max": round(float(e.max()), 4),
-                                         "mean_min": round(float(e[:, 0].mean()), 4),
-                                         "share_negative": round(float((e[:, 0] < 0).mean()), 4)}
-    return out
+        g = torch.from_numpy(np.asarray(sub["g"].values, dtype=np.float64))  # [S, T, H, K]
+        kappa = torch.from_numpy(np.asarray(sub["kappa"].values, dtype=np.float64))[:, :, 0]
+        a_rwkv = torch.from_numpy(np.asarray(sub["beta"].values, dtype=np.float64))[:, :, 0]
+        eig = dplr_eigvals_general(g.exp(), -kappa, kappa * a_rwkv)  # ascending, float64
+        out.append(eig[..., 0].numpy())
+    return np.asarray(ds["tokens"].values), np.stack(out, axis=1)
+
+
+def summarise(tokens: np.ndarray, smallest: np.ndarray) -> dict:
+    """{layer: {head: {"x=1": {...}, "prev=0,x=1": {...}}}}: mean, min and share < 0 of the smallest eigenvalue."""
+    prev = np.concatenate([np.full_like(tokens[:, :1], -1), tokens[:, :-1]], axis=1)
+    groups = {f"x={t}": tokens == t for t in np.unique(tokens).tolist()}
+    groups |= {f"prev={p},x={t}": (prev == p) & (tokens == t) for p in np.unique(tokens).tolist()
+               for t in np.unique(tokens).tolist()}
+    res: dict = {}
+    for layer in range(smallest.shape[1]):
+        for head in range(smallest.shape[3]):
+            e = smallest[:, layer, :, head]
+            res.setdefault(layer, {})[head] = {
+                name: {"mean": round(float(e[m].mean()), 4), "min": round(float(e[m].min()), 4),
+                       "share_negative": round(float((e[m] < 0).mean()), 4)}
+                for name, m in groups.items() if m.any()}
+    return res
 
 
 def main() -> None:
@@ -45,15 +55,15 @@ def main() -> None:
     p.add_argument("store")
     p.add_argument("--json", action="store_true")
     args = p.parse_args()
-    res = token_spectra(args.store)
+    res = summarise(*smallest_eigenvalues(args.store))
     if args.json:
         print(json.dumps(res))
         return
     for layer, heads in res.items():
-        for head, toks in heads.items():
-            row = "  ".join(f"tok {t}: min {v['min']:+.3f} mean-min {v['mean_min']:+.3f} max {v['max']:.3f} "
-                            f"neg {v['share_negative']:.0%}" for t, v in toks.items())
-            print(f"layer {layer} head {head}  {row}")
+        for head, groups in heads.items():
+            row = "  ".join(f"{g}: {v['mean']:+.2f}" for g, v in groups.items())
+            low = min(v["min"] for v in groups.values())
+            print(f"layer {layer} head {head}  mean smallest eigenvalue  {row}  (min {low:+.3f})")
 
 
 if __name__ == "__main__":

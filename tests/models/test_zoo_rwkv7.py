@@ -56,3 +56,35 @@ def test_info_and_app_data_spec_open_it(tmp_path, monkeypatch):
     assert "rwkv7" in res.stdout
     monkeypatch.setenv("DELTALAB_CACHE", str(tmp_path / "cache"))
     assert checkpoint_data_spec(ZOO_RWKV7).startswith(f"{_task()['name']}:length=")
+
+
+def test_card_spectra_script_matches_dense_eig_on_a_capture(tmp_path):
+    """scripts/rwkv7_token_spectra.py (the card's spectra table) on a fresh capture: its smallest eigenvalues equal
+    dense float64 eig of diag(w) - kappa (kappa * a)^T built from the stored tensors, and stay above min w - 1."""
+    import importlib.util
+
+    import numpy as np
+
+    import store
+    from app.cli import app
+
+    out = tmp_path / "p.zarr"
+    res = CliRunner().invoke(app, ["capture", str(ZOO_RWKV7), "--data", "parity:length=20,samples=3,seed=5",
+                                   "--out", str(out), "--no-progress"])
+    assert res.exit_code == 0, res.output
+    path = Path(__file__).resolve().parents[2] / "scripts" / "rwkv7_token_spectra.py"
+    spec = importlib.util.spec_from_file_location("rwkv7_token_spectra", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    tokens, smallest = script.smallest_eigenvalues(str(out))
+    ds = store.open(out)
+    assert smallest.shape == (3, ds.sizes["layer"], 20, ds.sizes["head"])
+    w = np.exp(np.asarray(ds["g"].values, dtype=np.float64))  # [S, L, T, H, K]
+    kappa = np.asarray(ds["kappa"].values, dtype=np.float64)[:, :, :, 0]
+    a = np.asarray(ds["beta"].values, dtype=np.float64)[:, :, :, 0]
+    dense = np.linalg.eigvals(w[..., :, None] * np.eye(w.shape[-1]) - kappa[..., :, None] * (kappa * a)[..., None, :])
+    assert np.abs(dense.imag).max() < 1e-9
+    np.testing.assert_allclose(smallest, dense.real.min(-1), atol=1e-9)
+    assert (smallest > w.min(-1) - 1 - 1e-9).all() and smallest.min() > -0.4551
+    summary = script.summarise(tokens, smallest)
+    assert set(summary[0][0]) >= {"x=0", "x=1", "prev=1,x=1"}
