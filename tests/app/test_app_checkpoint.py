@@ -42,7 +42,7 @@ def test_text_checkpoint_opens_its_probed_store(launched, tmp_path):
     res = CliRunner().invoke(cli, ["app", str(ckpt)])
     assert res.exit_code == 0, res.output
     out = checkpoint_store_path(ckpt)
-    assert launched and launched[0][-2:] == ["--", str(out)]
+    assert launched and launched[0][-1] == str(out) and launched[0][1:3] == ["-m", "app.serve"]
     assert is_built(out, ckpt.resolve(), spec=spec)
     ds = store.open(out)
     assert ds.attrs["data_spec"] == spec and ds.sizes["pos"] == 256 and ds.sizes["seq"] >= 8
