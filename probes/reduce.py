@@ -36,7 +36,8 @@ NEEDS = {"ranks": ("tokens", "k", "v", "beta", "g", "state"), "spectra": ("token
          "attention": ("tokens", "q", "k", "v", "beta", "g")}
 """Hook points each reduction reads (tokens for the padding mask and document starts; g where the model has it;
 the ranks start each chunk from the kernel's own chunk-boundary state instead of recomputing it). Capture runs
-them whatever --hooks says and stores only --hooks."""
+them whatever --hooks says and stores only --hooks. On rwkv7 models beta brings its removal key kappa along
+(store.capture)."""
 
 KEEPABLE = ("states",)
 
@@ -65,7 +66,7 @@ def stored_hooks(hooks: list[str], reductions: list[str], keep: str | None) -> l
     return out
 
 
-INPUTS = ("q", "k", "v", "beta", "g", "state", "o")
+INPUTS = ("q", "k", "v", "beta", "kappa", "g", "state", "o")
 """Captured variables a reduction's LayerPlan may read."""
 
 

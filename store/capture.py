@@ -367,6 +367,8 @@ def capture(checkpoint: str | Path, data: str | Data, out: str | Path, *,
     try:
         variables = schema.variables_for(hook_list, gated=bool(cfg.use_forget_gate), removal_key=rwkv7)
         read = [h for h in reductions.hooks() if h not in hook_list] if reductions is not None else []
+        if rwkv7 and "beta" in read and "kappa" not in hook_list:  # the reductions' transitions need kappa too
+            read.append("kappa")
         captured = schema.variables_for(hook_list + read, gated=bool(cfg.use_forget_gate), removal_key=rwkv7)
     except ValueError as err:
         raise CaptureError(str(err)) from None

@@ -1,0 +1,142 @@
+"""Probes on an RWKV-7 store (per-channel beta a_rwkv, removal key kappa, per-channel decays): exact spectra against
+dense float64 eigvals of the multiplied-out transitions, state ranks against a float64 per-step loop, per-channel
+betas, decays, keys; the attention probe refuses in one line; capture-time reductions equal the probes."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from typer.testing import CliRunner
+
+import store
+from app.cli import app
+from store.reader import open_results
+from tests.models.rwkv7_tiny import FIXTURE, probed_rwkv7_store
+
+SPEC = "S4:length=70,samples=3,seed=0"
+
+
+@pytest.fixture(scope="module")
+def rwkv_store(tmp_path_factory):
+    probes = {p: [] for p in ("betas", "keys", "decays", "erank", "spectra")}
+    return probed_rwkv7_store(tmp_path_factory.mktemp("rwkv7_probes"), SPEC, probes)
+
+
+def _inputs(ds, layer_index: int) -> dict[str, np.ndarray]:
+    """One layer's stored inputs in float64, the step axis dropped: k, v, kappa, beta, g [s, T, H, *]."""
+    out = {}
+    for n in ("k", "v", "kappa", "beta", "g"):
+        x = np.asarray(ds[n].isel(layer=layer_index).values, dtype=np.float64)
+        out[n] = x[:, :, 0] if "step" in ds[n].dims else x
+    return out
+
+
+def test_spectra_are_the_dense_eigvals_of_the_stored_transitions(rwkv_store):
+    ds = store.open(rwkv_store)
+    res = open_results(rwkv_store, "spectra")
+    dk, w = ds.sizes["dk"], 4
+    assert res.attrs["dplr"] and res.sizes["aeig"] == dk and res.sizes["weig"] == w
+    for li in range(ds.sizes["layer"]):
+        a = _inputs(ds, li)
+        kappa, beta, g = (torch.from_numpy(a[n]) for n in ("kappa", "beta", "g"))
+        u = kappa * beta
+        eye = torch.eye(dk, dtype=torch.float64)
+        A = torch.diag_embed(g.exp()) - u[..., :, None] * kappa[..., None, :]  # [s, T, H, dk, dk]
+        dense = torch.linalg.eigvals(A)
+        assert dense.imag.abs().max() < 1e-9
+        got = np.asarray(res["eig_A"].isel(layer=li).values)
+        assert np.abs(got.imag).max() == 0 and (np.diff(got.real, axis=-1) >= 0).all()
+        err = np.abs(got.real - np.sort(dense.real.numpy(), -1)).max()
+        assert err < 1e-6, err  # float64 solver, stored as complex64
+        eig_p = np.asarray(res["eig_P"].isel(layer=li).values)[..., 0]
+        np.testing.assert_allclose(eig_p.real, 1 - (a["kappa"] ** 2 * a["beta"]).sum(-1), atol=1e-6)
+        # windows of 4 removal factors R = I - u kappa^T: their power sums are tr(P^p) - (dk - w)
+        R = eye - u[..., :, None] * kappa[..., None, :]
+        win = np.asarray(res["window_eig_P"].isel(layer=li).values).astype(np.complex128)  # [s, n_win, H, w]
+        starts = np.asarray(res["window_start"].values)
+        for wi, t0 in enumerate(starts):
+            P = R[:, t0 + 3] @ R[:, t0 + 2] @ R[:, t0 + 1] @ R[:, t0]
+            Pp = eye.expand_as(P)
+            for p in range(1, w + 1):
+                Pp = Pp @ P
+                trace = torch.diagonal(Pp, dim1=-2, dim2=-1).sum(-1).numpy() - (dk - w)
+                np.testing.assert_allclose((win[:, wi] ** p).sum(-1), trace, atol=2e-5)
+
+
+def test_erank_replays_the_dplr_states_like_a_float64_loop(rwkv_store):
+    ds = store.open(rwkv_store)
+    res = open_results(rwkv_store, "erank")
+    li = 1
+    a = {n: torch.from_numpy(x) for n, x in _inputs(ds, li).items()}
+    S, T, H, K = a["k"].shape
+    state = torch.zeros(S, H, K, a["v"].shape[-1], dtype=torch.float64)
+    er, sr = np.zeros((S, T, H)), np.zeros((S, T, H))
+    for t in range(T):  # H <- (diag(e^g) - u kappa^T) H + k v^T, one dense product per step
+        M = torch.diag_embed(a["g"][:, t].exp()) - (a["kappa"][:, t] * a["beta"][:, t])[..., :, None] \
+            * a["kappa"][:, t][..., None, :]
+        state = M @ state + a["k"][:, t][..., :, None] * a["v"][:, t][..., None, :]
+        sv = torch.linalg.svdvals(state)
+        p = sv / sv.sum(-1, keepdim=True)
+        er[:, t] = torch.exp(-(p * torch.log(p.clamp(min=1e-300))).sum(-1)).numpy()
+        sr[:, t] = ((sv**2).sum(-1) / sv[..., 0] ** 2).numpy()
+    got_er = np.asarray(res["erank"].isel(layer=li).values)
+    got_sr = np.asarray(res["stable_rank"].isel(layer=li).values)
+    np.testing.assert_allclose(got_er, er, rtol=1e-4)
+    np.testing.assert_allclose(got_sr, sr, rtol=1e-4)
+    assert (er[:, -1] > 1.5).all()  # a real test: the states are not rank one
+
+
+def test_betas_are_per_channel_removal_strengths(rwkv_store):
+    ds = store.open(rwkv_store)
+    res = open_results(rwkv_store, "betas")
+    beta = np.asarray(ds["beta"].values, dtype=np.float64)[:, :, :, 0]  # [s, L, T, H, dk]
+    assert res.attrs["per_channel"] and res.attrs["beta_range"] == [0.0, 1.0]
+    np.testing.assert_allclose(res["beta_channel_mean"].values, beta.mean((0, 2)), rtol=1e-5)
+    np.testing.assert_allclose(res["frac_strong_channel"].values, (beta > 0.9).mean((0, 2)))
+    np.testing.assert_allclose(res["beta_mean"].values[:, 0], beta.mean((0, 2, 4)), rtol=1e-5)
+    np.testing.assert_allclose(res["frac_strong"].values[:, 0], (beta > 0.9).mean((0, 2, 4)))
+    assert res["beta_hist"].values.sum(-1).min() == beta[:, 0, :, 0].size  # every channel counted
+    assert (res["frac_negative"].values == 0).all()  # a_rwkv < 1: no negative eigenvalue
+    rec = res.attrs["records"][0]
+    assert len(rec["channel_means"]) == ds.sizes["dk"]
+
+
+def test_decays_and_keys_on_rwkv7(rwkv_store):
+    ds = store.open(rwkv_store)
+    dec = open_results(rwkv_store, "decays")
+    g = np.asarray(ds["g"].values, dtype=np.float64)  # [s, L, T, H, dk], log w in [-e^-0.5, 0)
+    assert g.min() >= -np.exp(-0.5) - 1e-6 and g.max() < 0
+    d = np.exp(g).mean((0, 2))
+    np.testing.assert_allclose(dec["mean_decay"].values, d, rtol=1e-5)
+    np.testing.assert_allclose(dec["memory_of_mean_decay"].values, 1 / (1 - d), rtol=1e-5)
+    keys = open_results(rwkv_store, "keys")
+    evr = keys["explained_variance_ratio"]
+    k = np.asarray(ds["k"].isel(layer=1, step=0, head=2).values, dtype=np.float64).reshape(-1, ds.sizes["dk"])
+    sv = np.linalg.svd(k - k.mean(0), compute_uv=False) ** 2
+    got = np.asarray(evr.sel(layer=int(ds["layer"].values[1]), head=2, step=0).values)
+    np.testing.assert_allclose(got, sv / sv.sum(), atol=1e-5)
+
+
+def test_attention_probe_refuses_rwkv7_in_one_line(rwkv_store):
+    res = CliRunner().invoke(app, ["probe", "attention", "--store", str(rwkv_store)])
+    assert res.exit_code == 2, res.output
+    line = res.output.strip()
+    assert "\n" not in line and "dplr_attention_naive" in line and "RWKV-7" in line, line
+
+
+def test_bad_strong_threshold_is_one_line(rwkv_store):
+    res = CliRunner().invoke(app, ["probe", "betas", "--store", str(rwkv_store), "--strong", "1.5"])
+    assert res.exit_code == 2 and "--strong 1.5" in res.output and res.output.strip().count("\n") == 0
+
+
+def test_reductions_during_capture_equal_the_probes(rwkv_store, tmp_path):
+    from tests.store.test_reduce import _assert_same
+
+    out = tmp_path / "r.zarr"
+    res = CliRunner().invoke(app, ["capture", str(FIXTURE), "--data", SPEC, "--out", str(out), "--hooks",
+                                   "tokens,labels,loss", "--reduce", "ranks,spectra", "--no-progress"])
+    assert res.exit_code == 0, res.output
+    assert "kappa" not in store.open(out) and "state" not in store.open(out)
+    for name in ("erank", "spectra"):
+        _assert_same(open_results(out, name), open_results(rwkv_store, name), rtol=1e-5)
