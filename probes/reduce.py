@@ -143,6 +143,19 @@ class CaptureReductions:
         """The hook points the reductions read (captured, stored only if --hooks names them)."""
         return list(dict.fromkeys(h for name in self.names for h in NEEDS[name]))
 
+    def check(self, attrs: dict[str, Any], variables: list[str]) -> None:
+        """Build every reduction's plan on a data-free template of the capture (root `attrs`, captured `variables`)
+        before anything is written: a reduction the model cannot have (attention on rwkv7) is a one-line
+        ValueError."""
+        from probes.base import ProbeError
+
+        template = _template(attrs, 1, [v for v in variables if v in INPUTS])
+        for name in self.names:
+            try:
+                self._plan(name, template)
+            except ProbeError as err:
+                raise ValueError(f"--reduce {name}: {err}") from None
+
     # --- during capture -----------------------------------------------------------------------------
 
     def compute(self, attrs: dict[str, Any], tensors: dict[str, torch.Tensor],

@@ -415,6 +415,11 @@ def capture(checkpoint: str | Path, data: str | Data, out: str | Path, *,
     if train_length is not None:
         attrs["train_length"] = train_length
 
+    if reductions is not None:  # a reduction this model cannot have fails before the store is touched
+        try:
+            reductions.check(attrs, captured)
+        except ValueError as err:
+            raise CaptureError(str(err)) from None
     estimate = size_estimate(out, variables, sizes, dtype, len(data), batch)
     check_disk(out, estimate)
     writer, segment, own_group = _open_store(out, attrs, data, rank, world, device)

@@ -140,3 +140,12 @@ def test_reductions_during_capture_equal_the_probes(rwkv_store, tmp_path):
     assert "kappa" not in store.open(out) and "state" not in store.open(out)
     for name in ("erank", "spectra"):
         _assert_same(open_results(out, name), open_results(rwkv_store, name), rtol=1e-5)
+
+
+def test_reduce_attention_on_rwkv7_fails_in_one_line_before_writing(tmp_path):
+    out = tmp_path / "a.zarr"
+    res = CliRunner().invoke(app, ["capture", str(FIXTURE), "--data", SPEC, "--out", str(out), "--reduce",
+                                   "ranks,attention", "--no-progress"])
+    assert res.exit_code != 0 and res.output.strip().count("\n") == 0, res.output
+    assert "--reduce attention" in res.output and "dplr_attention_naive" in res.output
+    assert not out.exists()
