@@ -98,3 +98,39 @@ def test_betas_page_shows_per_channel_removal_strengths(rwkv_store, monkeypatch)
     beta = np.asarray(store.open(rwkv_store)["beta"].isel(layer=0).values, np.float64)[:, :, 0]  # [s, T, H, dk]
     np.testing.assert_allclose(z.reshape(beta.shape[2:]), beta.mean((0, 1)), rtol=1e-5)
     assert open_results(rwkv_store, "betas").attrs["per_channel"]
+
+
+@pytest.mark.parametrize("page", [p for p in ALL_PAGES if p not in ("Input",)])
+def test_your_own_input_on_every_page(rwkv_store, page, monkeypatch):
+    """A typed sequence runs through the rwkv7 checkpoint with the hooks, and every page shows it."""
+    from tests.models.rwkv7_tiny import FIXTURE
+
+    at = new_app(monkeypatch, rwkv_store)
+    at.run()
+    at.sidebar.radio(key="page").set_value("Input").run()
+    at.text_input(key="input_checkpoint").set_value(str(FIXTURE)).run()
+    at.text_area(key="input_text").set_value("1 2 3 4 5 6 7 8 9 10 11 12").run()
+    at.button(key="input_run").click().run()
+    assert_clean(at)
+    assert at.session_state["source"] == "your input"
+    at.sidebar.radio(key="page").set_value(page).run()
+    assert_clean(at)
+
+
+def test_own_input_attention_map_rebuilds_the_recurrence_output(rwkv_store):
+    """On a short typed rwkv7 input the Input page's map is the float64 oracle's: sum_s alpha_ts v_s = o_t."""
+    import store
+    from app.dash import own_input
+    from app.views.input import input_attention
+    from tests.models.rwkv7_tiny import FIXTURE
+
+    attrs = dict(store.open(rwkv_store).attrs)
+    enc = own_input.encode("1 2 3 4 5 6 7 8 9 10 11 12", attrs)
+    ds = own_input.run(own_input.get_model(FIXTURE), enc, attrs)
+    assert ds["beta"].dims[-1] == "dk" and "kappa" in ds
+    for li, head in ((0, 1), (1, 3)):
+        alpha = input_attention(ds, li, head)
+        v = np.asarray(ds["v"].isel(seq=0, layer=li, step=0, head=head).values, np.float64)  # [T, dv]
+        o = np.asarray(ds["o"].isel(seq=0, layer=li, head=head).values, np.float64)
+        assert np.abs(np.triu(alpha, 1)).max() == 0
+        np.testing.assert_allclose(alpha @ v, o, atol=1e-4 * np.abs(o).max())
