@@ -149,3 +149,34 @@ def test_reduce_attention_on_rwkv7_fails_in_one_line_before_writing(tmp_path):
     assert res.exit_code != 0 and res.output.strip().count("\n") == 0, res.output
     assert "--reduce attention" in res.output and "dplr_attention_naive" in res.output
     assert not out.exists()
+
+
+def test_intervene_on_rwkv7_sets_every_channel_and_refuses_surgery(rwkv_store):
+    """--set-beta on rwkv7 fills every key channel of the head (checked against a plain forward hook), the default
+    sweep runs, and state surgery (Householder replay) is one line."""
+    from models import load_checkpoint
+    from probes import intervene
+    from probes.base import ProbeError
+
+    ds = store.open(rwkv_store)
+    model = load_checkpoint(FIXTURE, device="cpu", dtype=torch.float32).eval()
+    tokens, labels = np.asarray(ds["tokens"].values), np.asarray(ds["labels"].values)
+    edit = intervene.parse_edit("set_beta", "1:2:0=0")
+    acc, loss, _, _ = intervene.evaluate(model, tokens, labels, [edit], {})
+
+    def zero_head(module, args, output):
+        output = output.clone()
+        output[:, :, 2] = 0
+        return output
+
+    handle = model.layers[1].attn.hook_beta.register_forward_hook(zero_head)
+    try:
+        by_hand = intervene.evaluate(model, tokens, labels, [], {})
+    finally:
+        handle.remove()
+    assert loss == pytest.approx(by_hand[1], rel=1e-6) and acc == pytest.approx(by_hand[0])
+    assert loss != pytest.approx(intervene.evaluate(model, tokens, labels, [], {})[1], rel=1e-6)
+    res = CliRunner().invoke(app, ["probe", "intervene", "--store", str(rwkv_store), "--checkpoint", str(FIXTURE)])
+    assert res.exit_code == 0, res.output
+    with pytest.raises(ProbeError, match="state surgery replays the Householder delta rule"):
+        intervene.run(ds, model, edits=[intervene.parse_surgery("erase", "0:1@3")])
