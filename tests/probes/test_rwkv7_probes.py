@@ -180,3 +180,22 @@ def test_intervene_on_rwkv7_sets_every_channel_and_refuses_surgery(rwkv_store):
     assert res.exit_code == 0, res.output
     with pytest.raises(ProbeError, match="state surgery replays the Householder delta rule"):
         intervene.run(ds, model, edits=[intervene.parse_surgery("erase", "0:1@3")])
+
+
+@pytest.mark.gpu
+def test_gpu_rwkv7_reductions_and_probes_equal_the_cpu_probes(tmp_path):
+    """On CUDA: an rwkv7 capture with --reduce ranks,spectra (on the batch's GPU tensors), the probes with
+    --device cuda and the probes with --device cpu on the same store give the same results."""
+    from tests.store.test_reduce import _assert_same
+
+    out = tmp_path / "g.zarr"
+    res = CliRunner().invoke(app, ["capture", str(FIXTURE), "--data", SPEC, "--out", str(out), "--device", "cuda",
+                                   "--hooks", "tokens,labels,loss,q,k,v,beta,g,state,o", "--reduce", "ranks,spectra",
+                                   "--rank-every", "1", "--keep", "states", "--no-progress"])
+    assert res.exit_code == 0, res.output
+    for name in ("erank", "spectra"):
+        for device in ("cuda", "cpu"):
+            res = CliRunner().invoke(app, ["probe", name, "--store", str(out), "--device", device, "--name",
+                                           f"{name}-{device}"])
+            assert res.exit_code == 0, res.output
+            _assert_same(open_results(out, name), open_results(out, f"{name}-{device}"), rtol=1e-4)
