@@ -118,6 +118,24 @@ def test_decays_and_keys_on_rwkv7(rwkv_store):
     np.testing.assert_allclose(got, sv / sv.sum(), atol=1e-5)
 
 
+def test_keys_of_kappa_is_the_pca_of_the_removal_keys(rwkv_store):
+    from probes import keys
+    from probes.base import ProbeError
+
+    res = CliRunner().invoke(app, ["probe", "keys", "--store", str(rwkv_store), "--of", "kappa", "--name",
+                                   "keys-kappa"])
+    assert res.exit_code == 0, res.output
+    ds = store.open(rwkv_store)
+    got = open_results(rwkv_store, "keys-kappa")
+    assert got.attrs["of"] == "kappa"
+    kap = np.asarray(ds["kappa"].isel(layer=0, step=0, head=1).values, dtype=np.float64).reshape(-1, ds.sizes["dk"])
+    sv = np.linalg.svd(kap - kap.mean(0), compute_uv=False) ** 2
+    evr = np.asarray(got["explained_variance_ratio"].sel(layer=int(ds["layer"].values[0]), head=1, step=0).values)
+    np.testing.assert_allclose(evr, sv / sv.sum(), atol=1e-5)
+    with pytest.raises(ProbeError, match="only rwkv7 stores have removal keys"):
+        keys.run(ds.drop_vars("kappa"), of="kappa")
+
+
 def test_attention_probe_refuses_rwkv7_in_one_line(rwkv_store):
     res = CliRunner().invoke(app, ["probe", "attention", "--store", str(rwkv_store)])
     assert res.exit_code == 2, res.output
