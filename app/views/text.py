@@ -126,6 +126,10 @@ def render(ctx) -> None:
         dmin = min(dmin, int(np.ceil(np.nanmax(values))))
     spec = textgrid.quantity_spec(quantity, head=sel.head, step=sel.step, beta_max=ctx.beta_max, rank_max=dmin,
                                   loss_max=float(np.quantile(finite_loss, 0.99)) if finite_loss.size else 8.0)
+    if quantity == "β" and "kappa" in ctx.ds:  # rwkv7: the effective removal strength of the head
+        import dataclasses
+
+        spec = dataclasses.replace(spec, label=f"effective β = Σκ²a (head {sel.head})")
     part = slice(lo, hi)
     lay = textgrid.layout(strings[part], doc[part] if doc is not None else None, int(width))
     window = "" if (lo, hi) == (0, T) else f", positions {lo}–{hi - 1} of {T}"

@@ -134,3 +134,20 @@ def test_own_input_attention_map_rebuilds_the_recurrence_output(rwkv_store):
         o = np.asarray(ds["o"].isel(seq=0, layer=li, head=head).values, np.float64)
         assert np.abs(np.triu(alpha, 1)).max() == 0
         np.testing.assert_allclose(alpha @ v, o, atol=1e-4 * np.abs(o).max())
+
+
+def test_text_page_colours_by_the_effective_beta(rwkv_store, monkeypatch):
+    import store
+    from tests.app.test_pages import arr, traces
+
+    at = new_app(monkeypatch, rwkv_store)
+    at.run()
+    at.sidebar.radio(key="page").set_value("Text").run()
+    assert_clean(at)
+    heat = next(t for t in traces(at, "effective β = Σκ²a (head 0)"))
+    ds = store.open(rwkv_store).isel(seq=0, layer=0, step=0, head=0)
+    kap, a = (np.asarray(ds[n].values, np.float64) for n in ("kappa", "beta"))
+    want = (kap * kap * a).sum(-1)  # [T]
+    z = np.asarray(arr(heat["z"]), np.float64).ravel()
+    got = z[np.isfinite(z)]
+    np.testing.assert_allclose(np.sort(got), np.sort(want), rtol=1e-5)
