@@ -1,4 +1,4 @@
-"""The bundled RWKV-7 (models/zoo/s3-rwkv7, trained by deltalab on a state-tracking task): captured, every probe
+"""The bundled RWKV-7 (models/zoo/parity-rwkv7, trained by deltalab on running parity): captured, every probe
 run (attention refuses in one line), the spectra exact on the trained transitions, and every dashboard page drawn."""
 
 from __future__ import annotations
@@ -15,11 +15,9 @@ from tests.app.test_pages import assert_clean, new_app  # noqa: E402
 from tests.app.test_rwkv7_pages import ALL_PAGES  # noqa: E402
 from tests.models.rwkv7_tiny import probed_rwkv7_store  # noqa: E402
 
-ZOO_RWKV7 = Path(__file__).resolve().parents[2] / "models" / "zoo" / "s3-rwkv7"
+ZOO_RWKV7 = Path(__file__).resolve().parents[2] / "models" / "zoo" / "parity-rwkv7"
 PROBES = ("betas", "keys", "spectra", "erank", "decays", "linear", "lengthgen", "intervene")
 
-pytestmark = pytest.mark.skipif(not (ZOO_RWKV7 / "config.json").is_file(),
-                                reason="the bundled rwkv7 (branch rwkv-zoo) is not merged yet")
 
 
 @pytest.fixture(scope="module")
