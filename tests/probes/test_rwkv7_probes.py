@@ -217,3 +217,14 @@ def test_gpu_rwkv7_reductions_and_probes_equal_the_cpu_probes(tmp_path):
                                            f"{name}-{device}"])
             assert res.exit_code == 0, res.output
             _assert_same(open_results(out, name), open_results(out, f"{name}-{device}"), rtol=1e-4)
+
+
+def test_rwkv7_store_without_beta_is_one_line_for_spectra_and_erank(tmp_path):
+    out = tmp_path / "nb.zarr"
+    res = CliRunner().invoke(app, ["capture", str(FIXTURE), "--data", "S4:length=20,samples=2,seed=0", "--out",
+                                   str(out), "--hooks", "tokens,labels,k,v,g,state", "--no-progress"])
+    assert res.exit_code == 0, res.output
+    for probe in ("spectra", "erank", "betas"):
+        res = CliRunner().invoke(app, ["probe", probe, "--store", str(out)])
+        assert res.exit_code == 2 and res.output.strip().count("\n") == 0, (probe, res.output)
+        assert "beta" in res.output and "--hooks" in res.output, (probe, res.output)
