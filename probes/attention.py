@@ -52,6 +52,10 @@ def plan(ds: xr.Dataset, *, window: tuple[int, int] | None = None, top_k: int = 
          context: int | None = None, device: str = "cpu") -> LayerPlan:
     """What per_token computes for one (sequences, layer) piece of `ds` (probes.lazy.LayerPlan)."""
     data.require(ds, ["q", "k", "v", "beta"], NAME)
+    if data.dplr_store(ds):
+        raise ProbeError("probe attention: exact maps of RWKV-7's diagonal-plus-rank-one transitions exist only as "
+                         "the dense float64 oracle (kernels.dplr_attention_naive: O(T^2 dk^2) per head, 40 s for one "
+                         "layer of one 256-token sequence at dk = 64), too slow for stores; run the other probes")
     T, H, n_h = ds.sizes["pos"], ds.sizes["head"], ds.sizes["step"]
     start, stop = window or (0, T)
     if top_k < 1:

@@ -4,6 +4,10 @@ A sub-step with beta > 1 gives its Householder factor a negative eigenvalue (1 -
 exact reflection. A head is flagged `reflection` when the mean beta of every one of its steps exceeds
 the threshold (default 1.8), as the DeltaProduct paper's S4 head (beta_0 = beta_1 = 2, Figure 7).
 Streams the store in sequence blocks; quantiles come from a fine histogram (resolution beta_max/(16*bins)).
+RWKV-7 stores hold one beta per key channel (the removal strength a_rwkv in (0, 1)): the per-head statistics pool
+every channel's values (beta_max 1), `beta_channel_mean` / `frac_strong_channel` give each channel's mean and
+fraction above `--strong` (default 0.9: that channel's component along kappa is mostly removed), and the
+per-token means pool the channels.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ import numpy as np
 import xarray as xr
 
 from probes import data
-from probes.base import ProbeResult, exit_main
+from probes.base import ProbeError, ProbeResult, exit_main
 
 NAME = "betas"
 QUANTILES = (0.05, 0.25, 0.5, 0.75, 0.95)
@@ -23,12 +27,16 @@ FINE = 16  # fine bins per reported bin (quantile resolution)
 SUMMARY_KEYS = ["layer", "head", "step", "beta_mean", "beta_std", "beta_median", "frac_negative", "reflection"]
 
 
-def run(ds: xr.Dataset, *, threshold: float = 1.8, bins: int = 64, max_tokens: int = 64,
+def run(ds: xr.Dataset, *, threshold: float = 1.8, bins: int = 64, max_tokens: int = 64, strong: float = 0.9,
         budget: int = 1 << 30) -> ProbeResult:
     """Beta statistics of `ds` (a store Dataset); see the module docstring."""
     data.require(ds, ["beta"], NAME)
-    data.require_head_betas(ds, NAME)
+    if not 0.0 < strong < 1.0:
+        raise ProbeError(f"--strong {strong}: pass a removal strength inside (0, 1), e.g. 0.9")
     L, n_h, H = ds.sizes["layer"], ds.sizes["step"], ds.sizes["head"]
+    channels = "dk" in ds["beta"].dims  # rwkv7: a_rwkv per key channel, pooled over channels per head
+    C = ds.sizes["dk"] if channels else 1
+    ch_n, ch_sum, ch_strong = np.zeros((L, H, C)), np.zeros((L, H, C)), np.zeros((L, H, C))
     bmax = data.beta_max(ds)
     nf = bins * FINE
     shape = (L, n_h, H)
@@ -36,6 +44,7 @@ def run(ds: xr.Dataset, *, threshold: float = 1.8, bins: int = 64, max_tokens: i
     total, total_sq = np.zeros(shape), np.zeros(shape)
     lo, hi, neg = np.full(shape, np.inf), np.full(shape, -np.inf), np.zeros(shape, np.int64)
     fine = np.zeros((*shape, nf), np.int64)
+    strong_n = np.zeros(shape, np.int64)
     has_tokens = "tokens" in ds
     tok_ids, tok_counts = (data.token_vocab(ds, max_tokens, budget) if has_tokens
                            else (np.zeros(0, np.int64), np.zeros(0, np.int64)))
@@ -43,8 +52,17 @@ def run(ds: xr.Dataset, *, threshold: float = 1.8, bins: int = 64, max_tokens: i
     t_sum, t_sq, t_n = np.zeros((n_tok, L * n_h * H)), np.zeros((n_tok, L * n_h * H)), np.zeros(n_tok)
 
     for _, block in data.iter_blocks(ds, ["beta", "tokens"], budget, factor=3, desc="betas"):
-        b = np.asarray(block["beta"].values, dtype=np.float64)  # [s, L, T, n_h, H]
-        flat = np.moveaxis(b, (1, 3, 4), (0, 1, 2)).reshape(L * n_h * H, -1)  # [combo, s*T]
+        b = np.asarray(block["beta"].values, dtype=np.float64)  # [s, L, T, n_h, H(, C)]
+        if channels:
+            bc = b[:, :, :, 0]  # [s, L, T, H, C]: n_h = 1
+            okc = np.isfinite(bc)
+            ch_n += okc.sum((0, 2))
+            ch_sum += np.where(okc, bc, 0.0).sum((0, 2))
+            ch_strong += (okc & (bc > strong)).sum((0, 2))
+        else:
+            b = b[..., None]
+        flat = np.moveaxis(b, (1, 3, 4), (0, 1, 2)).reshape(L * n_h * H, -1)  # [combo, s*T*C]
+        strong_n += ((flat > strong) & np.isfinite(flat)).sum(1).reshape(shape)
         ok = np.isfinite(flat)
         count += ok.sum(1).reshape(shape)
         z = np.where(ok, flat, 0.0)
@@ -58,7 +76,7 @@ def run(ds: xr.Dataset, *, threshold: float = 1.8, bins: int = 64, max_tokens: i
         fine += np.bincount(combo[ok], minlength=flat.shape[0] * nf).reshape(*shape, nf)
         if n_tok:
             # tokens [s, T] line up with b's (seq, pos) = the column order of `flat`
-            ti = data.token_index(np.asarray(block["tokens"].values).ravel(), tok_ids)
+            ti = data.token_index(np.repeat(np.asarray(block["tokens"].values).ravel(), C), tok_ids)
             keep = ti >= 0
             zt = np.where(ok, flat, 0.0)[:, keep].T  # [n, combo]
             from scipy.sparse import csr_matrix
@@ -106,8 +124,17 @@ def run(ds: xr.Dataset, *, threshold: float = 1.8, bins: int = 64, max_tokens: i
             "bin": (edges[:-1] + edges[1:]) / 2, "bin_lo": ("bin", edges[:-1]), "bin_hi": ("bin", edges[1:]),
             "quantile": np.asarray(QUANTILES), "token": tok_ids.astype(np.int64),
         },
-        attrs={"reflection_threshold": threshold, "beta_range": [0.0, bmax]},
+        attrs={"reflection_threshold": threshold, "beta_range": [0.0, bmax], "per_channel": channels,
+               "strong_threshold": strong},
     )
+    out["frac_strong"] = (dims3, strong_n / n, {"description": f"fraction of betas > {strong}"})
+    if channels:
+        cn = np.where(ch_n > 0, ch_n, np.nan)
+        out = out.assign_coords(channel=np.arange(C))
+        out["beta_channel_mean"] = (("layer", "head", "channel"), ch_sum / cn,
+                                    {"description": "mean removal strength a_rwkv of each key channel"})
+        out["frac_strong_channel"] = (("layer", "head", "channel"), ch_strong / cn,
+                                      {"description": f"fraction of tokens whose a_rwkv > {strong}, per channel"})
     return ProbeResult(NAME, out, records(out), SUMMARY_KEYS)
 
 
@@ -135,7 +162,7 @@ def records(out: xr.Dataset) -> list[dict[str, Any]]:
     tokens = out["token"].values
     per_token = len(tokens) <= 32
     names = ("n_substeps", "beta_mean", "beta_std", "beta_min", "beta_max", "beta_quantile", "frac_negative",
-             "reflection")
+             "reflection", "frac_strong")
     a = {name: np.asarray(out[name].values) for name in names}
     tok_mean = np.asarray(out["beta_token_mean"].values) if per_token and len(tokens) else None
     tok_std = np.asarray(out["beta_token_std"].values) if tok_mean is not None else None
@@ -153,9 +180,12 @@ def records(out: xr.Dataset) -> list[dict[str, Any]]:
                     "beta_max": float(a["beta_max"][li, s, h]),
                     "beta_q05": q[0], "beta_q25": q[1], "beta_median": q[2], "beta_q75": q[3], "beta_q95": q[4],
                     "frac_negative": float(a["frac_negative"][li, s, h]),
+                    "frac_strong": float(a["frac_strong"][li, s, h]),
                     "reflection": bool(a["reflection"][li, h]),
                     "head_beta_means": [float(x) for x in head_means],
                 }
+                if "beta_channel_mean" in out:
+                    rec["channel_means"] = [float(x) for x in np.asarray(out["beta_channel_mean"].values)[li, h]]
                 if tok_mean is not None and tok_std is not None:
                     rec["per_token"] = {str(int(t)): [float(tok_mean[li, ti, s, h]), float(tok_std[li, ti, s, h])]
                                         for ti, t in enumerate(tokens)}
@@ -167,10 +197,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threshold", type=float, default=1.8, help="reflection flag: mean beta of every step above this")
     p.add_argument("--bins", type=int, default=64, help="histogram bins over [0, beta_max]")
     p.add_argument("--max-tokens", type=int, default=64, help="per-token statistics for the N most frequent tokens")
+    p.add_argument("--strong", type=float, default=0.9,
+                   help="rwkv7: count removal strengths a_rwkv above this (in (0, 1); default 0.9)")
 
 
 def from_args(ds: xr.Dataset, args: argparse.Namespace, sink: Any) -> ProbeResult:
-    return run(ds, threshold=args.threshold, bins=args.bins, max_tokens=args.max_tokens, budget=args.memory_budget)
+    return run(ds, threshold=args.threshold, bins=args.bins, max_tokens=args.max_tokens, strong=args.strong,
+               budget=args.memory_budget)
 
 
 def main(argv: list[str] | None = None) -> None:

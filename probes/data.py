@@ -87,11 +87,10 @@ def require(ds: xr.Dataset, names: Sequence[str], probe: str) -> None:
         )
 
 
-def require_head_betas(ds: xr.Dataset, probe: str) -> None:
-    """One-line ProbeError for stores whose beta is per key channel (rwkv7: `beta` has a `dk` dim)."""
-    if "beta" in ds and "dk" in ds["beta"].dims:
-        raise ProbeError(f"probe {probe} reads one beta per head and sub-step; this store's beta is per key channel "
-                         "(rwkv7's removal strength a), which it does not summarise yet")
+def dplr_store(ds: xr.Dataset) -> bool:
+    """True for stores of the generalised delta rule (rwkv7): beta per key channel, or a removal key kappa."""
+    return "kappa" in ds or ("beta" in ds and "dk" in ds["beta"].dims) or bool(
+        (ds.attrs.get("sizes") or {}).get("beta_channels"))
 
 
 def model_config(ds: xr.Dataset) -> dict[str, Any]:
@@ -105,6 +104,8 @@ def model_config(ds: xr.Dataset) -> dict[str, Any]:
 def beta_max(ds: xr.Dataset) -> float:
     """Largest possible beta: 2 with allow_neg_eigval, else 1 (taken from the data if the config is silent)."""
     cfg = model_config(ds)
+    if cfg.get("model_type") == "rwkv7" or dplr_store(ds):  # a_rwkv = sigmoid(.) in (0, 1)
+        return 1.0
     if "allow_neg_eigval" in cfg:
         return 2.0 if cfg["allow_neg_eigval"] else 1.0
     return 2.0

@@ -38,18 +38,27 @@ def plan(ds: xr.Dataset, *, device: str = "cpu", every: int = 1) -> LayerPlan:
     T, H = ds.sizes["pos"], ds.sizes["head"]
     chunk = data.chunk_size(ds)
     use_state = "state" in ds
+    dplr = data.dplr_store(ds)  # RWKV-7: H <- (diag(e^g) - kappa (kappa * beta)^T) H + k v^T
+    if dplr:
+        data.require(ds, ["kappa"], NAME)
 
     def fn(a: dict[str, Any]) -> dict[str, np.ndarray]:
-        r = linalg.token_ranks(a["k"], a["v"], a["beta"], a.get("g"), a["state"] if use_state else None,
-                               chunk_size=chunk, device=device, every=every)
+        boundary = a["state"] if use_state else None
+        if dplr:  # the step axis of k, v, kappa, beta has length 1
+            r = linalg.dplr_token_ranks(a["k"][:, :, 0], a["v"][:, :, 0], a["kappa"][:, :, 0], a["beta"][:, :, 0],
+                                        a.get("g"), boundary, chunk_size=chunk, device=device, every=every)
+        else:
+            r = linalg.token_ranks(a["k"], a["v"], a["beta"], a.get("g"), boundary, chunk_size=chunk,
+                                   device=device, every=every)
         return {"erank": r["erank"], "stable_rank": r["stable_rank"], "rank_utilisation": r["rank_utilisation"],
                 "state_norm": r["frobenius"]}
 
     outputs = {f: (("seq", "layer", "pos", "head"), np.float32) for f in FIELDS}
     # working memory: one chunk of per-token states [s, C, H, dk, dv] beside the inputs
     dkdv = ds.sizes["dk"] * ds.sizes["dv"] * H * chunk * 4 * 3
-    factor = 1 + dkdv / max(1, data.bytes_per_seq(ds, ["k", "v", "beta", "g", "state"]) / max(1, ds.sizes["layer"]))
-    return LayerPlan(["k", "v", "beta", "g", "state"], fn, outputs, {"pos": T, "head": H}, factor=factor,
+    names = ["k", "v", "beta", "g", "state", *(["kappa"] if dplr else [])]
+    factor = 1 + dkdv / max(1, data.bytes_per_seq(ds, names) / max(1, ds.sizes["layer"]))
+    return LayerPlan(names, fn, outputs, {"pos": T, "head": H}, factor=factor,
                      attrs={"every": every},
                      descriptions={"erank": "exp(entropy of sigma / sum sigma)",
                                    "stable_rank": "||H||_F^2 / ||H||_2^2",

@@ -181,13 +181,15 @@ def _key_bases(ds: xr.Dataset, store_path: str | None, edits: list[Edit], budget
 
 
 def _apply(nn_model: Any, edits: list[Edit], bases: dict[tuple, tuple], gated: bool = False,
-           key_head_of: Sequence[int] | None = None) -> None:
+           key_head_of: Sequence[int] | None = None, stepless: bool = False) -> None:
     """Inside an nnsight trace: apply the edits in execution order (layer, then q -> k -> v -> beta -> g -> o),
     reading each hook point at most once; state surgery reads q..g and rewrites o (`probes.surgery`).
 
     Grouped heads (`key_head_of`, value head -> key head): hook_q/hook_k hold key heads, so projecting the keys
     of value head h projects its key head (which every value head of the group reads), and state surgery
-    gives each value head its key head's q and k."""
+    gives each value head its key head's q and k. RWKV-7 (`stepless`): hook_beta [B,T,H,dk] and hook_k [B,T,H,dk]
+    have no step axis; a set beta fills every key channel, and projected keys keep their length (RWKV-7's written
+    key is not normalised)."""
     import torch
 
     hook_of = {"set_beta": "hook_beta", "ablate_head": "hook_o", "project_keys": "hook_k"}
@@ -206,7 +208,9 @@ def _apply(nn_model: Any, edits: list[Edit], bases: dict[tuple, tuple], gated: b
             for e in (e for e in group if e.kind not in SURGERY and hook_of[e.kind] == hook):
                 h = slice(None) if e.head is None else e.head
                 s = slice(None) if e.step is None else e.step
-                if e.kind == "set_beta":
+                if e.kind == "set_beta" and stepless:
+                    out[:, :, h] = e.value
+                elif e.kind == "set_beta":
                     out[..., s, h] = e.value
                 elif e.kind == "ablate_head":
                     out[:, :, h] = 0
@@ -220,8 +224,11 @@ def _apply(nn_model: Any, edits: list[Edit], bases: dict[tuple, tuple], gated: b
                         mean, comps = bases[(layer, vh, e.step)]
                         mean_t = torch.as_tensor(mean, dtype=out.dtype, device=out.device)
                         comps_t = torch.as_tensor(comps, dtype=out.dtype, device=out.device)
-                        keys = out[:, :, s, hh]
+                        keys = out[:, :, hh] if stepless else out[:, :, s, hh]
                         proj = mean_t + ((keys - mean_t) @ comps_t.T) @ comps_t
+                        if stepless:
+                            out[:, :, hh] = proj
+                            continue
                         proj = proj / proj.norm(dim=-1, keepdim=True).clamp_min(1e-6)
                         out[:, :, s, hh] = proj
             if hook == "hook_o" and surgery:
@@ -256,6 +263,7 @@ def evaluate(model: Any, tokens: np.ndarray, labels: np.ndarray, edits: list[Edi
     cfg = getattr(model, "config", None)
     gated = bool(getattr(cfg, "use_forget_gate", False))
     key_head_of = list(cfg.key_head_of) if getattr(cfg, "grouped", False) else None
+    stepless = getattr(cfg, "model_type", None) == "rwkv7"
     if kl is not None:
         kl["sum_by_pos"] = np.zeros(T)
     with torch.no_grad():
@@ -264,7 +272,7 @@ def evaluate(model: Any, tokens: np.ndarray, labels: np.ndarray, edits: list[Edi
             lab = torch.as_tensor(labels[lo:lo + batch_size], dtype=torch.long, device=device)
             if edits:
                 with nn_model.trace(ids):
-                    _apply(nn_model, edits, bases, gated, key_head_of)
+                    _apply(nn_model, edits, bases, gated, key_head_of, stepless)
                     logits_proxy = nn_model.output.logits.save()
                 logits = logits_proxy
             else:
@@ -298,6 +306,11 @@ def run(ds: xr.Dataset, model: Any, *, edits: list[Edit] | None = None, store_pa
         raise ProbeError(f"store tokens reach {tokens.max()} but the checkpoint's vocabulary has {cfg.vocab_size}: "
                          "pass the checkpoint the store was captured from")
     edits = sweep(ds, n_components) if not edits else edits
+    if getattr(cfg, "model_type", None) == "rwkv7":
+        bad = [e.label for e in edits if e.kind in SURGERY]
+        if bad:
+            raise ProbeError(f"{bad[0]}: state surgery replays the Householder delta rule, not RWKV-7's "
+                             "diagonal-plus-rank-one transitions; use --set-beta, --ablate-head or --project-keys")
     delta_layers = list(getattr(cfg, "delta_layers", range(cfg.num_hidden_layers)))
     for e in edits:
         if not 0 <= e.layer < cfg.num_hidden_layers:

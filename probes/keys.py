@@ -69,8 +69,15 @@ class _Fitter:
 
 
 def run(ds: xr.Dataset, *, n_coords: int = 3, subspace_dim: int = 3, budget: int = 1 << 30,
-        report_components: int = 8, force_incremental: bool = False) -> ProbeResult:
-    """Key PCA of `ds`; see the module docstring. `force_incremental` uses IncrementalPCA regardless of size."""
+        report_components: int = 8, force_incremental: bool = False, of: str = "k") -> ProbeResult:
+    """Key PCA of `ds`; see the module docstring. `force_incremental` uses IncrementalPCA regardless of size.
+    `of="kappa"`: the same analysis of RWKV-7's unit removal keys kappa instead of the written keys."""
+    if of not in ("k", "kappa"):
+        raise ProbeError(f"--of {of}: choose k (the written keys) or kappa (rwkv7's removal keys)")
+    if of == "kappa":
+        if "kappa" not in ds:
+            raise ProbeError("--of kappa: this store has no kappa (only rwkv7 stores have removal keys); drop --of")
+        ds = ds.assign(k=ds["kappa"])
     data.require(ds, ["k"], NAME)
     L, n_h, H, dk = ds.sizes["layer"], ds.sizes["step"], ds.sizes["head"], ds.sizes["dk"]
     if not 1 <= subspace_dim <= dk or not 1 <= n_coords <= dk:
@@ -133,7 +140,7 @@ def run(ds: xr.Dataset, *, n_coords: int = 3, subspace_dim: int = 3, budget: int
         },
         coords=coords,
         attrs={"method": "incremental_pca" if incremental else "pca", "subspace_dim": subspace_dim,
-               "n_coords": n_coords},
+               "n_coords": n_coords, "of": of},
     )
     out = out.merge(coordinates(ds, out, n_coords))
     return ProbeResult(NAME, out, records(out, report_components), SUMMARY_KEYS)
@@ -194,6 +201,8 @@ def _evr_record(layer: int, head: int, step: int | None, e: np.ndarray, m: int) 
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--of", default="k", help="k (default) or kappa: rwkv7's removal keys (write them with "
+                                              "--name keys-kappa to keep both)")
     p.add_argument("--coords", type=int, default=3, help="per-token coordinates on this many components (default 3)")
     p.add_argument("--subspace-dim", type=int, default=3,
                    help="dimension of the subspaces compared by principal angles")
@@ -203,7 +212,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def from_args(ds: xr.Dataset, args: argparse.Namespace, sink: Any) -> ProbeResult:
     return run(ds, n_coords=args.coords, subspace_dim=args.subspace_dim, budget=args.memory_budget,
-               report_components=args.report_components, force_incremental=args.incremental)
+               report_components=args.report_components, force_incremental=args.incremental, of=args.of)
 
 
 def main(argv: list[str] | None = None) -> None:

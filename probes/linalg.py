@@ -86,6 +86,41 @@ def channel_gate_spectra(k: np.ndarray, beta: np.ndarray, g: np.ndarray, *, wind
     return spec.eigenvalues.to("cpu", torch.complex64).numpy()
 
 
+def dplr_spectra(g: np.ndarray, kappa: np.ndarray, beta: np.ndarray, *, device: str = "cpu") -> np.ndarray:
+    """Eigenvalues of each RWKV-7 token transition diag(e^g) - kappa (kappa * beta)^T: g, kappa, beta [B,T,H,K]
+    (the store's kappa and beta with their step axis dropped) -> complex [B,T,H,K] (real values, ascending), exact
+    by the secular equation (`kernels.spectra_dplr.dplr_eigvals_general`, a = -kappa, b = kappa * beta)."""
+    from kernels.spectra_dplr import dplr_eigvals_general
+
+    kk, bb = as_tensor(kappa, device, torch.float64), as_tensor(beta, device, torch.float64)
+    d = as_tensor(g, device, torch.float64).exp()
+    return dplr_eigvals_general(d, -kk, kk * bb).to("cpu").numpy().astype(np.complex64)
+
+
+def removal_spectra(kappa: np.ndarray, beta: np.ndarray, *, window: int = 1, stride: int = 1,
+                    device: str = "cpu") -> np.ndarray:
+    """Non-trivial eigenvalues of RWKV-7's removal factors R_t = I - u_t kappa_t^T (u = kappa * beta, the
+    transition without its decay) and of their products over windows of `window` tokens (the first rightmost):
+    kappa, beta [B,T,H,K] -> complex [B,T',H,window], sorted by angle then modulus.
+
+    Compact WY as `kernels.spectra` for the delta product, with u_i != kappa_i: R_w ... R_1 = I - U M K^T with
+    M = (I + L)^{-1}, L = strictly lower part of G = K^T U, so the window's non-trivial eigenvalues are those of
+    the w x w C = (I + L)^{-1} (I - triu(G)) (window 1: 1 - sum kappa_i^2 beta_i); float64, dense eig of C."""
+    from kernels.spectra import sort_eigenvalues
+
+    kk, bb = as_tensor(kappa, device, torch.float64), as_tensor(beta, device, torch.float64)
+    u = kk * bb
+    B, T, H, K = kk.shape
+    starts = torch.arange(0, T - window + 1, stride, device=kk.device)
+    idx = starts[:, None] + torch.arange(window, device=kk.device)[None, :]  # [T', w]
+    kw, uw = kk[:, idx], u[:, idx]  # [B, T', w, H, K]
+    gram = torch.einsum("btihk,btjhk->bthij", kw, uw)  # G_ij = kappa_i^T u_j
+    eye = torch.eye(window, dtype=gram.dtype, device=gram.device)
+    c = torch.linalg.solve(eye + torch.tril(gram, -1), eye - torch.triu(gram))
+    eig = torch.linalg.eigvals(c) if window > 1 else c[..., 0].to(torch.complex128)
+    return sort_eigenvalues(eig).to("cpu", torch.complex64).numpy()
+
+
 # --- per-token states and their ranks --------------------------------------------------------
 
 def token_ranks(k: np.ndarray, v: np.ndarray, beta: np.ndarray, g: np.ndarray | None,
@@ -103,6 +138,22 @@ def token_ranks(k: np.ndarray, v: np.ndarray, beta: np.ndarray, g: np.ndarray | 
         m = state_rank_metrics(_t(k, device, dtype), _t(v, device, dtype), _t(beta, device, dtype),
                                _t(g, device, dtype), _t(boundary, device, dtype), chunk_size=chunk_size,
                                every=every)
+    return {f: getattr(m, f).to("cpu", torch.float32).numpy() for f in RANK_FIELDS}
+
+
+def dplr_token_ranks(k: np.ndarray, v: np.ndarray, kappa: np.ndarray, beta: np.ndarray, g: np.ndarray | None,
+                     boundary: np.ndarray | None, *, chunk_size: int = CHUNK_SIZE, device: str = "cpu",
+                     dtype: torch.dtype = torch.float32, every: int = 1) -> dict[str, np.ndarray]:
+    """`token_ranks` for RWKV-7 stores: k, kappa, beta [B,T,H,K], v [B,T,H,V], g [B,T,H,K]|None, boundary
+    [B,NC,H,K,V]|None; the states follow H <- (diag(e^g) - kappa (kappa * beta)^T) H + k v^T
+    (`kernels.dplr_ranks.dplr_state_rank_metrics`, a = -kappa, b = kappa * beta)."""
+    from kernels.dplr_ranks import dplr_state_rank_metrics
+
+    with torch.no_grad():
+        kap, bet = as_tensor(kappa, device, dtype), as_tensor(beta, device, dtype)
+        m = dplr_state_rank_metrics(as_tensor(k, device, dtype), as_tensor(v, device, dtype), -kap, kap * bet,
+                                    _t(g, device, dtype), _t(boundary, device, dtype), chunk_size=chunk_size,
+                                    every=every)
     return {f: getattr(m, f).to("cpu", torch.float32).numpy() for f in RANK_FIELDS}
 
 

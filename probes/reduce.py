@@ -36,7 +36,8 @@ NEEDS = {"ranks": ("tokens", "k", "v", "beta", "g", "state"), "spectra": ("token
          "attention": ("tokens", "q", "k", "v", "beta", "g")}
 """Hook points each reduction reads (tokens for the padding mask and document starts; g where the model has it;
 the ranks start each chunk from the kernel's own chunk-boundary state instead of recomputing it). Capture runs
-them whatever --hooks says and stores only --hooks."""
+them whatever --hooks says and stores only --hooks. On rwkv7 models beta brings its removal key kappa along
+(store.capture)."""
 
 KEEPABLE = ("states",)
 
@@ -65,7 +66,7 @@ def stored_hooks(hooks: list[str], reductions: list[str], keep: str | None) -> l
     return out
 
 
-INPUTS = ("q", "k", "v", "beta", "g", "state", "o")
+INPUTS = ("q", "k", "v", "beta", "kappa", "g", "state", "o")
 """Captured variables a reduction's LayerPlan may read."""
 
 
@@ -141,6 +142,19 @@ class CaptureReductions:
     def hooks(self) -> list[str]:
         """The hook points the reductions read (captured, stored only if --hooks names them)."""
         return list(dict.fromkeys(h for name in self.names for h in NEEDS[name]))
+
+    def check(self, attrs: dict[str, Any], variables: list[str]) -> None:
+        """Build every reduction's plan on a data-free template of the capture (root `attrs`, captured `variables`)
+        before anything is written: a reduction the model cannot have (attention on rwkv7) is a one-line
+        ValueError."""
+        from probes.base import ProbeError
+
+        template = _template(attrs, 1, [v for v in variables if v in INPUTS])
+        for name in self.names:
+            try:
+                self._plan(name, template)
+            except ProbeError as err:
+                raise ValueError(f"--reduce {name}: {err}") from None
 
     # --- during capture -----------------------------------------------------------------------------
 

@@ -49,6 +49,8 @@ def plan(ds: xr.Dataset, *, window: int = 4, stride: int | None = None, device: 
         raise ProbeError(f"--window ({window}) and --stride ({stride}) must be >= 1")
     if window > T:
         raise ProbeError(f"--window {window} is longer than the sequences ({T} tokens): pick a window <= {T}")
+    if data.dplr_store(ds):
+        return _dplr_plan(ds, window=window, stride=stride, device=device)
     gated = "g" in ds
     channel = gated and "dk" in ds["g"].dims  # Kimi Delta Attention: A_t = (I - b k k^T) diag(exp g_t)
     n_win = (T - window) // stride + 1
@@ -85,6 +87,32 @@ def plan(ds: xr.Dataset, *, window: int = 4, stride: int | None = None, device: 
     return LayerPlan(["k", "beta", "g"], fn, outputs, sizes, coords=coords,
                      attrs={"window": window, "stride": stride, "gated": gated, "channel_gate": channel,
                             "channel_windows": channel and channel_windows})
+
+
+def _dplr_plan(ds: xr.Dataset, *, window: int, stride: int, device: str) -> LayerPlan:
+    """RWKV-7 (per-channel beta, removal key kappa): eig_A holds every token's dk exact eigenvalues of
+    A_t = diag(e^g_t) - kappa_t (kappa_t * beta_t)^T (secular equation); eig_P the one non-trivial eigenvalue of the
+    undecayed removal factor P_t = I - kappa_t (kappa_t * beta_t)^T, 1 - sum_i kappa_i^2 beta_i, and window_eig_P
+    the w non-trivial eigenvalues of products of w of them (`linalg.removal_spectra`)."""
+    data.require(ds, ["kappa", "beta", "g"], NAME)
+    T, H = ds.sizes["pos"], ds.sizes["head"]
+    n_win = (T - window) // stride + 1
+    outputs: dict[str, tuple[tuple[str, ...], Any]] = {
+        "eig_P": (("seq", "layer", "pos", "head", "eig"), np.complex64),
+        "window_eig_P": (("seq", "layer", "window", "head", "weig"), np.complex64),
+        "eig_A": (("seq", "layer", "pos", "head", "aeig"), np.complex64),
+    }
+
+    def fn(a: dict[str, Any]) -> dict[str, np.ndarray]:
+        kappa, beta = a["kappa"][:, :, 0], a["beta"][:, :, 0]  # [s, T, H, dk]: the step axis has length 1
+        return {"eig_P": linalg.removal_spectra(kappa, beta, device=device),
+                "window_eig_P": linalg.removal_spectra(kappa, beta, window=window, stride=stride, device=device),
+                "eig_A": linalg.dplr_spectra(a["g"], kappa, beta, device=device)}
+
+    sizes = {"pos": T, "head": H, "eig": 1, "window": n_win, "weig": window, "aeig": ds.sizes["dk"]}
+    coords = {"window_start": ("window", np.arange(n_win) * stride)}
+    return LayerPlan(["kappa", "beta", "g"], fn, outputs, sizes, coords=coords,
+                     attrs={"window": window, "stride": stride, "gated": True, "channel_gate": True, "dplr": True})
 
 
 def summarize(tok: xr.Dataset, ds: xr.Dataset, *, max_tokens: int = 64, unit_tol: float = 0.05,
@@ -208,7 +236,7 @@ def from_tokens(tok: xr.Dataset, ds: xr.Dataset, *, max_tokens: int = 64, unit_t
                 rotation_frac: float = 0.9, budget: int = 1 << 30) -> ProbeResult:
     """The result from per-token arrays already computed (by `run`, or batch by batch during capture);
     `tok.attrs` carries per_token's (window, stride, gated, channel_gate)."""
-    attrs = {k: tok.attrs[k] for k in ("window", "stride", "gated", "channel_gate", "channel_windows")
+    attrs = {k: tok.attrs[k] for k in ("window", "stride", "gated", "channel_gate", "channel_windows", "dplr")
              if k in tok.attrs}
     summary = summarize(tok, ds, max_tokens=max_tokens, unit_tol=unit_tol, budget=budget)
     summary["rotation"] = (("layer", "head"), (summary["frac_rotation"].values >= rotation_frac)

@@ -448,6 +448,8 @@ def capture(checkpoint: str | Path, data: str | Data, out: str | Path, *,
     try:
         variables = schema.variables_for(hook_list, gated=bool(cfg.use_forget_gate), removal_key=rwkv7)
         read = [h for h in reductions.hooks() if h not in hook_list] if reductions is not None else []
+        if rwkv7 and "beta" in read and "kappa" not in hook_list:  # the reductions' transitions need kappa too
+            read.append("kappa")
         captured = schema.variables_for(hook_list + read, gated=bool(cfg.use_forget_gate), removal_key=rwkv7)
     except ValueError as err:
         raise CaptureError(str(err)) from None
@@ -503,6 +505,11 @@ def capture(checkpoint: str | Path, data: str | Data, out: str | Path, *,
     if train_length is not None:
         attrs["train_length"] = train_length
 
+    if reductions is not None:  # a reduction this model cannot have fails before the store is touched
+        try:
+            reductions.check(attrs, captured)
+        except ValueError as err:
+            raise CaptureError(str(err)) from None
     estimate = size_estimate(out, variables, sizes, dtype, len(data), batch)
     check_disk(out, estimate)
     writer, segment, own_group = _open_store(out, attrs, data, rank, world, device)

@@ -26,7 +26,14 @@ class Transition:
     P: np.ndarray  # [dk, dk]
     eigenvalues: np.ndarray  # [n_h] complex: P's non-trivial eigenvalues (the other dk - n_h are 1)
     key_angles_deg: np.ndarray  # [n_h, n_h] angle between the reflection planes (0..90 degrees)
-    channel_decays: np.ndarray | None = None  # [dk] exp(g_t) per key channel (Kimi Delta Attention), else None
+    channel_decays: np.ndarray | None = None  # [dk] exp(g_t) per key channel (Kimi Delta Attention, RWKV-7), else None
+    kappa: np.ndarray | None = None  # [dk] RWKV-7's removal key (keys[0] is kappa too), else None
+    channel_betas: np.ndarray | None = None  # [dk] RWKV-7's removal strengths a_rwkv per key channel, else None
+
+    @property
+    def dplr(self) -> bool:
+        """RWKV-7: A_t = diag(e^g_t) - kappa (kappa * a)^T, P_t = I - kappa (kappa * a)^T."""
+        return self.kappa is not None
 
     @property
     def dk(self) -> int:
@@ -40,7 +47,12 @@ class Transition:
             return self.eigenvalues * self.gate
         import torch
 
-        from kernels.spectra_dplr import dplr_eigvals
+        from kernels.spectra_dplr import dplr_eigvals, dplr_eigvals_general
+
+        if self.kappa is not None and self.channel_betas is not None:
+            d, kap = (torch.as_tensor(x, dtype=torch.float64) for x in (self.channel_decays, self.kappa))
+            u = kap * torch.as_tensor(self.channel_betas, dtype=torch.float64)
+            return dplr_eigvals_general(d[None], -kap[None], u[None])[0].numpy().astype(np.complex128)
 
         d = torch.as_tensor(self.channel_decays, dtype=torch.float64)
         k = torch.as_tensor(self.keys[0], dtype=torch.float64)
@@ -50,7 +62,11 @@ class Transition:
     @property
     def A(self) -> np.ndarray:
         """The transition matrix: gate * P, or P diag(d) with a per-channel gate."""
-        return self.P * self.gate if self.channel_decays is None else self.P * self.channel_decays[None, :]
+        if self.channel_decays is None:
+            return self.P * self.gate
+        if self.kappa is not None:  # the rank-one removal is not decayed: diag(d) + (P - I)
+            return np.diag(self.channel_decays) + self.P - np.eye(self.dk)
+        return self.P * self.channel_decays[None, :]
 
     @property
     def rotation_deg(self) -> float:
@@ -82,6 +98,23 @@ def transition(keys: np.ndarray, betas: np.ndarray, g: float | np.ndarray | None
         return Transition(k, b, 1.0, gram, P, eig, np.degrees(np.arccos(cos)), decays)
     gate = float(np.exp(g)) if g is not None and np.isfinite(g) else 1.0
     return Transition(k, b, gate, gram, P, eig, np.degrees(np.arccos(cos)))
+
+
+def dplr_transition(kappa: np.ndarray, betas: np.ndarray, g: np.ndarray) -> Transition:
+    """One RWKV-7 token's transition from its removal key kappa [dk], per-channel removal strengths a_rwkv [dk] and
+    log decays g [dk]: P_t = I - kappa (kappa * a)^T has one non-trivial eigenvalue 1 - sum_i kappa_i^2 a_i (the
+    effective beta is sum_i kappa_i^2 a_i); A_t = diag(e^g) + P_t - I, all dk eigenvalues exact
+    (`Transition.eigenvalues_A`, secular equation)."""
+    kap = np.asarray(kappa, dtype=np.float64)
+    a = np.nan_to_num(np.asarray(betas, dtype=np.float64), nan=0.0)
+    u = kap * a
+    dk = kap.shape[0]
+    P = np.eye(dk) - np.outer(u, kap)
+    b_eff = float(kap @ u)
+    decays = np.exp(np.nan_to_num(np.asarray(g, dtype=np.float64), nan=0.0))
+    gram = np.array([[float(kap @ kap)]])
+    return Transition(kap[None], np.array([b_eff]), 1.0, gram, P, np.array([1.0 - b_eff], np.complex128),
+                      np.zeros((1, 1)), decays, kappa=kap, channel_betas=a)
 
 
 # --- model card -----------------------------------------------------------------------------

@@ -501,6 +501,33 @@ def keys_heatmap(keys: np.ndarray, betas: np.ndarray) -> go.Figure:
     return _layout(fig, "Householder keys k_{t,j}", max(200, 120 + 40 * n_h))
 
 
+def channel_rows_heatmap(rows: np.ndarray, labels: Sequence[str], title: str) -> go.Figure:
+    """rows [n, dk]: one token's per-key-channel vectors (RWKV-7: kappa, a, w), one labelled row each."""
+    n, dk = rows.shape
+    lim = float(np.nanmax(np.abs(rows))) or 1.0
+    fig = go.Figure(tr.Heatmap(z=rows, x=list(range(dk)), y=list(labels), colorscale="RdBu", zmid=0, zmin=-lim,
+                               zmax=lim, xgap=1, ygap=2, colorbar=dict(title="value"),
+                               hovertemplate="%{y}<br>channel %{x}: %{z:.4f}<extra></extra>"))
+    fig.update_xaxes(title_text="key channel")
+    fig.update_yaxes(autorange="reversed")
+    return _layout(fig, title, max(200, 120 + 40 * n))
+
+
+def head_channel_heatmap(values: np.ndarray, title: str, colorbar: str, *, zmin: float, zmax: float,
+                         colorscale: str, selected_head: int | None = None) -> go.Figure:
+    """values [H, channels]: one number per head and key channel (RWKV-7's per-channel betas), the head outlined."""
+    H, C = values.shape
+    fig = go.Figure(tr.Heatmap(z=values, x=list(range(C)), y=[f"head {h}" for h in range(H)], colorscale=colorscale,
+                               zmin=zmin, zmax=zmax, xgap=1, ygap=1, colorbar=dict(title=colorbar),
+                               hovertemplate="%{y}, channel %{x}: %{z:.3f}<extra></extra>"))
+    if selected_head is not None and 0 <= selected_head < H:
+        fig.add_shape(type="rect", x0=-0.5, x1=C - 0.5, y0=selected_head - 0.5, y1=selected_head + 0.5,
+                      line=dict(color="black", width=2))
+    fig.update_xaxes(title_text="key channel")
+    fig.update_yaxes(autorange="reversed")
+    return _layout(fig, title, max(220, 120 + 24 * H))
+
+
 def matrix_heatmap(M: np.ndarray, title: str, labels: Sequence[str] | None = None, height: int = 420,
                    axis: str = "dimension") -> go.Figure:
     """A square matrix (transition, Gram) on a diverging scale centred at 0, square cells."""
@@ -515,8 +542,10 @@ def matrix_heatmap(M: np.ndarray, title: str, labels: Sequence[str] | None = Non
     return _layout(fig, title, height)
 
 
-def transition_eigenvalues(eig: np.ndarray, eig_A: np.ndarray | None, dk: int, gate: float, title: str) -> go.Figure:
-    """One token's eigenvalues: the n_h non-trivial ones of P_t, the dk - n_h trivial ones at 1, and A_t's."""
+def transition_eigenvalues(eig: np.ndarray, eig_A: np.ndarray | None, dk: int, gate: float, title: str,
+                           label_A: str | None = None) -> go.Figure:
+    """One token's eigenvalues: the n_h non-trivial ones of P_t, the dk - n_h trivial ones at 1, and A_t's
+    (`label_A` names them when they are not P_t's times a scalar gate: per-channel decays, RWKV-7)."""
     fig = go.Figure([unit_circle()])
     n_triv = dk - len(eig)
     fig.add_trace(tr.Scatter(x=[1.0], y=[0.0], mode="markers+text", name=f"trivial eigenvalue 1 (× {n_triv})",
@@ -526,8 +555,8 @@ def transition_eigenvalues(eig: np.ndarray, eig_A: np.ndarray | None, dk: int, g
     fig.add_trace(tr.Scatter(x=eig.real, y=eig.imag, mode="markers", name="non-trivial eigenvalues of P_t",
                              marker=dict(size=13, color="#1f77b4", line=dict(width=1, color="white")),
                              hovertemplate="λ = %{x:.4f} %{y:+.4f}i<extra>P_t</extra>"))
-    if eig_A is not None and gate != 1.0:
-        fig.add_trace(tr.Scatter(x=eig_A.real, y=eig_A.imag, mode="markers", name=f"A_t = {gate:.3f} · P_t",
+    if eig_A is not None and (gate != 1.0 or label_A):
+        fig.add_trace(tr.Scatter(x=eig_A.real, y=eig_A.imag, mode="markers", name=label_A or f"A_t = {gate:.3f} · P_t",
                                  marker=dict(size=11, color="#d62728", symbol="x"),
                                  hovertemplate="λ = %{x:.4f} %{y:+.4f}i<extra>A_t</extra>"))
     _complex_axes(fig, max(1.15, float(np.abs(eig).max()) * 1.05 if eig.size else 1.15))

@@ -212,7 +212,9 @@ def run(model: Any, enc: Encoded, attrs: dict[str, Any], timing: Timing | None =
     for var, arr in arrays.items():
         if var not in schema.VARIABLES:
             continue
-        data_vars[var] = (schema.VARIABLES[var].dims, np.ascontiguousarray(arr))
+        # per-key-channel g (Kimi Delta Attention) and beta (rwkv7) take the store's extra dk dim
+        dims = schema.dims_of(var, attrs.get("sizes") or {}) if var in ("g", "beta") else schema.VARIABLES[var].dims
+        data_vars[var] = (dims, np.ascontiguousarray(arr))
     data_vars["complete"] = (("seq",), np.ones(1, bool))
     chunk = int(attrs.get("chunk_size") or schema.CHUNK_SIZE)
     n_chunks = schema.n_chunks(T, chunk)

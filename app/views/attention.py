@@ -89,6 +89,11 @@ def render(ctx) -> None:
                "state), exactly, with the delta rule's key removal (α is signed: reflections flip signs). Sources "
                "are shaded by α for the selected layer and head (red negative, blue positive, grey: after the "
                "query); hover a token for its weight, click it to make it the query.")
+    if "kappa" in ctx.ds:
+        st.info("**RWKV-7 stores have no exact attention map here**: for diagonal-plus-rank-one transitions it exists "
+                "only as the dense float64 oracle (`kernels.dplr_attention_naive`, O(T² dk²) per head: 40 s for one "
+                "layer of a 256-token sequence at dk = 64), too slow for the dashboard.")
+        return
     missing = [v for v in attnmap.NEEDS if v not in ctx.ds]
     if missing:
         st.info(f"**This store has no {', '.join(missing)}**, which the exact map is computed from. Recapture with "

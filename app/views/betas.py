@@ -26,9 +26,14 @@ def _on_token_click(chart_key: str, path: str, seq: int) -> None:
 
 def render(ctx) -> None:
     st.title("Betas")
-    st.caption("β ∈ [0, 2] with negative eigenvalues allowed: β > 1 flips the key direction (eigenvalue 1 − β < 0), "
-               "β = 2 is a reflection, and two reflections compose to a rotation.")
     res, preview = ctx.result_or_preview("betas", "The heatmaps, histograms and per-token betas come from it.")
+    if res is not None and res.attrs.get("per_channel"):
+        st.caption("RWKV-7: β is the removal strength a ∈ (0, 1) of every key channel; the transition "
+                   "diag(w) − κ (κ ⊙ a)ᵀ removes a fraction Σ κᵢ² aᵢ of the state along κ. Per head, the statistics "
+                   "pool all channels; below, each channel's mean and how often it removes strongly.")
+    else:
+        st.caption("β ∈ [0, 2] with negative eigenvalues allowed: β > 1 flips the key direction (eigenvalue 1 − β "
+                   "< 0), β = 2 is a reflection, and two reflections compose to a rotation.")
     if res is None:
         return
     sel, bmax = ctx.sel, ctx.beta_max
@@ -63,6 +68,8 @@ def render(ctx) -> None:
             frac, layers, "Fraction of sub-steps with β > 1, per head", "fraction β > 1", zmin=0, zmax=1,
             colorscale="Reds", highlight=(li, head)), key="beta_neg")
 
+    if "beta_channel_mean" in res:
+        _per_channel(res, li, head, sel.layer)
     tokens = np.asarray(res["token"].values).astype(np.int64)
     if tokens.size == 0 or "beta_token_mean" not in res:
         st.info("No per-token betas (the store has no `tokens`).")
@@ -90,3 +97,23 @@ def render(ctx) -> None:
     if preview:
         st.caption("Preview only: per-token statistics cover the first sequences.")
     st.button("Drill down: this token's transition matrix →", on_click=state.go_to, args=("Token",), key="drill_betas")
+
+
+def _per_channel(res, li: int, head: int, layer: int) -> None:
+    """RWKV-7: mean a and the fraction of tokens with a above the threshold, per head and key channel."""
+    strong = float(res.attrs.get("strong_threshold", 0.9))
+    st.subheader("Removal strength a per key channel")
+    mean = np.asarray(res["beta_channel_mean"].isel(layer=li).values)  # [H, dk]
+    frac = np.asarray(res["frac_strong_channel"].isel(layer=li).values)
+    c1, c2 = st.columns(2)
+    with c1:
+        export.chart(figures.head_channel_heatmap(mean, f"Mean a per head and key channel, layer {layer}", "mean a",
+                                                  zmin=0, zmax=1, colorscale="Viridis", selected_head=head),
+                     key="beta_channels")
+    with c2:
+        export.chart(figures.head_channel_heatmap(frac, f"Fraction of tokens with a > {strong:g}, layer {layer}",
+                                                  f"fraction a > {strong:g}", zmin=0, zmax=1, colorscale="Reds",
+                                                  selected_head=head), key="beta_channels_strong")
+    head_frac = float(np.asarray(res["frac_strong"].isel(layer=li, step=0, head=head).values))
+    st.caption(f"Head {head}: {head_frac:.0%} of its channel values exceed {strong:g} "
+               "(`deltalab probe betas --strong`).")

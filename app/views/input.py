@@ -19,6 +19,8 @@ TEXT_EXAMPLE = ('def fib(n):\n    """Return the n-th Fibonacci number."""\n    a
                 '        a, b = b, a + b\n    return a\n')
 PAGES = ("Text", "Attention", "Betas", "Keys", "Spectra", "Effective rank", "Token", "Heads")
 ATTENTION_MAX_TOKENS = 512
+DPLR_ATTENTION_MAX_TOKENS = 128
+"""rwkv7 inputs up to this length get the exact map from the dense float64 oracle (about a second per head)."""
 """Longest input whose full attention map the page draws (T x T cells)."""
 
 
@@ -110,6 +112,15 @@ def input_attention(ds, li: int, head: int) -> np.ndarray | None:
     def t(name: str) -> torch.Tensor:
         return torch.as_tensor(np.asarray(one[name].values, dtype=np.float64))
 
+    if "kappa" in one:  # rwkv7: the dense float64 oracle, short inputs only (O(T^2 dk^2))
+        if one.sizes["pos"] > DPLR_ATTENTION_MAX_TOKENS or "g" not in one:
+            return None
+        from kernels.dplr_attention_naive import naive_dplr_attention
+
+        kap, a = t("kappa")[:, :, 0], t("beta")[:, :, 0]  # [1, T, 1, dk]
+        alpha, _ = naive_dplr_attention(t("q"), t("k")[:, :, 0], t("v")[:, :, 0], -kap, kap * a, t("g"), scale=1.0)
+        return alpha[0, :, 0].numpy()  # [T query, T source]
+
     q, k, v, beta = t("q"), t("k"), t("v"), t("beta")  # [1, T, 1, dk], [1, T, n_h, 1, dk], ...
     g = t("g") if "g" in one else None
     amap = delta_attention(q, k, v, beta, g, scale=q.shape[-1] ** -0.5)
@@ -148,16 +159,17 @@ def _attention_click() -> None:
         state.select(seq=0, pos=int(cd[1]))  # the source token
 
 
-def betas_figure(beta: np.ndarray, bmax: float, step: int, layer: int, head: int) -> go.Figure:
+def betas_figure(beta: np.ndarray, bmax: float, step: int, layer: int, head: int, name: str = "β") -> go.Figure:
     """beta [pos, head] of one step as a heatmap (heads on y), the selected head outlined."""
     T, H = beta.shape
     fig = go.Figure(tr.Heatmap(z=beta.T, x=np.arange(T), y=[f"h{h}" for h in range(H)], colorscale=figures.BETA_SCALE,
                                zmin=0, zmax=bmax, colorbar=dict(title="β"),
-                               hovertemplate="pos %{x}, %{y}: β = %{z:.3f}<extra></extra>"))
+                               hovertemplate=f"pos %{{x}}, %{{y}}: {name} = %{{z:.3f}}<extra></extra>"))
     fig.add_hrect(y0=head - 0.5, y1=head + 0.5, line=dict(color="red", width=2))
     fig.update_xaxes(title_text="position")
     fig.update_yaxes(title_text="head", autorange="reversed")
-    return figures._layout(fig, f"β of step {step} at every position and head, layer {layer}", max(240, 120 + 22 * H))
+    return figures._layout(fig, f"{name} of step {step} at every position and head, layer {layer}",
+                           max(240, 120 + 22 * H))
 
 
 def render(ctx) -> None:
@@ -223,7 +235,12 @@ def render(ctx) -> None:
     li = ctx.layers.index(ctx.sel.layer) if ctx.sel.layer in ctx.layers else 0
     if "beta" in ds:
         beta = np.asarray(ds["beta"].isel(seq=0, layer=li, step=min(ctx.sel.step, ds.sizes["step"] - 1)).values)
-        export.chart(betas_figure(beta, ctx.beta_max, ctx.sel.step, ctx.sel.layer, ctx.sel.head), "input_betas")
+        name = "β"
+        if beta.ndim == 3 and "kappa" in ds:  # rwkv7 [T, H, dk]: the effective removal strength sum kappa^2 a
+            kap = np.asarray(ds["kappa"].isel(seq=0, layer=li, step=0).values)
+            beta, name = (kap * kap * beta).sum(-1), "effective β = Σ κ² a"
+        export.chart(betas_figure(beta, ctx.beta_max, ctx.sel.step, ctx.sel.layer, ctx.sel.head, name),
+                     "input_betas")
     if ds.sizes["pos"] <= ATTENTION_MAX_TOKENS:
         weights = _attention(str(key), loading._stamp(key), li, int(ctx.sel.head))
         if weights is not None:

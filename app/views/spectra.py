@@ -48,9 +48,14 @@ def _on_click(chart_key: str) -> None:
 
 def render(ctx) -> None:
     st.title("Spectra")
-    st.caption("Eigenvalues of each token's transition. P_t = (I − β_n k_n k_nᵀ)…(I − β_1 k_1 k_1ᵀ) has dk − n_h "
-               "eigenvalues 1 and n_h non-trivial ones (shown). On the unit circle: rotations and reflections; "
-               "inside: contraction (forgetting).")
+    if "kappa" in ctx.ds:
+        st.caption("RWKV-7: each token's transition A_t = diag(w_t) − κ_t (κ_t ⊙ a_t)ᵀ has dk real eigenvalues that "
+                   "interlace the decays w (exact, secular equation: choose A_t). P_t = I − κ (κ ⊙ a)ᵀ, the removal "
+                   "alone, has one non-trivial eigenvalue 1 − Σ κᵢ² aᵢ; products of a few P_t can turn (windows).")
+    else:
+        st.caption("Eigenvalues of each token's transition. P_t = (I − β_n k_n k_nᵀ)…(I − β_1 k_1 k_1ᵀ) has dk − n_h "
+                   "eigenvalues 1 and n_h non-trivial ones (shown). On the unit circle: rotations and reflections; "
+                   "inside: contraction (forgetting).")
     res, preview = ctx.result_or_preview("spectra", "Eigenvalues, rotation angles and per-token sets come from it.")
     if res is None:
         return
@@ -67,8 +72,11 @@ def render(ctx) -> None:
 
     tr = reads.token_transition(ctx.path, sel.seq, sel.li, sel.pos, head)
     c1, c2, c3 = st.columns(3)
-    which = c1.radio("Matrix", ["P_t (Householder product)", "A_t = exp(g_t) P_t"] if "eig_A" in res
-                     else ["P_t (Householder product)"], horizontal=True, key="spec_matrix",
+    p_name = "P_t (removal I − κ (κ⊙a)ᵀ)" if "kappa" in ctx.ds else "P_t (Householder product)"
+    a_name = ("A_t = diag(w) − κ (κ⊙a)ᵀ" if "kappa" in ctx.ds else "A_t = P_t diag(exp g_t)" if res.attrs.get(
+        "channel_gate") else "A_t = exp(g_t) P_t")
+    which = c1.radio("Matrix", [p_name, a_name] if "eig_A" in res else [p_name], horizontal=True,
+                     key="spec_matrix",
                      persist_state="session", bind="query-params")
     color_by = c2.radio("Colour by", ["input token", "position"], horizontal=True, key="spec_color",
                         persist_state="session", bind="query-params")
@@ -130,7 +138,10 @@ def render(ctx) -> None:
                          key="spec_token_heads")
 
     st.subheader("Gate scaling")
-    if ctx.gated:
+    if ctx.gated and "kappa" in ctx.ds:
+        st.caption("RWKV-7: the decays w = exp(g) ∈ (0.545, 1) per key channel bound A_t's eigenvalues (they interlace "
+                   "them).")
+    elif ctx.gated:
         st.caption("A_t = exp(g_t) · P_t: the forget gate shrinks every eigenvalue by exp(g_t) ∈ (0, 1].")
         n = min(ctx.ds.sizes["seq"], max(1, 8192 // max(1, ctx.length)))
         gates = _gates(str(ctx.path), loading._stamp(ctx.path), ctx.layers.index(sel.layer), n)

@@ -31,14 +31,20 @@ def _values(path: str, stamp: float, seq: int, li: int, quantity: str, head: int
         return np.asarray(one["loss"].values, np.float64) if "loss" in ds else np.full(T, np.nan)
     if "beta" not in ds:
         return np.full(T, np.nan)
+    dplr = "kappa" in ds  # rwkv7: beta per key channel; a token's beta is the effective sum_i kappa_i^2 a_i
     if quantity == "β":
+        if dplr:
+            return _effective_beta(one, li, head)[:, 0]
         return np.asarray(one["beta"].isel(layer=li, step=step, head=head).values, np.float64)
     if quantity == "fraction β > 1":
-        b = np.asarray(one["beta"].isel(layer=li).values, np.float64)  # [T, step, head]
-        return (b > 1.0).mean((1, 2))
+        b = np.asarray(one["beta"].isel(layer=li).values, np.float64)  # [T, step, head(, dk)]
+        return (b > 1.0).reshape(T, -1).mean(1)
     if quantity == "rotation angle":
         if "k" not in ds:
             return np.full(T, np.nan)
+        if dplr:  # P_t = I - kappa (kappa * a)^T: eigenvalue 1 - sum kappa^2 a, a Householder step of |kappa| = 1
+            k = np.asarray(one["kappa"].isel(layer=li, head=head).values, np.float64)  # [T, 1, dk]
+            return textgrid.rotation_angles(k, _effective_beta(one, li, head))
         k = np.asarray(one["k"].isel(layer=li, head=head).values, np.float64)  # [T, step, dk]
         b = np.asarray(one["beta"].isel(layer=li, head=head).values, np.float64)  # [T, step]
         return textgrid.rotation_angles(k, b)
@@ -50,6 +56,13 @@ def _values(path: str, stamp: float, seq: int, li: int, quantity: str, head: int
         sub = ds.isel(seq=slice(seq, seq + 1), layer=slice(li, li + 1), head=slice(head, head + 1))
         return np.asarray(erank.per_token(sub)["erank"].values, np.float64).reshape(-1)
     raise ValueError(f"unknown quantity {quantity!r}")
+
+
+def _effective_beta(one, li: int, head: int) -> np.ndarray:
+    """rwkv7: [T, 1] effective removal strength sum_i kappa_i^2 a_i of one head (P_t's eigenvalue is 1 minus it)."""
+    kap = np.asarray(one["kappa"].isel(layer=li, head=head).values, np.float64)  # [T, 1, dk]
+    a = np.asarray(one["beta"].isel(layer=li, head=head).values, np.float64)
+    return (kap * kap * a).sum(-1)
 
 
 def _on_click(chart_key: str) -> None:
@@ -113,6 +126,10 @@ def render(ctx) -> None:
         dmin = min(dmin, int(np.ceil(np.nanmax(values))))
     spec = textgrid.quantity_spec(quantity, head=sel.head, step=sel.step, beta_max=ctx.beta_max, rank_max=dmin,
                                   loss_max=float(np.quantile(finite_loss, 0.99)) if finite_loss.size else 8.0)
+    if quantity == "β" and "kappa" in ctx.ds:  # rwkv7: the effective removal strength of the head
+        import dataclasses
+
+        spec = dataclasses.replace(spec, label=f"effective β = Σκ²a (head {sel.head})")
     part = slice(lo, hi)
     lay = textgrid.layout(strings[part], doc[part] if doc is not None else None, int(width))
     window = "" if (lo, hi) == (0, T) else f", positions {lo}–{hi - 1} of {T}"

@@ -42,14 +42,18 @@ def _sequence_strip(ctx) -> None:
 def render(ctx) -> None:
     sel = ctx.sel
     st.title(f"Token {name_of(ctx.names, sel.token)} · seq {sel.seq}, pos {sel.pos}")
-    st.caption(f"Layer {sel.layer}, head {sel.head_name}: the transition A_t = a_t · P_t, "
-               "P_t = (I − β_n k_n k_nᵀ) … (I − β_1 k_1 k_1ᵀ), that this token applies to the state. "
-               "Change layer, head, sequence or position in the sidebar.")
+    if "kappa" not in ctx.ds:
+        st.caption(f"Layer {sel.layer}, head {sel.head_name}: the transition A_t = a_t · P_t, "
+                   "P_t = (I − β_n k_n k_nᵀ) … (I − β_1 k_1 k_1ᵀ), that this token applies to the state. "
+                   "Change layer, head, sequence or position in the sidebar.")
     _sequence_strip(ctx)
     tr = reads.token_transition(ctx.path, sel.seq, sel.li, sel.pos, sel.head)
     if tr is None:
         st.info("This store has no keys or betas (captured without `--hooks k,beta`): recapture with the default "
                 "hooks to see transition matrices.")
+        return
+    if tr.dplr:
+        _render_dplr(ctx, tr)
         return
     n_h = len(tr.betas)
     c = st.columns(4)
@@ -96,3 +100,39 @@ def render(ctx) -> None:
     with c2:
         export.chart(figures.matrix_heatmap(tr.P - np.eye(tr.dk), f"P_t − I: rank ≤ {n_h}, supported on the "
                                                                    "span of the keys"), key="tok_update")
+
+
+def _render_dplr(ctx, tr) -> None:
+    """RWKV-7: A_t = diag(w_t) − κ_t (κ_t ⊙ a_t)ᵀ, its dk exact eigenvalues, κ, a and w per key channel."""
+    assert tr.kappa is not None and tr.channel_betas is not None and tr.channel_decays is not None
+    sel = ctx.sel
+    st.caption("RWKV-7: this token applies A_t = diag(w_t) − κ_t (κ_t ⊙ a_t)ᵀ (w = exp(g) the per-channel decay, "
+               "κ the unit removal key, a ∈ (0, 1) the removal strength per key channel). Its dk eigenvalues are real "
+               "and interlace the decays (secular equation, exact); P_t = I − κ (κ ⊙ a)ᵀ is the removal alone.")
+    c = st.columns(4)
+    c[0].metric("effective β = Σ κᵢ² aᵢ", f"{float(tr.betas[0]):.4f}",
+                help="P_t's non-trivial eigenvalue is 1 − Σ κᵢ² aᵢ: how much of the state along κ is removed.")
+    c[1].metric("a per key channel", f"{tr.channel_betas.min():.3f} … {tr.channel_betas.max():.3f}")
+    c[2].metric("decay w per key channel", f"{tr.channel_decays.min():.3f} … {tr.channel_decays.max():.3f}")
+    eig_a = tr.eigenvalues_A
+    c[3].metric("det A_t", f"{float(np.prod(eig_a).real):+.3e}")
+    left, right = st.columns([1, 1])
+    with left:
+        rows = np.stack([tr.kappa, tr.channel_betas, tr.channel_decays])
+        export.chart(figures.channel_rows_heatmap(rows, ["κ (removal key)", "a (removal strength)", "w = exp(g)"],
+                                                  f"κ, a and w per key channel, layer {sel.layer} head {sel.head_name}"),
+                     key="tok_keys")
+    with right:
+        export.chart(figures.transition_eigenvalues(tr.eigenvalues, eig_a, tr.dk, 1.0,
+                                                    f"Eigenvalues of this token's transition (dk = {tr.dk})",
+                                                    label_A="A_t: all dk eigenvalues (exact)"), key="tok_eigs")
+        st.dataframe([{"λ of A_t": f"{e.real:+.5f}", "decay w (sorted)": f"{w:.5f}"}
+                      for e, w in zip(eig_a, np.sort(tr.channel_decays))], hide_index=True)
+        st.caption("Each eigenvalue lies between consecutive sorted decays (the smallest may drop below the smallest "
+                   "decay): the removal only pulls eigenvalues down.")
+    c1, c2 = st.columns(2)
+    with c1:
+        export.chart(figures.matrix_heatmap(tr.A, f"A_t = diag(w) − κ (κ ⊙ a)ᵀ ({tr.dk} × {tr.dk})"), key="tok_matrix")
+    with c2:
+        export.chart(figures.matrix_heatmap(tr.P - np.eye(tr.dk), "P_t − I = −κ (κ ⊙ a)ᵀ: rank one"),
+                     key="tok_update")

@@ -1,0 +1,153 @@
+"""Every dashboard page on an RWKV-7 store (per-channel betas a_rwkv, removal key kappa, per-channel decays): the pages
+render, the Spectra and Token pages show each token's exact DPLR eigenvalues, the Betas page per-channel a_rwkv."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+pytest.importorskip("streamlit")
+
+from tests.app.test_pages import arr, assert_clean, new_app, specs  # noqa: E402
+from tests.models.rwkv7_tiny import probed_rwkv7_store  # noqa: E402
+
+ALL_PAGES = ["Overview", "Input", "Betas", "Keys", "Spectra", "Effective rank", "Probes", "Token", "Text", "Attention",
+             "Heads", "Head", "Compare"]
+
+
+@pytest.fixture(scope="module")
+def rwkv_store(tmp_path_factory):
+    probes = {p: [] for p in ("betas", "keys", "spectra", "erank", "decays", "linear")}
+    return probed_rwkv7_store(tmp_path_factory.mktemp("rwkv7_pages"), "S4:length=70,samples=4,seed=0", probes)
+
+
+@pytest.mark.parametrize("page", ALL_PAGES)
+def test_every_page_renders(rwkv_store, page, monkeypatch):
+    at = new_app(monkeypatch, rwkv_store)
+    at.run()
+    at.sidebar.radio(key="page").set_value(page).run()
+    assert_clean(at)
+
+
+def test_page_list_is_the_dashboard_s():
+    from app.dash.main import _pages
+
+    assert list(_pages()) == ALL_PAGES
+
+
+def _stored_transition(store_path, seq: int, layer_index: int, pos: int, head: int) -> np.ndarray:
+    """The dense float64 A_t = diag(e^g) - kappa (kappa * a)^T of one stored token."""
+    import store
+
+    ds = store.open(store_path)
+    one = ds.isel(seq=seq, layer=layer_index, pos=pos, head=head)
+    kap = np.asarray(one["kappa"].values, np.float64)[0]
+    a = np.asarray(one["beta"].values, np.float64)[0]
+    g = np.asarray(one["g"].values, np.float64)
+    return np.diag(np.exp(g)) - np.outer(kap * a, kap)
+
+
+def _trace(spec: dict, name_start: str) -> dict:
+    found = [t for t in spec["data"] if str(t.get("name", "")).startswith(name_start)]
+    assert found, [t.get("name") for t in spec["data"]]
+    return found[0]
+
+
+def test_token_page_shows_the_exact_dplr_eigenvalues(rwkv_store, monkeypatch):
+    at = new_app(monkeypatch, rwkv_store)
+    at.run()
+    at.sidebar.radio(key="page").set_value("Token").run()
+    assert_clean(at)
+    eig_fig = next(s for s in specs(at) if s["layout"]["title"]["text"].startswith("Eigenvalues of this token"))
+    got = np.sort(arr(_trace(eig_fig, "A_t: all dk")["x"]))
+    seq, layer_index, pos, head = 0, 0, 0, 0  # the default selection
+    dense = np.linalg.eigvals(_stored_transition(rwkv_store, seq, layer_index, pos, head))
+    assert np.abs(dense.imag).max() < 1e-9 and len(got) == len(dense)
+    np.testing.assert_allclose(got, np.sort(dense.real), atol=1e-6)
+    titles = [s["layout"]["title"]["text"] for s in specs(at)]
+    assert any(t.startswith("κ, a and w per key channel") for t in titles), titles
+
+
+def test_spectra_page_shows_the_exact_dplr_eigenvalues(rwkv_store, monkeypatch):
+    at = new_app(monkeypatch, rwkv_store)
+    at.run()
+    at.sidebar.radio(key="page").set_value("Spectra").run()
+    assert_clean(at)
+    radio = at.radio(key="spec_matrix")
+    a_option = next(o for o in radio.options if o.startswith("A_t"))
+    radio.set_value(a_option).run()
+    assert_clean(at)
+    plane = next(s for s in specs(at) if s["layout"]["title"]["text"].startswith("Non-trivial eigenvalues of A_t"))
+    xs = np.concatenate([arr(t["x"]) for t in plane["data"] if t.get("x") is not None])
+    dense = np.sort(np.linalg.eigvals(_stored_transition(rwkv_store, 0, 0, 0, 0)).real)
+    for lam in dense:  # the selected token's dk exact eigenvalues are among the plotted points
+        assert np.abs(xs - lam).min() < 1e-6, lam
+
+
+def test_betas_page_shows_per_channel_removal_strengths(rwkv_store, monkeypatch):
+    import store
+    from store.reader import open_results
+
+    at = new_app(monkeypatch, rwkv_store)
+    at.run()
+    at.sidebar.radio(key="page").set_value("Betas").run()
+    assert_clean(at)
+    fig = next(s for s in specs(at) if s["layout"]["title"]["text"].startswith("Mean a per head and key channel"))
+    z = np.asarray(fig["data"][0]["z"], dtype=np.float64) if isinstance(fig["data"][0]["z"], list) \
+        else arr(fig["data"][0]["z"])
+    beta = np.asarray(store.open(rwkv_store)["beta"].isel(layer=0).values, np.float64)[:, :, 0]  # [s, T, H, dk]
+    np.testing.assert_allclose(z.reshape(beta.shape[2:]), beta.mean((0, 1)), rtol=1e-5)
+    assert open_results(rwkv_store, "betas").attrs["per_channel"]
+
+
+@pytest.mark.parametrize("page", [p for p in ALL_PAGES if p not in ("Input",)])
+def test_your_own_input_on_every_page(rwkv_store, page, monkeypatch):
+    """A typed sequence runs through the rwkv7 checkpoint with the hooks, and every page shows it."""
+    from tests.models.rwkv7_tiny import FIXTURE
+
+    at = new_app(monkeypatch, rwkv_store)
+    at.run()
+    at.sidebar.radio(key="page").set_value("Input").run()
+    at.text_input(key="input_checkpoint").set_value(str(FIXTURE)).run()
+    at.text_area(key="input_text").set_value("1 2 3 4 5 6 7 8 9 10 11 12").run()
+    at.button(key="input_run").click().run()
+    assert_clean(at)
+    assert at.session_state["source"] == "your input"
+    at.sidebar.radio(key="page").set_value(page).run()
+    assert_clean(at)
+
+
+def test_own_input_attention_map_rebuilds_the_recurrence_output(rwkv_store):
+    """On a short typed rwkv7 input the Input page's map is the float64 oracle's: sum_s alpha_ts v_s = o_t."""
+    import store
+    from app.dash import own_input
+    from app.views.input import input_attention
+    from tests.models.rwkv7_tiny import FIXTURE
+
+    attrs = dict(store.open(rwkv_store).attrs)
+    enc = own_input.encode("1 2 3 4 5 6 7 8 9 10 11 12", attrs)
+    ds = own_input.run(own_input.get_model(FIXTURE), enc, attrs)
+    assert ds["beta"].dims[-1] == "dk" and "kappa" in ds
+    for li, head in ((0, 1), (1, 3)):
+        alpha = input_attention(ds, li, head)
+        v = np.asarray(ds["v"].isel(seq=0, layer=li, step=0, head=head).values, np.float64)  # [T, dv]
+        o = np.asarray(ds["o"].isel(seq=0, layer=li, head=head).values, np.float64)
+        assert np.abs(np.triu(alpha, 1)).max() == 0
+        np.testing.assert_allclose(alpha @ v, o, atol=1e-4 * np.abs(o).max())
+
+
+def test_text_page_colours_by_the_effective_beta(rwkv_store, monkeypatch):
+    import store
+    from tests.app.test_pages import arr, traces
+
+    at = new_app(monkeypatch, rwkv_store)
+    at.run()
+    at.sidebar.radio(key="page").set_value("Text").run()
+    assert_clean(at)
+    heat = next(t for t in traces(at, "effective β = Σκ²a (head 0)"))
+    ds = store.open(rwkv_store).isel(seq=0, layer=0, step=0, head=0)
+    kap, a = (np.asarray(ds[n].values, np.float64) for n in ("kappa", "beta"))
+    want = (kap * kap * a).sum(-1)  # [T]
+    z = np.asarray(arr(heat["z"]), np.float64).ravel()
+    got = z[np.isfinite(z)]
+    np.testing.assert_allclose(np.sort(got), np.sort(want), rtol=1e-5)
