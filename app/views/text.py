@@ -129,7 +129,7 @@ def render(ctx) -> None:
     if quantity == "β" and "kappa" in ctx.ds:  # rwkv7: the effective removal strength of the head
         import dataclasses
 
-        spec = dataclasses.replace(spec, label=f"effective β = Σκ²a (head {sel.head})")
+        spec = dataclasses.replace(spec, label=f"effective β = Σκ²a (head {sel.head_name})")
     part = slice(lo, hi)
     lay = textgrid.layout(strings[part], doc[part] if doc is not None else None, int(width))
     window = "" if (lo, hi) == (0, T) else f", positions {lo}–{hi - 1} of {T}"

@@ -119,8 +119,9 @@ def _render_dplr(ctx, tr) -> None:
     left, right = st.columns([1, 1])
     with left:
         rows = np.stack([tr.kappa, tr.channel_betas, tr.channel_decays])
+        title = f"κ, a and w per key channel, layer {sel.layer} head {sel.head_name}"
         export.chart(figures.channel_rows_heatmap(rows, ["κ (removal key)", "a (removal strength)", "w = exp(g)"],
-                                                  f"κ, a and w per key channel, layer {sel.layer} head {sel.head_name}"),
+                                                  title),
                      key="tok_keys")
     with right:
         export.chart(figures.transition_eigenvalues(tr.eigenvalues, eig_a, tr.dk, 1.0,
