@@ -86,7 +86,7 @@ def fla_dplr(
     B, T = q.shape[:2]
     dev, dt = q.device, q.dtype
     k, v, a, b = (x.to(dt) for x in (k, v, a, b))
-    gk = torch.zeros_like(q, dtype=torch.float32) if g is None else g
+    gk = torch.zeros_like(q, dtype=torch.float32) if g is None else g.float()  # fla cumsums it in float32
     h0 = q.new_zeros(N, H, K, V, dtype=torch.float32) if initial_state is None else initial_state.float()
     lengths = [T] * B if cu_seqlens is None else torch.as_tensor(cu_seqlens).diff().tolist()
     full = [n for n, L in enumerate(lengths) if L > 0]  # fla gets no empty sequences

@@ -280,3 +280,23 @@ def test_cuda_matches_fla_and_hooks_edit(name):
         nn.layers[1].attn.hook_beta.output[:, :, 0] = 0.0
         out = nn.output.save()
     assert fro(out.logits.float().cpu(), plain) > 1e-4
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", NAMES)
+def test_cuda_bfloat16_runs_fla_kernel_near_fla_bfloat16(name):
+    """bfloat16 on CUDA runs fla's chunk_dplr_delta_rule (kernels.dplr_fla): our logits sit as close to fla's own
+    bfloat16 logits (`logits_bf16`, recorded on CUDA by make_fla_fixtures.py --rwkv7) as fla's bfloat16 sits to
+    its float32, or within 1e-2."""
+    pytest.importorskip("fla")
+    ref = load_file(str(FIXTURES / name / "logits.safetensors"))
+    if "logits_bf16" not in ref:
+        pytest.skip("fixture recorded without CUDA: regenerate with scripts/device_run.sh rwkv7")
+    model = load_checkpoint(FIXTURES / name, device="cuda", dtype=torch.bfloat16)
+    with torch.no_grad():
+        ours = model(ref["input_ids"].cuda()).logits.float().cpu()
+    scale = ref["logits_fp32"].abs().max()
+    ours_err = float((ours - ref["logits_bf16"]).abs().max() / scale)
+    fla_err = float((ref["logits_bf16"] - ref["logits_fp32"]).abs().max() / scale)
+    print(f"{name}: ours bf16 vs fla bf16 {ours_err:.2e}, fla bf16 vs fla fp32 {fla_err:.2e}")
+    assert ours_err < max(2 * fla_err, 1e-2)
