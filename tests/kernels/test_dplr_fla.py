@@ -10,6 +10,7 @@ against the chunked form's.
 
 from __future__ import annotations
 
+import os
 import sys
 import types
 import warnings
@@ -139,6 +140,28 @@ def test_dispatch_uses_fla_where_wanted_and_falls_back_once(fake_fla, monkeypatc
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # the second fallback is silent: one warning line per reason
         dplr.dplr_forward(q, k, v, a, b, g, scale=1.0, initial_state=s0)
+
+
+def test_mapping_with_fla_own_recurrent_kernel(monkeypatch):
+    """Where fla is importable (a separate venv on the CPU with TRITON_INTERPRET=1, or the device): fla's own
+    fused_recurrent_dplr_delta_rule, which has chunk_dplr_delta_rule's signature and state convention, plugged
+    into fla_dplr reproduces the float64 reference (fla's chunked kernel does not run under the interpreter).
+    Measured on the CPU: ~1e-7 relative in float32 for o, final and boundaries."""
+    fla_gdr = pytest.importorskip("fla.ops.generalized_delta_rule")
+    if not torch.cuda.is_available():
+        if os.environ.get("TRITON_INTERPRET") != "1":
+            pytest.skip("fla's Triton kernels need CUDA or TRITON_INTERPRET=1")
+        import triton.runtime.autotuner as autotuner  # the interpreter cannot benchmark: take the first config
+        monkeypatch.setattr(autotuner.Autotuner, "_bench", lambda self, *a, config=None, **kw: [0.0, 0.0, 0.0])
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    cu = torch.tensor([0, 70, 71, 71, 80])
+    x = f32(*rwkv7_inputs(1, 80, 1, 16, 16, seed=1, log_w_min=-0.61))[:6]
+    s0 = torch.randn(4, 1, 16, 16, dtype=torch.float64)
+    ref = naive_dplr(*(t.double() for t in x), scale=0.5, initial_state=s0, cu_seqlens=cu, chunk_size=32)
+    out = fla_dplr(*(t.to(dev) for t in x), scale=0.5, initial_state=s0.float().to(dev), cu_seqlens=cu.to(dev),
+                   chunk_size=32, kernel=fla_gdr.fused_recurrent_dplr_delta_rule)
+    for got, want in zip(out, ref):
+        assert got.shape == want.shape and rel_err(got, want) < 1e-5
 
 
 # ---------------------------------------------------------------- GPU: the real fla 0.6.0 kernel
