@@ -284,7 +284,7 @@ def test_cuda_matches_fla_and_hooks_edit(name):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", NAMES)
-def test_cuda_bfloat16_runs_fla_kernel_near_fla_bfloat16(name):
+def test_cuda_bfloat16_runs_fla_kernel_near_fla_bfloat16(name, monkeypatch):
     """bfloat16 on CUDA runs fla's chunk_dplr_delta_rule (kernels.dplr_fla): our logits sit as close to fla's own
     bfloat16 logits (`logits_bf16`, recorded on CUDA by make_fla_fixtures.py --rwkv7) as fla's bfloat16 sits to
     its float32, or within 1e-2."""
@@ -292,6 +292,12 @@ def test_cuda_bfloat16_runs_fla_kernel_near_fla_bfloat16(name):
     ref = load_file(str(FIXTURES / name / "logits.safetensors"))
     if "logits_bf16" not in ref:
         pytest.skip("fixture recorded without CUDA: regenerate with scripts/device_run.sh rwkv7")
+    import kernels.dplr
+
+    def no_fallback(*args, **kw):
+        raise AssertionError("bfloat16 on CUDA fell back to the chunked form")
+
+    monkeypatch.setattr(kernels.dplr, "chunk_dplr", no_fallback)
     model = load_checkpoint(FIXTURES / name, device="cuda", dtype=torch.bfloat16)
     with torch.no_grad():
         ours = model(ref["input_ids"].cuda()).logits.float().cpu()
