@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call's worth of GPU work, by section; logs and JSON go to $OUT (the device tool's folder).
 #   usage (on the device, from the repo root, after the wheel install line of ../shared/device/README.md):
-#     bash scripts/device_run.sh s4 | tests | kernels | kda | analysis | probes | store | dist | attention  [more ...]
+#     bash scripts/device_run.sh s4 | tests | kernels | kda | analysis | probes | store | dist | attention | rwkv7 [more ...]
 # s4:      continue the bundled S4 model (trained up to length 128) at 128, then 256, and evaluate it
 # tests:   the GPU-marked tests (realistic shapes, fla 0.6.0 comparisons)
 # kernels: python -m benchmarks.kernels (forward vs fla, accuracy; ~9 min on an H100, so a call of its own)
@@ -13,6 +13,10 @@
 # attention: exact attention maps (unmeasured; timeouts bound it to 8 min): the T=4096 GPU tests of the
 #          Triton kernel, one pytest per case under its own timeout (n_h 1, 2 x scalar, per-channel gates), then
 #          python -m benchmarks.attention at T=4096 (n_h 1, 2 x both gates; fp64 oracle and dense Phi extrapolated)
+# rwkv7:   regenerate the rwkv7 fixtures on CUDA (tests/fixtures/make_fla_fixtures.py --rwkv7: adds fla's bf16
+#          logits_bf16 from chunk_rwkv7) into $OUT/fla (folders + report.json to copy into tests/fixtures/fla), put
+#          them in place on the device, then the rwkv7 GPU tests (model vs fla incl. bf16 through fla's
+#          chunk_dplr_delta_rule, kernels.dplr_fla vs float64, rwkv7 probes); timeouts bound it to ~8 min
 # dist:    torchrun capture on every GPU of the machine (NCCL) against one GPU; same values (nvidia-h200-x2)
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -65,7 +69,19 @@ for section in "$@"; do
       done
       timeout 130 python3 -m benchmarks.attention --T 4096 --n-h 1 2 --gate scalar channel \
         --json "$OUT/attention-bench.json" 2>&1 | tee "$OUT/attention-bench.txt" ;;
-    *) echo "unknown section $section: use s4, tests, kernels, kda, analysis, probes, store, dist or attention" >&2
+    rwkv7)
+      mkdir -p "$OUT/fla" && cp tests/fixtures/fla/report.json "$OUT/fla/"  # the regenerated report keeps the rest
+      timeout 200 python3 tests/fixtures/make_fla_fixtures.py --rwkv7 "$OUT/fla" 2>&1 | tee "$OUT/rwkv7-fixtures.log" \
+        | tail -20
+      echo "fixtures exit ${PIPESTATUS[0]} (124: past 200 s)" | tee -a "$OUT/rwkv7-fixtures.log"
+      for name in rwkv7_fused rwkv7_wide_v; do  # the tests below read the fresh fixtures (the device's copy)
+        [ -f "$OUT/fla/$name/logits.safetensors" ] && cp -r "$OUT/fla/$name" tests/fixtures/fla/
+      done
+      timeout 270 python3 -m pytest -q -s -m gpu -rA -p no:cacheprovider --durations=0 tests/kernels/test_dplr_fla.py \
+        tests/kernels/test_dplr_chunk.py tests/models/test_fla_rwkv7.py tests/probes/test_rwkv7_probes.py 2>&1 \
+        | tee "$OUT/rwkv7-gpu-tests.log" | tail -40
+      echo "tests exit ${PIPESTATUS[0]} (124: past 270 s)" | tee -a "$OUT/rwkv7-gpu-tests.log" ;;
+    *) echo "unknown section $section: use s4, tests, kernels, kda, analysis, probes, store, dist, attention or rwkv7" >&2
        exit 2 ;;
   esac
 done

@@ -254,7 +254,8 @@ def test_trained_by_deltalab_on_a_state_tracking_task(tmp_path):
 
 
 def test_bfloat16_load_stays_close_to_fla_float32():
-    """Loading in bfloat16 keeps the recurrence in float32 (kernels.dplr) and stays near fla's float32 logits."""
+    """Loading in bfloat16 on the CPU keeps the recurrence in float32 (kernels.dplr_chunk; CUDA runs fla's bf16 kernel)
+    and stays near fla's float32 logits."""
     ref = load_file(str(FIXTURES / "rwkv7_fused" / "logits.safetensors"))
     model = load_checkpoint(FIXTURES / "rwkv7_fused", dtype=torch.bfloat16)
     assert model.layers[0].attn.r_proj.weight.dtype == torch.bfloat16
@@ -280,3 +281,29 @@ def test_cuda_matches_fla_and_hooks_edit(name):
         nn.layers[1].attn.hook_beta.output[:, :, 0] = 0.0
         out = nn.output.save()
     assert fro(out.logits.float().cpu(), plain) > 1e-4
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", NAMES)
+def test_cuda_bfloat16_runs_fla_kernel_near_fla_bfloat16(name, monkeypatch):
+    """bfloat16 on CUDA runs fla's chunk_dplr_delta_rule (kernels.dplr_fla): our logits sit as close to fla's own
+    bfloat16 logits (`logits_bf16`, recorded on CUDA by make_fla_fixtures.py --rwkv7) as fla's bfloat16 sits to
+    its float32, or within 1e-2."""
+    pytest.importorskip("fla")
+    ref = load_file(str(FIXTURES / name / "logits.safetensors"))
+    if "logits_bf16" not in ref:
+        pytest.skip("fixture recorded without CUDA: regenerate with scripts/device_run.sh rwkv7")
+    import kernels.dplr
+
+    def no_fallback(*args, **kw):
+        raise AssertionError("bfloat16 on CUDA fell back to the chunked form")
+
+    monkeypatch.setattr(kernels.dplr, "chunk_dplr", no_fallback)
+    model = load_checkpoint(FIXTURES / name, device="cuda", dtype=torch.bfloat16)
+    with torch.no_grad():
+        ours = model(ref["input_ids"].cuda()).logits.float().cpu()
+    scale = ref["logits_fp32"].abs().max()
+    ours_err = float((ours - ref["logits_bf16"]).abs().max() / scale)
+    fla_err = float((ref["logits_bf16"] - ref["logits_fp32"]).abs().max() / scale)
+    print(f"{name}: ours bf16 vs fla bf16 {ours_err:.2e}, fla bf16 vs fla fp32 {fla_err:.2e}")
+    assert ours_err < max(2 * fla_err, 1e-2)
