@@ -120,7 +120,8 @@ def test_your_own_input_on_every_page(rwkv_store, page, monkeypatch):
 
 
 def test_own_input_attention_map_rebuilds_the_recurrence_output(rwkv_store):
-    """On a short typed rwkv7 input the Input page's map is the float64 oracle's: sum_s alpha_ts v_s = o_t."""
+    """On a short typed rwkv7 input the Input page's map (kernels.dplr_attention) is the float64 oracle's, and
+    sum_s alpha_ts v_s = o_t."""
     import store
     from app.dash import own_input
     from app.views.input import input_attention
@@ -135,6 +136,7 @@ def test_own_input_attention_map_rebuilds_the_recurrence_output(rwkv_store):
         v = np.asarray(ds["v"].isel(seq=0, layer=li, step=0, head=head).values, np.float64)  # [T, dv]
         o = np.asarray(ds["o"].isel(seq=0, layer=li, head=head).values, np.float64)
         assert np.abs(np.triu(alpha, 1)).max() == 0
+        np.testing.assert_allclose(alpha, _dplr_oracle(ds, 0, li, head), rtol=0, atol=1e-10)
         np.testing.assert_allclose(alpha @ v, o, atol=1e-4 * np.abs(o).max())
 
 
