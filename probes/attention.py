@@ -6,6 +6,8 @@ top-k sources (token s and step j) with their signed weights alpha and contribut
 norm of the initial-state term, the same for the gated-linear-attention approximation (Phi replaced by the
 product of the gates, i.e. the delta rule's key removal dropped), the approximation's error over all sources,
 and, where the store has the read-out `o`, how well o is rebuilt from the map (a check of the whole chain).
+On rwkv7 stores (diagonal-plus-rank-one transitions diag(e^g) - kappa (kappa * beta)^T, scale 1) the sources are
+tokens (step 0) and the maps come from `kernels.dplr_attention`; the approximation keeps only the diagonal decays.
 With --context N only the N tokens before the window (rounded down to a chunk start) are separate sources;
 earlier ones are folded into the initial-state term through the stored chunk-start state.
 """
@@ -52,10 +54,9 @@ def plan(ds: xr.Dataset, *, window: tuple[int, int] | None = None, top_k: int = 
          context: int | None = None, device: str = "cpu") -> LayerPlan:
     """What per_token computes for one (sequences, layer) piece of `ds` (probes.lazy.LayerPlan)."""
     data.require(ds, ["q", "k", "v", "beta"], NAME)
-    if data.dplr_store(ds):
-        raise ProbeError("probe attention: exact maps of RWKV-7's diagonal-plus-rank-one transitions exist only as "
-                         "the dense float64 oracle (kernels.dplr_attention_naive: O(T^2 dk^2) per head, 40 s for one "
-                         "layer of one 256-token sequence at dk = 64), too slow for stores; run the other probes")
+    dplr = data.dplr_store(ds)  # RWKV-7: transitions diag(e^g) - kappa (kappa * beta)^T, scale 1
+    if dplr:
+        data.require(ds, ["kappa"], NAME)
     T, H, n_h = ds.sizes["pos"], ds.sizes["head"], ds.sizes["step"]
     start, stop = window or (0, T)
     if top_k < 1:
@@ -73,13 +74,20 @@ def plan(ds: xr.Dataset, *, window: tuple[int, int] | None = None, top_k: int = 
         import torch
 
         from kernels.attention import compare_attention
+        from kernels.dplr_attention import compare_dplr_attention
 
         def t(x: Any) -> torch.Tensor:
             return linalg.as_tensor(x[:, first:stop], device)
 
         s0 = linalg.as_tensor(a["state"][:, first // C], device) if "state" in a else None
-        cmp = compare_attention(t(a["q"]), t(a["k"]), t(a["v"]), t(a["beta"]), t(a["g"]) if gated else None,
-                                initial_state=s0, window=(start - first, stop - first), top_k=top_k, rank_by=rank_by)
+        g = t(a["g"]) if gated else None
+        args = dict(initial_state=s0, window=(start - first, stop - first), top_k=top_k, rank_by=rank_by)
+        if dplr:  # the step axis of k, v, kappa, beta has length 1
+            kap = t(a["kappa"])[:, :, 0]
+            cmp = compare_dplr_attention(t(a["q"]), t(a["k"])[:, :, 0], t(a["v"])[:, :, 0], -kap,
+                                         kap * t(a["beta"])[:, :, 0], g, scale=1.0, **args)
+        else:
+            cmp = compare_attention(t(a["q"]), t(a["k"]), t(a["v"]), t(a["beta"]), g, **args)
         out: dict[str, np.ndarray] = {}
         for prefix, m in (("attn", cmp.exact), ("gla", cmp.approx)):
             idx = m.top_index.cpu().numpy()
@@ -111,11 +119,16 @@ def plan(ds: xr.Dataset, *, window: tuple[int, int] | None = None, top_k: int = 
     # working memory: the carried queries, a chunk's factors and the running top-k, beside the inputs
     per_seq = data.bytes_per_seq(ds, ["q", "k", "v", "beta", "g", "state"]) / max(1, ds.sizes["layer"])
     work = H * (Tw * (ds.sizes["dk"] + 4 * top_k + 2 * C * n_h) + (C * n_h) ** 2 * 4) * 4 * 3
-    names = ["q", "k", "v", "beta", "g", *(["state"] if "state" in ds else []), *(["o"] if has_o else [])]
+    if dplr:  # sub-block decay factors of kernels.dplr_attention (about 8 of [C, dk] x (C / 16 + 16))
+        work += H * 8 * C * ds.sizes["dk"] * (C // 16 + 16) * 4
+    names = ["q", "k", "v", "beta", "g", *(["kappa"] if dplr else []), *(["state"] if "state" in ds else []),
+             *(["o"] if has_o else [])]
     descriptions = {
-        "attn_weight": "signed alpha_{t,u} = scale b_u q_t^T Phi(t,u) k_u of the top sources",
+        "attn_weight": "signed alpha_{t,u} = scale b_u q_t^T Phi(t,u) k_u of the top sources (rwkv7: "
+                       "scale q_t^T Phi(t,s) k_s, Phi the product of the DPLR transitions)",
         "attn_norm": "|alpha_{t,u}| ||v_u||: norm of the source's contribution to o_t",
-        "gla_weight": "the same with Phi replaced by the product of the gates (GLA)",
+        "gla_weight": "the same with Phi replaced by the product of the gates (GLA; rwkv7: of the diagonal decays, "
+                      "the rank-one removal dropped)",
         "gla_weight_error": "||alpha - alpha_gla|| / ||alpha|| over all sources",
         "gla_output_error": "||o_gla - o|| / ||o||, o_gla rebuilt from the approximation",
     }

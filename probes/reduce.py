@@ -145,8 +145,7 @@ class CaptureReductions:
 
     def check(self, attrs: dict[str, Any], variables: list[str]) -> None:
         """Build every reduction's plan on a data-free template of the capture (root `attrs`, captured `variables`)
-        before anything is written: a reduction the model cannot have (attention on rwkv7) is a one-line
-        ValueError."""
+        before anything is written: a reduction the model cannot have is a one-line ValueError."""
         from probes.base import ProbeError
 
         template = _template(attrs, 1, [v for v in variables if v in INPUTS])

@@ -1,6 +1,7 @@
 """Exact attention maps of one stored sequence for the Attention page: rows of a bounded window of query tokens
 computed on demand in float64 (`kernels.attention.compare_attention`: the exact map and the gated-linear-attention
-approximation in one walk), the small maps of every head for the head grid, and the attention probe's stored
+approximation in one walk; on rwkv7 stores `kernels.dplr_attention.compare_dplr_attention`, whose approximation keeps
+only the diagonal decays), the small maps of every head for the head grid, and the attention probe's stored
 top-k sources of one token. No Streamlit here (the page caches these).
 
 Windows stay bounded: at most MAX_QUERIES query tokens [lo, hi) (aligned, so nearby clicks reuse a window) and at
@@ -89,14 +90,14 @@ def read_inputs(ds: Any, seq: int, li: int, start: int, stop: int) -> Inputs:
     missing = [v for v in NEEDS if v not in ds]
     if missing:
         raise ValueError(f"the store has no {', '.join(missing)}: recapture with --hooks including q,k,v,beta")
-    names = [*NEEDS, *(["g"] if "g" in ds else [])]
+    names = [*NEEDS, *(["g"] if "g" in ds else []), *(["kappa"] if "kappa" in ds else [])]
     one = per_value_head(ds[names]).isel(seq=[seq], layer=li, pos=slice(start, stop)).compute()
     return Inputs(start, stop, {n: np.asarray(one[n].values) for n in names})
 
 
 def pick(inp: Inputs, heads: list[int], start: int, stop: int) -> dict[str, Any]:
     """Value heads `heads` of tokens [start, stop) (inside `inp`) as float64 tensors in the kernels' layouts
-    ([1, T, H, dk], [1, T, n_h, H, dk], ...); "g" is None for ungated stores."""
+    ([1, T, H, dk], [1, T, n_h, H, dk], ...); "g" is None for ungated stores; rwkv7 stores add "kappa"."""
     import torch
 
     if not inp.covers(start, stop):
@@ -104,7 +105,7 @@ def pick(inp: Inputs, heads: list[int], start: int, stop: int) -> dict[str, Any]
     t = slice(start - inp.start, stop - inp.start)
     out: dict[str, Any] = {"g": None}
     for name, a in inp.arrays.items():
-        head_axis = 3 if name in ("k", "v", "beta") else 2  # [1, T, (n_h,) H, ...]
+        head_axis = 3 if name in ("k", "v", "beta", "kappa") else 2  # [1, T, (n_h,) H, ...]
         sub = np.take(a[:, t], heads, axis=head_axis)
         out[name] = torch.as_tensor(np.ascontiguousarray(sub, dtype=np.float64))
     return out
@@ -114,6 +115,21 @@ def inputs(ds: Any, seq: int, li: int, heads: list[int], start: int, stop: int) 
     """q, k, v, beta (and g) of tokens [start, stop) of one sequence, layer index `li` and value heads `heads`, as
     float64 tensors in the kernels' layouts ([1, T, H, dk], [1, T, n_h, H, dk], ...)."""
     return pick(read_inputs(ds, seq, li, start, stop), list(heads), start, stop)
+
+
+def compare(a: dict[str, Any], window: tuple[int, int] | None = None) -> Any:
+    """The exact map and its approximation (kernels.attention.AttentionComparison) of `pick`'s inputs: the delta
+    rule's (scale dk^-1/2), or on rwkv7 inputs (with "kappa") the DPLR map of diag(e^g) - kappa (kappa * beta)^T
+    (scale 1, one step per token)."""
+    if "kappa" not in a:
+        from kernels.attention import compare_attention
+
+        return compare_attention(a["q"], a["k"], a["v"], a["beta"], a["g"], window=window)
+    from kernels.dplr_attention import compare_dplr_attention
+
+    kap = a["kappa"][:, :, 0]
+    return compare_dplr_attention(a["q"], a["k"][:, :, 0], a["v"][:, :, 0], -kap, kap * a["beta"][:, :, 0], a["g"],
+                                  scale=1.0, window=window)
 
 
 @dataclass
@@ -142,12 +158,10 @@ class Rows:
 def rows(ds: Any, seq: int, li: int, head: int, win: Window, read: Inputs | None = None) -> Rows:
     """The exact map and the GLA approximation of value head `head` for the queries of `win` (float64), from `read`
     when it covers the window (inputs read once for every head), else read from the store."""
-    from kernels.attention import compare_attention
-
     if read is None or not read.covers(win.src0, win.hi):
         read = read_inputs(ds, seq, li, win.src0, win.hi)
     a = pick(read, [head], win.src0, win.hi)
-    cmp = compare_attention(a["q"], a["k"], a["v"], a["beta"], a["g"], window=(win.lo - win.src0, win.hi - win.src0))
+    cmp = compare(a, window=(win.lo - win.src0, win.hi - win.src0))
 
     def full(m) -> np.ndarray:  # [1, Tw, 1, S, n_h] -> [Tw, S, n_h]
         return m.weights[0, :, 0].numpy()
@@ -159,13 +173,11 @@ def rows(ds: Any, seq: int, li: int, head: int, win: Window, read: Inputs | None
 def grid(ds: Any, seq: int, li: int, win: Window, read: Inputs | None = None) -> tuple[np.ndarray, np.ndarray]:
     """(exact, GLA) maps of every head over tokens [win.lo, win.hi): [head, query, source], summed over sub-steps
     (NaN above the diagonal: sources after the query); from `read` when it covers them."""
-    from kernels.attention import compare_attention
-
     H = int(ds.sizes.get("head", 1))
     if read is None or not read.covers(win.lo, win.hi):
         read = read_inputs(ds, seq, li, win.lo, win.hi)
     a = pick(read, list(range(H)), win.lo, win.hi)
-    cmp = compare_attention(a["q"], a["k"], a["v"], a["beta"], a["g"])
+    cmp = compare(a)
     n = win.hi - win.lo
     later = np.triu(np.ones((n, n), bool), 1)
 

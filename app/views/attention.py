@@ -90,10 +90,8 @@ def render(ctx) -> None:
                "are shaded by α for the selected layer and head (red negative, blue positive, grey: after the "
                "query); hover a token for its weight, click it to make it the query.")
     if "kappa" in ctx.ds:
-        st.info("**RWKV-7 stores have no exact attention map here**: for diagonal-plus-rank-one transitions it exists "
-                "only as the dense float64 oracle (`kernels.dplr_attention_naive`, O(T² dk²) per head: 40 s for one "
-                "layer of a 256-token sequence at dk = 64), too slow for the dashboard.")
-        return
+        st.caption("RWKV-7: Φ(t, s) is the product of the transitions diag(e^g) − κ (κ ⊙ a)^T after token s "
+                   "(`kernels.dplr_attention`, one step per token); the GLA approximation keeps only the decays.")
     missing = [v for v in attnmap.NEEDS if v not in ctx.ds]
     if missing:
         st.info(f"**This store has no {', '.join(missing)}**, which the exact map is computed from. Recapture with "

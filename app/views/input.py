@@ -19,8 +19,6 @@ TEXT_EXAMPLE = ('def fib(n):\n    """Return the n-th Fibonacci number."""\n    a
                 '        a, b = b, a + b\n    return a\n')
 PAGES = ("Text", "Attention", "Betas", "Keys", "Spectra", "Effective rank", "Token", "Heads")
 ATTENTION_MAX_TOKENS = 512
-DPLR_ATTENTION_MAX_TOKENS = 128
-"""rwkv7 inputs up to this length get the exact map from the dense float64 oracle (about a second per head)."""
 """Longest input whose full attention map the page draws (T x T cells)."""
 
 
@@ -112,14 +110,13 @@ def input_attention(ds, li: int, head: int) -> np.ndarray | None:
     def t(name: str) -> torch.Tensor:
         return torch.as_tensor(np.asarray(one[name].values, dtype=np.float64))
 
-    if "kappa" in one:  # rwkv7: the dense float64 oracle, short inputs only (O(T^2 dk^2))
-        if one.sizes["pos"] > DPLR_ATTENTION_MAX_TOKENS or "g" not in one:
-            return None
-        from kernels.dplr_attention_naive import naive_dplr_attention
+    if "kappa" in one:  # rwkv7: diagonal-plus-rank-one transitions diag(e^g) - kappa (kappa * a)^T, scale 1
+        from kernels.dplr_attention import dplr_attention
 
         kap, a = t("kappa")[:, :, 0], t("beta")[:, :, 0]  # [1, T, 1, dk]
-        alpha, _ = naive_dplr_attention(t("q"), t("k")[:, :, 0], t("v")[:, :, 0], -kap, kap * a, t("g"), scale=1.0)
-        return alpha[0, :, 0].numpy()  # [T query, T source]
+        g = t("g") if "g" in one else None
+        amap = dplr_attention(t("q"), t("k")[:, :, 0], t("v")[:, :, 0], -kap, kap * a, g, scale=1.0)
+        return amap.weights[0, :, 0, :, 0].numpy()  # [T query, T source]
 
     q, k, v, beta = t("q"), t("k"), t("v"), t("beta")  # [1, T, 1, dk], [1, T, n_h, 1, dk], ...
     g = t("g") if "g" in one else None

@@ -1,5 +1,6 @@
 """Every dashboard page on an RWKV-7 store (per-channel betas a_rwkv, removal key kappa, per-channel decays): the pages
-render, the Spectra and Token pages show each token's exact DPLR eigenvalues, the Betas page per-channel a_rwkv."""
+render, the Spectra and Token pages show each token's exact DPLR eigenvalues, the Betas page per-channel a_rwkv, the
+Attention page the dense float64 oracle's DPLR map."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ ALL_PAGES = ["Overview", "Input", "Betas", "Keys", "Spectra", "Effective rank", 
 @pytest.fixture(scope="module")
 def rwkv_store(tmp_path_factory):
     probes = {p: [] for p in ("betas", "keys", "spectra", "erank", "decays", "linear")}
+    probes["attention"] = ["--top-k", "4"]
     return probed_rwkv7_store(tmp_path_factory.mktemp("rwkv7_pages"), "S4:length=70,samples=4,seed=0", probes)
 
 
@@ -118,7 +120,8 @@ def test_your_own_input_on_every_page(rwkv_store, page, monkeypatch):
 
 
 def test_own_input_attention_map_rebuilds_the_recurrence_output(rwkv_store):
-    """On a short typed rwkv7 input the Input page's map is the float64 oracle's: sum_s alpha_ts v_s = o_t."""
+    """On a short typed rwkv7 input the Input page's map (kernels.dplr_attention) is the float64 oracle's, and
+    sum_s alpha_ts v_s = o_t."""
     import store
     from app.dash import own_input
     from app.views.input import input_attention
@@ -133,6 +136,7 @@ def test_own_input_attention_map_rebuilds_the_recurrence_output(rwkv_store):
         v = np.asarray(ds["v"].isel(seq=0, layer=li, step=0, head=head).values, np.float64)  # [T, dv]
         o = np.asarray(ds["o"].isel(seq=0, layer=li, head=head).values, np.float64)
         assert np.abs(np.triu(alpha, 1)).max() == 0
+        np.testing.assert_allclose(alpha, _dplr_oracle(ds, 0, li, head), rtol=0, atol=1e-10)
         np.testing.assert_allclose(alpha @ v, o, atol=1e-4 * np.abs(o).max())
 
 
@@ -151,3 +155,59 @@ def test_text_page_colours_by_the_effective_beta(rwkv_store, monkeypatch):
     z = np.asarray(arr(heat["z"]), np.float64).ravel()
     got = z[np.isfinite(z)]
     np.testing.assert_allclose(np.sort(got), np.sort(want), rtol=1e-5)
+
+
+def _dplr_oracle(ds, seq: int, li: int, head: int, removal: bool = True) -> np.ndarray:
+    """[query, source] alpha of one head from the dense float64 oracle on the stored inputs (removal False: the
+    decay-only approximation, a = b = 0)."""
+    import torch
+
+    from kernels.dplr_attention_naive import naive_dplr_attention
+
+    one = ds.isel(seq=[seq], layer=li, head=[head])
+
+    def t(name: str) -> torch.Tensor:
+        x = torch.as_tensor(np.asarray(one[name].values, np.float64))
+        return x[:, :, 0] if "step" in one[name].dims else x
+
+    kap = t("kappa") * (1.0 if removal else 0.0)
+    alpha, _ = naive_dplr_attention(t("q"), t("k"), t("v"), -kap, kap * t("beta"), t("g"), scale=1.0)
+    return alpha[0, :, 0].numpy()
+
+
+def test_attention_page_shows_the_dense_oracle_s_map(rwkv_store, monkeypatch):
+    """The Attention page's weights are the float64 DPLR oracle's (exact and, switched, the decay-only map), rows
+    of a window cut at src0 > 0 stay exact, the stored o is rebuilt, the head grid has a map per head."""
+    import store
+    from app.dash import attnmap
+    from tests.app.test_attention_view import _select, _shown
+
+    ds = store.open(rwkv_store)
+    exact = _dplr_oracle(ds, 1, 1, 2)
+    win = attnmap.window(60, 70, max_queries=16, max_sources=40)
+    assert win.src0 == 24
+    rows = attnmap.rows(ds, 1, 1, 2, win)
+    np.testing.assert_allclose(rows.exact[..., 0], exact[win.lo:win.hi, win.src0:win.hi], rtol=0, atol=1e-12)
+
+    at = new_app(monkeypatch, rwkv_store)
+    at.run()
+    at.sidebar.radio(key="page").set_value("Attention").run()
+    assert_clean(at)
+    _select(at, layer=1, head=2, seq=1)
+    for pos in (0, 33, 69):
+        _select(at, pos=pos)
+        where, got = _shown(at)
+        assert where.tolist() == list(range(70))
+        np.testing.assert_allclose(got[: pos + 1], exact[pos, : pos + 1], rtol=0, atol=1e-6)
+        assert np.isnan(got[pos + 1:]).all()
+    rebuilt = [c.value for c in at.caption if "rebuilt from the exact map to" in c.value]
+    assert rebuilt and float(rebuilt[0].split("map to ")[1].split(" ")[0]) < 1e-4
+    assert any("RWKV-7" in c.value for c in at.caption)
+    assert any("Stored top-4 sources" in m.value for m in at.markdown)  # the attention probe's results beside
+    at.segmented_control(key="attn_mode").set_value("GLA approximation").run()
+    assert_clean(at)
+    _, approx = _shown(at)
+    np.testing.assert_allclose(approx, _dplr_oracle(ds, 1, 1, 2, removal=False)[69], rtol=0, atol=1e-6)
+    assert np.abs(approx - exact[69]).max() > 1e-3
+    grid = [d for d in specs(at)[1]["data"] if d.get("type") == "heatmap"]
+    assert [d["name"] for d in grid] == [f"head {h}" for h in range(4)]
