@@ -1,0 +1,190 @@
+"""Triton secular-equation solver: all eigenvalues of many D - rho w w^T at once (diagonal-plus-rank-one
+transitions, `kernels.spectra_dplr`), float64 throughout, no per-channel Python loop.
+
+The method is `kernels.spectra_dplr`'s (read its docstring): on D' = -D sorted ascending (torch.sort, batched),
+1. `_deflate_kernel`, one program per matrix: tiny weights are dropped and near-equal kept neighbours merged by a
+   Givens rotation, left to right, with LAPACK's tolerance 8 eps max(|d'|, rho ||z||^2). The sequential merge
+   chain runs inside the program (a loop over the n channels on register vectors; the previous kept pole is
+   carried as scalars), so it costs no launches and no [n, n] tensors.
+2. `_roots_kernel`, one program per (matrix, block of BLOCK_R roots): every root's secular function, psi and phi
+   and their derivatives are a [BLOCK_R, BLOCK_P] tile in registers (the poles streamed in chunks of BLOCK_P);
+   each root starts at the middle of its bracket relative to its nearer pole and takes middle-way rational steps
+   safeguarded by bisection, at most ITERATIONS steps, with a per-root convergence mask (a program stops when
+   all its roots have converged).
+The eigenvalues are then sorted (torch.sort). Only CUDA tensors run compiled; under TRITON_INTERPRET=1 the same
+kernels run on CPU tensors (that is how the tests check them).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels.spectra_dplr import ITERATIONS
+
+EPS = float(torch.finfo(torch.float64).eps)
+
+
+@triton.jit
+def _deflate_kernel(DP, Z, RHO, DPO, ZO, KEPT, n, BLOCK: tl.constexpr, EPS_C: tl.constexpr):
+    """dlaed2-style deflation of D' + rho z z^T (D' ascending) for one matrix: rotated poles DPO, weights ZO and
+    the kept mask KEPT (int8)."""
+    row = tl.program_id(0).to(tl.int64)
+    idx = tl.arange(0, BLOCK)
+    m = idx < n
+    dp = tl.load(DP + row * n + idx, mask=m, other=0.0)
+    z = tl.load(Z + row * n + idx, mask=m, other=0.0)
+    rho = tl.load(RHO + row)
+    znorm2 = tl.sum(z * z, 0)
+    rhohat = rho * znorm2
+    scale = tl.maximum(tl.max(tl.abs(dp), 0), rhohat)
+    tol = 8 * EPS_C * scale
+    inv_norm = 1.0 / tl.sqrt(tl.maximum(znorm2, 1e-300))
+    kept = m & (rhohat * tl.abs(z) * inv_norm > tol)  # rho ||z||^2 = 0 keeps nothing (tol >= 0)
+    z = tl.where(kept, z, 0.0)
+    # the previous kept pole (index, position, weight) is carried as scalars; pole j is read from the input, which
+    # no earlier step has changed (step j only writes positions <= j)
+    prev = tl.full((), -1, tl.int32)
+    dprev = tl.full((), 0.0, tl.float64)
+    zprev = tl.full((), 0.0, tl.float64)
+    for j in range(0, n):
+        dj = tl.load(DP + row * n + j)
+        zj0 = tl.load(Z + row * n + j)
+        kj = rhohat * tl.abs(zj0) * inv_norm > tol
+        zj = tl.where(kj, zj0, 0.0)
+        tau = tl.sqrt(zprev * zprev + zj * zj)
+        pos = tau > 0
+        c = tl.where(pos, zj / tl.where(pos, tau, 1.0), 1.0)
+        s = tl.where(pos, -zprev / tl.where(pos, tau, 1.0), 0.0)
+        gap = dj - dprev
+        merge = kj & (prev >= 0) & (tl.abs(gap * c * s) <= tol)
+        new_prev = dprev * c * c + dj * s * s
+        new_j = dprev * s * s + dj * c * c
+        mi = merge.to(tl.int32)  # scalar & vector masks via integers (the interpreter cannot broadcast bools)
+        at_p = ((idx == prev).to(tl.int32) * mi) != 0
+        at_j = ((idx == j).to(tl.int32) * mi) != 0
+        dp = tl.where(at_p, new_prev, tl.where(at_j, new_j, dp))
+        z = tl.where(at_p, 0.0, tl.where(at_j, tau, z))
+        kept = kept & (~at_p)
+        prev = tl.where(kj, j, prev)
+        dprev = tl.where(kj, tl.where(merge, new_j, dj), dprev)
+        zprev = tl.where(kj, tl.where(merge, tau, zj), zprev)
+    tl.store(DPO + row * n + idx, dp, mask=m)
+    tl.store(ZO + row * n + idx, z, mask=m)
+    tl.store(KEPT + row * n + idx, kept.to(tl.int8), mask=m)
+
+
+@triton.jit
+def _secular(DP, Z, row, n, ir, origin, x, inv_rho, BLOCK_P: tl.constexpr, NP: tl.constexpr):
+    """1/rho + psi + phi at origin + x for each root, and psi', phi' (psi: poles at or below the root's own)."""
+    psi = tl.zeros_like(x)
+    phi = tl.zeros_like(x)
+    dpsi = tl.zeros_like(x)
+    dphi = tl.zeros_like(x)
+    for c in tl.static_range(NP):
+        pj = c * BLOCK_P + tl.arange(0, BLOCK_P)
+        mp = pj < n
+        dpj = tl.load(DP + row * n + pj, mask=mp, other=0.0)
+        zj = tl.load(Z + row * n + pj, mask=mp, other=0.0)
+        den = (dpj[None, :] - origin[:, None]) - x[:, None]
+        den = tl.where(den == 0, 1e-300, den)
+        t = (zj * zj)[None, :] / den
+        dt = t / den
+        low = pj[None, :] <= ir[:, None]
+        psi += tl.sum(tl.where(low, t, 0.0), 1)
+        phi += tl.sum(tl.where(low, 0.0, t), 1)
+        dpsi += tl.sum(tl.where(low, dt, 0.0), 1)
+        dphi += tl.sum(tl.where(low, 0.0, dt), 1)
+    return inv_rho + psi + phi, dpsi, dphi
+
+
+@triton.jit
+def _roots_kernel(DP, Z, KEPT, RHO, LAM, n, ITERS, BLOCK_R: tl.constexpr, BLOCK_P: tl.constexpr,
+                  NP: tl.constexpr, EPS_C: tl.constexpr):
+    """Eigenvalues of D' + rho z z^T (deflated, D' ascending) owned by poles BLOCK_R * pid(1) ...: the root in
+    (d'_i, next kept pole) for a kept pole i, d'_i itself for a deflated one."""
+    row = tl.program_id(0).to(tl.int64)
+    ir = tl.program_id(1) * BLOCK_R + tl.arange(0, BLOCK_R)
+    mr = ir < n
+    pole = tl.load(DP + row * n + ir, mask=mr, other=0.0)
+    kr = tl.load(KEPT + row * n + ir, mask=mr, other=0) != 0
+    rho = tl.load(RHO + row)
+    inv_rho = 1.0 / tl.maximum(rho, 1e-300)
+    # next kept pole after each root's own, and rho ||z||^2 (the last root's bracket width)
+    nxt = tl.full((BLOCK_R,), n, tl.int32)
+    znorm2 = tl.full((), 0.0, tl.float64)
+    for c in tl.static_range(NP):
+        pj = c * BLOCK_P + tl.arange(0, BLOCK_P)
+        mp = pj < n
+        kj = tl.load(KEPT + row * n + pj, mask=mp, other=0) != 0
+        zj = tl.load(Z + row * n + pj, mask=mp, other=0.0)
+        znorm2 += tl.sum(zj * zj, 0)
+        cand = tl.where(kj[None, :] & (pj[None, :] > ir[:, None]), pj[None, :], n)
+        nxt = tl.minimum(nxt, tl.min(cand, 1))
+    last = nxt >= n
+    d_next = tl.load(DP + row * n + tl.minimum(nxt, n - 1), mask=mr, other=0.0)
+    width = tl.where(last, rho * znorm2, d_next - pole)
+    mid = width / 2
+    f_mid, _, _ = _secular(DP, Z, row, n, ir, pole, mid, inv_rho, BLOCK_P, NP)
+    from_lower = last | (f_mid >= 0)
+    origin = tl.where(from_lower, pole, pole + width)
+    zero = tl.zeros_like(pole)
+    lo = tl.where(from_lower, zero, mid - width)
+    hi = tl.where(from_lower, tl.where(last, width, mid), zero)
+    d_lo = tl.where(from_lower, zero, -width)
+    d_hi = tl.where(from_lower, width, zero)
+    x = (lo + hi) / 2
+    active = kr & mr
+    it = 0
+    while (it < ITERS) & (tl.sum(active.to(tl.int32), 0) > 0):
+        f, dpsi, dphi = _secular(DP, Z, row, n, ir, origin, x, inv_rho, BLOCK_P, NP)
+        lo = tl.where(active & (f < 0), x, lo)
+        hi = tl.where(active & (f > 0), x, hi)
+        a_lo = d_lo - x
+        a_hi = tl.where(last, 0.0, d_hi - x)
+        s_lo = a_lo * a_lo * dpsi
+        s_hi = a_hi * a_hi * dphi
+        cc = f - a_lo * dpsi - a_hi * dphi
+        qa = (a_lo + a_hi) * cc + s_lo + s_hi
+        qb = a_lo * a_hi * cc + s_lo * a_hi + s_hi * a_lo
+        disc = tl.sqrt(tl.maximum(qa * qa - 4 * cc * qb, 0.0))
+        eta_two = 2 * qb / tl.where(qa >= 0, qa + disc, qa - disc)
+        eta_one = a_lo + s_lo / cc
+        eta = tl.where(last, eta_one, eta_two)
+        step = x + eta
+        ok = (step == step) & (tl.abs(step) < float("inf")) & (step > lo) & (step < hi)
+        x_new = tl.where(ok, step, (lo + hi) / 2)
+        done = (f == 0) | (tl.abs(eta) <= 4 * EPS_C * tl.abs(x)) | \
+            (hi - lo <= 2 * EPS_C * tl.maximum(tl.abs(lo), tl.abs(hi)))
+        x = tl.where(active & (~done), x_new, x)
+        active = active & (~done)
+        it += 1
+    tl.store(LAM + row * n + ir, tl.where(kr, origin + x, pole), mask=mr)
+
+
+def secular_eigvals(d: torch.Tensor, w: torch.Tensor, rho: torch.Tensor, *, block_r: int | None = None,
+                    block_p: int | None = None, num_warps: int = 4) -> torch.Tensor:
+    """Ascending eigenvalues of D - rho w w^T for [N, n] float64 d, w and [N] float64 rho >= 0, on the device of
+    the inputs (CUDA, or CPU under TRITON_INTERPRET=1)."""
+    if d.dtype != torch.float64 or w.dtype != torch.float64 or rho.dtype != torch.float64:
+        raise ValueError("secular_eigvals: d, w and rho must be float64 (convert with .double())")
+    if d.ndim != 2 or w.shape != d.shape or rho.shape != d.shape[:1]:
+        raise ValueError(f"secular_eigvals: d {tuple(d.shape)} and w {tuple(w.shape)} must be [N, n] and rho "
+                         f"{tuple(rho.shape)} [N]")
+    N, n = d.shape
+    if N == 0 or n == 0:
+        return d.clone()
+    dp, order = torch.sort(-d, dim=-1)  # D' = -D ascending
+    z = torch.gather(w, 1, order).contiguous()
+    dp, rho = dp.contiguous(), rho.contiguous()
+    dpo, zo = torch.empty_like(dp), torch.empty_like(z)
+    kept = torch.empty(N, n, dtype=torch.int8, device=d.device)
+    block = triton.next_power_of_2(n)
+    _deflate_kernel[(N,)](dp, z, rho, dpo, zo, kept, n, BLOCK=block, EPS_C=EPS, num_warps=1)
+    br = block_r or min(block, 32)
+    bp = block_p or min(block, 32)
+    lam = torch.empty_like(dp)
+    _roots_kernel[(N, triton.cdiv(n, br))](dpo, zo, kept, rho, lam, n, ITERATIONS, BLOCK_R=br, BLOCK_P=bp,
+                                             NP=triton.cdiv(n, bp), EPS_C=EPS, num_warps=num_warps)
+    return torch.sort(-lam, dim=-1).values
