@@ -24,6 +24,9 @@ import triton.language as tl
 from kernels.spectra_dplr import ITERATIONS
 
 EPS = float(torch.finfo(torch.float64).eps)
+BLOCK_R, BLOCK_P, NUM_WARPS = 32, 32, 4
+"""Roots per program, poles per streamed chunk, warps of the root kernel: 128 registers and no spills on sm_90
+(`python -m benchmarks.secular_ptxas`); 64-wide tiles or unrolled pole loops reach 250+ registers or spill."""
 
 
 @triton.jit
@@ -82,15 +85,16 @@ def _secular(DP, Z, row, n, ir, origin, x, inv_rho, BLOCK_P: tl.constexpr, NP: t
     phi = tl.zeros_like(x)
     dpsi = tl.zeros_like(x)
     dphi = tl.zeros_like(x)
-    for c in tl.static_range(NP):
+    for c in range(NP):  # not unrolled: the poles stream from L1 each step
         pj = c * BLOCK_P + tl.arange(0, BLOCK_P)
         mp = pj < n
         dpj = tl.load(DP + row * n + pj, mask=mp, other=0.0)
         zj = tl.load(Z + row * n + pj, mask=mp, other=0.0)
         den = (dpj[None, :] - origin[:, None]) - x[:, None]
         den = tl.where(den == 0, 1e-300, den)
-        t = (zj * zj)[None, :] / den
-        dt = t / den
+        r = 1.0 / den  # one float64 division per (root, pole), the kernel's main cost
+        t = (zj * zj)[None, :] * r
+        dt = t * r
         low = pj[None, :] <= ir[:, None]
         psi += tl.sum(tl.where(low, t, 0.0), 1)
         phi += tl.sum(tl.where(low, 0.0, t), 1)
@@ -163,8 +167,8 @@ def _roots_kernel(DP, Z, KEPT, RHO, LAM, n, ITERS, BLOCK_R: tl.constexpr, BLOCK_
     tl.store(LAM + row * n + ir, tl.where(kr, origin + x, pole), mask=mr)
 
 
-def secular_eigvals(d: torch.Tensor, w: torch.Tensor, rho: torch.Tensor, *, block_r: int | None = None,
-                    block_p: int | None = None, num_warps: int = 4) -> torch.Tensor:
+def secular_eigvals(d: torch.Tensor, w: torch.Tensor, rho: torch.Tensor, *, block_r: int = BLOCK_R,
+                    block_p: int = BLOCK_P, num_warps: int = NUM_WARPS) -> torch.Tensor:
     """Ascending eigenvalues of D - rho w w^T for [N, n] float64 d, w and [N] float64 rho >= 0, on the device of
     the inputs (CUDA, or CPU under TRITON_INTERPRET=1)."""
     if d.dtype != torch.float64 or w.dtype != torch.float64 or rho.dtype != torch.float64:
@@ -182,8 +186,7 @@ def secular_eigvals(d: torch.Tensor, w: torch.Tensor, rho: torch.Tensor, *, bloc
     kept = torch.empty(N, n, dtype=torch.int8, device=d.device)
     block = triton.next_power_of_2(n)
     _deflate_kernel[(N,)](dp, z, rho, dpo, zo, kept, n, BLOCK=block, EPS_C=EPS, num_warps=1)
-    br = block_r or min(block, 32)
-    bp = block_p or min(block, 32)
+    br, bp = min(block, block_r), min(block, block_p)
     lam = torch.empty_like(dp)
     _roots_kernel[(N, triton.cdiv(n, br))](dpo, zo, kept, rho, lam, n, ITERATIONS, BLOCK_R=br, BLOCK_P=bp,
                                              NP=triton.cdiv(n, bp), EPS_C=EPS, num_warps=num_warps)
