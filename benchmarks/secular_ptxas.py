@@ -14,7 +14,7 @@ import kernels.triton_secular as ts
 from benchmarks.kda_ptxas import resources
 
 POINTERS = {"DP": "*fp64", "Z": "*fp64", "RHO": "*fp64", "DPO": "*fp64", "ZO": "*fp64", "KEPT": "*i8",
-            "LAM": "*fp64"}
+            "LAM": "*fp64", "STEPS": "*i32"}
 
 
 def report(dk: int = 128, arch: int = 90) -> dict[str, dict[str, int]]:
@@ -24,7 +24,7 @@ def report(dk: int = 128, arch: int = 90) -> dict[str, dict[str, int]]:
     return {
         "deflate": resources(ts._deflate_kernel, POINTERS, dict(BLOCK=block, EPS_C=ts.EPS), 1, arch=arch),
         "roots": resources(ts._roots_kernel, POINTERS, dict(BLOCK_R=br, BLOCK_P=bp, NP=triton.cdiv(dk, bp),
-                                                            EPS_C=ts.EPS), ts.NUM_WARPS, arch=arch),
+                                                            EPS_C=ts.EPS, GUESS=True), ts.NUM_WARPS, arch=arch),
     }
 
 

@@ -24,9 +24,11 @@ import triton.language as tl
 from kernels.spectra_dplr import ITERATIONS
 
 EPS = float(torch.finfo(torch.float64).eps)
-BLOCK_R, BLOCK_P, NUM_WARPS = 32, 32, 4
-"""Roots per program, poles per streamed chunk, warps of the root kernel: 128 registers and no spills on sm_90
-(`python -m benchmarks.secular_ptxas`); 64-wide tiles or unrolled pole loops reach 250+ registers or spill."""
+BLOCK_R, BLOCK_P, NUM_WARPS = 16, 32, 4
+"""Roots per program, poles per streamed chunk, warps of the root kernel: 96 registers and no spills on sm_90 at
+dk = 128 (`python -m benchmarks.secular_ptxas`; 32 roots take 164, 64-wide tiles or unrolled pole loops 250+ or
+spill). A program iterates until its slowest root converges: on KDA-like inputs (dk = 64) a root takes 4.25
+steps on average but a block of 32 roots 7.4, of 16 roots 6.7."""
 
 
 @triton.jit
@@ -104,10 +106,12 @@ def _secular(DP, Z, row, n, ir, origin, x, inv_rho, BLOCK_P: tl.constexpr, NP: t
 
 
 @triton.jit
-def _roots_kernel(DP, Z, KEPT, RHO, LAM, n, ITERS, BLOCK_R: tl.constexpr, BLOCK_P: tl.constexpr,
-                  NP: tl.constexpr, EPS_C: tl.constexpr):
+def _roots_kernel(DP, Z, KEPT, RHO, LAM, STEPS, n, ITERS, BLOCK_R: tl.constexpr, BLOCK_P: tl.constexpr,
+                  NP: tl.constexpr, EPS_C: tl.constexpr, GUESS: tl.constexpr):
     """Eigenvalues of D' + rho z z^T (deflated, D' ascending) owned by poles BLOCK_R * pid(1) ...: the root in
-    (d'_i, next kept pole) for a kept pole i, d'_i itself for a deflated one."""
+    (d'_i, next kept pole) for a kept pole i, d'_i itself for a deflated one. STEPS gets each root's number of
+    secular-function evaluations in the loop. GUESS: start from the root of the two-pole model at the midpoint
+    (dlaed4's start), else the middle of the bracket."""
     row = tl.program_id(0).to(tl.int64)
     ir = tl.program_id(1) * BLOCK_R + tl.arange(0, BLOCK_R)
     mr = ir < n
@@ -139,7 +143,24 @@ def _roots_kernel(DP, Z, KEPT, RHO, LAM, n, ITERS, BLOCK_R: tl.constexpr, BLOCK_
     d_lo = tl.where(from_lower, zero, -width)
     d_hi = tl.where(from_lower, width, zero)
     x = (lo + hi) / 2
+    if GUESS:
+        # c + z_i^2 / (a - x) + z_next^2 / (b - x) = 0 with c the rest of f at the midpoint, a and b the two poles
+        # relative to the origin (one of them 0): c x^2 - B x + C = 0; take the root inside the bracket
+        z_own = tl.load(Z + row * n + ir, mask=mr, other=0.0)
+        z_nxt = tl.load(Z + row * n + tl.minimum(nxt, n - 1), mask=mr & (~last), other=0.0)
+        zi2, zn2 = z_own * z_own, z_nxt * z_nxt
+        x_mid = tl.where(from_lower, mid, mid - width)
+        cm = f_mid - zi2 / (d_lo - x_mid) - tl.where(last, 0.0, zn2 / (d_hi - x_mid))
+        bq = cm * (d_lo + d_hi) + zi2 + zn2
+        cq = zi2 * d_hi + zn2 * d_lo
+        sq = bq + tl.where(bq >= 0, 1.0, -1.0) * tl.sqrt(tl.maximum(bq * bq - 4 * cm * cq, 0.0))
+        x_small = 2 * cq / sq
+        x_big = sq / (2 * cm)
+        in_small = (x_small > lo) & (x_small < hi)
+        in_big = (x_big > lo) & (x_big < hi)
+        x = tl.where(in_small, x_small, tl.where(in_big, x_big, x))
     active = kr & mr
+    count = tl.zeros((BLOCK_R,), tl.int32)
     it = 0
     while (it < ITERS) & (tl.sum(active.to(tl.int32), 0) > 0):
         f, dpsi, dphi = _secular(DP, Z, row, n, ir, origin, x, inv_rho, BLOCK_P, NP)
@@ -162,15 +183,19 @@ def _roots_kernel(DP, Z, KEPT, RHO, LAM, n, ITERS, BLOCK_R: tl.constexpr, BLOCK_
         done = (f == 0) | (tl.abs(eta) <= 4 * EPS_C * tl.abs(x)) | \
             (hi - lo <= 2 * EPS_C * tl.maximum(tl.abs(lo), tl.abs(hi)))
         x = tl.where(active & (~done), x_new, x)
+        count += active.to(tl.int32)
         active = active & (~done)
         it += 1
     tl.store(LAM + row * n + ir, tl.where(kr, origin + x, pole), mask=mr)
+    tl.store(STEPS + row * n + ir, count, mask=mr)
 
 
 def secular_eigvals(d: torch.Tensor, w: torch.Tensor, rho: torch.Tensor, *, block_r: int = BLOCK_R,
-                    block_p: int = BLOCK_P, num_warps: int = NUM_WARPS) -> torch.Tensor:
+                    block_p: int = BLOCK_P, num_warps: int = NUM_WARPS, guess: bool = True,
+                    steps: list[torch.Tensor] | None = None) -> torch.Tensor:
     """Ascending eigenvalues of D - rho w w^T for [N, n] float64 d, w and [N] float64 rho >= 0, on the device of
-    the inputs (CUDA, or CPU under TRITON_INTERPRET=1)."""
+    the inputs (CUDA, or CPU under TRITON_INTERPRET=1). `guess`: start each root from the two-pole model (else
+    the bracket's middle); `steps`, if given, receives the [N, n] step counts (for benchmarks)."""
     if d.dtype != torch.float64 or w.dtype != torch.float64 or rho.dtype != torch.float64:
         raise ValueError("secular_eigvals: d, w and rho must be float64 (convert with .double())")
     if d.ndim != 2 or w.shape != d.shape or rho.shape != d.shape[:1]:
@@ -188,6 +213,9 @@ def secular_eigvals(d: torch.Tensor, w: torch.Tensor, rho: torch.Tensor, *, bloc
     _deflate_kernel[(N,)](dp, z, rho, dpo, zo, kept, n, BLOCK=block, EPS_C=EPS, num_warps=1)
     br, bp = min(block, block_r), min(block, block_p)
     lam = torch.empty_like(dp)
-    _roots_kernel[(N, triton.cdiv(n, br))](dpo, zo, kept, rho, lam, n, ITERATIONS, BLOCK_R=br, BLOCK_P=bp,
-                                             NP=triton.cdiv(n, bp), EPS_C=EPS, num_warps=num_warps)
+    its = torch.empty(N, n, dtype=torch.int32, device=d.device)
+    _roots_kernel[(N, triton.cdiv(n, br))](dpo, zo, kept, rho, lam, its, n, ITERATIONS, BLOCK_R=br, BLOCK_P=bp,
+                           NP=triton.cdiv(n, bp), EPS_C=EPS, GUESS=guess, num_warps=num_warps)
+    if steps is not None:
+        steps.append(its)
     return torch.sort(-lam, dim=-1).values

@@ -10,7 +10,8 @@ import os
 import pytest
 import torch
 
-from kernels.spectra_dplr import dplr_eigvals, dplr_eigvals_general
+from kernels.spectra_dplr import ITERATIONS, dplr_eigvals, dplr_eigvals_general
+from kernels.triton_secular import secular_eigvals
 from tests.kernels.test_spectra_dplr import hard_cases, random_inputs, symmetric_reference
 
 CPU_OK = os.environ.get("TRITON_INTERPRET", "0") == "1"
@@ -27,6 +28,18 @@ def test_random_transitions_match_eigvalsh_and_torch(n):
     err = (got - symmetric_reference(d, k, beta)).abs().max()
     assert err < 1e-13, err
     assert (got - dplr_eigvals(d, k, beta, method="torch")).abs().max() < 1e-13
+
+
+@needs_interpreter
+def test_both_starts_converge_before_the_cap():
+    d, k, beta = random_inputs(16, 24, seed=9)
+    w, rho = d.sqrt() * k, beta
+    ref = symmetric_reference(d, k, beta)
+    for guess in (True, False):
+        steps: list[torch.Tensor] = []
+        got = secular_eigvals(d, w, rho, guess=guess, steps=steps)
+        assert (got - ref).abs().max() < 1e-13
+        assert 0 < int(steps[0].max()) < ITERATIONS  # every root stopped on its own test, none at the cap
 
 
 @needs_interpreter
