@@ -18,13 +18,15 @@ POINTERS = {"DP": "*fp64", "Z": "*fp64", "RHO": "*fp64", "DPO": "*fp64", "ZO": "
 
 
 def report(dk: int = 128, arch: int = 90) -> dict[str, dict[str, int]]:
-    """Resources of the deflation and root kernels at the launch configuration `secular_eigvals` uses for dk."""
+    """Resources of the deflation and root kernels (float64, and float32-then-float64 `mixed`) at the launch
+    configuration `secular_eigvals` uses for dk. Every constexpr is named: a missing one would compile as an i32."""
     block = triton.next_power_of_2(dk)
     br, bp = min(block, ts.BLOCK_R), min(block, ts.BLOCK_P)
+    roots = dict(BLOCK_R=br, BLOCK_P=bp, NP=triton.cdiv(dk, bp), EPS_C=ts.EPS, EPS32_C=ts.EPS32, GUESS=True)
     return {
         "deflate": resources(ts._deflate_kernel, POINTERS, dict(BLOCK=block, EPS_C=ts.EPS), 1, arch=arch),
-        "roots": resources(ts._roots_kernel, POINTERS, dict(BLOCK_R=br, BLOCK_P=bp, NP=triton.cdiv(dk, bp),
-                                                            EPS_C=ts.EPS, GUESS=True), ts.NUM_WARPS, arch=arch),
+        "roots": resources(ts._roots_kernel, POINTERS, dict(roots, MIXED=False), ts.NUM_WARPS, arch=arch),
+        "mixed": resources(ts._roots_kernel, POINTERS, dict(roots, MIXED=True), ts.NUM_WARPS, arch=arch),
     }
 
 

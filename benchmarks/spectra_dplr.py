@@ -21,6 +21,7 @@ import torch
 
 from kernels.spectra_dplr import dplr_eigvals
 from kernels.spectra_naive import dplr_eigvals_dense
+from kernels.triton_secular import secular_eigvals
 
 
 def _timed(fn: Callable[[], Any], device: torch.device, repeat: int = 3) -> tuple[float, Any]:
@@ -58,7 +59,10 @@ def row(dk: int, batch: int, torch_batch: int, dense_batch: int, device: torch.d
     out: dict[str, Any] = {"dk": dk, "batch": batch}
     if triton:
         t_tri, tri = _timed(lambda: dplr_eigvals(d, k, beta, method="triton"), device)
-        out.update(triton_per_s=batch / t_tri, err_triton=float((tri[sub] - exact).abs().max()))
+        w_all = d.sqrt() * k
+        t_mix, mix = _timed(lambda: secular_eigvals(d, w_all, beta, mixed=True), device)
+        out.update(triton_per_s=batch / t_tri, err_triton=float((tri[sub] - exact).abs().max()),
+                   mixed_per_s=batch / t_mix, err_mixed=float((mix[sub] - exact).abs().max()))
     ts = slice(0, min(torch_batch, batch))
     t_torch, ours = _timed(lambda: dplr_eigvals(d[ts], k[ts], beta[ts], block=block, method="torch"), device)
     t_dense, dense = _timed(lambda: dplr_eigvals_dense(d[sub], k[sub], beta[sub]), device, repeat=1)
@@ -89,14 +93,16 @@ def main(argv: list[str] | None = None) -> None:
     name = torch.cuda.get_device_name(device) if cuda else "CPU"
     print(f"diagonal-plus-rank-one spectra on {name}: Triton and torch secular solvers vs dense torch.linalg.eigvals"
           + ("" if triton else " (Triton skipped: CPU without TRITON_INTERPRET=1)"))
-    print(f"{'dk':>5} {'triton/s':>10} {'torch/s':>10} {'dense/s':>10} {'tri/dense':>10} {'tri/torch':>10} "
-          f"{'err triton':>11} {'err torch':>10} {'torch-dense':>12}   (token-heads/s; errors max|.| vs eigvalsh)")
+    print(f"{'dk':>5} {'triton/s':>10} {'mixed/s':>10} {'torch/s':>10} {'dense/s':>10} {'tri/dense':>10} "
+          f"{'tri/torch':>10} {'err triton':>11} {'err mixed':>10} {'err torch':>10} {'torch-dense':>12}"
+          "   (token-heads/s; errors max|.| vs eigvalsh; mixed: float32 steps seed float64 ones)")
     for dk in args.dk:
         r = row(dk, batch, torch_batch, dense_batch, device, args.block, triton)
-        tri, err_tri = r.get("triton_per_s", float("nan")), r.get("err_triton", float("nan"))
-        print(f"{r['dk']:>5} {tri:>10.3e} {r['torch_per_s']:>10.3e} {r['dense_per_s']:>10.3e} "
-              f"{tri / r['dense_per_s']:>9.0f}x {tri / r['torch_per_s']:>9.1f}x {err_tri:>11.1e} "
-              f"{r['err_torch']:>10.1e} {r['err_dense']:>12.1e}", flush=True)
+        nan = float("nan")
+        tri, mix = r.get("triton_per_s", nan), r.get("mixed_per_s", nan)
+        print(f"{r['dk']:>5} {tri:>10.3e} {mix:>10.3e} {r['torch_per_s']:>10.3e} {r['dense_per_s']:>10.3e} "
+              f"{tri / r['dense_per_s']:>9.0f}x {tri / r['torch_per_s']:>9.1f}x {r.get('err_triton', nan):>11.1e} "
+              f"{r.get('err_mixed', nan):>10.1e} {r['err_torch']:>10.1e} {r['err_dense']:>12.1e}", flush=True)
 
 
 if __name__ == "__main__":

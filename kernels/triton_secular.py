@@ -24,6 +24,7 @@ import triton.language as tl
 from kernels.spectra_dplr import ITERATIONS
 
 EPS = float(torch.finfo(torch.float64).eps)
+EPS32 = float(torch.finfo(torch.float32).eps)
 BLOCK_R, BLOCK_P, NUM_WARPS = 16, 32, 4
 """Roots per program, poles per streamed chunk, warps of the root kernel: 96 registers and no spills on sm_90 at
 dk = 128 (`python -m benchmarks.secular_ptxas`; 32 roots take 164, 64-wide tiles or unrolled pole loops 250+ or
@@ -81,8 +82,9 @@ def _deflate_kernel(DP, Z, RHO, DPO, ZO, KEPT, n, BLOCK: tl.constexpr, EPS_C: tl
 
 
 @triton.jit
-def _secular(DP, Z, row, n, ir, origin, x, inv_rho, BLOCK_P: tl.constexpr, NP: tl.constexpr):
-    """1/rho + psi + phi at origin + x for each root, and psi', phi' (psi: poles at or below the root's own)."""
+def _secular(DP, Z, row, n, ir, origin, x, inv_rho, BLOCK_P: tl.constexpr, NP: tl.constexpr, F32: tl.constexpr):
+    """1/rho + psi + phi at origin + x for each root, and psi', phi' (psi: poles at or below the root's own).
+    F32: x and the sums in float32 (the pole offsets d'_j - origin still formed in float64, then rounded)."""
     psi = tl.zeros_like(x)
     phi = tl.zeros_like(x)
     dpsi = tl.zeros_like(x)
@@ -92,10 +94,16 @@ def _secular(DP, Z, row, n, ir, origin, x, inv_rho, BLOCK_P: tl.constexpr, NP: t
         mp = pj < n
         dpj = tl.load(DP + row * n + pj, mask=mp, other=0.0)
         zj = tl.load(Z + row * n + pj, mask=mp, other=0.0)
-        den = (dpj[None, :] - origin[:, None]) - x[:, None]
-        den = tl.where(den == 0, 1e-300, den)
-        r = 1.0 / den  # one float64 division per (root, pole), the kernel's main cost
-        t = (zj * zj)[None, :] * r
+        if F32:
+            den = (dpj[None, :] - origin[:, None]).to(tl.float32) - x[:, None]
+            den = tl.where(den == 0, 1e-30, den)
+            z2 = (zj * zj).to(tl.float32)
+        else:
+            den = (dpj[None, :] - origin[:, None]) - x[:, None]
+            den = tl.where(den == 0, 1e-300, den)
+            z2 = zj * zj
+        r = 1.0 / den  # one division per (root, pole), the kernel's main cost
+        t = z2[None, :] * r
         dt = t * r
         low = pj[None, :] <= ir[:, None]
         psi += tl.sum(tl.where(low, t, 0.0), 1)
@@ -106,12 +114,47 @@ def _secular(DP, Z, row, n, ir, origin, x, inv_rho, BLOCK_P: tl.constexpr, NP: t
 
 
 @triton.jit
+def _iterate(DP, Z, row, n, ir, origin, x, lo, hi, d_lo, d_hi, last, active, inv_rho, ITERS, eps,
+             BLOCK_P: tl.constexpr, NP: tl.constexpr, F32: tl.constexpr):
+    """Middle-way steps safeguarded by the bracket (lo, hi) until each active root's step is below rounding
+    (`eps`, in the working precision): the final x (relative to origin) and each root's number of evaluations."""
+    count = tl.zeros(x.shape, tl.int32)
+    it = 0
+    while (it < ITERS) & (tl.sum(active.to(tl.int32), 0) > 0):
+        f, dpsi, dphi = _secular(DP, Z, row, n, ir, origin, x, inv_rho, BLOCK_P, NP, F32)
+        lo = tl.where(active & (f < 0), x, lo)
+        hi = tl.where(active & (f > 0), x, hi)
+        a_lo = d_lo - x
+        a_hi = tl.where(last, 0.0, d_hi - x)
+        s_lo = a_lo * a_lo * dpsi
+        s_hi = a_hi * a_hi * dphi
+        cc = f - a_lo * dpsi - a_hi * dphi
+        qa = (a_lo + a_hi) * cc + s_lo + s_hi
+        qb = a_lo * a_hi * cc + s_lo * a_hi + s_hi * a_lo
+        disc = tl.sqrt(tl.maximum(qa * qa - 4 * cc * qb, 0.0))
+        eta_two = 2 * qb / tl.where(qa >= 0, qa + disc, qa - disc)
+        eta_one = a_lo + s_lo / cc
+        eta = tl.where(last, eta_one, eta_two)
+        step = x + eta
+        ok = (step == step) & (tl.abs(step) < float("inf")) & (step > lo) & (step < hi)
+        x_new = tl.where(ok, step, (lo + hi) / 2)
+        done = (f == 0) | (tl.abs(eta) <= 4 * eps * tl.abs(x)) | \
+            (hi - lo <= 2 * eps * tl.maximum(tl.abs(lo), tl.abs(hi)))
+        x = tl.where(active & (~done), x_new, x)
+        count += active.to(tl.int32)
+        active = active & (~done)
+        it += 1
+    return x, count
+
+
+@triton.jit
 def _roots_kernel(DP, Z, KEPT, RHO, LAM, STEPS, n, ITERS, BLOCK_R: tl.constexpr, BLOCK_P: tl.constexpr,
-                  NP: tl.constexpr, EPS_C: tl.constexpr, GUESS: tl.constexpr):
+                  NP: tl.constexpr, EPS_C: tl.constexpr, EPS32_C: tl.constexpr, GUESS: tl.constexpr,
+                  MIXED: tl.constexpr):
     """Eigenvalues of D' + rho z z^T (deflated, D' ascending) owned by poles BLOCK_R * pid(1) ...: the root in
-    (d'_i, next kept pole) for a kept pole i, d'_i itself for a deflated one. STEPS gets each root's number of
-    secular-function evaluations in the loop. GUESS: start from the root of the two-pole model at the midpoint
-    (dlaed4's start), else the middle of the bracket."""
+    (d'_i, next kept pole) for a kept pole i, d'_i itself for a deflated one. STEPS [2, N, n] gets each root's
+    number of float64 and float32 secular-function evaluations. GUESS: start from the root of the two-pole model
+    at the midpoint (dlaed4's start), else the middle of the bracket. MIXED: float32 steps first, then float64."""
     row = tl.program_id(0).to(tl.int64)
     ir = tl.program_id(1) * BLOCK_R + tl.arange(0, BLOCK_R)
     mr = ir < n
@@ -134,7 +177,7 @@ def _roots_kernel(DP, Z, KEPT, RHO, LAM, STEPS, n, ITERS, BLOCK_R: tl.constexpr,
     d_next = tl.load(DP + row * n + tl.minimum(nxt, n - 1), mask=mr, other=0.0)
     width = tl.where(last, rho * znorm2, d_next - pole)
     mid = width / 2
-    f_mid, _, _ = _secular(DP, Z, row, n, ir, pole, mid, inv_rho, BLOCK_P, NP)
+    f_mid, _, _ = _secular(DP, Z, row, n, ir, pole, mid, inv_rho, BLOCK_P, NP, False)
     from_lower = last | (f_mid >= 0)
     origin = tl.where(from_lower, pole, pole + width)
     zero = tl.zeros_like(pole)
@@ -160,42 +203,30 @@ def _roots_kernel(DP, Z, KEPT, RHO, LAM, STEPS, n, ITERS, BLOCK_R: tl.constexpr,
         in_big = (x_big > lo) & (x_big < hi)
         x = tl.where(in_small, x_small, tl.where(in_big, x_big, x))
     active = kr & mr
-    count = tl.zeros((BLOCK_R,), tl.int32)
-    it = 0
-    while (it < ITERS) & (tl.sum(active.to(tl.int32), 0) > 0):
-        f, dpsi, dphi = _secular(DP, Z, row, n, ir, origin, x, inv_rho, BLOCK_P, NP)
-        lo = tl.where(active & (f < 0), x, lo)
-        hi = tl.where(active & (f > 0), x, hi)
-        a_lo = d_lo - x
-        a_hi = tl.where(last, 0.0, d_hi - x)
-        s_lo = a_lo * a_lo * dpsi
-        s_hi = a_hi * a_hi * dphi
-        cc = f - a_lo * dpsi - a_hi * dphi
-        qa = (a_lo + a_hi) * cc + s_lo + s_hi
-        qb = a_lo * a_hi * cc + s_lo * a_hi + s_hi * a_lo
-        disc = tl.sqrt(tl.maximum(qa * qa - 4 * cc * qb, 0.0))
-        eta_two = 2 * qb / tl.where(qa >= 0, qa + disc, qa - disc)
-        eta_one = a_lo + s_lo / cc
-        eta = tl.where(last, eta_one, eta_two)
-        step = x + eta
-        ok = (step == step) & (tl.abs(step) < float("inf")) & (step > lo) & (step < hi)
-        x_new = tl.where(ok, step, (lo + hi) / 2)
-        done = (f == 0) | (tl.abs(eta) <= 4 * EPS_C * tl.abs(x)) | \
-            (hi - lo <= 2 * EPS_C * tl.maximum(tl.abs(lo), tl.abs(hi)))
-        x = tl.where(active & (~done), x_new, x)
-        count += active.to(tl.int32)
-        active = active & (~done)
-        it += 1
+    count32 = tl.zeros((BLOCK_R,), tl.int32)
+    if MIXED:
+        # float32 steps first (cheaper divisions); their x only seeds the float64 steps, which keep the float64
+        # bracket and stop test, so the result's accuracy is the float64 solver's
+        x32, count32 = _iterate(DP, Z, row, n, ir, origin, x.to(tl.float32), lo.to(tl.float32), hi.to(tl.float32),
+                              d_lo.to(tl.float32), d_hi.to(tl.float32), last, active, inv_rho.to(tl.float32),
+                              ITERS, EPS32_C, BLOCK_P, NP, True)
+        x64 = x32.to(tl.float64)
+        x = tl.where((x64 > lo) & (x64 < hi), x64, x)
+    x, count64 = _iterate(DP, Z, row, n, ir, origin, x, lo, hi, d_lo, d_hi, last, active, inv_rho, ITERS, EPS_C,
+                          BLOCK_P, NP, False)
     tl.store(LAM + row * n + ir, tl.where(kr, origin + x, pole), mask=mr)
-    tl.store(STEPS + row * n + ir, count, mask=mr)
+    tl.store(STEPS + row * n + ir, count64, mask=mr)
+    tl.store(STEPS + (tl.num_programs(0) + row) * n + ir, count32, mask=mr)
 
 
 def secular_eigvals(d: torch.Tensor, w: torch.Tensor, rho: torch.Tensor, *, block_r: int = BLOCK_R,
-                    block_p: int = BLOCK_P, num_warps: int = NUM_WARPS, guess: bool = True,
+                    block_p: int = BLOCK_P, num_warps: int = NUM_WARPS, guess: bool = True, mixed: bool = False,
                     steps: list[torch.Tensor] | None = None) -> torch.Tensor:
     """Ascending eigenvalues of D - rho w w^T for [N, n] float64 d, w and [N] float64 rho >= 0, on the device of
     the inputs (CUDA, or CPU under TRITON_INTERPRET=1). `guess`: start each root from the two-pole model (else
-    the bracket's middle); `steps`, if given, receives the [N, n] step counts (for benchmarks)."""
+    the bracket's middle); `mixed`: float32 steps seed the float64 ones (same accuracy, fewer
+    float64 divisions); `steps`, if given, receives the [2, N, n] float64 and float32
+    step counts (for benchmarks)."""
     if d.dtype != torch.float64 or w.dtype != torch.float64 or rho.dtype != torch.float64:
         raise ValueError("secular_eigvals: d, w and rho must be float64 (convert with .double())")
     if d.ndim != 2 or w.shape != d.shape or rho.shape != d.shape[:1]:
@@ -213,9 +244,10 @@ def secular_eigvals(d: torch.Tensor, w: torch.Tensor, rho: torch.Tensor, *, bloc
     _deflate_kernel[(N,)](dp, z, rho, dpo, zo, kept, n, BLOCK=block, EPS_C=EPS, num_warps=1)
     br, bp = min(block, block_r), min(block, block_p)
     lam = torch.empty_like(dp)
-    its = torch.empty(N, n, dtype=torch.int32, device=d.device)
+    its = torch.empty(2, N, n, dtype=torch.int32, device=d.device)
     _roots_kernel[(N, triton.cdiv(n, br))](dpo, zo, kept, rho, lam, its, n, ITERATIONS, BLOCK_R=br, BLOCK_P=bp,
-                           NP=triton.cdiv(n, bp), EPS_C=EPS, GUESS=guess, num_warps=num_warps)
+                           NP=triton.cdiv(n, bp), EPS_C=EPS, EPS32_C=EPS32, GUESS=guess, MIXED=mixed,
+                           num_warps=num_warps)
     if steps is not None:
         steps.append(its)
     return torch.sort(-lam, dim=-1).values

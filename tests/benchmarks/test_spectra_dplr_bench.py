@@ -17,7 +17,7 @@ def test_row_is_exact_and_table_prints(capsys):
     r = row(16, 8, 64, 8, torch.device("cpu"), None, triton)
     assert r["err_torch"] < 1e-13 and r["err_dense"] < 1e-12 and r["torch_per_s"] > 0 and r["dense_per_s"] > 0
     if triton:
-        assert r["err_triton"] < 1e-13 and r["triton_per_s"] > 0
+        assert r["err_triton"] < 1e-13 and r["triton_per_s"] > 0 and r["err_mixed"] < 1e-13 and r["mixed_per_s"] > 0
     main(["--dk", "8", "--batch", "4", "--torch-batch", "32", "--dense-batch", "4", "--device", "cpu"])
     out = capsys.readouterr().out.splitlines()
     assert out[0].startswith("diagonal-plus-rank-one spectra on CPU") and out[2].split()[0] == "8"

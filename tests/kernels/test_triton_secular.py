@@ -31,15 +31,16 @@ def test_random_transitions_match_eigvalsh_and_torch(n):
 
 
 @needs_interpreter
-def test_both_starts_converge_before_the_cap():
+def test_starts_and_mixed_precision_converge_before_the_cap():
     d, k, beta = random_inputs(16, 24, seed=9)
     w, rho = d.sqrt() * k, beta
     ref = symmetric_reference(d, k, beta)
-    for guess in (True, False):
+    for guess, mixed in ((True, False), (False, False), (True, True)):
         steps: list[torch.Tensor] = []
-        got = secular_eigvals(d, w, rho, guess=guess, steps=steps)
+        got = secular_eigvals(d, w, rho, guess=guess, mixed=mixed, steps=steps)
         assert (got - ref).abs().max() < 1e-13
-        assert 0 < int(steps[0].max()) < ITERATIONS  # every root stopped on its own test, none at the cap
+        assert 0 < int(steps[0][0].max()) < ITERATIONS  # every root stopped on its own test, none at the cap
+        assert (int(steps[0][1].max()) > 0) == mixed
 
 
 @needs_interpreter
@@ -52,6 +53,8 @@ def test_hard_cases_match_eigvalsh(n):
     assert torch.equal(got[10], torch.sort(d[10]).values)  # zero key: exactly the decays
     reflection = torch.cat([torch.tensor([-1.0], dtype=torch.float64), torch.ones(n - 1, dtype=torch.float64)])
     assert (got[9] - reflection).abs().max() < 1e-14
+    mixed = secular_eigvals(d, d.sqrt() * k, beta.clamp(min=0), mixed=True)  # float32 steps seed float64 ones
+    assert (mixed - symmetric_reference(d, k, beta)).abs().max() < 1e-13
 
 
 @needs_interpreter
@@ -94,6 +97,10 @@ def test_gpu_matches_eigvalsh_and_torch(n):
     hd, hk, hb = hard_cases(n)
     d, k, beta = torch.cat([d, hd]), torch.cat([k, hk]), torch.cat([beta, hb])
     got = dplr_eigvals(d.to(dev), k.to(dev), beta.to(dev)).cpu()  # auto: Triton on CUDA
-    err = (got - symmetric_reference(d, k, beta)).abs().max()
+    ref = symmetric_reference(d, k, beta)
+    err = (got - ref).abs().max()
     assert err < 1e-13, err
     assert (got - dplr_eigvals(d, k, beta, method="torch")).abs().max() < 1e-13
+    w = (d.sqrt() * k).to(dev)
+    mixed = secular_eigvals(d.to(dev), w, beta.clamp(min=0).to(dev), mixed=True).cpu()
+    assert (mixed - ref).abs().max() < 1e-13
