@@ -1,14 +1,18 @@
-"""Benchmark: exact spectra of diagonal-plus-rank-one transitions (Kimi Delta Attention) by the secular equation
-against dense torch.linalg.eigvals of the same dk x dk matrices, measured in the same run on the same device.
+"""Benchmark: exact spectra of diagonal-plus-rank-one transitions (Kimi Delta Attention) by the secular equation,
+the Triton solver (`kernels.triton_secular`) and the torch one, against dense torch.linalg.eigvals of the same
+dk x dk matrices, all measured in the same run on the same device.
 
-Each row: token-heads per second of ours (a batch of `--batch` transitions) and of the dense peer (a subset,
-`--dense-batch`, scaled per token-head), the ratio, and the max |error| of ours against float64 eigvalsh of the
-similar symmetric matrix (the exact reference) and against the dense peer. `python -m benchmarks.spectra_dplr`.
+Each row: token-heads per second of the Triton solver (`--batch` transitions), the torch solver (the first
+`--torch-batch`) and the dense peer (the first `--dense-batch`), the ratios, and the max |error| of both solvers
+against float64 eigvalsh of the similar symmetric matrix (the exact reference), and of the torch solver against
+the dense peer. `python -m benchmarks.spectra_dplr` (the Triton column needs CUDA, or TRITON_INTERPRET=1 on the
+CPU at a tiny --batch).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import time
 from collections.abc import Callable
 from typing import Any
@@ -17,6 +21,7 @@ import torch
 
 from kernels.spectra_dplr import dplr_eigvals
 from kernels.spectra_naive import dplr_eigvals_dense
+from kernels.triton_secular import secular_eigvals
 
 
 def _timed(fn: Callable[[], Any], device: torch.device, repeat: int = 3) -> tuple[float, Any]:
@@ -43,41 +48,61 @@ def inputs(n_mats: int, dk: int, device: torch.device, seed: int = 0) -> tuple[t
     return d.to(device), k.to(device), beta.to(device)
 
 
-def row(dk: int, batch: int, dense_batch: int, device: torch.device, block: int | None) -> dict[str, Any]:
+def row(dk: int, batch: int, torch_batch: int, dense_batch: int, device: torch.device, block: int | None,
+        triton: bool) -> dict[str, Any]:
+    """Rates and errors at one dk: the Triton solver on `batch` matrices (when `triton`), the torch solver on the
+    first `torch_batch`, dense eigvals on the first `dense_batch`; errors on the dense subset."""
     d, k, beta = inputs(batch, dk, device)
-    t_ours, ours = _timed(lambda: dplr_eigvals(d, k, beta, block=block), device)
     sub = slice(0, min(dense_batch, batch))
-    t_dense, dense = _timed(lambda: dplr_eigvals_dense(d[sub], k[sub], beta[sub]), device, repeat=1)
     w = d[sub].sqrt() * k[sub]
     exact = torch.linalg.eigvalsh(torch.diag_embed(d[sub]) - beta[sub, None, None] * w[:, :, None] * w[:, None, :])
-    ours_rate = batch / t_ours
-    dense_rate = dense.shape[0] / t_dense
-    return {"dk": dk, "batch": batch, "ours_per_s": ours_rate, "dense_per_s": dense_rate,
-            "ratio": ours_rate / dense_rate, "err_exact": float((ours[sub] - exact).abs().max()),
-            "err_dense": float((ours[sub] - dense).abs().max())}
+    out: dict[str, Any] = {"dk": dk, "batch": batch}
+    if triton:
+        t_tri, tri = _timed(lambda: dplr_eigvals(d, k, beta, method="triton"), device)
+        w_all = d.sqrt() * k
+        t_mix, mix = _timed(lambda: secular_eigvals(d, w_all, beta, mixed=True), device)
+        out.update(triton_per_s=batch / t_tri, err_triton=float((tri[sub] - exact).abs().max()),
+                   mixed_per_s=batch / t_mix, err_mixed=float((mix[sub] - exact).abs().max()))
+    ts = slice(0, min(torch_batch, batch))
+    t_torch, ours = _timed(lambda: dplr_eigvals(d[ts], k[ts], beta[ts], block=block, method="torch"), device)
+    t_dense, dense = _timed(lambda: dplr_eigvals_dense(d[sub], k[sub], beta[sub]), device, repeat=1)
+    out.update(torch_per_s=ours.shape[0] / t_torch, dense_per_s=dense.shape[0] / t_dense,
+               err_torch=float((ours[sub] - exact).abs().max()), err_dense=float((ours[sub] - dense).abs().max()))
+    return out
 
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m benchmarks.spectra_dplr", description=__doc__.splitlines()[0])
     p.add_argument("--dk", type=int, nargs="+", default=[64, 128], help="key head dims (default 64 128)")
-    p.add_argument("--batch", type=int, default=None, help="token-heads for ours (default 65536 GPU, 2048 CPU)")
+    p.add_argument("--batch", type=int, default=None,
+                   help="token-heads for the Triton solver (default 262144 GPU, 64 CPU under TRITON_INTERPRET=1)")
+    p.add_argument("--torch-batch", type=int, default=None,
+                   help="token-heads for the torch solver (default 65536 GPU, 2048 CPU)")
     p.add_argument("--dense-batch", type=int, default=None, help="token-heads for the dense peer (default 512/64)")
     p.add_argument("--block", type=int, default=None,
-                   help="matrices per solver block (memory O(block dk^2); default 4096 GPU, 128 CPU)")
+                   help="matrices per torch-solver block (memory O(block dk^2); default 4096 GPU, 128 CPU)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = p.parse_args(argv)
     device = torch.device(args.device)
     cuda = device.type == "cuda"
-    batch = args.batch or (65536 if cuda else 2048)
+    triton = cuda or os.environ.get("TRITON_INTERPRET", "0") == "1"
+    batch = args.batch or (262144 if cuda else 64)
+    torch_batch = args.torch_batch or (65536 if cuda else 2048)
     dense_batch = args.dense_batch or (512 if cuda else 64)
+    batch = max(batch, torch_batch) if not triton else batch
     name = torch.cuda.get_device_name(device) if cuda else "CPU"
-    print(f"diagonal-plus-rank-one spectra on {name}: ours (secular equation) vs dense torch.linalg.eigvals")
-    print(f"{'dk':>5} {'batch':>7} {'ours tok-heads/s':>17} {'dense tok-heads/s':>18} {'ratio':>8} "
-          f"{'max|err| exact':>15} {'max|err| dense':>15}")
+    print(f"diagonal-plus-rank-one spectra on {name}: Triton and torch secular solvers vs dense torch.linalg.eigvals"
+          + ("" if triton else " (Triton skipped: CPU without TRITON_INTERPRET=1)"))
+    print(f"{'dk':>5} {'triton/s':>10} {'mixed/s':>10} {'torch/s':>10} {'dense/s':>10} {'tri/dense':>10} "
+          f"{'tri/torch':>10} {'err triton':>11} {'err mixed':>10} {'err torch':>10} {'torch-dense':>12}"
+          "   (token-heads/s; errors max|.| vs eigvalsh; mixed: float32 steps seed float64 ones)")
     for dk in args.dk:
-        r = row(dk, batch, dense_batch, device, args.block)
-        print(f"{r['dk']:>5} {r['batch']:>7} {r['ours_per_s']:>17.3e} {r['dense_per_s']:>18.3e} {r['ratio']:>7.0f}x "
-              f"{r['err_exact']:>15.1e} {r['err_dense']:>15.1e}", flush=True)
+        r = row(dk, batch, torch_batch, dense_batch, device, args.block, triton)
+        nan = float("nan")
+        tri, mix = r.get("triton_per_s", nan), r.get("mixed_per_s", nan)
+        print(f"{r['dk']:>5} {tri:>10.3e} {mix:>10.3e} {r['torch_per_s']:>10.3e} {r['dense_per_s']:>10.3e} "
+              f"{tri / r['dense_per_s']:>9.0f}x {tri / r['torch_per_s']:>9.1f}x {r.get('err_triton', nan):>11.1e} "
+              f"{r.get('err_mixed', nan):>10.1e} {r['err_torch']:>10.1e} {r['err_dense']:>12.1e}", flush=True)
 
 
 if __name__ == "__main__":

@@ -15,7 +15,9 @@ The solver works on -(D - b w w^T) = D' + b w w^T (D' = -D, a positive rank-one 
    their digits;
 3. each root takes up to ITERATIONS steps of the middle-way rational step (Li's fixed-weight model of f by its two
    nearest poles), safeguarded by a bisection bracket: a step that leaves the bracket bisects instead.
-Everything is batched over token-heads in torch (CPU or CUDA), in float64. O(n) work per root, O(n^2) per matrix.
+Everything is batched over token-heads in float64: in torch here (the CPU path), and on CUDA by the Triton kernels
+of `kernels.triton_secular` (same steps, each matrix's poles and roots in registers). O(n) work per root, O(n^2)
+per matrix.
 The dense reference is `kernels.spectra_naive.dplr_eigvals_dense`.
 """
 
@@ -31,11 +33,14 @@ steps converge quadratically (5 to 10 steps on random inputs); a root whose step
 falls back to bisection, and 64 halvings pin any root to the last bit, so the bound is a guarantee."""
 
 
-def dplr_eigvals(d: torch.Tensor, k: torch.Tensor, beta: torch.Tensor, block: int | None = None) -> torch.Tensor:
+def dplr_eigvals(d: torch.Tensor, k: torch.Tensor, beta: torch.Tensor, block: int | None = None,
+                 method: str = "auto") -> torch.Tensor:
     """Eigenvalues (ascending, float64) of (I - beta k k^T) diag(d) for d, k [..., n] and beta [...].
 
-    `d` are the per-channel decays exp(g) (positive); `k` need not be normalised. Batched over the leading dims
-    in blocks of `block` matrices (memory O(block n^2)).
+    `d` are the per-channel decays exp(g) (positive); `k` need not be normalised. `method`: "auto" runs the
+    Triton solver (`kernels.triton_secular`) on CUDA tensors and the torch one elsewhere; "torch" and "triton"
+    force one (Triton on CPU tensors needs TRITON_INTERPRET=1). The torch solver works in blocks of `block`
+    matrices (memory O(block n^2)); the Triton one needs O(n) memory per matrix and ignores `block`.
     """
     if d.shape != k.shape or beta.shape != d.shape[:-1]:
         raise ValueError(f"dplr_eigvals: d {tuple(d.shape)} and k {tuple(k.shape)} must match and beta "
@@ -44,10 +49,11 @@ def dplr_eigvals(d: torch.Tensor, k: torch.Tensor, beta: torch.Tensor, block: in
         raise ValueError("dplr_eigvals: decays d must be positive (d = exp(g))")
     lead, n = d.shape[:-1], d.shape[-1]
     d2, k2, b2 = d.reshape(-1, n).double(), k.reshape(-1, n).double(), beta.reshape(-1).double()
-    return _blocked(d2, d2.sqrt() * k2, b2.clamp(min=0.0), block).reshape(*lead, n)
+    return _blocked(d2, d2.sqrt() * k2, b2.clamp(min=0.0), block, method).reshape(*lead, n)
 
 
-def dplr_eigvals_general(d: torch.Tensor, a: torch.Tensor, b: torch.Tensor, block: int | None = None) -> torch.Tensor:
+def dplr_eigvals_general(d: torch.Tensor, a: torch.Tensor, b: torch.Tensor, block: int | None = None,
+                         method: str = "auto") -> torch.Tensor:
     """Eigenvalues of the generalised-delta-rule transition diag(d) + b a^T for d, a, b [..., n] (RWKV-7:
     d = e^g, a = -kappa, b = kappa * a_rwkv).
 
@@ -57,6 +63,7 @@ def dplr_eigvals_general(d: torch.Tensor, a: torch.Tensor, b: torch.Tensor, bloc
     exactly by the secular equation (float64, ascending). Otherwise (some a_i b_i > 0, complex pairs possible)
     every matrix takes a dense float64 `torch.linalg.eigvals` after one warning, and the result is complex128
     sorted by real then imaginary part (the symmetric-reducible matrices of that batch have zero imaginary parts).
+    `block` and `method` as in `dplr_eigvals`.
     """
     if a.shape != d.shape or b.shape != d.shape:
         raise ValueError(f"dplr_eigvals_general: d {tuple(d.shape)}, a {tuple(a.shape)} and b {tuple(b.shape)} "
@@ -66,7 +73,7 @@ def dplr_eigvals_general(d: torch.Tensor, a: torch.Tensor, b: torch.Tensor, bloc
     if not bool(torch.isfinite(d2).all()):
         raise ValueError("dplr_eigvals_general: decays d must be finite (d = exp(g))")
     if bool((p2 <= 0).all()):
-        return _blocked(d2, (-p2).sqrt(), torch.ones_like(d2[:, 0]), block).reshape(*lead, n)
+        return _blocked(d2, (-p2).sqrt(), torch.ones_like(d2[:, 0]), block, method).reshape(*lead, n)
     warnings.warn("dplr_eigvals_general: some a_i b_i > 0 (not RWKV-7's sign pattern), so the spectrum may be "
                   "complex; using dense float64 eigvals", stacklevel=2)
     m = torch.diag_embed(d.double()) + b.double()[..., :, None] * a.double()[..., None, :]
@@ -76,9 +83,16 @@ def dplr_eigvals_general(d: torch.Tensor, a: torch.Tensor, b: torch.Tensor, bloc
     return eig.gather(-1, eig.real.argsort(dim=-1, stable=True))
 
 
-def _blocked(d: torch.Tensor, w: torch.Tensor, rho: torch.Tensor, block: int | None) -> torch.Tensor:
-    """Ascending eigenvalues of D - rho w w^T for [N, n] float64 d, w and [N] rho >= 0, `block` matrices at a
-    time (memory O(block n^2))."""
+def _blocked(d: torch.Tensor, w: torch.Tensor, rho: torch.Tensor, block: int | None,
+             method: str = "torch") -> torch.Tensor:
+    """Ascending eigenvalues of D - rho w w^T for [N, n] float64 d, w and [N] rho >= 0: the Triton solver for
+    `method` "triton" (or "auto" on CUDA), else the torch one `block` matrices at a time (memory O(block n^2))."""
+    if method not in ("auto", "torch", "triton"):
+        raise ValueError(f"dplr_eigvals: method {method!r} must be 'auto', 'torch' or 'triton'")
+    if method == "triton" or (method == "auto" and d.is_cuda):
+        from kernels.triton_secular import secular_eigvals  # imports triton; the CPU path does not need it
+
+        return secular_eigvals(d.contiguous(), w.contiguous(), rho.contiguous())
     block = block or (4096 if d.is_cuda else 128)
     out = torch.empty_like(d)
     for lo in range(0, d.shape[0], block):

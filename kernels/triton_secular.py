@@ -1,0 +1,253 @@
+"""Triton secular-equation solver: all eigenvalues of many D - rho w w^T at once (diagonal-plus-rank-one
+transitions, `kernels.spectra_dplr`), float64 throughout, no per-channel Python loop.
+
+The method is `kernels.spectra_dplr`'s (read its docstring): on D' = -D sorted ascending (torch.sort, batched),
+1. `_deflate_kernel`, one program per matrix: tiny weights are dropped and near-equal kept neighbours merged by a
+   Givens rotation, left to right, with LAPACK's tolerance 8 eps max(|d'|, rho ||z||^2). The sequential merge
+   chain runs inside the program (a loop over the n channels on register vectors; the previous kept pole is
+   carried as scalars), so it costs no launches and no [n, n] tensors.
+2. `_roots_kernel`, one program per (matrix, block of BLOCK_R roots): every root's secular function, psi and phi
+   and their derivatives are a [BLOCK_R, BLOCK_P] tile in registers (the poles streamed in chunks of BLOCK_P);
+   each root starts at the middle of its bracket relative to its nearer pole and takes middle-way rational steps
+   safeguarded by bisection, at most ITERATIONS steps, with a per-root convergence mask (a program stops when
+   all its roots have converged).
+The eigenvalues are then sorted (torch.sort). Only CUDA tensors run compiled; under TRITON_INTERPRET=1 the same
+kernels run on CPU tensors (that is how the tests check them).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels.spectra_dplr import ITERATIONS
+
+EPS = float(torch.finfo(torch.float64).eps)
+EPS32 = float(torch.finfo(torch.float32).eps)
+BLOCK_R, BLOCK_P, NUM_WARPS = 16, 32, 4
+"""Roots per program, poles per streamed chunk, warps of the root kernel: 96 registers and no spills on sm_90 at
+dk = 128 (`python -m benchmarks.secular_ptxas`; 32 roots take 164, 64-wide tiles or unrolled pole loops 250+ or
+spill). A program iterates until its slowest root converges: on KDA-like inputs (dk = 64) a root takes 4.25
+steps on average but a block of 32 roots 7.4, of 16 roots 6.7."""
+
+
+@triton.jit
+def _deflate_kernel(DP, Z, RHO, DPO, ZO, KEPT, n, BLOCK: tl.constexpr, EPS_C: tl.constexpr):
+    """dlaed2-style deflation of D' + rho z z^T (D' ascending) for one matrix: rotated poles DPO, weights ZO and
+    the kept mask KEPT (int8)."""
+    row = tl.program_id(0).to(tl.int64)
+    idx = tl.arange(0, BLOCK)
+    m = idx < n
+    dp = tl.load(DP + row * n + idx, mask=m, other=0.0)
+    z = tl.load(Z + row * n + idx, mask=m, other=0.0)
+    rho = tl.load(RHO + row)
+    znorm2 = tl.sum(z * z, 0)
+    rhohat = rho * znorm2
+    scale = tl.maximum(tl.max(tl.abs(dp), 0), rhohat)
+    tol = 8 * EPS_C * scale
+    inv_norm = 1.0 / tl.sqrt(tl.maximum(znorm2, 1e-300))
+    kept = m & (rhohat * tl.abs(z) * inv_norm > tol)  # rho ||z||^2 = 0 keeps nothing (tol >= 0)
+    z = tl.where(kept, z, 0.0)
+    # the previous kept pole (index, position, weight) is carried as scalars; pole j is read from the input, which
+    # no earlier step has changed (step j only writes positions <= j)
+    prev = tl.full((), -1, tl.int32)
+    dprev = tl.full((), 0.0, tl.float64)
+    zprev = tl.full((), 0.0, tl.float64)
+    for j in range(0, n):
+        dj = tl.load(DP + row * n + j)
+        zj0 = tl.load(Z + row * n + j)
+        kj = rhohat * tl.abs(zj0) * inv_norm > tol
+        zj = tl.where(kj, zj0, 0.0)
+        tau = tl.sqrt(zprev * zprev + zj * zj)
+        pos = tau > 0
+        c = tl.where(pos, zj / tl.where(pos, tau, 1.0), 1.0)
+        s = tl.where(pos, -zprev / tl.where(pos, tau, 1.0), 0.0)
+        gap = dj - dprev
+        merge = kj & (prev >= 0) & (tl.abs(gap * c * s) <= tol)
+        new_prev = dprev * c * c + dj * s * s
+        new_j = dprev * s * s + dj * c * c
+        mi = merge.to(tl.int32)  # scalar & vector masks via integers (the interpreter cannot broadcast bools)
+        at_p = ((idx == prev).to(tl.int32) * mi) != 0
+        at_j = ((idx == j).to(tl.int32) * mi) != 0
+        dp = tl.where(at_p, new_prev, tl.where(at_j, new_j, dp))
+        z = tl.where(at_p, 0.0, tl.where(at_j, tau, z))
+        kept = kept & (~at_p)
+        prev = tl.where(kj, j, prev)
+        dprev = tl.where(kj, tl.where(merge, new_j, dj), dprev)
+        zprev = tl.where(kj, tl.where(merge, tau, zj), zprev)
+    tl.store(DPO + row * n + idx, dp, mask=m)
+    tl.store(ZO + row * n + idx, z, mask=m)
+    tl.store(KEPT + row * n + idx, kept.to(tl.int8), mask=m)
+
+
+@triton.jit
+def _secular(DP, Z, row, n, ir, origin, x, inv_rho, BLOCK_P: tl.constexpr, NP: tl.constexpr, F32: tl.constexpr):
+    """1/rho + psi + phi at origin + x for each root, and psi', phi' (psi: poles at or below the root's own).
+    F32: x and the sums in float32 (the pole offsets d'_j - origin still formed in float64, then rounded)."""
+    psi = tl.zeros_like(x)
+    phi = tl.zeros_like(x)
+    dpsi = tl.zeros_like(x)
+    dphi = tl.zeros_like(x)
+    for c in range(NP):  # not unrolled: the poles stream from L1 each step
+        pj = c * BLOCK_P + tl.arange(0, BLOCK_P)
+        mp = pj < n
+        dpj = tl.load(DP + row * n + pj, mask=mp, other=0.0)
+        zj = tl.load(Z + row * n + pj, mask=mp, other=0.0)
+        if F32:
+            den = (dpj[None, :] - origin[:, None]).to(tl.float32) - x[:, None]
+            den = tl.where(den == 0, 1e-30, den)
+            z2 = (zj * zj).to(tl.float32)
+        else:
+            den = (dpj[None, :] - origin[:, None]) - x[:, None]
+            den = tl.where(den == 0, 1e-300, den)
+            z2 = zj * zj
+        r = 1.0 / den  # one division per (root, pole), the kernel's main cost
+        t = z2[None, :] * r
+        dt = t * r
+        low = pj[None, :] <= ir[:, None]
+        psi += tl.sum(tl.where(low, t, 0.0), 1)
+        phi += tl.sum(tl.where(low, 0.0, t), 1)
+        dpsi += tl.sum(tl.where(low, dt, 0.0), 1)
+        dphi += tl.sum(tl.where(low, 0.0, dt), 1)
+    return inv_rho + psi + phi, dpsi, dphi
+
+
+@triton.jit
+def _iterate(DP, Z, row, n, ir, origin, x, lo, hi, d_lo, d_hi, last, active, inv_rho, ITERS, eps,
+             BLOCK_P: tl.constexpr, NP: tl.constexpr, F32: tl.constexpr):
+    """Middle-way steps safeguarded by the bracket (lo, hi) until each active root's step is below rounding
+    (`eps`, in the working precision): the final x (relative to origin) and each root's number of evaluations."""
+    count = tl.zeros(x.shape, tl.int32)
+    it = 0
+    while (it < ITERS) & (tl.sum(active.to(tl.int32), 0) > 0):
+        f, dpsi, dphi = _secular(DP, Z, row, n, ir, origin, x, inv_rho, BLOCK_P, NP, F32)
+        lo = tl.where(active & (f < 0), x, lo)
+        hi = tl.where(active & (f > 0), x, hi)
+        a_lo = d_lo - x
+        a_hi = tl.where(last, 0.0, d_hi - x)
+        s_lo = a_lo * a_lo * dpsi
+        s_hi = a_hi * a_hi * dphi
+        cc = f - a_lo * dpsi - a_hi * dphi
+        qa = (a_lo + a_hi) * cc + s_lo + s_hi
+        qb = a_lo * a_hi * cc + s_lo * a_hi + s_hi * a_lo
+        disc = tl.sqrt(tl.maximum(qa * qa - 4 * cc * qb, 0.0))
+        eta_two = 2 * qb / tl.where(qa >= 0, qa + disc, qa - disc)
+        eta_one = a_lo + s_lo / cc
+        eta = tl.where(last, eta_one, eta_two)
+        step = x + eta
+        ok = (step == step) & (tl.abs(step) < float("inf")) & (step > lo) & (step < hi)
+        x_new = tl.where(ok, step, (lo + hi) / 2)
+        done = (f == 0) | (tl.abs(eta) <= 4 * eps * tl.abs(x)) | \
+            (hi - lo <= 2 * eps * tl.maximum(tl.abs(lo), tl.abs(hi)))
+        x = tl.where(active & (~done), x_new, x)
+        count += active.to(tl.int32)
+        active = active & (~done)
+        it += 1
+    return x, count
+
+
+@triton.jit
+def _roots_kernel(DP, Z, KEPT, RHO, LAM, STEPS, n, ITERS, BLOCK_R: tl.constexpr, BLOCK_P: tl.constexpr,
+                  NP: tl.constexpr, EPS_C: tl.constexpr, EPS32_C: tl.constexpr, GUESS: tl.constexpr,
+                  MIXED: tl.constexpr):
+    """Eigenvalues of D' + rho z z^T (deflated, D' ascending) owned by poles BLOCK_R * pid(1) ...: the root in
+    (d'_i, next kept pole) for a kept pole i, d'_i itself for a deflated one. STEPS [2, N, n] gets each root's
+    number of float64 and float32 secular-function evaluations. GUESS: start from the root of the two-pole model
+    at the midpoint (dlaed4's start), else the middle of the bracket. MIXED: float32 steps first, then float64."""
+    row = tl.program_id(0).to(tl.int64)
+    ir = tl.program_id(1) * BLOCK_R + tl.arange(0, BLOCK_R)
+    mr = ir < n
+    pole = tl.load(DP + row * n + ir, mask=mr, other=0.0)
+    kr = tl.load(KEPT + row * n + ir, mask=mr, other=0) != 0
+    rho = tl.load(RHO + row)
+    inv_rho = 1.0 / tl.maximum(rho, 1e-300)
+    # next kept pole after each root's own, and rho ||z||^2 (the last root's bracket width)
+    nxt = tl.full((BLOCK_R,), n, tl.int32)
+    znorm2 = tl.full((), 0.0, tl.float64)
+    for c in tl.static_range(NP):
+        pj = c * BLOCK_P + tl.arange(0, BLOCK_P)
+        mp = pj < n
+        kj = tl.load(KEPT + row * n + pj, mask=mp, other=0) != 0
+        zj = tl.load(Z + row * n + pj, mask=mp, other=0.0)
+        znorm2 += tl.sum(zj * zj, 0)
+        cand = tl.where(kj[None, :] & (pj[None, :] > ir[:, None]), pj[None, :], n)
+        nxt = tl.minimum(nxt, tl.min(cand, 1))
+    last = nxt >= n
+    d_next = tl.load(DP + row * n + tl.minimum(nxt, n - 1), mask=mr, other=0.0)
+    width = tl.where(last, rho * znorm2, d_next - pole)
+    mid = width / 2
+    f_mid, _, _ = _secular(DP, Z, row, n, ir, pole, mid, inv_rho, BLOCK_P, NP, False)
+    from_lower = last | (f_mid >= 0)
+    origin = tl.where(from_lower, pole, pole + width)
+    zero = tl.zeros_like(pole)
+    lo = tl.where(from_lower, zero, mid - width)
+    hi = tl.where(from_lower, tl.where(last, width, mid), zero)
+    d_lo = tl.where(from_lower, zero, -width)
+    d_hi = tl.where(from_lower, width, zero)
+    x = (lo + hi) / 2
+    if GUESS:
+        # c + z_i^2 / (a - x) + z_next^2 / (b - x) = 0 with c the rest of f at the midpoint, a and b the two poles
+        # relative to the origin (one of them 0): c x^2 - B x + C = 0; take the root inside the bracket
+        z_own = tl.load(Z + row * n + ir, mask=mr, other=0.0)
+        z_nxt = tl.load(Z + row * n + tl.minimum(nxt, n - 1), mask=mr & (~last), other=0.0)
+        zi2, zn2 = z_own * z_own, z_nxt * z_nxt
+        x_mid = tl.where(from_lower, mid, mid - width)
+        cm = f_mid - zi2 / (d_lo - x_mid) - tl.where(last, 0.0, zn2 / (d_hi - x_mid))
+        bq = cm * (d_lo + d_hi) + zi2 + zn2
+        cq = zi2 * d_hi + zn2 * d_lo
+        sq = bq + tl.where(bq >= 0, 1.0, -1.0) * tl.sqrt(tl.maximum(bq * bq - 4 * cm * cq, 0.0))
+        x_small = 2 * cq / sq
+        x_big = sq / (2 * cm)
+        in_small = (x_small > lo) & (x_small < hi)
+        in_big = (x_big > lo) & (x_big < hi)
+        x = tl.where(in_small, x_small, tl.where(in_big, x_big, x))
+    active = kr & mr
+    count32 = tl.zeros((BLOCK_R,), tl.int32)
+    if MIXED:
+        # float32 steps first (cheaper divisions); their x only seeds the float64 steps, which keep the float64
+        # bracket and stop test, so the result's accuracy is the float64 solver's
+        x32, count32 = _iterate(DP, Z, row, n, ir, origin, x.to(tl.float32), lo.to(tl.float32), hi.to(tl.float32),
+                              d_lo.to(tl.float32), d_hi.to(tl.float32), last, active, inv_rho.to(tl.float32),
+                              ITERS, EPS32_C, BLOCK_P, NP, True)
+        x64 = x32.to(tl.float64)
+        x = tl.where((x64 > lo) & (x64 < hi), x64, x)
+    x, count64 = _iterate(DP, Z, row, n, ir, origin, x, lo, hi, d_lo, d_hi, last, active, inv_rho, ITERS, EPS_C,
+                          BLOCK_P, NP, False)
+    tl.store(LAM + row * n + ir, tl.where(kr, origin + x, pole), mask=mr)
+    tl.store(STEPS + row * n + ir, count64, mask=mr)
+    tl.store(STEPS + (tl.num_programs(0) + row) * n + ir, count32, mask=mr)
+
+
+def secular_eigvals(d: torch.Tensor, w: torch.Tensor, rho: torch.Tensor, *, block_r: int = BLOCK_R,
+                    block_p: int = BLOCK_P, num_warps: int = NUM_WARPS, guess: bool = True, mixed: bool = False,
+                    steps: list[torch.Tensor] | None = None) -> torch.Tensor:
+    """Ascending eigenvalues of D - rho w w^T for [N, n] float64 d, w and [N] float64 rho >= 0, on the device of
+    the inputs (CUDA, or CPU under TRITON_INTERPRET=1). `guess`: start each root from the two-pole model (else
+    the bracket's middle); `mixed`: float32 steps seed the float64 ones (same accuracy, fewer
+    float64 divisions); `steps`, if given, receives the [2, N, n] float64 and float32
+    step counts (for benchmarks)."""
+    if d.dtype != torch.float64 or w.dtype != torch.float64 or rho.dtype != torch.float64:
+        raise ValueError("secular_eigvals: d, w and rho must be float64 (convert with .double())")
+    if d.ndim != 2 or w.shape != d.shape or rho.shape != d.shape[:1]:
+        raise ValueError(f"secular_eigvals: d {tuple(d.shape)} and w {tuple(w.shape)} must be [N, n] and rho "
+                         f"{tuple(rho.shape)} [N]")
+    N, n = d.shape
+    if N == 0 or n == 0:
+        return d.clone()
+    dp, order = torch.sort(-d, dim=-1)  # D' = -D ascending
+    z = torch.gather(w, 1, order).contiguous()
+    dp, rho = dp.contiguous(), rho.contiguous()
+    dpo, zo = torch.empty_like(dp), torch.empty_like(z)
+    kept = torch.empty(N, n, dtype=torch.int8, device=d.device)
+    block = triton.next_power_of_2(n)
+    _deflate_kernel[(N,)](dp, z, rho, dpo, zo, kept, n, BLOCK=block, EPS_C=EPS, num_warps=1)
+    br, bp = min(block, block_r), min(block, block_p)
+    lam = torch.empty_like(dp)
+    its = torch.empty(2, N, n, dtype=torch.int32, device=d.device)
+    _roots_kernel[(N, triton.cdiv(n, br))](dpo, zo, kept, rho, lam, its, n, ITERATIONS, BLOCK_R=br, BLOCK_P=bp,
+                           NP=triton.cdiv(n, bp), EPS_C=EPS, EPS32_C=EPS32, GUESS=guess, MIXED=mixed,
+                           num_warps=num_warps)
+    if steps is not None:
+        steps.append(its)
+    return torch.sort(-lam, dim=-1).values

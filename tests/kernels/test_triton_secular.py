@@ -1,0 +1,106 @@
+"""The Triton secular-equation solver (`kernels.triton_secular`) against dense float64 eigvalsh and the torch
+solver, on the CPU under TRITON_INTERPRET=1 (small shapes) and on the GPU (marked), including the torch solver's
+hard cases: near-repeated and equal decays, zero key components, beta 0 / 1 / 2, decays near 0 and exactly 1.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from kernels.spectra_dplr import ITERATIONS, dplr_eigvals, dplr_eigvals_general
+from kernels.triton_secular import secular_eigvals
+from tests.kernels.test_spectra_dplr import hard_cases, random_inputs, symmetric_reference
+
+CPU_OK = os.environ.get("TRITON_INTERPRET", "0") == "1"
+needs_interpreter = pytest.mark.skipif(not CPU_OK, reason="Triton on CPU tensors needs TRITON_INTERPRET=1")
+# the interpreter evaluates converged and deflated roots' lanes too (their results are masked out); numpy warns
+pytestmark = pytest.mark.filterwarnings("ignore:.*encountered in:RuntimeWarning")
+
+
+@needs_interpreter
+@pytest.mark.parametrize("n", [4, 16, 32])
+def test_random_transitions_match_eigvalsh_and_torch(n):
+    d, k, beta = random_inputs(48, n, seed=200 + n)
+    got = dplr_eigvals(d, k, beta, method="triton")
+    err = (got - symmetric_reference(d, k, beta)).abs().max()
+    assert err < 1e-13, err
+    assert (got - dplr_eigvals(d, k, beta, method="torch")).abs().max() < 1e-13
+
+
+@needs_interpreter
+def test_starts_and_mixed_precision_converge_before_the_cap():
+    d, k, beta = random_inputs(16, 24, seed=9)
+    w, rho = d.sqrt() * k, beta
+    ref = symmetric_reference(d, k, beta)
+    for guess, mixed in ((True, False), (False, False), (True, True)):
+        steps: list[torch.Tensor] = []
+        got = secular_eigvals(d, w, rho, guess=guess, mixed=mixed, steps=steps)
+        assert (got - ref).abs().max() < 1e-13
+        assert 0 < int(steps[0][0].max()) < ITERATIONS  # every root stopped on its own test, none at the cap
+        assert (int(steps[0][1].max()) > 0) == mixed
+
+
+@needs_interpreter
+@pytest.mark.parametrize("n", [4, 16, 32])
+def test_hard_cases_match_eigvalsh(n):
+    d, k, beta = hard_cases(n)
+    got = dplr_eigvals(d, k, beta, method="triton")
+    err = (got - symmetric_reference(d, k, beta)).abs().max()
+    assert err < 1e-13, err
+    assert torch.equal(got[10], torch.sort(d[10]).values)  # zero key: exactly the decays
+    reflection = torch.cat([torch.tensor([-1.0], dtype=torch.float64), torch.ones(n - 1, dtype=torch.float64)])
+    assert (got[9] - reflection).abs().max() < 1e-14
+    mixed = secular_eigvals(d, d.sqrt() * k, beta.clamp(min=0), mixed=True)  # float32 steps seed float64 ones
+    assert (mixed - symmetric_reference(d, k, beta)).abs().max() < 1e-13
+
+
+@needs_interpreter
+def test_many_small_matrices_interlace_and_match_torch():
+    d, k, beta = random_inputs(120, 6, seed=11)
+    d[::3, 1] = d[::3, 0]  # a repeated decay in every third matrix
+    k[1::3, 2] = 0.0       # a zero key component in others
+    beta[::7] = 0.0
+    got = dplr_eigvals(d, k, beta, method="triton")
+    assert (got - symmetric_reference(d, k, beta)).abs().max() < 1e-13
+    assert (got - dplr_eigvals(d, k, beta, method="torch")).abs().max() < 1e-13
+    lam, ds = got[beta <= 1], torch.sort(d[beta <= 1], dim=-1).values
+    assert bool((lam[:, 1:] >= ds[:, :-1] - 1e-15).all() and (lam <= ds + 1e-15).all())
+
+
+@needs_interpreter
+def test_general_rwkv_sign_pattern_uses_triton():
+    g = torch.Generator().manual_seed(5)
+    d = torch.rand(20, 8, generator=g, dtype=torch.float64) + 0.01
+    kappa = torch.randn(20, 8, generator=g, dtype=torch.float64)
+    a_rwkv = torch.rand(20, 8, generator=g, dtype=torch.float64)
+    a, b = -kappa, kappa * a_rwkv
+    got = dplr_eigvals_general(d, a, b, method="triton")
+    dense = torch.linalg.eigvals(torch.diag_embed(d) + b[..., :, None] * a[..., None, :])
+    ref = torch.sort(dense.real, dim=-1).values
+    assert (got - ref).abs().max() < 1e-12
+
+
+def test_bad_method_is_one_line():
+    d, k, beta = random_inputs(2, 4, seed=0)
+    with pytest.raises(ValueError, match="method 'cuda' must be"):
+        dplr_eigvals(d, k, beta, method="cuda")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n", [64, 128])
+def test_gpu_matches_eigvalsh_and_torch(n):
+    dev = torch.device("cuda")
+    d, k, beta = random_inputs(2048, n, seed=300 + n)
+    hd, hk, hb = hard_cases(n)
+    d, k, beta = torch.cat([d, hd]), torch.cat([k, hk]), torch.cat([beta, hb])
+    got = dplr_eigvals(d.to(dev), k.to(dev), beta.to(dev)).cpu()  # auto: Triton on CUDA
+    ref = symmetric_reference(d, k, beta)
+    err = (got - ref).abs().max()
+    assert err < 1e-13, err
+    assert (got - dplr_eigvals(d, k, beta, method="torch")).abs().max() < 1e-13
+    w = (d.sqrt() * k).to(dev)
+    mixed = secular_eigvals(d.to(dev), w, beta.clamp(min=0).to(dev), mixed=True).cpu()
+    assert (mixed - ref).abs().max() < 1e-13
