@@ -23,9 +23,15 @@ The dense reference is `kernels.spectra_naive.dplr_eigvals_dense`.
 
 from __future__ import annotations
 
+import os
 import warnings
 
 import torch
+
+TRITON_ENV = "DELTALAB_SECULAR"
+"""`DELTALAB_SECULAR=triton` makes "auto" use the Triton solver on CUDA. It is opt-in until the kernel has been run and
+timed on a GPU (it is checked only under TRITON_INTERPRET=1 and compiled for sm_90 so far); then it becomes the
+default on CUDA."""
 
 ITERATIONS = 64
 """Safeguarded steps per root at most; a block stops once every root's step is below rounding. The rational
@@ -38,9 +44,9 @@ def dplr_eigvals(d: torch.Tensor, k: torch.Tensor, beta: torch.Tensor, block: in
     """Eigenvalues (ascending, float64) of (I - beta k k^T) diag(d) for d, k [..., n] and beta [...].
 
     `d` are the per-channel decays exp(g) (positive); `k` need not be normalised. `method`: "auto" runs the
-    Triton solver (`kernels.triton_secular`) on CUDA tensors and the torch one elsewhere; "torch" and "triton"
-    force one (Triton on CPU tensors needs TRITON_INTERPRET=1). The torch solver works in blocks of `block`
-    matrices (memory O(block n^2)); the Triton one needs O(n) memory per matrix and ignores `block`.
+    torch solver, or the Triton one (`kernels.triton_secular`) on CUDA tensors when DELTALAB_SECULAR=triton;
+    "torch" and "triton" force one (Triton on CPU tensors needs TRITON_INTERPRET=1). The torch solver works in
+    blocks of `block` matrices (memory O(block n^2)); the Triton one needs O(n) memory per matrix, no `block`.
     """
     if d.shape != k.shape or beta.shape != d.shape[:-1]:
         raise ValueError(f"dplr_eigvals: d {tuple(d.shape)} and k {tuple(k.shape)} must match and beta "
@@ -86,10 +92,11 @@ def dplr_eigvals_general(d: torch.Tensor, a: torch.Tensor, b: torch.Tensor, bloc
 def _blocked(d: torch.Tensor, w: torch.Tensor, rho: torch.Tensor, block: int | None,
              method: str = "torch") -> torch.Tensor:
     """Ascending eigenvalues of D - rho w w^T for [N, n] float64 d, w and [N] rho >= 0: the Triton solver for
-    `method` "triton" (or "auto" on CUDA), else the torch one `block` matrices at a time (memory O(block n^2))."""
+    `method` "triton" (or "auto" on CUDA with DELTALAB_SECULAR=triton),
+    else the torch one `block` matrices at a time (memory O(block n^2))."""
     if method not in ("auto", "torch", "triton"):
         raise ValueError(f"dplr_eigvals: method {method!r} must be 'auto', 'torch' or 'triton'")
-    if method == "triton" or (method == "auto" and d.is_cuda):
+    if method == "triton" or (method == "auto" and d.is_cuda and os.environ.get(TRITON_ENV) == "triton"):
         from kernels.triton_secular import secular_eigvals  # imports triton; the CPU path does not need it
 
         return secular_eigvals(d.contiguous(), w.contiguous(), rho.contiguous())

@@ -96,7 +96,7 @@ def test_gpu_matches_eigvalsh_and_torch(n):
     d, k, beta = random_inputs(2048, n, seed=300 + n)
     hd, hk, hb = hard_cases(n)
     d, k, beta = torch.cat([d, hd]), torch.cat([k, hk]), torch.cat([beta, hb])
-    got = dplr_eigvals(d.to(dev), k.to(dev), beta.to(dev)).cpu()  # auto: Triton on CUDA
+    got = dplr_eigvals(d.to(dev), k.to(dev), beta.to(dev), method="triton").cpu()
     ref = symmetric_reference(d, k, beta)
     err = (got - ref).abs().max()
     assert err < 1e-13, err
