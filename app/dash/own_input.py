@@ -212,9 +212,8 @@ def run(model: Any, enc: Encoded, attrs: dict[str, Any], timing: Timing | None =
     for var, arr in arrays.items():
         if var not in schema.VARIABLES:
             continue
-        # per-key-channel g (Kimi Delta Attention) and beta (rwkv7) take the store's extra dk dim
-        dims = schema.dims_of(var, attrs.get("sizes") or {}) if var in ("g", "beta") else schema.VARIABLES[var].dims
-        data_vars[var] = (dims, np.ascontiguousarray(arr))
+        # the store's dims: q, k per key head on grouped models, per-key-channel g (Kimi) and beta (rwkv7)
+        data_vars[var] = (schema.dims_of(var, sizes), np.ascontiguousarray(arr))
     data_vars["complete"] = (("seq",), np.ones(1, bool))
     chunk = int(attrs.get("chunk_size") or schema.CHUNK_SIZE)
     n_chunks = schema.n_chunks(T, chunk)
@@ -226,7 +225,14 @@ def run(model: Any, enc: Encoded, attrs: dict[str, Any], timing: Timing | None =
                  "sizes": {**(attrs.get("sizes") or {}), "pos": T, "chunk": n_chunks},
                  "input": {"kind": enc.kind, "tokens": T, "digest": digest, "note": enc.note},
                  "batch_size": 1, "command_line": list(attrs.get("command_line") or [])}
+    from store.reader import per_value_head
+
     ds = xr.Dataset(data_vars, coords=coords, attrs=new_attrs)
+    if "key_head" in ds.dims:  # grouped heads: which key head each value head reads, as store.open gives it
+        ds = ds.assign_coords(key_head_of=("head", np.asarray(attrs["key_head_of"], dtype=np.int64)))
+        if "key_heads" in attrs:
+            ds = ds.assign_coords(key_head=np.asarray(attrs["key_heads"], dtype=np.int64))
+    ds = per_value_head(ds)  # q and k per value head, as the pages read a store
     timing.add("build dataset", t0)
     return ds
 

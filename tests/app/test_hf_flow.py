@@ -81,6 +81,37 @@ def test_every_dashboard_page(flow, page, monkeypatch):
         assert specs(at), f"{page}: no chart"
 
 
+def test_typed_input_on_grouped_heads_matches_the_store(flow, monkeypatch):
+    """Typing the store's first sequence on the Input page runs the grouped model (2 key / 4 value heads): q, k, v and
+    beta of the in-memory input equal the captured ones per value head (value head j reading key head j // 2), and
+    every page draws it."""
+    import numpy as np
+
+    from app.dash import loading
+
+    folder, out, _ = flow
+    monkeypatch.setenv("DELTALAB_STORE", str(out))
+    monkeypatch.setenv("TQDM_DISABLE", "1")
+    ds = store.open(out)
+    tokens = [int(t) for t in np.asarray(ds["tokens"].isel(seq=0).values)]
+    at = AppTest.from_file(DASHBOARD, default_timeout=120)
+    at.run()
+    at.sidebar.radio(key="page").set_value("Input").run()
+    at.text_input(key="input_checkpoint").set_value(str(folder)).run()
+    at.text_area(key="input_text").set_value(" ".join(map(str, tokens))).run()
+    at.button(key="input_run").click().run()
+    assert_clean(at)
+    mem = loading._open(at.session_state["input_key"], loading._stamp(at.session_state["input_key"]))
+    assert mem.sizes["head"] == ds.sizes["head"] == 4 and "key_head" not in mem.dims
+    for var in ("q", "k", "v", "beta"):
+        got = np.asarray(mem[var].isel(seq=0).values, np.float64)
+        want = np.asarray(ds[var].isel(seq=0).values, np.float64)
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5, err_msg=var)
+    for page in ("Betas", "Keys", "Spectra", "Token", "Attention"):
+        at.sidebar.radio(key="page").set_value(page).run()
+        assert_clean(at)
+
+
 def test_notebook_on_the_store(flow, tmp_path, monkeypatch):
     nbclient = pytest.importorskip("nbclient")
     import nbformat
