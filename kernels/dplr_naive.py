@@ -18,6 +18,7 @@ from __future__ import annotations
 import torch
 
 from kernels.constants import CHUNK_SIZE
+from kernels.naive import check_cu_seqlens
 
 __all__ = ["check_dplr_inputs", "naive_dplr"]
 
@@ -33,16 +34,7 @@ def check_dplr_inputs(q, k, v, a, b, g=None, initial_state=None, cu_seqlens=None
     for name, x in (("k", k), ("a", a), ("b", b), ("g", g)):
         if x is not None and x.shape != q.shape:
             raise ValueError(f"{name} must be [B,T,H,K] = {tuple(q.shape)} like q, got {tuple(x.shape)}")
-    N = B
-    if cu_seqlens is not None:
-        if B != 1:
-            raise ValueError(f"cu_seqlens needs packed inputs with batch size 1, got B={B}")
-        cu = torch.as_tensor(cu_seqlens)
-        if cu.dim() != 1 or cu.numel() < 2 or cu.dtype.is_floating_point:
-            raise ValueError(f"cu_seqlens must be 1-D integer (N+1 offsets), got {cu.dtype} {tuple(cu.shape)}")
-        if int(cu[0]) != 0 or int(cu[-1]) != T or bool((cu.diff() < 0).any()):
-            raise ValueError(f"cu_seqlens must rise from 0 to T={T}, got {cu.tolist()[:8]}...")
-        N = cu.numel() - 1
+    N = check_cu_seqlens(cu_seqlens, B, T)
     if initial_state is not None and initial_state.shape != (N, H, K, V):
         raise ValueError(f"initial_state must be [N,H,K,V] = {(N, H, K, V)}, got {tuple(initial_state.shape)}")
     return N, H, K, V

@@ -40,6 +40,21 @@ def boundary_offsets(cu_seqlens: torch.Tensor, chunk_size: int = CHUNK_SIZE) -> 
     return off
 
 
+def check_cu_seqlens(cu_seqlens: torch.Tensor | None, B: int, T: int) -> int:
+    """The number of sequences N: B, or that of a packed batch's `cu_seqlens` (B = 1, offsets rising 0..T);
+    one-line ValueError otherwise."""
+    if cu_seqlens is None:
+        return B
+    if B != 1:
+        raise ValueError(f"cu_seqlens needs packed inputs with batch size 1, got B={B}")
+    cu = torch.as_tensor(cu_seqlens)
+    if cu.dim() != 1 or cu.numel() < 2 or cu.dtype.is_floating_point:
+        raise ValueError(f"cu_seqlens must be 1-D integer (N+1 offsets), got {cu.dtype} {tuple(cu.shape)}")
+    if int(cu[0]) != 0 or int(cu[-1]) != T or bool((cu.diff() < 0).any()):
+        raise ValueError(f"cu_seqlens must rise from 0 to T={T}, got {cu.tolist()[:8]}...")
+    return cu.numel() - 1
+
+
 def check_inputs(q, k, v, beta, g=None, initial_state=None, cu_seqlens=None) -> tuple[int, int, int, int, int, int]:
     """Validate the shared contract with one-line ValueErrors; return (N sequences, Hk, Hv, K, V, n_h)."""
     if q.dim() != 4 or k.dim() != 5 or v.dim() != 5 or beta.dim() != 4:
@@ -58,16 +73,7 @@ def check_inputs(q, k, v, beta, g=None, initial_state=None, cu_seqlens=None) -> 
     if g is not None and g.shape not in ((B, T, Hv), (B, T, Hv, K)):
         raise ValueError(f"g must be [B,T,Hv] = {(B, T, Hv)} (scalar gate) or [B,T,Hv,K] = {(B, T, Hv, K)} "
                          f"(per-channel gate), got {tuple(g.shape)}")
-    N = B
-    if cu_seqlens is not None:
-        if B != 1:
-            raise ValueError(f"cu_seqlens needs packed inputs with batch size 1, got B={B}")
-        cu = torch.as_tensor(cu_seqlens)
-        if cu.dim() != 1 or cu.numel() < 2 or cu.dtype.is_floating_point:
-            raise ValueError(f"cu_seqlens must be 1-D integer (N+1 offsets), got {cu.dtype} {tuple(cu.shape)}")
-        if int(cu[0]) != 0 or int(cu[-1]) != T or bool((cu.diff() < 0).any()):
-            raise ValueError(f"cu_seqlens must rise from 0 to T={T}, got {cu.tolist()[:8]}...")
-        N = cu.numel() - 1
+    N = check_cu_seqlens(cu_seqlens, B, T)
     if initial_state is not None and initial_state.shape != (N, Hv, K, V):
         raise ValueError(f"initial_state must be [N,Hv,K,V] = {(N, Hv, K, V)}, got {tuple(initial_state.shape)}")
     return N, Hk, Hv, K, V, n_h

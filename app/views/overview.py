@@ -18,10 +18,6 @@ from store.schema import human_bytes
 PROBES = ("betas", "keys", "spectra", "erank", "linear", "lengthgen", "intervene")
 
 
-TEXT_NOT_CODE = True
-"""The first page shows the command line, config and attributes as plain text and its tables as static tables: the
-browser then loads neither the syntax highlighter nor the data grid (each about 0.5 s in a new tab)."""
-
 def _dir_bytes(path: Path) -> int:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
 
@@ -94,7 +90,7 @@ def render(ctx) -> None:
             with st.expander("Model card (README.md of the checkpoint)", expanded=True):
                 st.markdown(card)
         with st.expander("Full model config"):
-            st.text(json.dumps(cfg, indent=1, default=str))  # plain text: see TEXT_NOT_CODE
+            st.text(json.dumps(cfg, indent=1, default=str))  # plain text, no highlighter to load on the first page
     with right:
         st.subheader("Capture provenance")
         segs = attrs.get("segments") or []
