@@ -3,7 +3,8 @@
 Full rows of alpha for a T-token window of one head (B = 1, dk = dv = 128), one row per (n_h, gate), gate
 'scalar' ([B, T, H]) or 'channel' (per-channel, Kimi Delta Attention [B, T, H, dk]); every column of a row is
 measured in the same run on the same device:
-- `triton`: kernels.attention_triton.triton_attention (float32, 'ieee' dot), full rows;
+- `triton`: kernels.attention_triton.triton_attention (float32 inputs; 'tf32x3' dot: float32 accuracy on tensor
+  cores), full rows;
 - `triton_top8`: the same with top_k=8 (ranked by contribution): the running top-k inside the kernel;
 - `chunked_fp32` / `chunked_fp64`: kernels.attention.delta_attention in float32 / float64 (the float64 one is
   what the GPU tests compare against);

@@ -14,7 +14,7 @@
 #          Triton kernel, one pytest per case under its own timeout (n_h 1, 2 x scalar, per-channel gates), then
 #          python -m benchmarks.attention at T=4096 (n_h 1, 2 x both gates; fp64 oracle and dense Phi extrapolated)
 # rwkv7:   regenerate the rwkv7 fixtures on CUDA (tests/fixtures/make_fla_fixtures.py --rwkv7: adds fla's bf16
-#          logits_bf16 from chunk_rwkv7) into $OUT/fla (folders + report.json to copy into tests/fixtures/fla), put
+#          logits_bf16 from chunk_rwkv7) into $OUT/fla.tar (folders + report.json to unpack into tests/fixtures/), put
 #          them in place on the device, then the rwkv7 GPU tests (model vs fla incl. bf16 through fla's
 #          chunk_dplr_delta_rule, kernels.dplr_fla vs float64, rwkv7 probes); timeouts bound it to ~8 min
 # dist:    torchrun capture on every GPU of the machine (NCCL) against one GPU; same values (nvidia-h200-x2)
@@ -80,7 +80,8 @@ for section in "$@"; do
       timeout 270 python3 -m pytest -q -s -m gpu -rA -p no:cacheprovider --durations=0 tests/kernels/test_dplr_fla.py \
         tests/kernels/test_dplr_chunk.py tests/models/test_fla_rwkv7.py tests/probes/test_rwkv7_probes.py 2>&1 \
         | tee "$OUT/rwkv7-gpu-tests.log" | tail -40
-      echo "tests exit ${PIPESTATUS[0]} (124: past 270 s)" | tee -a "$OUT/rwkv7-gpu-tests.log" ;;
+      echo "tests exit ${PIPESTATUS[0]} (124: past 270 s)" | tee -a "$OUT/rwkv7-gpu-tests.log"
+      (cd "$OUT" && tar cf fla.tar fla && rm -rf fla) ;;  # one file back (the device returns at most 8)
     *) echo "unknown section $section: use s4, tests, kernels, kda, analysis, probes, store, dist, attention or rwkv7" >&2
        exit 2 ;;
   esac

@@ -1,7 +1,7 @@
 """Triton exact attention maps against the float64 oracle (CPU: TRITON_INTERPRET=1, tiny shapes; GPU: marked).
 
-The kernel computes in float32 (tl.dot at 'ieee' precision); the references get the same inputs in float64,
-so the bounds measure float32 arithmetic: 1e-5 relative on the weights and rebuilt outputs.
+The kernel computes in float32 (tl.dot at 'tf32x3' on the GPU: float32 accuracy); the references get the same
+inputs in float64, so the bounds measure float32 arithmetic: 1e-5 relative on the weights and rebuilt outputs.
 """
 
 from __future__ import annotations
