@@ -18,8 +18,17 @@
 #          them in place on the device, then the rwkv7 GPU tests (model vs fla incl. bf16 through fla's
 #          chunk_dplr_delta_rule, kernels.dplr_fla vs float64, rwkv7 probes); timeouts bound it to ~8 min
 # dist:    torchrun capture on every GPU of the machine (NCCL) against one GPU; same values (nvidia-h200-x2)
+# Autotuning: fla 0.6.0 benches every config on first use (chunk_kda: 80 s, chunk_rwkv7: over 200 s on an H200,
+# which ate whole device calls). TRITON_CACHE_AUTOTUNING keeps the timings on disk; each run returns them as
+# $OUT/autotune.tar. Copy that file to .triton-autotune/autotune.tar here (git-ignored) and add
+# ".triton-autotune" to the next call's carry: the chosen configs are then compiled once and not re-benched.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+export TRITON_CACHE_AUTOTUNING=1 TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-/tmp/triton-cache}
+mkdir -p "$TRITON_CACHE_DIR"
+[ -f .triton-autotune/autotune.tar ] && tar xf .triton-autotune/autotune.tar -C "$TRITON_CACHE_DIR"
+save_autotune() { (cd "$TRITON_CACHE_DIR" && find . -name '*.autotune.json' | tar cf "$OUT/autotune.tar" -T -); }
+trap save_autotune EXIT
 DL="python3 -m app.cli"
 export PYTHONUNBUFFERED=1 TQDM_MININTERVAL=30
 for section in "$@"; do
