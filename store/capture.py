@@ -504,6 +504,7 @@ def capture(checkpoint: str | Path, data: str | Data, out: str | Path, *,
     train_length = training_length(checkpoint)
     if train_length is not None:
         attrs["train_length"] = train_length
+    attrs["deltalab_format"] = schema.format_version(attrs)
 
     if reductions is not None:  # a reduction this model cannot have fails before the store is touched
         try:

@@ -27,8 +27,9 @@ import numpy as np
 from kernels.constants import CHUNK_SIZE
 from models import IGNORE_INDEX
 
-FORMAT_VERSION = 1
-"""Integer format version (root attr `deltalab_format`). Readers refuse newer versions."""
+FORMAT_VERSION = 2
+"""Newest store format this deltalab reads (root attr `deltalab_format`); readers refuse newer ones. Version 2
+marks layouts a version-1 reader would misread (`format_version`); stores without them are still written as 1."""
 
 FLOAT_DTYPES = ("float16", "float32")
 """Activation dtypes (numpy has no bfloat16)."""
@@ -172,6 +173,14 @@ GATE_CHANNELS = "gate_channels"
 BETA_CHANNELS = "beta_channels"
 """`sizes` entry (= dk) of stores whose removal strength is per key channel (RWKV-7): `beta` then has dims
 (..., step, head, dk), and `kappa` holds the removal key."""
+
+
+def format_version(attrs: dict) -> int:
+    """The store format a capture with these root attrs writes: 2 where a version-1 reader would misread it (a
+    per-channel gate or beta, or a subset of heads), else 1, which older deltalab still reads. (`pad` is in
+    every store, all False unless sequences were padded, so it does not decide.)"""
+    sizes = attrs.get("sizes") or {}
+    return 2 if GATE_CHANNELS in sizes or BETA_CHANNELS in sizes or "heads" in attrs else 1
 
 
 def dims_of(var: str, sizes: dict[str, int]) -> tuple[str, ...]:

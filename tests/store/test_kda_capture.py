@@ -30,6 +30,7 @@ def test_gate_is_stored_per_key_channel(kimi_store):
     assert ds["g"].dims == ("seq", "layer", "pos", "head", "dk") and ds.sizes["dk"] == KDA_DIM
     assert ds["layer"].values.tolist() == list(KDA_LINEAR) and ds.sizes["head"] == KDA_HEADS
     assert ds.attrs["model_config"]["gate"] == "channel"
+    assert ds.attrs["deltalab_format"] == 2  # a version-1 reader would misread g: it refuses instead
     g = np.asarray(ds["g"].values)
     assert (g <= 0).all() and g.std(-1).mean() > 0  # channels decay differently
 
