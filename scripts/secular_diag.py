@@ -1,7 +1,15 @@
-"""Which matrices the Triton secular solver gets wrong on the GPU (dk 64): rows, their inputs' traits, errors."""
+"""Which matrices the Triton secular solver gets wrong on the GPU: rows, roots, step counts, start variants.
+
+    python scripts/secular_diag.py            (run once more with TRITON_DEFAULT_FP_FUSION=0 to see FMA's part)
+First GPU run (H200, Triton 3.6): dk = 64, only matrix 1078 of random_inputs(2048, 64, seed=364), its smallest
+eigenvalue (the last root of D' = -D): the kernel returned exactly the dlaed4-style start x_small, as if no step
+had been taken for that root (kernels/NOTES.md).
+"""
+
 import torch
 
 from kernels.spectra_dplr import dplr_eigvals
+from kernels.triton_secular import secular_eigvals
 from tests.kernels.test_spectra_dplr import hard_cases, random_inputs, symmetric_reference
 
 for n in (64, 32, 128):
@@ -17,3 +25,11 @@ for n in (64, 32, 128):
         cols = (e[r] > 1e-13).nonzero().flatten().tolist()
         print(f"  row {r}: beta {beta[r].item():.4g} bad roots {cols[:10]} got {got[r, cols[:4]].tolist()} "
               f"ref {ref[r, cols[:4]].tolist()}", flush=True)
+        dr, wr, rr = d[r:r + 1].cuda(), (d[r:r + 1].sqrt() * k[r:r + 1]).cuda(), beta[r:r + 1].clamp(min=0).cuda()
+        for guess, mixed in ((True, False), (False, False), (True, True)):
+            steps: list[torch.Tensor] = []
+            lam = secular_eigvals(dr, wr, rr, guess=guess, mixed=mixed, steps=steps).cpu()
+            its = steps[0][:, 0].cpu()  # [2, n]: float64 and float32 evaluations per root (D' order)
+            print(f"    guess={guess} mixed={mixed}: err {(lam - ref[r:r + 1]).abs().max().item():.3g}, "
+                  f"float64 evaluations of the last 4 roots {its[0, -4:].tolist()}, float32 {its[1, -4:].tolist()}",
+                  flush=True)
