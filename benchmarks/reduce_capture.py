@@ -11,6 +11,9 @@ Each mode first runs one batch into a throwaway store (compilation, allocator wa
 batches timed. tokens/s counts the capture with its per-batch reductions; the summaries written once at the end
 (`summary s`, the probes' own, independent of the number of batches) are reported apart. Also: GPU memory peak,
 time in the reductions (on the writer thread, overlapping the forward) and store bytes per token.
+`--profile`: the first reduce run's timed capture under torch.profiler (every thread, CUDA kernels included); the
+operators with the most self time on the device and on the host are printed after the table (where the time goes
+between the plain forward and capture with reductions).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import shutil
 import sys
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -59,6 +63,8 @@ def main() -> None:
     p.add_argument("--modes", default="states,reduce,reduce+states")
     p.add_argument("--dir", default=None, help="where the stores go (default: a temporary folder)")
     p.add_argument("--json", default=None)
+    p.add_argument("--profile", action="store_true", help="profile the first reduce run; print the top operators")
+    p.add_argument("--profile-rows", type=int, default=20, help="operators per profile table (default 20)")
     args = p.parse_args()
     from models.hf.families import FAMILIES
     from models.hf.hooked import HookedHFModel
@@ -105,7 +111,10 @@ def main() -> None:
                     runs.append((f"{mode} {names} (every {every})", kw))
         else:
             raise SystemExit(f"error: --modes {mode}: choose among states, reduce, reduce+states")
+    profiled: str | None = None
+    tables: list[str] = []
     for label, kw in runs:
+        profile_this = args.profile and profiled is None and "names" in kw
         for warm in (True, False):
             out = root / ("warm.zarr" if warm else "timed.zarr")
             shutil.rmtree(out, ignore_errors=True)
@@ -113,10 +122,15 @@ def main() -> None:
             red = CaptureReductions(kw["names"], device=DEVICE, rank_every=kw["every"]) if "names" in kw else None
             if DEVICE == "cuda":
                 torch.cuda.reset_peak_memory_stats()
-            summary = capture(ckpt, _data(n, T, vocab, seed=1 if warm else 2), out, model=model,
-                              hooks=kw.get("hooks"), batch_size=B, device=DEVICE, dtype=kw.get("dtype", "float32"),
-                              progress=False, state_every=kw.get("state_every", 1), reductions=red,
-                              command_line=["benchmarks.reduce_capture"])
+            run = partial(capture, ckpt, _data(n, T, vocab, seed=1 if warm else 2), out, model=model,
+                          hooks=kw.get("hooks"), batch_size=B, device=DEVICE, dtype=kw.get("dtype", "float32"),
+                          progress=False, state_every=kw.get("state_every", 1), reductions=red,
+                          command_line=["benchmarks.reduce_capture"])
+            if profile_this and not warm:
+                summary, found = _profiled(run, args.profile_rows)
+                profiled, tables = label, found
+            else:
+                summary = run()
         finish = red.seconds["finish"] if red is not None else 0.0
         tok_s = n * T / (summary["seconds"] - finish)
         rows.append({"mode": label, "tok_s": tok_s, "share_of_plain": tok_s / plain_tok_s, "finish_s": finish,
@@ -137,9 +151,29 @@ def main() -> None:
         print(f"{r['mode']:<34} {r['tok_s']:>10,.0f} {r['share_of_plain']:>8.2f} {r['gpu_peak_gb']:>7.1f} "
               f"{r['store_bytes_per_token']:>12,.0f} {r['model_blocked_s']:>9.2f} {r['reduce_s']:>8.2f} "
               f"{r['finish_s']:>9.2f}")
+    if profiled is not None:
+        print(f"\nprofile of `{profiled}` (timed batches; its tokens/s above are under the profiler's overhead):")
+        print("\n".join(tables))
     if args.json:
         Path(args.json).write_text(json.dumps({"family": args.family, "params_b": params, "batch": B, "length": T,
-                                               "plain_tok_s": plain_tok_s, "rows": rows}, indent=1))
+                                               "plain_tok_s": plain_tok_s, "rows": rows, "profiled": profiled},
+                                              indent=1))
+
+
+def _profiled(run, rows: int) -> tuple[dict, list[str]]:
+    """run() under torch.profiler: its result and the operator tables by self device time and self host time."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if DEVICE == "cuda" else [])
+    with profile(activities=activities) as prof:
+        summary = run()
+    _sync()
+    events = prof.key_averages()
+    tables = []
+    if DEVICE == "cuda":
+        tables += ["top operators by self CUDA time:", events.table(sort_by="self_cuda_time_total", row_limit=rows)]
+    tables += ["top operators by self CPU time:", events.table(sort_by="self_cpu_time_total", row_limit=rows)]
+    return summary, tables
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call's worth of GPU work, by section; logs and JSON go to $OUT (the device tool's folder).
 #   usage (on the device, from the repo root, after the wheel install line of ../shared/device/README.md):
-#     bash scripts/device_run.sh s4 | tests | kernels | kda | analysis | probes | store | dist | attention | rwkv7 [more ...]
+#     bash scripts/device_run.sh s4 | tests | kernels | kda | analysis | probes | store | dist | attention | rwkv7 | reduce [more ...]
 # s4:      continue the bundled S4 model (trained up to length 128) at 128, then 256, and evaluate it
 # tests:   the GPU-marked tests (realistic shapes, fla 0.6.0 comparisons)
 # kernels: python -m benchmarks.kernels (forward vs fla, accuracy; ~9 min on an H100, so a call of its own)
@@ -17,6 +17,9 @@
 #          logits_bf16 from chunk_rwkv7) into $OUT/fla.tar (folders + report.json to unpack into tests/fixtures/), put
 #          them in place on the device, then the rwkv7 GPU tests (model vs fla incl. bf16 through fla's
 #          chunk_dplr_delta_rule, kernels.dplr_fla vs float64, rwkv7 probes); timeouts bound it to ~8 min
+# reduce:  #19's profile: OLMo-Hybrid 7.4B (transformers default config, random bf16) captured with --reduce
+#          ranks,spectra at B x T = 8 x 4096 (REDUCE_B / REDUCE_T to change; peak was 45-59 GB at 4 x 2048, so 8 x 4096
+#          wants the H200), the plain forward in the same run, and the top operators under torch.profiler
 # dist:    torchrun capture on every GPU of the machine (NCCL) against one GPU; same values (nvidia-h200-x2)
 # Autotuning: fla 0.6.0 benches every config on first use (chunk_kda: 80 s, chunk_rwkv7: over 200 s on an H200,
 # which ate whole device calls). TRITON_CACHE_AUTOTUNING keeps the timings on disk; each run returns them as
@@ -91,7 +94,12 @@ for section in "$@"; do
         | tee "$OUT/rwkv7-gpu-tests.log" | tail -40
       echo "tests exit ${PIPESTATUS[0]} (124: past 270 s)" | tee -a "$OUT/rwkv7-gpu-tests.log"
       (cd "$OUT" && tar cf fla.tar fla && rm -rf fla) ;;  # one file back (the device returns at most 8)
-    *) echo "unknown section $section: use s4, tests, kernels, kda, analysis, probes, store, dist, attention or rwkv7" >&2
+    reduce)
+      timeout 500 python3 -m benchmarks.reduce_capture --family olmo_hybrid --default-config --batch "${REDUCE_B:-8}" \
+        --length "${REDUCE_T:-4096}" --batches 2 --rank-every 64 --reduce ranks,spectra --modes reduce --profile \
+        --json "$OUT/reduce.json" > "$OUT/reduce.txt" 2>&1
+      echo "reduce exit $? (124: past 500 s)" | tee -a "$OUT/reduce.txt"; grep -A3 "x plain" "$OUT/reduce.txt" ;;
+    *) echo "unknown section $section: use s4, tests, kernels, kda, analysis, probes, store, dist, attention, rwkv7 or reduce" >&2
        exit 2 ;;
   esac
 done

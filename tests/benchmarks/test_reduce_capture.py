@@ -26,3 +26,16 @@ def test_reduce_capture_bench_prints_one_row_per_mode(tmp_path):
     states, reduced = out["rows"]
     assert reduced["store_bytes_per_token"] < states["store_bytes_per_token"] / 5  # no q, k, v, states stored
     assert "x plain" in res.stdout and not (tmp_path / "b").exists()
+
+
+def test_profile_prints_the_top_operators_of_the_first_reduce_run(tmp_path):
+    res = subprocess.run([sys.executable, "-m", "benchmarks.reduce_capture", "--quick", "--batches", "1",
+                          "--modes", "reduce", "--rank-every", "64,256", "--profile", "--profile-rows", "5",
+                          "--dir", str(tmp_path / "b"), "--json", str(tmp_path / "r.json")],
+                         cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr
+    out = json.loads((tmp_path / "r.json").read_text())
+    assert out["profiled"] == "reduce ranks,spectra (every 64)"  # the first reduce run only
+    tail = res.stdout.split("profile of `reduce ranks,spectra (every 64)`", 1)[1]
+    assert "top operators by self CPU time:" in tail and "Self CPU" in tail
+    assert tail.count("Self CPU time total") == 1  # one table on the CPU (no CUDA table without a GPU)
