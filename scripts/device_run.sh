@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call's worth of GPU work, by section; logs and JSON go to $OUT (the device tool's folder).
 #   usage (on the device, from the repo root, after the wheel install line of ../shared/device/README.md):
-#     bash scripts/device_run.sh s4 | tests | kernels | kda | analysis | probes | store | dist | attention | rwkv7 | reduce [more ...]
+#     bash scripts/device_run.sh s4 | tests | kernels | kda | analysis | probes | store | dist | attention | rwkv7 | reduce | devmap [more ...]
 # s4:      continue the bundled S4 model (trained up to length 128) at 128, then 256, and evaluate it
 # tests:   the GPU-marked tests (realistic shapes, fla 0.6.0 comparisons)
 # kernels: python -m benchmarks.kernels (forward vs fla, accuracy; ~9 min on an H100, so a call of its own)
@@ -20,6 +20,8 @@
 # reduce:  #19's profile: OLMo-Hybrid 7.4B (transformers default config, random bf16) captured with --reduce
 #          ranks,spectra at B x T = 8 x 4096 (REDUCE_B / REDUCE_T to change; peak was 45-59 GB at 4 x 2048, so 8 x 4096
 #          wants the H200), the plain forward in the same run, and the top operators under torch.profiler
+# devmap:  scripts/device_map_check.py same (7B: one GPU vs device_map auto/balanced) and big (Qwen3-Next 80B on the
+#          GPUs, --reduce ranks,spectra): on nvidia-h200-x2, under 10 minutes
 # dist:    torchrun capture on every GPU of the machine (NCCL) against one GPU; same values (nvidia-h200-x2)
 # Autotuning: fla 0.6.0 benches every config on first use (chunk_kda: 80 s, chunk_rwkv7: over 200 s on an H200,
 # which ate whole device calls). TRITON_CACHE_AUTOTUNING keeps the timings on disk; each run returns them as
@@ -94,12 +96,20 @@ for section in "$@"; do
         | tee "$OUT/rwkv7-gpu-tests.log" | tail -40
       echo "tests exit ${PIPESTATUS[0]} (124: past 270 s)" | tee -a "$OUT/rwkv7-gpu-tests.log"
       (cd "$OUT" && tar cf fla.tar fla && rm -rf fla) ;;  # one file back (the device returns at most 8)
+    devmap)
+      # #19 on several GPUs: the 7B saved and captured on one GPU vs device_map auto / balanced (same store?), then
+      # Qwen3-Next's default config (79.7B, 159 GB bf16) built straight onto the GPUs and captured with reductions
+      timeout 290 python3 scripts/device_map_check.py same --default-config --batch 1 --length 1024 --batches 2 \
+        --json "$OUT/devmap-same.json" > "$OUT/devmap-same.txt" 2>&1; echo "same exit $?" | tee -a "$OUT/devmap-same.txt"
+      timeout 290 python3 scripts/device_map_check.py big --batch 1 --length 4096 --batches 2 \
+        --json "$OUT/devmap-big.json" > "$OUT/devmap-big.txt" 2>&1; echo "big exit $?" | tee -a "$OUT/devmap-big.txt"
+      tail -5 "$OUT/devmap-same.txt" "$OUT/devmap-big.txt" ;;
     reduce)
       timeout 500 python3 -m benchmarks.reduce_capture --family olmo_hybrid --default-config --batch "${REDUCE_B:-8}" \
         --length "${REDUCE_T:-4096}" --batches 2 --rank-every 64 --reduce ranks,spectra --modes reduce --profile \
         --json "$OUT/reduce.json" > "$OUT/reduce.txt" 2>&1
       echo "reduce exit $? (124: past 500 s)" | tee -a "$OUT/reduce.txt"; grep -A3 "x plain" "$OUT/reduce.txt" ;;
-    *) echo "unknown section $section: use s4, tests, kernels, kda, analysis, probes, store, dist, attention, rwkv7 or reduce" >&2
+    *) echo "unknown section $section: use s4, tests, kernels, kda, analysis, probes, store, dist, attention, rwkv7, reduce or devmap" >&2
        exit 2 ;;
   esac
 done

@@ -1,0 +1,253 @@
+"""Capture on models spread over several GPUs (issue #19, two GPUs): the same store as one GPU, and a model larger
+than one GPU captured with reductions.
+
+    python scripts/device_map_check.py same [--family olmo_hybrid] [--default-config] [--batch 2 --length 1024]
+    python scripts/device_map_check.py big [--family qwen3_next] [--layers N] [--batch 1 --length 4096]
+
+`same`: a random bf16 model (the family's transformers default config with --default-config: OLMo-Hybrid ~7B) is
+saved with save_pretrained, then captured through `store.capture` on one device (`--device`), and with
+`device_map` "auto" and "balanced" (accelerate; "auto" fills the first GPU before the next, so a model that fits
+one GPU stays on it, while "balanced" splits it). Prints each run's devices and tokens/s and, for every stored
+variable, the largest difference from the one-device store (relative to that variable's largest magnitude).
+
+`big`: the family's default config (Qwen3-Next: 79.7B parameters, 159 GB in bf16) is built on the meta device,
+placed over every visible GPU by accelerate's infer_auto_device_map, its weights created at random directly on
+their GPUs (the model's own initialiser, no host copy, no disk) and dispatched; then captured with `--reduce`
+(states not stored). Prints parameters, placement, tokens/s, GPU memory per device and store bytes per token.
+
+--json writes the numbers. On a machine without GPUs both run on the CPU (a smoke run: `--tiny`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+CONFIGS = {"olmo_hybrid": "OlmoHybridConfig", "qwen3_next": "Qwen3NextConfig", "qwen3_5_text": "Qwen3_5TextConfig"}
+TINY = dict(vocab_size=512, hidden_size=64, num_hidden_layers=4, num_attention_heads=2, num_key_value_heads=1,
+            head_dim=32, intermediate_size=96, linear_num_key_heads=2, linear_num_value_heads=4,
+            linear_key_head_dim=16, linear_value_head_dim=16,
+            layer_types=["linear_attention", "linear_attention", "full_attention", "linear_attention"])
+TINY_MOE = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=32)
+GPUS = torch.cuda.device_count()
+DEVICE = "cuda" if GPUS else "cpu"
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def config(family: str, tiny: bool, layers: int | None):
+    """The family's transformers config: its default (real) size, or TINY; `layers` cuts the depth."""
+    import transformers as tf
+
+    if family not in CONFIGS:
+        raise SystemExit(f"error: --family {family}: choose one of {', '.join(CONFIGS)}")
+    extra = dict(TINY, **(TINY_MOE if family == "qwen3_next" else {})) if tiny else {}
+    cfg = getattr(tf, CONFIGS[family])(pad_token_id=0, bos_token_id=1, eos_token_id=2, **extra)
+    if layers is not None:
+        cfg.layer_types = list(cfg.layer_types[:layers])
+        cfg.num_hidden_layers = layers
+    return cfg
+
+
+def data(n: int, length: int, vocab: int):
+    """Random token sequences (labels ignored): the capture's input."""
+    from models import IGNORE_INDEX
+    from store.data import Data
+
+    rng = np.random.default_rng(0)
+    doc = np.zeros((n, length), bool)
+    doc[:, 0] = True
+    return Data(spec=f"random:length={length},samples={n},seed=0", tokens=rng.integers(3, vocab, (n, length),
+                dtype=np.int32), labels=np.full((n, length), IGNORE_INDEX, np.int32), doc_start=doc)
+
+
+def placement(model: Any) -> dict[str, int]:
+    """Parameters per device (millions), read from the parameters themselves."""
+    per: dict[str, int] = {}
+    for p in model.parameters():
+        per[str(p.device)] = per.get(str(p.device), 0) + p.numel()
+    return {k: round(v / 1e6, 3) for k, v in sorted(per.items())}
+
+
+def memory() -> dict[str, float]:
+    return {f"cuda:{i}": round(torch.cuda.max_memory_allocated(i) / 2**30, 2) for i in range(GPUS)}
+
+
+def reset_memory() -> None:
+    for i in range(GPUS):
+        torch.cuda.reset_peak_memory_stats(i)
+
+
+def compare(a_path: Path, b_path: Path) -> dict[str, float]:
+    """Largest |a - b| of every float variable, relative to max |a| (0 where identical)."""
+    import store
+
+    a, b = store.open(a_path), store.open(b_path)
+    out = {}
+    for name in sorted(a.data_vars):
+        x, y = np.asarray(a[name].values), np.asarray(b[name].values)
+        if x.shape != y.shape:
+            raise SystemExit(f"error: {name} has shape {x.shape} on one device and {y.shape} on several")
+        if np.issubdtype(x.dtype, np.floating):
+            scale = float(np.nanmax(np.abs(x))) or 1.0
+            out[name] = float(np.nanmax(np.abs(x.astype(np.float64) - y))) / scale
+        else:
+            out[name] = float((x != y).mean())
+    return out
+
+
+def run_same(args) -> dict:
+    import transformers as tf
+
+    from models.checkpoint import load_checkpoint
+    from store import capture
+
+    root = Path(args.dir or tempfile.mkdtemp(prefix="deltalab-devmap-"))
+    ckpt = root / "ckpt"
+    torch.manual_seed(0)
+    cfg = config(args.family, args.tiny, args.layers)
+    with torch.device(DEVICE):  # random init on the GPU: seconds, not minutes on the host
+        hf = tf.AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16).eval()
+    params = sum(p.numel() for p in hf.parameters())
+    hf.save_pretrained(ckpt, safe_serialization=True)
+    del hf
+    log(f"{args.family}: {params / 1e9:.2f}B parameters saved to {ckpt}")
+    d = data(args.batch * args.batches, args.length, min(cfg.vocab_size, 32000))
+    rows, stores = [], {}
+    for label, device_map in (("one device", None), ("device_map auto", "auto"), ("device_map balanced", "balanced")):
+        out = root / f"{label.replace(' ', '_')}.zarr"
+        model = load_checkpoint(ckpt, device=DEVICE, dtype=torch.bfloat16, device_map=device_map)
+        reset_memory()
+        t = time.perf_counter()
+        summary = capture(ckpt, d, out, model=model, hooks=args.hooks, batch_size=args.batch, device=DEVICE,
+                          progress=False, command_line=["scripts/device_map_check.py", "same"])
+        seconds = time.perf_counter() - t
+        rows.append(dict(run=label, placement=placement(model), tok_s=d.tokens.size / seconds,
+                         capture_s=summary["seconds"], gpu_peak_gib=memory()))
+        stores[label] = out
+        del model
+        torch.cuda.empty_cache() if GPUS else None
+        log(json.dumps(rows[-1]))
+    diffs = {label: compare(stores["one device"], stores[label]) for label in stores if label != "one device"}
+    shutil.rmtree(root, ignore_errors=True)
+    return dict(mode="same", family=args.family, params_b=params / 1e9, batch=args.batch, length=args.length,
+                rows=rows, max_rel_diff=diffs)
+
+
+def random_model_on_devices(cfg, max_fraction: float = 0.85):
+    """The model of `cfg` in bf16 with random weights created on the devices accelerate assigns them (meta
+    device first, so the host never holds the weights), dispatched so that inputs follow the layers."""
+    import transformers as tf
+    from accelerate import dispatch_model, infer_auto_device_map, init_empty_weights
+
+    with init_empty_weights():  # parameters on the meta device, buffers (rotary frequencies) real
+        model = tf.AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
+    if GPUS:
+        budget = {i: int(torch.cuda.mem_get_info(i)[0] * max_fraction) for i in range(GPUS)}
+    else:
+        budget = {"cpu": 1 << 40}
+    device_map = infer_auto_device_map(model, max_memory=budget, no_split_module_classes=model._no_split_modules,
+                                       dtype=torch.bfloat16)
+    if any(str(v) in ("disk", "cpu") for v in device_map.values()) and GPUS:
+        raise SystemExit(f"error: the model does not fit the GPUs' free memory ({budget}): use more GPUs or "
+                         "--layers to cut its depth")
+
+    def device_of(name: str):
+        while name not in device_map:
+            if "." not in name:
+                return device_map.get("", "cpu")
+            name = name.rsplit(".", 1)[0]
+        return device_map[name]
+
+    with torch.no_grad():
+        for name, param in list(model.named_parameters()):
+            owner, _, attr = name.rpartition(".")
+            module = model.get_submodule(owner)
+            dev = device_of(name)
+            dev = f"cuda:{dev}" if isinstance(dev, int) else dev
+            value = torch.empty(param.shape, dtype=param.dtype, device=dev).normal_(0, cfg.initializer_range)
+            module.register_parameter(attr, torch.nn.Parameter(value, requires_grad=False))  # then the model's init
+        for module in model.modules():  # the model's own initialiser, module by module, on each device
+            model._init_weights(module)
+    return dispatch_model(model.eval(), device_map=device_map), device_map
+
+
+def run_big(args) -> dict:
+    from models.hf.families import FAMILIES
+    from models.hf.hooked import HookedHFModel
+    from probes.reduce import CaptureReductions
+    from store import capture
+
+    cfg = config(args.family, args.tiny, args.layers)
+    torch.manual_seed(0)
+    t = time.perf_counter()
+    hf, device_map = random_model_on_devices(cfg)
+    params = sum(p.numel() for p in hf.parameters())
+    build_s = time.perf_counter() - t
+    log(f"{args.family}: {params / 1e9:.2f}B parameters built on {placement(hf)} (M) in {build_s:.0f} s")
+    model = HookedHFModel(hf, FAMILIES[args.family])
+    root = Path(args.dir or tempfile.mkdtemp(prefix="deltalab-big-"))
+    (root / "ckpt").mkdir(parents=True, exist_ok=True)
+    d = data(args.batch * (args.batches + 1), args.length, min(cfg.vocab_size, 32000))
+    names = args.reduce.split(",")
+    red = CaptureReductions(names, device=DEVICE, rank_every=args.rank_every)
+    warm = data(args.batch, args.length, min(cfg.vocab_size, 32000))
+    capture(root / "ckpt", warm, root / "warm.zarr", model=model, hooks=["tokens", "beta"], batch_size=args.batch,
+            device=DEVICE, progress=False, reductions=CaptureReductions(names, device=DEVICE,
+                                                                        rank_every=args.rank_every))
+    reset_memory()
+    out = root / "big.zarr"
+    summary = capture(root / "ckpt", d, out, model=model, hooks=["tokens", "beta"], batch_size=args.batch,
+                      device=DEVICE, progress=False, reductions=red,
+                      command_line=["scripts/device_map_check.py", "big"])
+    seconds = summary["seconds"] - red.seconds["finish"]
+    size = sum(f.stat().st_size for f in out.rglob("*") if f.is_file())
+    import store
+
+    finite = float(np.isfinite(np.asarray(store.open(out)["beta"].values)).mean())  # the random model is sane
+    row = dict(mode="big", family=args.family, params_b=params / 1e9, build_s=build_s, placement=placement(hf),
+               batch=args.batch, length=args.length, reduce=names, tok_s=d.tokens.size / seconds,
+               reduce_s=red.seconds["batches"], gpu_peak_gib=memory(), store_bytes_per_token=size / d.tokens.size,
+               finite_beta=finite,
+               layers_per_device={str(v): sum(1 for k, x in device_map.items() if x == v and ".layers." in f".{k}.")
+                                  for v in sorted(set(device_map.values()), key=str)})
+    shutil.rmtree(root, ignore_errors=True)
+    return row
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("mode", choices=("same", "big"))
+    p.add_argument("--family", default=None, help="olmo_hybrid (same), qwen3_next (big) or qwen3_5_text")
+    p.add_argument("--tiny", action="store_true", help="a tiny config (smoke run, also on the CPU)")
+    p.add_argument("--layers", type=int, default=None, help="cut the model to its first N layers")
+    p.add_argument("--batch", type=int, default=2)
+    p.add_argument("--length", type=int, default=1024)
+    p.add_argument("--batches", type=int, default=2)
+    p.add_argument("--hooks", default="tokens,q,k,v,beta,g,state,o", help="same: the hooks stored")
+    p.add_argument("--reduce", default="ranks,spectra", help="big: the reductions")
+    p.add_argument("--rank-every", type=int, default=64 if GPUS else 1)
+    p.add_argument("--dir", default=None)
+    p.add_argument("--json", default=None)
+    args = p.parse_args()
+    args.family = args.family or ("olmo_hybrid" if args.mode == "same" else "qwen3_next")
+    log(f"{GPUS} GPU(s): {[torch.cuda.get_device_name(i) for i in range(GPUS)]}")
+    result = run_same(args) if args.mode == "same" else run_big(args)
+    print(json.dumps(result, indent=1))
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()
