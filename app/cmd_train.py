@@ -18,7 +18,9 @@ def train(
     resume: bool = typer.Option(False, "--resume", help="Continue the run saved in --out (its saved "
                                                         "settings win over the flags below)."),
     model_type: str = typer.Option("gated_deltaproduct", "--model-type",
-                                   help="gated_deltaproduct, delta_net, gated_deltanet or rwkv7."),
+                                   help="gated_deltaproduct, delta_net, gated_deltanet, kda (Kimi Delta "
+                                        "Attention: per-key-channel gate and sigmoid output gate always on) "
+                                        "or rwkv7."),
     layers: int = typer.Option(1, "--layers"),
     heads: int = typer.Option(12, "--heads"),
     head_dim: int = typer.Option(32, "--head-dim", help="Key (and value) head dimension."),
@@ -30,6 +32,12 @@ def train(
     forget_gate: bool = typer.Option(False, "--forget-gate/--no-forget-gate"),
     short_conv: bool = typer.Option(False, "--short-conv/--no-short-conv"),
     output_gate: bool = typer.Option(False, "--output-gate/--no-output-gate"),
+    num_v_heads: int | None = typer.Option(None, "--num-v-heads",
+                                           help="gated_deltanet, kda: value heads, a multiple of --heads "
+                                                "(grouped value attention; default --heads)."),
+    lower_bound: float | None = typer.Option(None, "--lower-bound",
+                                             help="kda: fla's bounded gate, log decay in (lower-bound, 0) per key "
+                                                  "channel (negative; default: unbounded)."),
     steps: int = typer.Option(2000, "--steps", help="Optimizer steps (the cosine schedule spans them)."),
     batch_size: int = typer.Option(1024, "--batch-size"),
     train_length: int = typer.Option(128, "--train-length"),
@@ -71,7 +79,8 @@ def train(
         cfg = TrainConfig(
             task=task, model_type=model_type, layers=layers, heads=heads, head_dim=head_dim,
             hidden_size=hidden_size, num_householder=num_householder, allow_neg_eigval=allow_neg_eigval,
-            forget_gate=forget_gate, short_conv=short_conv, output_gate=output_gate, steps=steps,
+            forget_gate=forget_gate, short_conv=short_conv, output_gate=output_gate, num_v_heads=num_v_heads,
+            lower_bound=lower_bound, steps=steps,
             batch_size=batch_size, train_length=train_length, min_length=min_length,
             train_samples=train_samples, lr=lr, weight_decay=weight_decay, warmup_steps=warmup_steps,
             min_lr=min_lr, grad_clip=grad_clip, seed=seed, precision=precision, init_from=init_from,

@@ -26,7 +26,8 @@ def train_lm(
     out: Path = typer.Option(..., "--out", "-o", help="Run folder: checkpoint, tokenizer.json, logs, model card."),
     resume: bool = typer.Option(False, "--resume", help="Continue the run in --out (its saved settings win)."),
     model_type: str = typer.Option("gated_deltaproduct", "--model-type",
-                                   help="delta_net, gated_deltanet or gated_deltaproduct."),
+                                   help="delta_net, gated_deltanet, gated_deltaproduct or kda (Kimi Delta "
+                                        "Attention)."),
     layers: int = typer.Option(2, "--layers"),
     hidden_size: int = typer.Option(128, "--hidden-size"),
     heads: int = typer.Option(4, "--heads"),
@@ -38,7 +39,14 @@ def train_lm(
                                                  help="beta in [0, 2]; default on for gated_deltaproduct."),
     short_conv: bool = typer.Option(True, "--short-conv/--no-short-conv"),
     output_gate: bool | None = typer.Option(None, "--output-gate/--no-output-gate",
-                                            help="Default: off for delta_net, on for the gated models."),
+                                            help="Default: off for delta_net, on for the gated models "
+                                                 "(kda: always on)."),
+    num_v_heads: int | None = typer.Option(None, "--num-v-heads",
+                                           help="gated_deltanet, kda: value heads, a multiple of --heads "
+                                                "(grouped value attention; default --heads)."),
+    lower_bound: float | None = typer.Option(None, "--lower-bound",
+                                             help="kda: fla's bounded gate, log decay in (lower-bound, 0) per key "
+                                                  "channel (negative; default: unbounded)."),
     context_length: int = typer.Option(256, "--context-length", "-T"),
     batch_size: int = typer.Option(16, "--batch-size"),
     steps: int = typer.Option(1000, "--steps"),
@@ -64,7 +72,7 @@ def train_lm(
     progress: bool = typer.Option(True, "--progress/--no-progress"),
     as_json: bool = typer.Option(False, "--json", help="Print the final evaluation as JSON."),
 ) -> None:
-    """Train DeltaNet / Gated DeltaNet / Gated DeltaProduct on the Python standard library, byte-level."""
+    """Train DeltaNet / Gated DeltaNet / Gated DeltaProduct / KDA on the Python standard library, byte-level."""
     import torch
 
     from train.lm import LMTrainConfig, LMTrainError
@@ -75,7 +83,8 @@ def train_lm(
     cfg = LMTrainConfig(
         model_type=model_type, layers=layers, hidden_size=hidden_size, heads=heads, head_dim=head_dim,
         expand_v=expand_v, num_householder=num_householder, allow_neg_eigval=allow_neg_eigval,
-        short_conv=short_conv, output_gate=output_gate, context_length=context_length, batch_size=batch_size,
+        short_conv=short_conv, output_gate=output_gate, num_v_heads=num_v_heads, lower_bound=lower_bound,
+        context_length=context_length, batch_size=batch_size,
         steps=steps, lr=lr, min_lr=min_lr, warmup_steps=warmup_steps, weight_decay=weight_decay,
         grad_clip=grad_clip or None, seed=seed, precision=precision, eval_fraction=eval_fraction,
         corpus_root=str(corpus_root) if corpus_root else None, eval_windows=eval_windows, eval_every=eval_every,

@@ -1,7 +1,8 @@
 """Train a small byte-level language model on the Python standard library (tasks.corpus).
 
-Variants are fla's: DeltaNet (`delta_net`), Gated DeltaNet (`gated_deltanet`) and Gated DeltaProduct
-(`gated_deltaproduct`, n_h = 2 by default), all with short convolutions as fla trains them. Batches are
+Variants are fla's: DeltaNet (`delta_net`), Gated DeltaNet (`gated_deltanet`), Gated DeltaProduct
+(`gated_deltaproduct`, n_h = 2 by default) and Kimi Delta Attention (`kda`: one log decay per key channel),
+all with short convolutions as fla trains them. Batches are
 random windows of the training split drawn from a generator seeded by (seed, step), so a run is fixed
 by its config and `--resume` continues the identical curve. Held-out perplexity is exp(mean next-byte
 NLL) over non-overlapping windows of the held-out files.
@@ -18,6 +19,7 @@ import platform
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
 import torch
@@ -58,7 +60,9 @@ class LMTrainConfig(RunConfig):
     num_householder: int | None = None  # default 2 for gated_deltaproduct, else 1
     allow_neg_eigval: bool | None = None  # default: True for gated_deltaproduct, False otherwise
     short_conv: bool = True
-    output_gate: bool | None = None  # default: fla's (off for delta_net, on for the gated models)
+    output_gate: bool | None = None  # default: fla's (off for delta_net, on for the gated models; kda always)
+    num_v_heads: int | None = None  # gated_deltanet, kda: grouped value heads (a multiple of heads)
+    lower_bound: float | None = None  # kda: fla's bounded gate, g = lower_bound * sigmoid(...) per key channel
     context_length: int = 256
     batch_size: int = 16
     steps: int = 1000
@@ -76,9 +80,16 @@ class LMTrainConfig(RunConfig):
     eval_every: int = 250
     log_every: int = 10
     save_every: int = 250
+    model_types: ClassVar[tuple[str, ...]] = ("gated_deltaproduct", "delta_net", "gated_deltanet", "kda")
 
     def validate(self) -> None:
         """One-line LMTrainError for settings that cannot work."""
+        if self.model_type == "rwkv7":
+            raise LMTrainError(f"--model-type rwkv7: the language-model trainer builds {', '.join(self.model_types)}; "
+                               "train rwkv7 on a state-tracking task (`deltalab train`)")
+        if self.model_type == "kda" and self.output_gate is False:
+            raise LMTrainError("kda always has its sigmoid output gate (fla's KDA has no switch): drop "
+                               "--no-output-gate")
         self.check_shared(LMTrainError, ("layers", "hidden_size", "heads", "head_dim", "context_length",
                                          "batch_size", "steps", "eval_windows", "log_every"))
         if not 0 < self.eval_fraction < 1:
@@ -89,9 +100,6 @@ def model_config(cfg: LMTrainConfig) -> ModelConfig:
     """The fla-compatible ModelConfig of a run (vocab = 256 bytes + boundary token)."""
     neg = cfg.allow_neg_eigval if cfg.allow_neg_eigval is not None else cfg.model_type == "gated_deltaproduct"
     gate = cfg.output_gate if cfg.output_gate is not None else cfg.model_type != "delta_net"
-    if cfg.model_type == "rwkv7":
-        raise LMTrainError("--model-type rwkv7: the language-model trainer builds the delta-rule families only; "
-                           "train rwkv7 on a state-tracking task (`deltalab train`)")
     common = dict(vocab_size=VOCAB_SIZE, hidden_size=cfg.hidden_size, num_hidden_layers=cfg.layers,
                   num_heads=cfg.heads, use_short_conv=cfg.short_conv, allow_neg_eigval=neg,
                   use_output_gate=gate, tie_word_embeddings=False)
@@ -103,11 +111,18 @@ def model_config(cfg: LMTrainConfig) -> ModelConfig:
             return ModelConfig(model_type="delta_net", expand_k=key_dim / cfg.hidden_size,
                                expand_v=value_dim / cfg.hidden_size, **common)
         if cfg.model_type == "gated_deltanet":
-            return ModelConfig(model_type="gated_deltanet", head_dim=cfg.head_dim, expand_v=cfg.expand_v, **common)
-        return ModelConfig(model_type="gated_deltaproduct", head_dim=cfg.head_dim, expand_v=cfg.expand_v,
-                           num_householder=cfg.householders, use_forget_gate=True, **common)
+            return ModelConfig(model_type="gated_deltanet", head_dim=cfg.head_dim, expand_v=cfg.expand_v,
+                               num_v_heads=cfg.num_v_heads, **common)
+        if cfg.model_type == "kda":
+            return ModelConfig(model_type="kda", head_dim=cfg.head_dim, expand_v=cfg.expand_v,
+                               num_v_heads=cfg.num_v_heads, lower_bound=cfg.lower_bound, **common)
+        if cfg.model_type == "gated_deltaproduct":
+            return ModelConfig(model_type="gated_deltaproduct", head_dim=cfg.head_dim, expand_v=cfg.expand_v,
+                               num_householder=cfg.householders, use_forget_gate=True, **common)
     except ConfigError as err:
         raise LMTrainError(str(err)) from None
+    raise LMTrainError(f"--model-type {cfg.model_type!r}: the language-model trainer builds "
+                       f"{', '.join(cfg.model_types)}")
 
 
 @dataclass
@@ -124,9 +139,11 @@ def model_card(name: str, cfg: LMTrainConfig, mcfg: ModelConfig, n_params: int, 
     """README.md of a run: what it is, how it was made, how well it does."""
     rows = "\n".join(f"| {k} | {v} |" for k, v in (
         ("model_type", mcfg.model_type), ("layers", mcfg.num_hidden_layers), ("hidden", mcfg.hidden_size),
-        ("heads", mcfg.num_heads), ("dk / dv", f"{mcfg.head_k_dim} / {mcfg.head_v_dim}"),
+        ("heads", f"{mcfg.num_key_heads} key / {mcfg.num_value_heads} value" if mcfg.grouped else mcfg.num_heads),
+        ("dk / dv", f"{mcfg.head_k_dim} / {mcfg.head_v_dim}"),
         ("n_h", mcfg.num_householder), ("eigenvalues", "[-1, 1]" if mcfg.allow_neg_eigval else "[0, 1]"),
-        ("forget gate", mcfg.use_forget_gate), ("output gate", mcfg.use_output_gate),
+        ("forget gate", "per key channel" if mcfg.gate == "channel" else mcfg.use_forget_gate),
+        ("output gate", mcfg.use_output_gate),
         ("short conv", mcfg.use_short_conv), ("parameters", f"{n_params:,}")))
     train = f"{cfg.steps} steps x {cfg.batch_size} x {cfg.context_length} tokens " \
             f"= {cfg.steps * cfg.batch_size * cfg.context_length:,} tokens"

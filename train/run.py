@@ -37,6 +37,7 @@ STATE_FILE = "trainer_state.pt"
 LOG_FILE = "train_log.jsonl"
 CONFIG_FILE = TRAIN_CONFIG_FILE
 PRECISIONS = ("fp32", "tf32", "bf16")
+GROUPED_TYPES = ("gated_deltanet", "kda")  # model types with grouped value heads (--num-v-heads)
 
 
 class TrainError(ValueError):
@@ -48,6 +49,7 @@ class RunConfig:
 
     Subclasses are dataclasses with these fields; `eps` is a field of the task config only, the LM
     config uses this class default (torch's AdamW default), so its train_config.json has no `eps`.
+    `model_types` (a class attribute, not a field) lists the model types the trainer builds.
     """
 
     model_type: str
@@ -64,7 +66,10 @@ class RunConfig:
     log_every: int
     save_every: int
     eval_every: int
+    num_v_heads: int | None
+    lower_bound: float | None
     eps: float = 1e-8
+    model_types: tuple[str, ...] = MODEL_TYPES  # the model types this trainer builds (a class attribute)
 
     def check_shared(self, error: type[TrainError], positive: tuple[str, ...]) -> None:
         """The checks every trainer makes (counts, schedule, learning rates, model type, Householders,
@@ -77,8 +82,16 @@ class RunConfig:
                 raise error(f"--{name.replace('_', '-')} must be >= 0")
         if not self.lr > 0 or not 0 <= self.min_lr <= self.lr:
             raise error(f"need lr > 0 and 0 <= min-lr <= lr (got lr={self.lr}, min-lr={self.min_lr})")
-        if self.model_type not in MODEL_TYPES:
-            raise error(f"unknown --model-type {self.model_type!r}: choose {', '.join(MODEL_TYPES)}")
+        if self.model_type not in self.model_types:
+            raise error(f"unknown --model-type {self.model_type!r}: choose {', '.join(self.model_types)}")
+        if self.num_v_heads is not None and self.model_type not in GROUPED_TYPES:
+            raise error(f"--num-v-heads groups value heads in {' and '.join(GROUPED_TYPES)} only: drop it for "
+                        f"{self.model_type}")
+        if self.lower_bound is not None and self.model_type != "kda":
+            raise error(f"--lower-bound bounds kda's per-channel gate only: drop it for {self.model_type}")
+        if self.lower_bound is not None and not self.lower_bound < 0:
+            raise error(f"--lower-bound must be < 0 (kda's log decay then lies in (lower-bound, 0)), "
+                        f"got {self.lower_bound}")
         if self.model_type != "gated_deltaproduct" and self.householders != 1:
             raise error(f"{self.model_type} has one Householder step per token: drop --num-householder "
                         "or use --model-type gated_deltaproduct")

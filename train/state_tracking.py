@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from models.checkpoint import build_model
-from models.config import ConfigError, ModelConfig
+from models.config import MODEL_TYPES, ConfigError, ModelConfig
 from models.lm import IGNORE_INDEX, DeltaProductForCausalLM
 from models.run_files import TASK_FILE
 from tasks.state_tracking import Task, get_task
@@ -61,6 +61,8 @@ class TrainConfig(RunConfig):
     forget_gate: bool = False
     short_conv: bool = False
     output_gate: bool = False
+    num_v_heads: int | None = None  # gated_deltanet, kda: grouped value heads (a multiple of heads)
+    lower_bound: float | None = None  # kda: fla's bounded gate, g = lower_bound * sigmoid(...) per key channel
     # data
     steps: int = 2000
     batch_size: int = 1024
@@ -107,7 +109,11 @@ class TrainConfig(RunConfig):
 
 
 def model_config(cfg: TrainConfig, task: Task) -> ModelConfig:
-    """The ModelConfig a run builds: vocabulary covers the task's tokens and its label classes."""
+    """The ModelConfig a run builds: vocabulary covers the task's tokens and its label classes.
+
+    kda (Kimi Delta Attention) always has its per-key-channel forget gate and sigmoid output gate (fla's KDA
+    has no switch for them), so `forget_gate`/`output_gate` do not apply to it.
+    """
     hidden = cfg.hidden_size or cfg.heads * cfg.head_dim
     common = dict(vocab_size=max(task.vocab_size, task.num_classes), hidden_size=hidden,
                   num_hidden_layers=cfg.layers, num_heads=cfg.heads, use_short_conv=cfg.short_conv,
@@ -124,9 +130,15 @@ def model_config(cfg: TrainConfig, task: Task) -> ModelConfig:
         ratio = cfg.heads * cfg.head_dim / hidden
         return ModelConfig(model_type="delta_net", expand_k=ratio, expand_v=ratio, **common)
     if cfg.model_type == "gated_deltanet":
-        return ModelConfig(model_type="gated_deltanet", head_dim=cfg.head_dim, expand_v=1.0, **common)
-    return ModelConfig(model_type="gated_deltaproduct", head_dim=cfg.head_dim, expand_v=1.0,
-                       num_householder=cfg.householders, use_forget_gate=cfg.forget_gate, **common)
+        return ModelConfig(model_type="gated_deltanet", head_dim=cfg.head_dim, expand_v=1.0,
+                           num_v_heads=cfg.num_v_heads, **common)
+    if cfg.model_type == "kda":
+        return ModelConfig(model_type="kda", head_dim=cfg.head_dim, expand_v=1.0, num_v_heads=cfg.num_v_heads,
+                           lower_bound=cfg.lower_bound, **common)
+    if cfg.model_type == "gated_deltaproduct":
+        return ModelConfig(model_type="gated_deltaproduct", head_dim=cfg.head_dim, expand_v=1.0,
+                           num_householder=cfg.householders, use_forget_gate=cfg.forget_gate, **common)
+    raise ConfigError(f"--model-type {cfg.model_type!r} cannot be trained here: choose {', '.join(MODEL_TYPES)}")
 
 
 class BatchStream:

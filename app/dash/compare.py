@@ -30,11 +30,19 @@ INSIDE_LEGEND = dict(x=0.99, xanchor="right", y=0.03, yanchor="bottom", bgcolor=
 """Legends of the side-by-side charts sit inside the plot's lower right (above the plot they ran into the title)."""
 
 def metrics_table(a: Side, b: Side) -> pd.DataFrame:
-    """Every METRICS value of both sides and their difference B − A."""
-    out = []
+    """Every METRICS value of both sides and their difference B − A (an RWKV-7 side's strong-removal fraction
+    a > threshold in place of β > 1: one row each when the sides differ)."""
+    named: dict[str, str] = {}
     for key, name in heads.METRICS.items():
-        va = float(a.row[key]) if a.row is not None else np.nan
-        vb = float(b.row[key]) if b.row is not None else np.nan
+        if key != "frac_beta_gt1":
+            named[key] = name
+            continue
+        removal = dict(heads.removal_metric(s.row) for s in (a, b) if s.row is not None)
+        named.update(removal or {key: name})
+    out = []
+    for key, name in named.items():
+        va = float(a.row[key]) if a.row is not None and key in a.row else np.nan
+        vb = float(b.row[key]) if b.row is not None and key in b.row else np.nan
         out.append({"metric": name, a.label: va, b.label: vb, "B − A": vb - va})
     return pd.DataFrame(out)
 

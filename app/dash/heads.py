@@ -24,7 +24,38 @@ METRICS: dict[str, str] = {
     "erank_trend": "effective-rank trend (per 100 tokens)",
     "probe_accuracy": "linear-probe accuracy",
 }
-"""Sortable columns of the head table and their names on screen."""
+"""Sortable columns of the head table and their names on screen (delta-rule stores; see `metrics`)."""
+
+STRONG = "frac_strong"
+"""RWKV-7 stores' column in place of `frac_beta_gt1`: the removal strength a lies in [0, 1] per key channel, so
+β > 1 never happens; the betas probe stores the fraction of a above its `--strong` threshold instead."""
+
+
+def strong_threshold(table: pd.DataFrame | pd.Series) -> float | None:
+    """The betas probe's `--strong` threshold behind a head table (or one row) of an RWKV-7 store, else None."""
+    if "strong_threshold" not in table:
+        return None
+    values = pd.Series(table["strong_threshold"], dtype=np.float64).dropna()
+    return float(values.iloc[0]) if len(values) else None
+
+
+def removal_metric(row: pd.Series, short: bool = False) -> tuple[str, str]:
+    """(column, name on screen) of a head's removal number: fraction β > 1, or on an RWKV-7 row the fraction of
+    removal strengths a above the probe's threshold ("a > 0.9" when `short`)."""
+    threshold = strong_threshold(row)
+    if threshold is None:
+        return "frac_beta_gt1", "β > 1" if short else METRICS["frac_beta_gt1"]
+    return STRONG, f"a > {threshold:g}" if short else f"fraction a > {threshold:g}"
+
+
+def metrics(table: pd.DataFrame) -> dict[str, str]:
+    """METRICS of this head table: on an RWKV-7 store `frac_strong` ("fraction a > 0.9") replaces
+    `frac_beta_gt1`, in the same place."""
+    threshold = strong_threshold(table)
+    if threshold is None:
+        return dict(METRICS)
+    return {(STRONG if k == "frac_beta_gt1" else k): (f"fraction a > {threshold:g}" if k == "frac_beta_gt1" else v)
+            for k, v in METRICS.items()}
 
 SPARK_POINTS = 48
 
@@ -82,6 +113,8 @@ def head_table(betas: xr.Dataset | None = None, keys: xr.Dataset | None = None, 
                erank: xr.Dataset | None = None, linear: xr.Dataset | None = None,
                token_names: Sequence[str] | None = None, head_numbers: Sequence[int] | None = None) -> pd.DataFrame:
     """One row per (layer, head) found in any result: METRICS columns (NaN where a probe has not run), plus
+    `frac_strong` and `strong_threshold` (RWKV-7 betas: the fraction of removal strengths a above the probe's
+    `--strong` threshold, and that threshold; `frac_beta_gt1` is NaN there; both NaN on delta-rule stores),
     `beta_steps` (mean β per step), `dominant_angles`, `top_tokens` ([(token, mean β)] highest first), and curves
     for sparklines: `beta_hist`, `angle_hist`, `erank_curve`, `evr`. `head` is the head's position in the store,
     `head_id` its number in the model (`head_numbers`: a store captured with --heads; else the same)."""
@@ -91,7 +124,7 @@ def head_table(betas: xr.Dataset | None = None, keys: xr.Dataset | None = None, 
     rows: dict[tuple[int, int], dict[str, Any]] = {
         (layer, h): {"layer": layer, "head": h,
                      "head_id": int(head_numbers[h]) if head_numbers is not None and h < len(head_numbers) else h,
-                     **{m: np.nan for m in METRICS}, "beta_steps": [],
+                     **{m: np.nan for m in METRICS}, STRONG: np.nan, "strong_threshold": np.nan, "beta_steps": [],
                      "dominant_angles": [], "top_tokens": [], "beta_hist": [], "angle_hist": [], "erank_curve": [],
                      "evr": []}
         for layer in layers for h in range(n_heads)}
@@ -99,6 +132,10 @@ def head_table(betas: xr.Dataset | None = None, keys: xr.Dataset | None = None, 
     if betas is not None:
         mean = np.asarray(betas["beta_mean"].values, np.float64)  # [L, step, H]
         frac = np.asarray(betas["frac_negative_head"].values, np.float64)  # [L, H]
+        channels = bool(betas.attrs.get("per_channel"))  # rwkv7: a in [0, 1] per key channel, never > 1
+        threshold = float(betas.attrs.get("strong_threshold", 0.9))  # the probe's default, as on the Betas page
+        strong = (np.asarray(betas[STRONG].values, np.float64).mean(1) if channels and STRONG in betas
+                  else np.full_like(frac, np.nan))  # [L, H] (rwkv7: one step)
         hist = np.asarray(betas["beta_hist"].values, np.float64).sum(1)  # [L, H, bin]
         tmean = np.asarray(betas["beta_token_mean"].values, np.float64) if "beta_token_mean" in betas else None
         tokens = np.asarray(betas["token"].values).astype(np.int64) if "token" in betas.coords else np.zeros(0, int)
@@ -107,7 +144,10 @@ def head_table(betas: xr.Dataset | None = None, keys: xr.Dataset | None = None, 
                 r = rows[(layer, h)]
                 r["beta_mean"] = float(np.nanmean(mean[li, :, h]))
                 r["beta_steps"] = [float(v) for v in mean[li, :, h]]
-                r["frac_beta_gt1"] = float(frac[li, h])
+                if channels:
+                    r[STRONG], r["strong_threshold"] = float(strong[li, h]), threshold
+                else:
+                    r["frac_beta_gt1"] = float(frac[li, h])
                 r["beta_hist"] = downsample(hist[li, h], 32).tolist()
                 if tmean is not None and tokens.size:
                     per_tok = np.nanmean(tmean[li, :, :, h], -1)  # [tok]
@@ -159,9 +199,9 @@ def _name(names: Sequence[str] | None, token: int) -> str:
 
 
 def sort_heads(df: pd.DataFrame, metric: str, descending: bool = True) -> pd.DataFrame:
-    """Rows sorted by a METRICS column (NaN last), ties by layer then head."""
-    if metric not in METRICS:
-        raise ValueError(f"unknown metric {metric!r}; choose one of {', '.join(METRICS)}")
+    """Rows sorted by a METRICS column or `frac_strong` (NaN last), ties by layer then head."""
+    if metric not in METRICS and metric != STRONG:
+        raise ValueError(f"unknown metric {metric!r}; choose one of {', '.join([*METRICS, STRONG])}")
     key = df[metric].astype(np.float64)
     key = key if not descending else -key
     return df.assign(_k=key).sort_values(["_k", "layer", "head"], na_position="last").drop(columns="_k")

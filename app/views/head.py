@@ -1,4 +1,5 @@
-"""Head: the card of the selected (layer, head) — its numbers, small charts of β, key variance, rotation angles,
+"""Head: the card of the selected (layer, head) — its numbers (RWKV-7: the strong-removal fraction a > threshold in
+place of β > 1), small charts of β, key variance, rotation angles,
 effective rank and probe accuracy, the tokens with the highest β — and links to every detailed page."""
 
 from __future__ import annotations
@@ -47,7 +48,11 @@ def render(ctx) -> None:
     f = heads.fmt
     m = st.columns(6)
     m[0].metric("mean β", f(row["beta_mean"]), help="per step: " + " / ".join(f"{v:.3f}" for v in row["beta_steps"]))
-    m[1].metric("fraction β > 1", f(row["frac_beta_gt1"]))
+    removal, removal_label = heads.removal_metric(row)
+    m[1].metric(removal_label, f(row[removal]),
+                help=None if removal == "frac_beta_gt1" else "RWKV-7: the removal strength a lies in [0, 1] per key "
+                "channel (β > 1 never happens); the fraction of this head's channel values above the threshold of "
+                "`deltalab probe betas --strong`.")
     m[2].metric("key-subspace dim", f(row["key_dim"], ".0f"), help="Principal components reaching 95% of the "
                                                                    "variance of the keys (all steps jointly).")
     m[3].metric("rotation fraction", f(row["frac_rotation"]),

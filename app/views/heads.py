@@ -1,6 +1,7 @@
-"""Heads: a gallery of every (layer, head) as a card — mean β and fraction above 1, key-subspace dimension, rotation
-fraction and dominant angles, effective rank and its trend, linear-probe accuracy, the tokens with the highest β,
-and sparklines — sortable by any of these; each card opens the head's own page. A table view sorts the same."""
+"""Heads: a gallery of every (layer, head) as a card — mean β and fraction above 1 (RWKV-7: the fraction of removal
+strengths a above the betas probe's --strong threshold), key-subspace dimension, rotation fraction and dominant
+angles, effective rank and its trend, linear-probe accuracy, the tokens with the highest β, and sparklines — sortable
+by any of these; each card opens the head's own page. A table view sorts the same."""
 
 from __future__ import annotations
 
@@ -38,9 +39,10 @@ def card_html(row: pd.Series, beta_max: float, selected: bool = False) -> str:
     steps = " / ".join(f"{v:.2f}" for v in row["beta_steps"]) or "—"
     trend = row["erank_trend"]
     arrow = "" if not np.isfinite(trend) else ("↗" if trend > 0.05 else "↘" if trend < -0.05 else "→")
+    removal, removal_label = heads.removal_metric(row, short=True)
     lines = [
         ("mean β", f"{f(row['beta_mean'])} <span style='color:#888'>({steps})</span>"),
-        ("β > 1", f(row["frac_beta_gt1"])),
+        (html.escape(removal_label), f(row[removal])),
         ("key dim", f(row["key_dim"], ".0f")),
         ("rotation", f"{f(row['frac_rotation'])} <span style='color:#888'>at {angles}</span>"),
         ("eff. rank", f"{f(row['erank_mean'])} {arrow} <span style='color:#888'>{f(trend, '+.2f')}/100</span>"),
@@ -95,7 +97,7 @@ def render(ctx) -> None:
         st.caption(f"Not available for your own input: {', '.join(missing)} (it needs many labelled sequences).")
     elif missing:
         st.caption(f"Not available: {', '.join(missing)} — run `deltalab probe NAME --store {ctx.path}`.")
-    labels = {v: k for k, v in heads.METRICS.items()}
+    labels = {v: k for k, v in heads.metrics(df).items()}
     c1, c2, c3, c4 = st.columns([3, 1, 1, 1])
     metric_label = c1.selectbox("Sort by", list(labels), key="heads_sort", bind="query-params")
     metric = labels[metric_label]
@@ -120,13 +122,15 @@ def render(ctx) -> None:
 
 def _table(ordered: pd.DataFrame, ctx) -> None:
     """All heads in one sortable table (click a header to sort; select a row to open its card)."""
-    show = ordered[["layer", "head", *heads.METRICS, "erank_curve", "angle_hist"]].copy()
+    metrics = heads.metrics(ordered)
+    removal = heads.STRONG if heads.STRONG in metrics else "frac_beta_gt1"
+    show = ordered[["layer", "head", *metrics, "erank_curve", "angle_hist"]].copy()
     show["dominant angles"] = [", ".join(f"{a:.0f}°" for a in v) for v in ordered["dominant_angles"]]
     show["highest β tokens"] = [", ".join(str(t) for t, _ in v[:3]) for v in ordered["top_tokens"]]
     cc = st.column_config
-    config = {m: cc.NumberColumn(label, format="%.3f") for m, label in heads.METRICS.items()}
+    config = {m: cc.NumberColumn(label, format="%.3f") for m, label in metrics.items()}
     config.update({
-        "frac_beta_gt1": cc.ProgressColumn(heads.METRICS["frac_beta_gt1"], min_value=0.0, max_value=1.0, format="%.2f"),
+        removal: cc.ProgressColumn(metrics[removal], min_value=0.0, max_value=1.0, format="%.2f"),
         "frac_rotation": cc.ProgressColumn(heads.METRICS["frac_rotation"], min_value=0.0, max_value=1.0, format="%.2f"),
         "probe_accuracy": cc.ProgressColumn(heads.METRICS["probe_accuracy"], min_value=0.0, max_value=1.0,
                                             format="%.2f"),

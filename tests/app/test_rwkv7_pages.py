@@ -16,10 +16,15 @@ ALL_PAGES = ["Overview", "Input", "Betas", "Keys", "Spectra", "Effective rank", 
              "Heads", "Head", "Compare"]
 
 
+STRONG = 0.6
+"""The betas probe's --strong threshold on this store."""
+
+
 @pytest.fixture(scope="module")
 def rwkv_store(tmp_path_factory):
     probes = {p: [] for p in ("betas", "keys", "spectra", "erank", "decays", "linear")}
     probes["attention"] = ["--top-k", "4"]
+    probes["betas"] = ["--strong", str(STRONG)]  # not the default: the pages must show the recorded threshold
     return probed_rwkv7_store(tmp_path_factory.mktemp("rwkv7_pages"), "S4:length=70,samples=4,seed=0", probes)
 
 
@@ -211,3 +216,73 @@ def test_attention_page_shows_the_dense_oracle_s_map(rwkv_store, monkeypatch):
     assert np.abs(approx - exact[69]).max() > 1e-3
     grid = [d for d in specs(at)[1]["data"] if d.get("type") == "heatmap"]
     assert [d["name"] for d in grid] == [f"head {h}" for h in range(4)]
+
+
+def _card_values(at, label: str) -> dict[tuple[int, int], str]:
+    """{(layer, head position): the number beside `label` (as text or HTML-escaped)} of every head card on the page."""
+    import html
+    import re
+
+    out = {}
+    names = "|".join(re.escape(n) for n in {label, html.escape(label)})
+    for body in (h.proto.body for h in at.get("html")):
+        head = re.search(r'data-head="(\d+)-(\d+)"', body)
+        value = re.search(rf">(?:{names})</td><td[^>]*>([^<]+)</td>", body)
+        if head and value:
+            out[int(head[1]), int(head[2])] = value[1]
+    return out
+
+
+def test_heads_and_head_pages_show_the_strong_removal_fraction(rwkv_store, monkeypatch):
+    """RWKV-7's removal strength a lies in [0, 1], so β > 1 never happens: the cards, sort, table, Head page and
+    Compare show the betas probe's fraction of a above its recorded --strong threshold instead."""
+    from store.reader import open_results
+
+    res = open_results(rwkv_store, "betas")
+    assert float(res.attrs["strong_threshold"]) == STRONG
+    frac = np.asarray(res["frac_strong"].values, np.float64)[:, 0]  # [L, H]: one step
+    layers = [int(x) for x in res["layer"].values]
+    assert 0 < frac.max() and frac.min() < 1  # a number worth showing
+    stored = {(layer, h): frac[li, h] for li, layer in enumerate(layers) for h in range(frac.shape[1])}
+    label, short = f"fraction a > {STRONG:g}", f"a > {STRONG:g}"
+
+    at = new_app(monkeypatch, rwkv_store)
+    at.run()
+    at.sidebar.radio(key="page").set_value("Heads").run()
+    assert_clean(at)
+    sort = at.selectbox(key="heads_sort")
+    assert label in sort.options and "fraction β > 1" not in sort.options
+    sort.set_value(label).run()
+    assert_clean(at)
+    cards = " ".join(h.proto.body for h in at.get("html"))
+    assert "β &gt; 1" not in cards and "β > 1" not in cards
+    shown = _card_values(at, short)
+    assert len(shown) == min(len(stored), 12)
+    for key, value in shown.items():
+        assert value == f"{stored[key]:.2f}", (key, value)
+    from app.views.heads import COLUMNS
+
+    order = [b.key for b in at.button if b.key and b.key.startswith("open_")]  # column by column
+    want = sorted(stored, key=lambda k: (-stored[k], k))[: len(order)]  # highest first, row by row
+    by_column = sorted(range(len(want)), key=lambda i: (i % COLUMNS, i))
+    assert order == [f"open_{want[i][0]}_{want[i][1]}" for i in by_column], order
+
+    at.segmented_control(key="heads_view").set_value("table").run()
+    assert_clean(at)
+    table = at.dataframe[0].value
+    assert "frac_strong" in table.columns and "frac_beta_gt1" not in table.columns
+    for _, row in table.iterrows():
+        assert row["frac_strong"] == pytest.approx(stored[int(row["layer"]), int(row["head"])], abs=1e-12)
+    at.segmented_control(key="heads_view").set_value("cards").run()
+
+    layer, head = want[0]
+    at.button(key=f"open_{layer}_{head}").click().run()
+    assert_clean(at)
+    assert at.session_state["page"] == "Head"
+    metrics = {m.label: m.value for m in at.metric}
+    assert "fraction β > 1" not in metrics and metrics[label] == f"{stored[layer, head]:.2f}"
+
+    at.sidebar.radio(key="page").set_value("Compare").run()
+    assert_clean(at)
+    names = list(at.dataframe[0].value["metric"])
+    assert label in names and "fraction β > 1" not in names

@@ -173,6 +173,41 @@ def test_heads_gallery_sorts_and_opens_a_card(app):
     assert at.session_state["page"] == "Spectra"
 
 
+def test_delta_rule_heads_keep_the_beta_above_one_fraction(app, tmp_path_factory):
+    """On a delta-rule store the cards, sort, table and Head page show the fraction β > 1 the betas probe stored
+    (RWKV-7 stores show the strong-removal fraction instead: tests/app/test_rwkv7_pages.py)."""
+    from probes.results import read_results
+    from tests.app.test_rwkv7_pages import _card_values
+
+    res = read_results(probed_store(tmp_path_factory), "betas")  # the store `app` shows (built once)
+    frac = np.asarray(res["frac_negative_head"].values, np.float64)  # [L, H]
+    at = goto(app, "Heads")
+    assert "fraction β > 1" in at.selectbox(key="heads_sort").options
+    shown = _card_values(at, "β > 1")
+    assert shown and all(v == f"{frac[layer, h]:.2f}" for (layer, h), v in shown.items())
+    assert "a &gt;" not in " ".join(h.proto.body for h in at.get("html"))  # no strong-removal line
+    at.button(key="open_0_0").click().run()
+    assert_clean(at)
+    metrics = {m.label: m.value for m in at.metric}
+    assert metrics["fraction β > 1"] == f"{frac[0, 0]:.2f}" == "1.00"
+    assert not any(k.startswith("fraction a >") for k in metrics)
+
+
+def test_compare_metrics_of_a_delta_rule_and_an_rwkv7_head():
+    """Two stores of different families: each side's removal number under its own name, NaN on the other side."""
+    from app.dash import compare, heads
+
+    base = {m: 0.5 for m in heads.METRICS}
+    delta = pd.Series({**base, "frac_beta_gt1": 0.25, heads.STRONG: np.nan, "strong_threshold": np.nan})
+    rwkv = pd.Series({**base, "frac_beta_gt1": np.nan, heads.STRONG: 0.75, "strong_threshold": 0.9})
+    table = compare.metrics_table(compare.Side("A", delta), compare.Side("B", rwkv)).set_index("metric")
+    assert list(table.index[:3]) == ["mean β", "fraction β > 1", "fraction a > 0.9"]
+    assert table.loc["fraction β > 1", "A"] == 0.25 and np.isnan(table.loc["fraction β > 1", "B"])
+    assert table.loc["fraction a > 0.9", "B"] == 0.75 and np.isnan(table.loc["fraction a > 0.9", "A"])
+    same = compare.metrics_table(compare.Side("A", rwkv), compare.Side("B", rwkv))
+    assert "fraction β > 1" not in set(same["metric"]) and len(same) == len(heads.METRICS)
+
+
 def test_heads_table_view(app):
     at = goto(app, "Heads")
     at.segmented_control(key="heads_view").set_value("table").run()

@@ -102,7 +102,7 @@ def test_training_writes_a_loadable_checkpoint_and_resumes_exactly(corpus_root, 
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
-@pytest.mark.parametrize("kind,dk", [("delta_net", 8), ("gated_deltanet", 8)])
+@pytest.mark.parametrize("kind,dk", [("delta_net", 8), ("gated_deltanet", 8), ("kda", 8)])
 def test_model_types_build_with_fla_dims(corpus_root, kind, dk):
     from train.lm import model_config
 
