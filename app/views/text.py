@@ -22,8 +22,10 @@ def _vocab(tokenizer: str | None, vocab_size: int) -> list[str]:
 
 
 @st.cache_data(show_spinner=False, max_entries=128)
-def _values(path: str, stamp: float, seq: int, li: int, quantity: str, head: int, step: int) -> np.ndarray:
-    """[T] the quantity for every position of sequence `seq`, layer index `li` (NaN where it has no value)."""
+def _values(path: str, stamp: float, seq: int, li: int, quantity: str, head: int, step: int,
+            strong: float = 0.9) -> np.ndarray:
+    """[T] the quantity for every position of sequence `seq`, layer index `li` (NaN where it has no value).
+    On RWKV-7 stores "fraction β > 1" (never: a lies in [0, 1]) is the fraction of a above `strong`."""
     ds = loading._open(path, stamp)
     one = ds.isel(seq=seq)
     T = ds.sizes["pos"]
@@ -38,7 +40,7 @@ def _values(path: str, stamp: float, seq: int, li: int, quantity: str, head: int
         return np.asarray(one["beta"].isel(layer=li, step=step, head=head).values, np.float64)
     if quantity == "fraction β > 1":
         b = np.asarray(one["beta"].isel(layer=li).values, np.float64)  # [T, step, head(, dk)]
-        return (b > 1.0).reshape(T, -1).mean(1)
+        return (b > (strong if dplr else 1.0)).reshape(T, -1).mean(1)
     if quantity == "rotation angle":
         if "k" not in ds:
             return np.full(T, np.nan)
@@ -56,6 +58,12 @@ def _values(path: str, stamp: float, seq: int, li: int, quantity: str, head: int
         sub = ds.isel(seq=slice(seq, seq + 1), layer=slice(li, li + 1), head=slice(head, head + 1))
         return np.asarray(erank.per_token(sub)["erank"].values, np.float64).reshape(-1)
     raise ValueError(f"unknown quantity {quantity!r}")
+
+
+def _strong_threshold(path) -> float:
+    """The betas probe's recorded `--strong` threshold (its default 0.9 before the probe has run)."""
+    names = loading.result_names(path, "betas")
+    return float(loading.read_result(path, names[0]).attrs.get("strong_threshold", 0.9)) if names else 0.9
 
 
 def _effective_beta(one, li: int, head: int) -> np.ndarray:
@@ -102,8 +110,12 @@ def render(ctx) -> None:
                "head. Hover a token for its value; click it to select it on every page. Green bars: document "
                "starts.")
     c1, c2 = st.columns([3, 1])
+    dplr = "kappa" in ctx.ds  # rwkv7: a in [0, 1] per key channel, so β > 1 becomes "a above the strong threshold"
+    strong = _strong_threshold(ctx.path) if dplr else 1.0
+    shown = {"fraction β > 1": f"fraction a > {strong:g}"} if dplr else {}
     quantity = c1.segmented_control("Colour by", list(textgrid.QUANTITIES), default="β", key="text_quantity",
-                                    bind="query-params", required=True) or "β"
+                                    format_func=lambda q: shown.get(q, q), bind="query-params",
+                                    required=True) or "β"
     text = textgrid.is_text_store(ctx.attrs)
     width = c2.select_slider("Tokens per row", [16, 24, 32, 48, 64, 80, 100, 120], value=64 if text else 32,
                              key="text_width", persist_state="session", bind="query-params")
@@ -114,7 +126,7 @@ def render(ctx) -> None:
     hi = min(T, lo + MAX_TOKENS)
     stamp = loading._stamp(ctx.path)
     with st.spinner(f"Computing {quantity} for sequence {sel.seq}…"):
-        values = _values(str(ctx.path), stamp, sel.seq, sel.li, quantity, sel.head, sel.step)
+        values = _values(str(ctx.path), stamp, sel.seq, sel.li, quantity, sel.head, sel.step, strong)
     doc = _doc_start(str(ctx.path), stamp, sel.seq)
     strings, hover = token_strings(ctx, ids)
     label_strings, label_hover = token_strings(ctx, np.maximum(labels, 0))
@@ -130,6 +142,10 @@ def render(ctx) -> None:
         import dataclasses
 
         spec = dataclasses.replace(spec, label=f"effective β = Σκ²a (head {sel.head_name})")
+    if quantity == "fraction β > 1" and dplr:
+        import dataclasses
+
+        spec = dataclasses.replace(spec, label=f"fraction of a > {strong:g} (all heads and key channels)")
     part = slice(lo, hi)
     lay = textgrid.layout(strings[part], doc[part] if doc is not None else None, int(width))
     window = "" if (lo, hi) == (0, T) else f", positions {lo}–{hi - 1} of {T}"

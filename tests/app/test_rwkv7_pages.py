@@ -162,6 +162,24 @@ def test_text_page_colours_by_the_effective_beta(rwkv_store, monkeypatch):
     np.testing.assert_allclose(np.sort(got), np.sort(want), rtol=1e-5)
 
 
+def test_text_page_colours_by_the_strong_removal_fraction(rwkv_store, monkeypatch):
+    """'fraction β > 1' (never on RWKV-7: a in [0, 1]) is shown as the fraction of a above the probe's threshold."""
+    import store
+    from tests.app.test_pages import arr, traces
+
+    at = new_app(monkeypatch, rwkv_store)
+    at.run()
+    at.sidebar.radio(key="page").set_value("Text").run()
+    at.segmented_control(key="text_quantity").set_value("fraction β > 1").run()
+    assert_clean(at)
+    heat = next(t for t in traces(at, f"fraction of a > {STRONG:g} (all heads and key channels)"))
+    a = np.asarray(store.open(rwkv_store)["beta"].isel(seq=0, layer=0).values, np.float64)  # [T, step, head, dk]
+    want = (a > STRONG).reshape(a.shape[0], -1).mean(1)
+    assert 0 < want.mean() < 1  # the threshold splits this store's strengths
+    z = np.asarray(arr(heat["z"]), np.float64).ravel()
+    np.testing.assert_allclose(np.sort(z[np.isfinite(z)]), np.sort(want), rtol=1e-6)
+
+
 def _dplr_oracle(ds, seq: int, li: int, head: int, removal: bool = True) -> np.ndarray:
     """[query, source] alpha of one head from the dense float64 oracle on the stored inputs (removal False: the
     decay-only approximation, a = b = 0)."""
