@@ -102,3 +102,19 @@ def test_channel_gate_gradients_at_strong_decays():
         return o.sum() + final.square().sum() + bnd[:, 1].sum()
 
     assert torch.autograd.gradcheck(f, inputs, eps=1e-6, atol=1e-6)
+
+
+def test_pair_decays_values_and_second_derivatives():
+    """`_PairDecays` (the pairwise per-channel decays) is e^{Gamma_i - Gamma_j} on and below the diagonal and 0
+    above it, with first and second derivatives that match finite differences (float64)."""
+    from kernels.chunk import _PairDecays
+
+    gen = torch.Generator().manual_seed(4)
+    g = -torch.rand(2, 7, 3, generator=gen, dtype=torch.float64) * torch.tensor([0.01, 3.0, 20.0], dtype=torch.float64)
+    cum = g.cumsum(-2)
+    idx = torch.arange(7)
+    want = (cum[:, :, None, :] - cum[:, None, :, :]).exp() * (idx[:, None] >= idx[None, :])[..., None]
+    torch.testing.assert_close(_PairDecays.apply(g), want, rtol=1e-13, atol=0)
+    g.requires_grad_()
+    assert torch.autograd.gradcheck(_PairDecays.apply, (g,))
+    assert torch.autograd.gradgradcheck(_PairDecays.apply, (g,))
