@@ -5,7 +5,9 @@ solved at once through the UT transform  (I + A) Delta = diag(beta) (V - e^Gamma
 A_ij = beta_i e^{Gamma_i - Gamma_j} k_i.k_j (j < i); across chunks the state is carried.
 Same signature and results as `kernels.naive.naive_delta_product` (grouped heads: q and k are repeated to
 the value heads; packed batches: one chunked solve per sequence). Per-channel gates g [B, T, Hv, K] (Kimi Delta
-Attention) take `_channel_gate_factors`, which builds the pairwise per-channel decays for groups of chunks.
+Attention) take `_channel_gate_factors`, which builds the pairwise per-channel decays for groups of chunks; each
+is summed from the gates it spans, never taken as a difference of two running totals (float32 stays within 2e-6
+of float64 at decays of e^-20 per token, tests/kernels/test_chunk_channel_gate.py).
 """
 
 from __future__ import annotations
@@ -91,7 +93,7 @@ def _chunk_dense(q, k, v, beta, g, scale, initial_state, chunk_size, normalize_q
 
 def _chunks(q, k, v, beta, gamma, C):
     """Pad to whole chunks and lay out per chunk: qs [B,H,NC,C,K], ks [B,H,NC,L,K], vs [B,H,NC,L,V],
-    bs [B,H,NC,L] and the cumulative log decays within each chunk cum [B,H,NC,L] (or [B,H,NC,L,K])."""
+    bs [B,H,NC,L] and each sub-step's log decay gs [B,H,NC,L] (or [B,H,NC,L,K])."""
     B, T, H, K = q.shape
     n_chunks = -(-T // C)
     pad = n_chunks * C - T
@@ -104,12 +106,15 @@ def _chunks(q, k, v, beta, gamma, C):
         return _interleave(x).reshape(B, H, n_chunks, -1, *x.shape[4:])
 
     return (q.movedim(2, 1).reshape(B, H, n_chunks, C, K), per_chunk(k), per_chunk(v), per_chunk(beta),
-            per_chunk(gamma).cumsum(3))
+            per_chunk(gamma))
 
 
-def _scalar_gate_factors(qs, ks, vs, bs, cum, gated: bool):
+def _scalar_gate_factors(qs, ks, vs, bs, gs, gated: bool):
     """Intra-chunk factors with one log decay per head (or none): (I + A) Delta = diag(beta)(V - e^Gamma K S_0),
-    A_ij = beta_i e^{Gamma_i - Gamma_j} k_i.k_j (j < i)."""
+    A_ij = beta_i e^{Gamma_i - Gamma_j} k_i.k_j (j < i), Gamma the cumulative log decays within the chunk (their
+    differences are taken as such: unlike `_channel_gate_factors`, float32 loses precision at strong decays,
+    3.3e-6 relative in o at g in (-20, 0))."""
+    cum = gs.cumsum(3)
     C, L = qs.shape[3], ks.shape[3]
     n_h = L // C
     idx = torch.arange(L, device=qs.device)
@@ -135,22 +140,55 @@ def _scalar_gate_factors(qs, ks, vs, bs, cum, gated: bool):
     return U, W, attn, q_decayed, k_tail, chunk_decay
 
 
-def _channel_gate_factors(qs, ks, vs, bs, cum, budget: int = 1 << 29):
+class _PairDecays(torch.autograd.Function):
+    """e^{g_{j+1} + ... + g_i} for j <= i, else 0: [..., L(i), L(j), K] from log decays g [..., L, K].
+
+    Each exponent is a running sum over i of the gates masked to m > j, so it is summed from the gates it spans
+    (never a difference of two running totals). Written as a Function so that neither pass holds more than one
+    extra [L, L, K] tensor: the forward works in place, and the backward forms dL/dg_m = sum over the pairs
+    j < m <= i of dL/dD_ij D_ij with one cumulative sum over j (autograd's backward of a cumulative sum over i
+    would flip and copy). Differentiable again (create_graph) through torch operations.
+    """
+
+    @staticmethod
+    def forward(ctx, g: torch.Tensor) -> torch.Tensor:
+        L, K = g.shape[-2:]
+        idx = torch.arange(L, device=g.device)
+        spans = g[..., :, None, :].expand(*g.shape[:-2], L, L, K).clone(memory_format=torch.contiguous_format)
+        spans.masked_fill_((idx[:, None] <= idx[None, :])[..., None], 0.0)  # keep g_m for m > j
+        for i in range(1, L):  # the cumulative sum over i (torch.cumsum over this axis is ~30x slower on the CPU)
+            spans[..., i, :, :] += spans[..., i - 1, :, :]
+        decay = spans.masked_fill_((idx[:, None] < idx[None, :])[..., None], -torch.inf).exp_()
+        ctx.save_for_backward(decay)
+        return decay
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
+        (decay,) = ctx.saved_tensors
+        idx = torch.arange(decay.shape[-2], device=decay.device)
+        # P_ij = sum_{j' <= j} grad_ij' D_ij' (zero above the diagonal), and dL/dg_m = sum_{i >= m} P_{i, m-1}
+        P = (grad * decay).cumsum_(-2)
+        col = P.masked_fill_((idx[:, None] <= idx[None, :])[..., None], 0.0).sum(-3)  # [..., L, K]: i > j
+        return torch.nn.functional.pad(col[..., :-1, :], (0, 0, 1, 0))
+
+
+def _channel_gate_factors(qs, ks, vs, bs, gs, budget: int = 1 << 29):
     """Intra-chunk factors with per-channel gates (Kimi Delta Attention: g [B, T, H, K] decays the key rows).
 
-    Within a chunk of L sub-steps with cumulative log decays Gamma_i in R^K,
+    Within a chunk of L sub-steps with log decays g_m in R^K and cumulative ones Gamma_i = g_1 + ... + g_i,
     S_i = diag(e^{Gamma_i}) S_0 + sum_{j<=i} diag(e^{Gamma_i - Gamma_j}) k_j u_j^T, where
     (I + A) U = diag(b) (V - Ktilde S_0), A_ij = b_i k_i^T diag(e^{Gamma_i - Gamma_j}) k_j (j < i) and
-    Ktilde_i = e^{Gamma_i} * k_i. Every exponent is a difference Gamma_i - Gamma_j with j <= i (never positive),
-    so strong decays cannot overflow. The factors are built for groups of chunks at once (the pairwise
-    [L, L, K] decays bounded by `budget` bytes).
+    Ktilde_i = e^{Gamma_i} * k_i. Every exponent Gamma_i - Gamma_j (j <= i) is summed from the gates it spans,
+    g_{j+1} + ... + g_i (`_PairDecays`), never subtracted from two running totals: those reach about -600 at
+    g = -20 per token, where fp32's spacing (6e-5) would enter the exponent. The gates share a sign, so each sum
+    is accurate relative to its own size, and no exponent is positive. The factors are built for groups of chunks
+    at once (the pairwise [L, L, K] decays bounded by `budget` bytes).
     """
     B, H, n_chunks, C, K = qs.shape
     L, V = ks.shape[3], vs.shape[-1]
     n_h = L // C
-    idx = torch.arange(L, device=qs.device)
-    causal = (idx[:, None] >= idx[None, :])[..., None]  # [L, L, 1]
-    last = idx[n_h - 1 :: n_h]
+    cum = gs.cumsum(3)  # Gamma_i from the chunk start (e^{Gamma_i} is as accurate as Gamma_i itself)
+    last = torch.arange(n_h - 1, L, n_h, device=qs.device)
     eye = torch.eye(L, dtype=qs.dtype, device=qs.device)
     U = qs.new_empty(B, H, n_chunks, L, V)
     W = qs.new_empty(B, H, n_chunks, L, K)
@@ -158,18 +196,18 @@ def _channel_gate_factors(qs, ks, vs, bs, cum, budget: int = 1 << 29):
     group = max(1, budget // max(1, B * H * L * L * K * qs.element_size() * 3))
     for c0 in range(0, n_chunks, group):
         sl = slice(c0, min(n_chunks, c0 + group))
-        kc, gc, bc = ks[:, :, sl], cum[:, :, sl], bs[:, :, sl]
-        diff = gc[..., :, None, :] - gc[..., None, :, :]  # [B, H, G, L, L, K]: Gamma_i - Gamma_j
-        decay = torch.where(causal, diff, torch.full_like(diff, -torch.inf)).exp()
+        kc, bc = ks[:, :, sl], bs[:, :, sl]
+        decay = _PairDecays.apply(gs[:, :, sl])  # [B, H, G, L(i), L(j), K]: e^{Gamma_i - Gamma_j}, j <= i
         A = (bc[..., :, None] * torch.einsum("bhgik,bhgjk,bhgijk->bhgij", kc, kc, decay)).tril(-1)
         attn[:, :, sl] = torch.einsum("bhgtk,bhgjk,bhgtjk->bhgtj", qs[:, :, sl], kc, decay[..., last, :, :])
         lhs = eye + A
         U[:, :, sl] = torch.linalg.solve_triangular(lhs, bc[..., None] * vs[:, :, sl], upper=False,
                                                     unitriangular=True)
-        W[:, :, sl] = torch.linalg.solve_triangular(lhs, bc[..., None] * kc * gc.exp(), upper=False,
+        W[:, :, sl] = torch.linalg.solve_triangular(lhs, bc[..., None] * kc * cum[:, :, sl].exp(), upper=False,
                                                     unitriangular=True)
     q_decayed = qs * cum[..., last, :].exp()
-    k_tail = ks * (cum[..., -1:, :] - cum).exp()  # e^{Gamma_L - Gamma_j} k_j
+    later = torch.nn.functional.pad(gs[..., 1:, :], (0, 0, 0, 1))  # g_{j+1} at row j
+    k_tail = ks * later.flip(3).cumsum(3).flip(3).exp()  # e^{Gamma_L - Gamma_j} k_j, summed from g_{j+1..L}
     chunk_decay = cum[..., -1, :].exp()[..., None]  # [B, H, NC, K, 1]
     return U, W, attn, q_decayed, k_tail, chunk_decay
 
