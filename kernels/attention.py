@@ -75,7 +75,7 @@ class AttentionComparison:
 
 
 @dataclass
-class _Inputs:
+class AttentionInputs:
     """Inputs flattened to value heads, batch * head first, sub-steps interleaved in time order."""
 
     B: int
@@ -114,7 +114,7 @@ def check_inputs(q, k, v, beta, g, initial_state) -> None:
         raise ValueError(f"initial_state has shape {tuple(initial_state.shape)}, expected {(B, Hv, K, v.shape[-1])}")
 
 
-def _prepare(q, k, v, beta, g, scale, initial_state, normalize_qk, stop) -> _Inputs:
+def prepare_inputs(q, k, v, beta, g, scale, initial_state, normalize_qk, stop) -> AttentionInputs:
     check_inputs(q, k, v, beta, g, initial_state)
     dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
     q, k, v, beta = (x[:, :stop].to(dtype) for x in (q, k, v, beta))
@@ -133,7 +133,7 @@ def _prepare(q, k, v, beta, g, scale, initial_state, normalize_qk, stop) -> _Inp
         gg = g[:, :stop].to(dtype)
         lg[:, :, 0] = gg[..., None] if gg.dim() == 3 else gg
     h0 = None if initial_state is None else initial_state.to(dtype).reshape(B * Hv, K, V)
-    return _Inputs(
+    return AttentionInputs(
         B=B,
         Hv=Hv,
         n_h=n_h,
@@ -148,7 +148,7 @@ def _prepare(q, k, v, beta, g, scale, initial_state, normalize_qk, stop) -> _Inp
     )
 
 
-def _decayed(x: torch.Tensor, gx: torch.Tensor, y: torch.Tensor, gy: torch.Tensor, mask: torch.Tensor | None):
+def decayed_products(x: torch.Tensor, gx: torch.Tensor, y: torch.Tensor, gy: torch.Tensor, mask: torch.Tensor | None):
     """M_{mw} = x_m^T diag(e^{gx_m - gy_w}) y_w where mask (else 0): [BH, m, L]. Exponents are <= 0 where used."""
     if gx.shape[-1] == 1:
         diff = gx - gy.transpose(1, 2)
@@ -172,7 +172,7 @@ def _step(exact: bool, lhs, W, b, scale: float, r: torch.Tensor, M: torch.Tensor
     return scale * M * b[:, None], decay * r
 
 
-def _scan(inp: _Inputs, start: int, stop: int, exact_modes: tuple[bool, ...], chunk_size: int, on_block):
+def _scan(inp: AttentionInputs, start: int, stop: int, exact_modes: tuple[bool, ...], chunk_size: int, on_block):
     """Walk chunks backwards; call on_block(rows, s0, s1, causal, [scores per mode]) and return carried queries.
 
     rows: window-row slice of the queries scored against sub-steps [s0, s1); causal [m, L] marks sources at or
@@ -193,7 +193,7 @@ def _scan(inp: _Inputs, start: int, stop: int, exact_modes: tuple[bool, ...], ch
         lhs = W = None
         if any(exact_modes):
             idx = torch.arange(L, device=kc.device)
-            A = _decayed(kc, gam, kc, gam, idx[:, None] > idx[None, :]) * bc[..., None]
+            A = decayed_products(kc, gam, kc, gam, idx[:, None] > idx[None, :]) * bc[..., None]
             lhs = A + torch.eye(L, dtype=A.dtype, device=A.device)
             W = torch.linalg.solve_triangular(lhs, (bc[..., None] * gam.exp()) * kc, upper=False, unitriangular=True)
 
@@ -216,7 +216,7 @@ def _scan(inp: _Inputs, start: int, stop: int, exact_modes: tuple[bool, ...], ch
             p = torch.arange(t_lo - c0, t_hi - c0, device=kc.device) * n_h + n_h - 1
             causal = p[:, None] >= torch.arange(L, device=kc.device)[None, :]
             qn = inp.q[:, t_lo:t_hi]
-            M = _decayed(qn, gam[:, p], kc, gam, causal)
+            M = decayed_products(qn, gam[:, p], kc, gam, causal)
             results = []
             for i, exact in enumerate(exact_modes):
                 scores, carried[i][:, new] = _step(exact, lhs, W, bc, inp.scale, qn, M, gam[:, p].exp())
@@ -225,10 +225,10 @@ def _scan(inp: _Inputs, start: int, stop: int, exact_modes: tuple[bool, ...], ch
     return carried
 
 
-class _Collector:
+class TopKCollector:
     """Accumulates one mode's blocks into full rows or a running top-k, the rebuilt output and row norms."""
 
-    def __init__(self, inp: _Inputs, start: int, stop: int, top_k: int | None, rank_by: str):
+    def __init__(self, inp: AttentionInputs, start: int, stop: int, top_k: int | None, rank_by: str):
         BH, Tw, dt, dev = inp.q.shape[0], stop - start, inp.q.dtype, inp.q.device
         self.inp, self.start, self.stop, self.top_k, self.rank_by = inp, start, stop, top_k, rank_by
         self.vnorm = inp.v.norm(dim=-1)  # [BH, N]
@@ -295,14 +295,14 @@ class _Collector:
         )
 
 
-def _window(window: tuple[int, int] | None, T: int) -> tuple[int, int]:
+def query_window(window: tuple[int, int] | None, T: int) -> tuple[int, int]:
     start, stop = (0, T) if window is None else window
     if not 0 <= start < stop <= T:
         raise ValueError(f"window {window} is not a token range inside [0, {T}): pass (start, stop), 0 <= start < stop")
     return start, stop
 
 
-def _check_mode(top_k: int | None, rank_by: str, chunk_size: int) -> None:
+def check_mode(top_k: int | None, rank_by: str, chunk_size: int) -> None:
     if top_k is not None and top_k < 1:
         raise ValueError(f"top_k={top_k}: pass a positive number of sources, or None for full rows")
     if rank_by not in ("weight", "contribution"):
@@ -333,10 +333,10 @@ def delta_attention(
     initial state. top_k None gives full rows; top_k=K keeps the K sources of largest |alpha| (rank_by=
     'weight') or largest contribution |alpha| ||v_u|| ('contribution') per query and value head.
     """
-    _check_mode(top_k, rank_by, chunk_size)
-    start, stop = _window(window, q.shape[1])
-    inp = _prepare(q, k, v, beta, g, scale, initial_state, normalize_qk, stop)
-    col = _Collector(inp, start, stop, top_k, rank_by)
+    check_mode(top_k, rank_by, chunk_size)
+    start, stop = query_window(window, q.shape[1])
+    inp = prepare_inputs(q, k, v, beta, g, scale, initial_state, normalize_qk, stop)
+    col = TopKCollector(inp, start, stop, top_k, rank_by)
     carried = _scan(inp, start, stop, (exact,), chunk_size, lambda r, s0, s1, m, sc: col.add(r, s0, s1, m, sc[0]))
     return col.result(carried[0])
 
@@ -362,10 +362,10 @@ def compare_attention(
     chunk_size: int = CHUNK_SIZE,
 ) -> AttentionComparison:
     """Exact map and approximation in one walk, with the approximation's error per query (over all sources)."""
-    _check_mode(top_k, rank_by, chunk_size)
-    start, stop = _window(window, q.shape[1])
-    inp = _prepare(q, k, v, beta, g, scale, initial_state, normalize_qk, stop)
-    ex, ap = _Collector(inp, start, stop, top_k, rank_by), _Collector(inp, start, stop, top_k, rank_by)
+    check_mode(top_k, rank_by, chunk_size)
+    start, stop = query_window(window, q.shape[1])
+    inp = prepare_inputs(q, k, v, beta, g, scale, initial_state, normalize_qk, stop)
+    ex, ap = TopKCollector(inp, start, stop, top_k, rank_by), TopKCollector(inp, start, stop, top_k, rank_by)
     diff = inp.q.new_zeros(inp.q.shape[0], stop - start)
 
     def on_block(rows, s0, s1, mask, scores):
@@ -398,7 +398,7 @@ def chunk_recurrence(
     the same UT factors as the map, walked forwards: Delta = T diag(b) V - W S, o = scale (e^{Gamma_p} q S + M Delta),
     S <- e^{Gamma_L} S + K~^T Delta. Computes in float32 (float64 for float64 inputs).
     """
-    inp = _prepare(q, k, v, beta, g, scale, initial_state, False, q.shape[1])
+    inp = prepare_inputs(q, k, v, beta, g, scale, initial_state, False, q.shape[1])
     BH, T, K = inp.q.shape
     n_h, V = inp.n_h, inp.v.shape[-1]
     S = inp.q.new_zeros(BH, K, V) if inp.h0 is None else inp.h0.clone()
@@ -410,14 +410,14 @@ def chunk_recurrence(
         kc, bc, vc = inp.k[:, s0:s1], inp.b[:, s0:s1], inp.v[:, s0:s1]
         gam = inp.lg[:, s0:s1].cumsum(1)
         idx = torch.arange(L, device=kc.device)
-        A = _decayed(kc, gam, kc, gam, idx[:, None] > idx[None, :]) * bc[..., None]
+        A = decayed_products(kc, gam, kc, gam, idx[:, None] > idx[None, :]) * bc[..., None]
         lhs = A + torch.eye(L, dtype=A.dtype, device=A.device)
         W = torch.linalg.solve_triangular(lhs, (bc[..., None] * gam.exp()) * kc, upper=False, unitriangular=True)
         U = torch.linalg.solve_triangular(lhs, bc[..., None] * vc, upper=False, unitriangular=True)
         delta = U - W @ S
         p = torch.arange(c1 - c0, device=kc.device) * n_h + n_h - 1
         qc = inp.q[:, c0:c1]
-        M = _decayed(qc, gam[:, p], kc, gam, p[:, None] >= idx[None, :])
+        M = decayed_products(qc, gam[:, p], kc, gam, p[:, None] >= idx[None, :])
         outs.append(inp.scale * ((gam[:, p].exp() * qc) @ S + M @ delta))
         gam_end = gam[:, -1:]
         S = gam_end.transpose(1, 2).exp() * S + (kc * (gam_end - gam).exp()).transpose(1, 2) @ delta

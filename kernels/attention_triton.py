@@ -25,7 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.attention import AttentionMap, _check_mode, _decayed, _Inputs, _prepare, _window
+from kernels.attention import AttentionInputs, AttentionMap, check_mode, decayed_products, prepare_inputs, query_window
 
 C = 64  # tokens per chunk: the query block of one program
 PRECISIONS = ("tf32x3", "ieee", "tf32")  # tl.dot input precisions; the interpreter computes all in float32
@@ -171,7 +171,7 @@ def _cross_topk_kernel(
         tl.store(TOP + rows[:, None] * KP + tl.arange(0, KP)[None, :], top)
 
 
-def _factors(inp: _Inputs, BK: int, budget: int = 1 << 28):
+def _factors(inp: AttentionInputs, BK: int, budget: int = 1 << 28):
     """Per-chunk factors, batched over chunks: (Z, P, intra scores, rows of every token carried to its chunk start).
 
     Gates: G = 1 log-decay per sub-step (scalar or none) or G = dk (per channel). The pairwise decays
@@ -199,8 +199,8 @@ def _factors(inp: _Inputs, BK: int, budget: int = 1 << 28):
     group = X if G == 1 else max(1, budget // (L * (L + C) * K * 4 * 2))
     for x0 in range(0, X, group):
         sl = slice(x0, min(X, x0 + group))
-        A[sl] = _decayed(ks[sl], gam[sl], ks[sl], gam[sl], strict)
-        M[sl] = _decayed(qs[sl], gp[sl], ks[sl], gam[sl], causal)
+        A[sl] = decayed_products(ks[sl], gam[sl], ks[sl], gam[sl], strict)
+        M[sl] = decayed_products(qs[sl], gp[sl], ks[sl], gam[sl], causal)
     lhs = A * bs[..., None] + torch.eye(L, dtype=dt, device=dev)
     W = torch.linalg.solve_triangular(lhs, (bs[..., None] * gam.exp()) * ks, upper=False, unitriangular=True)
     gam_end = gam[:, -1:]  # [X, 1, G]
@@ -218,7 +218,7 @@ def _factors(inp: _Inputs, BK: int, budget: int = 1 << 28):
 KERNEL_TOP_K = 64  # top_k up to this runs the running top-k inside the kernel; larger ones tile in PyTorch
 
 
-def _top_k_walk(inp: _Inputs, factors, start: int, stop: int, top_k: int, by_norm: bool, precision: str):
+def _top_k_walk(inp: AttentionInputs, factors, start: int, stop: int, top_k: int, by_norm: bool, precision: str):
     """(top index, top weight, output without the initial term, squared row norms, rows at the start) of the
     window's rows, each [BH, Tw, ...]: the running top-k of `_cross_topk_kernel`, no score matrix in memory."""
     Z, P, intra, carried = factors
@@ -276,14 +276,14 @@ def triton_attention(
     precision: tl.dot's input precision: 'tf32x3' (default: three TF32 tensor-core products, float32 accuracy),
     'ieee' (FMA loops: on sm_90 Triton 3.6 took minutes to compile the top-k kernel) or 'tf32' (fastest, ~1e-3).
     """
-    _check_mode(top_k, rank_by, C)
+    check_mode(top_k, rank_by, C)
     if tile < C or tile % C:
         raise ValueError(f"tile={tile}: pass a positive multiple of {C} query tokens")
     if precision not in PRECISIONS:
         raise ValueError(f"precision={precision!r}: use one of {', '.join(PRECISIONS)}")
-    start, stop = _window(window, q.shape[1])
+    start, stop = query_window(window, q.shape[1])
     x = [None if t is None else t.float() for t in (q, k, v, beta, g, initial_state)]
-    inp = _prepare(*x[:5], scale, x[5], normalize_qk, stop)
+    inp = prepare_inputs(*x[:5], scale, x[5], normalize_qk, stop)
     BH, _, K = inp.q.shape
     B, Hv, n_h = inp.B, inp.Hv, inp.n_h
     BK = max(16, triton.next_power_of_2(K))

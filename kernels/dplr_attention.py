@@ -27,15 +27,23 @@ from __future__ import annotations
 
 import torch
 
-from kernels.attention import AttentionComparison, AttentionMap, _check_mode, _Collector, _Inputs, _window
+from kernels.attention import (
+    AttentionComparison,
+    AttentionInputs,
+    AttentionMap,
+    TopKCollector,
+    check_mode,
+    query_window,
+)
 from kernels.constants import CHUNK_SIZE
-from kernels.dplr_chunk import SUB, _decayed_products
+from kernels.dplr_chunk import SUB, dplr_decayed_products
 from kernels.dplr_naive import check_dplr_inputs
 
 __all__ = ["compare_dplr_attention", "dplr_attention", "dplr_gla_attention"]
 
 
-def _prepare(q, k, v, a, b, g, scale, initial_state, stop) -> tuple[_Inputs, torch.Tensor, torch.Tensor, torch.Tensor]:
+def _prepare(q, k, v, a, b, g, scale, initial_state, stop) -> tuple[AttentionInputs, torch.Tensor, torch.Tensor,
+                                                                   torch.Tensor]:
     """(inputs as `kernels.attention` lays them out with n_h = 1, a, b, log decays [BH, T, K]) for tokens [0, stop)."""
     check_dplr_inputs(q, k, v, a, b, g, initial_state)
     dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
@@ -49,7 +57,7 @@ def _prepare(q, k, v, a, b, g, scale, initial_state, stop) -> tuple[_Inputs, tor
     qh, kh, vh, ah, bh = (heads(x) for x in (q, k, v, a, b))
     lg = torch.zeros_like(qh) if g is None else heads(g)
     h0 = None if initial_state is None else initial_state.to(dtype).reshape(B * H, K, V)
-    inp = _Inputs(B=B, Hv=H, n_h=1, T=qh.shape[1], q=qh, k=kh, v=vh, b=bh, lg=lg, h0=h0, scale=float(scale))
+    inp = AttentionInputs(B=B, Hv=H, n_h=1, T=qh.shape[1], q=qh, k=kh, v=vh, b=bh, lg=lg, h0=h0, scale=float(scale))
     return inp, ah, bh, lg
 
 
@@ -59,7 +67,8 @@ def _chunking(T: int, chunk_size: int) -> tuple[int, int]:
     return C, SUB if C % SUB == 0 else C
 
 
-def _scan(inp: _Inputs, a, b, lg, start: int, stop: int, exact_modes: tuple[bool, ...], chunk_size: int, on_block):
+def _scan(inp: AttentionInputs, a, b, lg, start: int, stop: int, exact_modes: tuple[bool, ...], chunk_size: int,
+          on_block):
     """Walk chunks backwards; on_block(rows, s0, s1, causal, [scores per mode]); return Phi(t,-1)^T q_t per mode."""
     BH, T, K = inp.q.shape
     C, sub = _chunking(T, chunk_size)
@@ -82,7 +91,7 @@ def _scan(inp: _Inputs, a, b, lg, start: int, stop: int, exact_modes: tuple[bool
         gex = torch.cat([torch.zeros_like(gam[:, :1]), gam[:, :-1]], 1)  # Gamma_{i-1}
         lhs = X = A_ak = None
         if exact_any:
-            (A_ak, A_ab), = _decayed_products([ac], [kc, bc], gex, gam, sub, strict=True)
+            (A_ak, A_ab), = dplr_decayed_products([ac], [kc, bc], gex, gam, sub, strict=True)
             lhs, X = eye - A_ab, ac * gex.exp()
 
         factors = (lhs, A_ak, X, L, inp.scale)
@@ -103,7 +112,7 @@ def _scan(inp: _Inputs, a, b, lg, start: int, stop: int, exact_modes: tuple[bool
         t_lo, t_hi = max(start, c0), min(stop, c0 + C)
         if t_lo < t_hi:
             new, rows = slice(t_lo - start, t_hi - start), slice(t_lo - c0, t_hi - c0)
-            (A_qk, A_qb), = _decayed_products([qc], [kc, bc], gam, gam, sub, strict=False)
+            (A_qk, A_qb), = dplr_decayed_products([qc], [kc, bc], gam, gam, sub, strict=False)
             p = torch.arange(t_lo - c0, t_hi - c0, device=q.device)
             causal = p[:, None] >= torch.arange(L, device=q.device)[None, :]
             results = []
@@ -150,10 +159,10 @@ def dplr_attention(
     None gives full rows [B, Tw, H, stop, 1]; top_k=K keeps the K sources of largest |alpha| (rank_by='weight') or
     |alpha| ||v_s|| ('contribution') per query and head, as `kernels.attention.delta_attention`.
     """
-    _check_mode(top_k, rank_by, chunk_size)
-    start, stop = _window(window, q.shape[1])
+    check_mode(top_k, rank_by, chunk_size)
+    start, stop = query_window(window, q.shape[1])
     inp, a_, b_, lg = _prepare(q, k, v, a, b, g, scale, initial_state, stop)
-    col = _Collector(inp, start, stop, top_k, rank_by)
+    col = TopKCollector(inp, start, stop, top_k, rank_by)
     carried = _scan(inp, a_, b_, lg, start, stop, (exact,), chunk_size,
                     lambda r, s0, s1, m, sc: col.add(r, s0, s1, m, sc[0]))
     return col.result(carried[0])
@@ -180,10 +189,10 @@ def compare_dplr_attention(
     chunk_size: int = CHUNK_SIZE,
 ) -> AttentionComparison:
     """Exact map and decay-only approximation in one walk, with the approximation's error per query (all sources)."""
-    _check_mode(top_k, rank_by, chunk_size)
-    start, stop = _window(window, q.shape[1])
+    check_mode(top_k, rank_by, chunk_size)
+    start, stop = query_window(window, q.shape[1])
     inp, a_, b_, lg = _prepare(q, k, v, a, b, g, scale, initial_state, stop)
-    ex, ap = _Collector(inp, start, stop, top_k, rank_by), _Collector(inp, start, stop, top_k, rank_by)
+    ex, ap = TopKCollector(inp, start, stop, top_k, rank_by), TopKCollector(inp, start, stop, top_k, rank_by)
     diff = inp.q.new_zeros(inp.q.shape[0], stop - start)
 
     def on_block(rows, s0, s1, mask, scores):

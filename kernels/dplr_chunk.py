@@ -11,7 +11,7 @@ with j < i, and the outputs and the next chunk's state follow from U:
 Every exponent is a difference Gamma_x - Gamma_j with x >= j (never positive), so decays of e^-20 per token
 cannot overflow: within sub-blocks of SUB tokens the decays are pairwise [SUB, SUB, K]; across sub-blocks they
 split at the earlier block's last token into two factors of at most 1 and the products are matmuls
-(`_decayed_products`). Factors are built for groups of chunks whose size `budget` bounds, and the state is
+(`dplr_decayed_products`). Factors are built for groups of chunks whose size `budget` bounds, and the state is
 carried through each group before the next is built (memory O(group), not O(T C K)).
 """
 
@@ -101,8 +101,8 @@ def _chunk_dense(q, k, v, a, b, g, initial_state, scale, chunk_size, budget):
         sl = slice(c0, min(n_chunks, c0 + group))
         q_, k_, v_, a_, b_, g_, x_ = qs[:, :, sl], ks[:, :, sl], vs[:, :, sl], as_[:, :, sl], bs[:, :, sl], \
             gam[:, :, sl], gex[:, :, sl]
-        (A_qk, A_qb), = _decayed_products([q_], [k_, b_], g_, g_, sub, strict=False)
-        (A_ak, A_ab), = _decayed_products([a_], [k_, b_], x_, g_, sub, strict=True)
+        (A_qk, A_qb), = dplr_decayed_products([q_], [k_, b_], g_, g_, sub, strict=False)
+        (A_ak, A_ab), = dplr_decayed_products([a_], [k_, b_], x_, g_, sub, strict=True)
         lhs = eye - A_ab
         U0 = torch.linalg.solve_triangular(lhs, A_ak @ v_, upper=False, unitriangular=True)
         W = torch.linalg.solve_triangular(lhs, a_ * x_.exp(), upper=False, unitriangular=True)
@@ -120,7 +120,7 @@ def _chunk_dense(q, k, v, a, b, g, initial_state, scale, chunk_size, budget):
     return o.to(out_dtype), state, bnd
 
 
-def _decayed_products(lefts: list[torch.Tensor], rights: list[torch.Tensor], gx: torch.Tensor, gy: torch.Tensor,
+def dplr_decayed_products(lefts: list[torch.Tensor], rights: list[torch.Tensor], gx: torch.Tensor, gy: torch.Tensor,
                       sub: int, strict: bool) -> list[list[torch.Tensor]]:
     """A[n][m][i, j] = sum_k x_{n,i,k} y_{m,j,k} e^{gx_{i,k} - gy_{j,k}} for j <= i (j < i if strict), else 0.
 

@@ -10,7 +10,7 @@ import torch
 
 from kernels.constants import CHUNK_SIZE
 from kernels.dplr_naive import check_dplr_inputs
-from kernels.ranks import RankMetrics, _check_choice, _full_precision, _ranks_at_boundaries, state_metrics
+from kernels.ranks import RankMetrics, check_choice, full_precision, ranks_at_boundaries, state_metrics
 
 __all__ = ["dplr_replay_chunks", "dplr_state_rank_metrics"]
 
@@ -81,9 +81,9 @@ def dplr_state_rank_metrics(
     if boundary_states.shape[1] < n_chunks:
         raise ValueError(f"boundary_states has {boundary_states.shape[1]} chunk states, T={T} needs {n_chunks} "
                          f"(one per {C} tokens); pass the kernel's boundary states and chunk_size")
-    _check_choice(method, backend)
+    check_choice(method, backend)
     if every > 1 and every % C == 0 and boundary_states.shape[1] > T // C:
-        return _ranks_at_boundaries(boundary_states, T, C, every, method, backend)
+        return ranks_at_boundaries(boundary_states, T, C, every, method, backend)
     dtype = torch.float64 if boundary_states.dtype == torch.float64 else torch.float32
     pad = n_chunks * C - T
 
@@ -100,7 +100,7 @@ def dplr_state_rank_metrics(
     out = torch.full((n_fields, B * n_chunks, C, H), float("nan"), dtype=dtype, device=k.device)
     t_all = (torch.arange(B * n_chunks, device=k.device) % n_chunks)[:, None] * C + torch.arange(C, device=k.device)
     keep_all = ((t_all + 1) % every == 0) & (t_all < T)  # [B * NC, C]
-    with _full_precision():
+    with full_precision():
         for c0 in range(0, B * n_chunks, group):
             c1 = min(B * n_chunks, c0 + group)
             keep = keep_all[c0:c1]

@@ -71,7 +71,7 @@ def _gram(states: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return h @ h.transpose(-1, -2) if h.shape[-2] <= h.shape[-1] else h.transpose(-1, -2) @ h
 
 
-def _check_choice(method: str, backend: str) -> None:
+def check_choice(method: str, backend: str) -> None:
     if method not in METHODS:
         raise ValueError(f"unknown method {method!r}; pass one of {', '.join(METHODS)}")
     if backend not in BACKENDS:
@@ -109,7 +109,7 @@ def singular_values(states: torch.Tensor, method: str = "auto", backend: str = "
     backend: where the Gram eigenproblem runs: auto = cuSOLVER's batched solver on CUDA, torch otherwise
     (torch.linalg.eigh loops over matrices larger than 32 on CUDA: hundreds of times slower).
     """
-    _check_choice(method, backend)
+    check_choice(method, backend)
     lead, (K, V) = states.shape[:-2], states.shape[-2:]
     method = resolve_method(method, states.device, (K, V))
     flat = states.reshape(-1, K, V)
@@ -190,11 +190,11 @@ def replay_chunks(
     Returns [N, L, H, K, V] (or [N, L * n_h, H, K, V], sub-step j of token t at t * n_h + j), a view.
     Matrix products run in full float32 (TF32 is switched off for the call).
     """
-    with _full_precision():
+    with full_precision():
         return _replay(start, k, v, beta, g, substeps).movedim(0, 1)
 
 
-class _full_precision:
+class full_precision:
     """Context: float32 matmuls in full precision (TF32 would cost ~1e-3 relative on the states)."""
 
     def __enter__(self) -> None:
@@ -257,9 +257,9 @@ def state_rank_metrics(
         )
     if g is not None and g.shape not in ((B, T, H), (B, T, H, K)):
         raise ValueError(f"expected g [B,T,H] = {(B, T, H)} or per-channel [B,T,H,K], got {tuple(g.shape)}")
-    _check_choice(method, backend)
+    check_choice(method, backend)
     if every > 1 and every % C == 0 and boundary_states.shape[1] > T // C:
-        return _ranks_at_boundaries(boundary_states, T, C, every, method, backend)
+        return ranks_at_boundaries(boundary_states, T, C, every, method, backend)
     dtype = torch.float64 if boundary_states.dtype == torch.float64 else torch.float32
     k, v, beta = k.to(dtype), v.to(dtype), beta.to(dtype)
     if normalize_k:
@@ -286,7 +286,7 @@ def state_rank_metrics(
         from tqdm.auto import tqdm
 
         ranges = tqdm(ranges, desc="state ranks", unit="group")
-    with _full_precision():
+    with full_precision():
         for c0 in ranges:
             c1 = min(B * n_chunks, c0 + group)
             states = _replay(
@@ -312,7 +312,7 @@ def state_rank_metrics(
     return RankMetrics(*out.unbind(0))
 
 
-def _ranks_at_boundaries(boundary_states: torch.Tensor, T: int, C: int, every: int, method: str,
+def ranks_at_boundaries(boundary_states: torch.Tensor, T: int, C: int, every: int, method: str,
                          backend: str) -> RankMetrics:
     """`every` a multiple of the chunk size: the states after tokens every-1, 2 every-1, ... are chunk-boundary
     states (boundary c = state after token c C - 1), so nothing is replayed; only their SVDs run."""
@@ -321,7 +321,7 @@ def _ranks_at_boundaries(boundary_states: torch.Tensor, T: int, C: int, every: i
     dtype = torch.float64 if boundary_states.dtype == torch.float64 else torch.float32
     out = torch.full((len(RankMetrics._fields), B, T, H), float("nan"), dtype=dtype, device=boundary_states.device)
     if len(ends):
-        with _full_precision():
+        with full_precision():
             m = torch.stack(state_metrics(boundary_states[:, ends // C].to(dtype), method, backend))  # [6, B, n, H]
         out[:, :, ends - 1] = m.to(dtype)
     return RankMetrics(*out.unbind(0))

@@ -186,7 +186,7 @@ def small_eigenvalues(c: torch.Tensor, det: torch.Tensor | None = None) -> torch
     raise ValueError(f"small_eigenvalues has closed forms for n <= 3, got n = {n}: use wide_eigenvalues")
 
 
-def _cpu_eigvals(flat: torch.Tensor, per_task: int = 8192) -> torch.Tensor:
+def cpu_eigvals(flat: torch.Tensor, per_task: int = 8192) -> torch.Tensor:
     """LAPACK eigvals of [N, n, n] on the CPU, blocks spread over threads (torch loops a batch serially)."""
     workers = min(os.cpu_count() or 1, -(-flat.shape[0] // per_task))
     if workers <= 1:
@@ -244,7 +244,7 @@ def wide_eigenvalues(keys: torch.Tensor, betas: torch.Tensor) -> torch.Tensor:
     r = torch.linalg.qr(keys.transpose(-1, -2), mode="r").R  # [N, m, n]
     m = r.shape[-2]
     z = torch.eye(m, dtype=keys.dtype) - r @ m_wy @ r.transpose(-1, -2)
-    eig = _cpu_eigvals(z)
+    eig = cpu_eigvals(z)
     if m < n:
         eig = torch.cat([eig, torch.ones(N, n - m, dtype=eig.dtype)], -1)
     return eig

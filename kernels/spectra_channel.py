@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from kernels.naive import l2_normalize
-from kernels.spectra import Spectra, _cpu_eigvals, sort_eigenvalues, window_keys
+from kernels.spectra import Spectra, cpu_eigvals, sort_eigenvalues, window_keys
 from kernels.spectra_dplr import dplr_eigvals
 
 DEFAULT_BLOCK = 2048  # windows x heads multiplied out at once (dk = 128: 256 MiB of float64 products)
@@ -90,6 +90,6 @@ def channel_spectra(
             w1 = min(Tw, w0 + step)
             t0, t1 = w0 * stride, (w1 - 1) * stride + window
             prod = channel_window_products(k[:, t0:t1], beta[:, t0:t1], g[:, t0:t1], window=window, stride=stride)
-            eig[:, w0:w1] = _cpu_eigvals(prod.reshape(-1, K, K).cpu()).reshape(B, w1 - w0, H, K).to(k.device)
+            eig[:, w0:w1] = cpu_eigvals(prod.reshape(-1, K, K).cpu()).reshape(B, w1 - w0, H, K).to(k.device)
     eig = sort_eigenvalues(eig)
     return Spectra(eig, eig.angle().abs())

@@ -147,11 +147,11 @@ def test_triton_strong_decays_stay_finite_and_exact(gate):
 
 def test_per_channel_factors_do_not_depend_on_the_byte_budget():
     """The [L, L, dk] pairwise decays are built for groups of chunks; one chunk at a time gives the same factors."""
-    from kernels.attention import _prepare
+    from kernels.attention import prepare_inputs
     from kernels.attention_triton import _factors
 
     q, k, v, beta, g, _ = make_inputs(2, 150, 1, 2, 16, 8, 2, "channel")
-    inp = _prepare(*(x.float() for x in (q, k, v, beta, g)), None, None, False, 150)
+    inp = prepare_inputs(*(x.float() for x in (q, k, v, beta, g)), None, None, False, 150)
     for whole, grouped in zip(_factors(inp, 16), _factors(inp, 16, budget=1)):
         assert torch.allclose(whole, grouped, rtol=1e-6, atol=1e-7)  # BLAS may block batches differently
 
