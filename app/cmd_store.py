@@ -43,7 +43,8 @@ def capture(
     model_dtype: str = typer.Option("float32", "--model-dtype",
                                     help="dtype the model runs in: float32, bfloat16 or float16."),
     device_map: str | None = typer.Option(None, "--device-map",
-                                          help="auto: spread a transformers model over the GPUs (accelerate)."),
+                                          help="auto (fill the GPUs in order) or balanced (split evenly): spread a "
+                                               "transformers model over the GPUs (accelerate)."),
     state_every: int = typer.Option(1, "--state-every",
                                     help="Keep every N-th chunk-boundary state (chunks of N x 64 tokens)."),
     reduce: str | None = typer.Option(None, "--reduce",
