@@ -3,3 +3,7 @@
 CHUNK_SIZE = 64
 """Tokens per recurrence chunk: the chunked forms carry the state across chunks of this many tokens, and the
 `state` hook holds the state before tokens 0, 64, 128, ... plus the final state."""
+
+SECULAR_ITERATIONS = 64
+"""Cap on the secular-equation steps per eigenvalue (`kernels.spectra_dplr` and the Triton solver
+`kernels.triton_secular`); the roots converge in 3-12 middle-way steps, so the cap only stops a runaway."""

@@ -28,12 +28,14 @@ import warnings
 
 import torch
 
+from kernels.constants import SECULAR_ITERATIONS
+
 TRITON_ENV = "DELTALAB_SECULAR"
 """`DELTALAB_SECULAR=triton` makes "auto" use the Triton solver on CUDA. It is opt-in until the kernel has been run and
 timed on a GPU (it is checked only under TRITON_INTERPRET=1 and compiled for sm_90 so far); then it becomes the
 default on CUDA."""
 
-ITERATIONS = 64
+ITERATIONS = SECULAR_ITERATIONS
 """Safeguarded steps per root at most; a block stops once every root's step is below rounding. The rational
 steps converge quadratically (5 to 10 steps on random inputs); a root whose steps keep leaving its bracket
 falls back to bisection, and 64 halvings pin any root to the last bit, so the bound is a guarantee."""

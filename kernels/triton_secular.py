@@ -21,7 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.spectra_dplr import ITERATIONS
+from kernels.constants import SECULAR_ITERATIONS as ITERATIONS
 
 EPS = float(torch.finfo(torch.float64).eps)
 EPS32 = float(torch.finfo(torch.float32).eps)

@@ -12,6 +12,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from models.config import MODEL_TYPES, ConfigError, ModelConfig
+from models.errors import CheckpointError as CheckpointError  # re-exported: callers import it from here
 from models.lm import DeltaProductForCausalLM
 from models.rwkv7 import RWKV7ForCausalLM
 
@@ -21,10 +22,6 @@ if TYPE_CHECKING:
 WEIGHTS = "model.safetensors"
 LEGACY_WEIGHTS = "pytorch_model.bin"
 _PER_STEP = re.compile(r"^(?P<pre>.*\.attn\.)(?P<name>[kvb]_projs|[kv]_conv1ds)\.(?P<j>\d+)\.(?P<rest>weight|bias)$")
-
-
-class CheckpointError(ValueError):
-    """A checkpoint that cannot be loaded; the message names the problem and the fix."""
 
 
 def _read_raw_config(folder: Path) -> dict:

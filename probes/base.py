@@ -8,12 +8,10 @@ A probe module defines NAME, `run(ds, ...) -> ProbeResult`, `add_arguments(parse
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
@@ -21,26 +19,9 @@ import numpy as np
 import xarray as xr
 
 from models.run_files import clean_json, deltalab_version
+from probes.core import ProbeError as ProbeError  # re-exported: probes import both from here
+from probes.core import ProbeResult as ProbeResult
 from store.cliparse import OneLineParser
-
-
-class ProbeError(ValueError):
-    """Bad input to a probe (missing variable, wrong flag, missing checkpoint): one line, names the fix."""
-
-
-@dataclass
-class ProbeResult:
-    """A probe's xarray.Dataset of results plus its JSON records (one per layer/head[/step])."""
-
-    name: str
-    dataset: xr.Dataset
-    records: list[dict[str, Any]] = field(default_factory=list)
-    summary_keys: list[str] | None = None  # columns of the human-readable table
-
-    def to_json(self) -> str:
-        """The records as a JSON list (NaN written as null)."""
-        return json.dumps(clean_json(self.records), indent=1)
-
 
 # --- argument parsing ---------------------------------------------------------------------
 

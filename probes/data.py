@@ -16,7 +16,7 @@ import xarray as xr
 
 from kernels.constants import CHUNK_SIZE
 from models.run_files import training_length
-from probes.base import ProbeError
+from probes.core import ProbeError
 
 
 def open_store(path: str | Path) -> xr.Dataset:

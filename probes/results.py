@@ -15,7 +15,8 @@ from typing import Any
 
 import xarray as xr
 
-from probes.base import ProbeError, ProbeResult, clean_json
+from models.run_files import clean_json
+from probes.core import ProbeError, ProbeResult
 from probes.data import clean_encoding, relabel_heads
 
 

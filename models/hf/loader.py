@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from models.errors import CheckpointError
 from models.hf.config import HFModelConfig
 from models.hf.families import (
     FAMILIES,
@@ -33,8 +34,6 @@ SINGLE = "model.safetensors"
 
 
 def _error(message: str) -> Exception:
-    from models.checkpoint import CheckpointError
-
     return CheckpointError(message)
 
 
@@ -170,7 +169,7 @@ def load_hf_checkpoint(folder: str | Path, raw: dict[str, Any] | None = None, de
                 folder, config=config, local_files_only=True, use_safetensors=True, trust_remote_code=False, **kwargs
             )
     except Exception as err:  # noqa: BLE001 - whatever transformers raises becomes one line
-        if type(err).__name__ == "CheckpointError":
+        if isinstance(err, CheckpointError):
             raise
         lines = [ln.strip() for ln in str(err).strip().splitlines() if ln.strip()] or [type(err).__name__]
         raise _error(f"transformers cannot build {folder} ({lines[-1]}): check config.json and the weights") from None
