@@ -18,7 +18,8 @@ POINTERS = {"DP": "*fp64", "Z": "*fp64", "RHO": "*fp64", "DPO": "*fp64", "ZO": "
 
 
 def report(dk: int = 128, arch: int = 90) -> dict[str, dict[str, int]]:
-    """Resources of the deflation and root kernels (float64, and float32-then-float64 `mixed`) at the launch
+    """Resources of the deflation and root kernels (float64, float32-then-float64 `mixed`, and `counted`: the
+    counted-loop form of `for_loop=True`) at the launch
     configuration `secular_eigvals` uses for dk. Every constexpr is named: a missing one would compile as an i32."""
     block = triton.next_power_of_2(dk)
     br, bp = min(block, ts.BLOCK_R), min(block, ts.BLOCK_P)
@@ -27,6 +28,8 @@ def report(dk: int = 128, arch: int = 90) -> dict[str, dict[str, int]]:
         "deflate": resources(ts._deflate_kernel, POINTERS, dict(BLOCK=block, EPS_C=ts.EPS), 1, arch=arch),
         "roots": resources(ts._roots_kernel, POINTERS, dict(roots, MIXED=False), ts.NUM_WARPS, arch=arch),
         "mixed": resources(ts._roots_kernel, POINTERS, dict(roots, MIXED=True), ts.NUM_WARPS, arch=arch),
+        "counted": resources(ts._roots_kernel, POINTERS, dict(roots, MIXED=False, FOR_LOOP=True), ts.NUM_WARPS,
+                             arch=arch),
     }
 
 

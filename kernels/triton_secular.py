@@ -114,43 +114,60 @@ def _secular(DP, Z, row, n, ir, origin, x, inv_rho, BLOCK_P: tl.constexpr, NP: t
 
 
 @triton.jit
+def _step(DP, Z, row, n, ir, origin, x, lo, hi, d_lo, d_hi, last, active, inv_rho, count, eps,
+          BLOCK_P: tl.constexpr, NP: tl.constexpr, F32: tl.constexpr):
+    """One middle-way step of every active root, safeguarded by its bracket: (x, lo, hi, count, active)."""
+    f, dpsi, dphi = _secular(DP, Z, row, n, ir, origin, x, inv_rho, BLOCK_P, NP, F32)
+    lo = tl.where(active & (f < 0), x, lo)
+    hi = tl.where(active & (f > 0), x, hi)
+    a_lo = d_lo - x
+    a_hi = tl.where(last, 0.0, d_hi - x)
+    s_lo = a_lo * a_lo * dpsi
+    s_hi = a_hi * a_hi * dphi
+    cc = f - a_lo * dpsi - a_hi * dphi
+    qa = (a_lo + a_hi) * cc + s_lo + s_hi
+    qb = a_lo * a_hi * cc + s_lo * a_hi + s_hi * a_lo
+    disc = tl.sqrt(tl.maximum(qa * qa - 4 * cc * qb, 0.0))
+    eta_two = 2 * qb / tl.where(qa >= 0, qa + disc, qa - disc)
+    eta_one = a_lo + s_lo / cc
+    eta = tl.where(last, eta_one, eta_two)
+    step = x + eta
+    ok = (step == step) & (tl.abs(step) < float("inf")) & (step > lo) & (step < hi)
+    x_new = tl.where(ok, step, (lo + hi) / 2)
+    done = (f == 0) | (tl.abs(eta) <= 4 * eps * tl.abs(x)) | \
+        (hi - lo <= 2 * eps * tl.maximum(tl.abs(lo), tl.abs(hi)))
+    x = tl.where(active & (~done), x_new, x)
+    count += active.to(tl.int32)
+    active = active & (~done)
+    return x, lo, hi, count, active
+
+
+@triton.jit
 def _iterate(DP, Z, row, n, ir, origin, x, lo, hi, d_lo, d_hi, last, active, inv_rho, ITERS, eps,
-             BLOCK_P: tl.constexpr, NP: tl.constexpr, F32: tl.constexpr):
+             BLOCK_P: tl.constexpr, NP: tl.constexpr, F32: tl.constexpr, FOR_LOOP: tl.constexpr):
     """Middle-way steps safeguarded by the bracket (lo, hi) until each active root's step is below rounding
-    (`eps`, in the working precision): the final x (relative to origin) and each root's number of evaluations."""
+    (`eps`, in the working precision): the final x (relative to origin) and each root's number of evaluations.
+    FOR_LOOP: a counted loop whose body is skipped once every root has converged, instead of a `while` on that
+    test (the same steps; kept to check a GPU miscompile, kernels/NOTES.md)."""
     count = tl.zeros(x.shape, tl.int32)
-    it = 0
-    while (it < ITERS) & (tl.sum(active.to(tl.int32), 0) > 0):
-        f, dpsi, dphi = _secular(DP, Z, row, n, ir, origin, x, inv_rho, BLOCK_P, NP, F32)
-        lo = tl.where(active & (f < 0), x, lo)
-        hi = tl.where(active & (f > 0), x, hi)
-        a_lo = d_lo - x
-        a_hi = tl.where(last, 0.0, d_hi - x)
-        s_lo = a_lo * a_lo * dpsi
-        s_hi = a_hi * a_hi * dphi
-        cc = f - a_lo * dpsi - a_hi * dphi
-        qa = (a_lo + a_hi) * cc + s_lo + s_hi
-        qb = a_lo * a_hi * cc + s_lo * a_hi + s_hi * a_lo
-        disc = tl.sqrt(tl.maximum(qa * qa - 4 * cc * qb, 0.0))
-        eta_two = 2 * qb / tl.where(qa >= 0, qa + disc, qa - disc)
-        eta_one = a_lo + s_lo / cc
-        eta = tl.where(last, eta_one, eta_two)
-        step = x + eta
-        ok = (step == step) & (tl.abs(step) < float("inf")) & (step > lo) & (step < hi)
-        x_new = tl.where(ok, step, (lo + hi) / 2)
-        done = (f == 0) | (tl.abs(eta) <= 4 * eps * tl.abs(x)) | \
-            (hi - lo <= 2 * eps * tl.maximum(tl.abs(lo), tl.abs(hi)))
-        x = tl.where(active & (~done), x_new, x)
-        count += active.to(tl.int32)
-        active = active & (~done)
-        it += 1
+    if FOR_LOOP:
+        for _ in range(ITERS):
+            if tl.sum(active.to(tl.int32), 0) > 0:
+                x, lo, hi, count, active = _step(DP, Z, row, n, ir, origin, x, lo, hi, d_lo, d_hi, last, active,
+                                                 inv_rho, count, eps, BLOCK_P, NP, F32)
+    else:
+        it = 0
+        while (it < ITERS) & (tl.sum(active.to(tl.int32), 0) > 0):
+            x, lo, hi, count, active = _step(DP, Z, row, n, ir, origin, x, lo, hi, d_lo, d_hi, last, active,
+                                             inv_rho, count, eps, BLOCK_P, NP, F32)
+            it += 1
     return x, count
 
 
 @triton.jit
 def _roots_kernel(DP, Z, KEPT, RHO, LAM, STEPS, n, ITERS, BLOCK_R: tl.constexpr, BLOCK_P: tl.constexpr,
                   NP: tl.constexpr, EPS_C: tl.constexpr, EPS32_C: tl.constexpr, GUESS: tl.constexpr,
-                  MIXED: tl.constexpr):
+                  MIXED: tl.constexpr, FOR_LOOP: tl.constexpr = False):
     """Eigenvalues of D' + rho z z^T (deflated, D' ascending) owned by poles BLOCK_R * pid(1) ...: the root in
     (d'_i, next kept pole) for a kept pole i, d'_i itself for a deflated one. STEPS [2, N, n] gets each root's
     number of float64 and float32 secular-function evaluations. GUESS: start from the root of the two-pole model
@@ -209,11 +226,11 @@ def _roots_kernel(DP, Z, KEPT, RHO, LAM, STEPS, n, ITERS, BLOCK_R: tl.constexpr,
         # bracket and stop test, so the result's accuracy is the float64 solver's
         x32, count32 = _iterate(DP, Z, row, n, ir, origin, x.to(tl.float32), lo.to(tl.float32), hi.to(tl.float32),
                               d_lo.to(tl.float32), d_hi.to(tl.float32), last, active, inv_rho.to(tl.float32),
-                              ITERS, EPS32_C, BLOCK_P, NP, True)
+                              ITERS, EPS32_C, BLOCK_P, NP, True, FOR_LOOP)
         x64 = x32.to(tl.float64)
         x = tl.where((x64 > lo) & (x64 < hi), x64, x)
     x, count64 = _iterate(DP, Z, row, n, ir, origin, x, lo, hi, d_lo, d_hi, last, active, inv_rho, ITERS, EPS_C,
-                          BLOCK_P, NP, False)
+                          BLOCK_P, NP, False, FOR_LOOP)
     tl.store(LAM + row * n + ir, tl.where(kr, origin + x, pole), mask=mr)
     tl.store(STEPS + row * n + ir, count64, mask=mr)
     tl.store(STEPS + (tl.num_programs(0) + row) * n + ir, count32, mask=mr)
@@ -221,12 +238,12 @@ def _roots_kernel(DP, Z, KEPT, RHO, LAM, STEPS, n, ITERS, BLOCK_R: tl.constexpr,
 
 def secular_eigvals(d: torch.Tensor, w: torch.Tensor, rho: torch.Tensor, *, block_r: int = BLOCK_R,
                     block_p: int = BLOCK_P, num_warps: int = NUM_WARPS, guess: bool = True, mixed: bool = False,
-                    steps: list[torch.Tensor] | None = None) -> torch.Tensor:
+                    steps: list[torch.Tensor] | None = None, for_loop: bool = False) -> torch.Tensor:
     """Ascending eigenvalues of D - rho w w^T for [N, n] float64 d, w and [N] float64 rho >= 0, on the device of
     the inputs (CUDA, or CPU under TRITON_INTERPRET=1). `guess`: start each root from the two-pole model (else
     the bracket's middle); `mixed`: float32 steps seed the float64 ones (same accuracy, fewer
     float64 divisions); `steps`, if given, receives the [2, N, n] float64 and float32
-    step counts (for benchmarks)."""
+    step counts (for benchmarks); `for_loop`: iterate in a counted loop instead of a `while` (same steps)."""
     if d.dtype != torch.float64 or w.dtype != torch.float64 or rho.dtype != torch.float64:
         raise ValueError("secular_eigvals: d, w and rho must be float64 (convert with .double())")
     if d.ndim != 2 or w.shape != d.shape or rho.shape != d.shape[:1]:
@@ -247,7 +264,7 @@ def secular_eigvals(d: torch.Tensor, w: torch.Tensor, rho: torch.Tensor, *, bloc
     its = torch.empty(2, N, n, dtype=torch.int32, device=d.device)
     _roots_kernel[(N, triton.cdiv(n, br))](dpo, zo, kept, rho, lam, its, n, ITERATIONS, BLOCK_R=br, BLOCK_P=bp,
                            NP=triton.cdiv(n, bp), EPS_C=EPS, EPS32_C=EPS32, GUESS=guess, MIXED=mixed,
-                           num_warps=num_warps)
+                           FOR_LOOP=for_loop, num_warps=num_warps)
     if steps is not None:
         steps.append(its)
     return torch.sort(-lam, dim=-1).values

@@ -44,6 +44,22 @@ def test_starts_and_mixed_precision_converge_before_the_cap():
 
 
 @needs_interpreter
+def test_counted_loop_takes_the_same_steps_as_the_while_loop():
+    """for_loop=True (a GPU-miscompile check, kernels/NOTES.md) must change nothing: same roots, same step counts."""
+    d, k, beta = random_inputs(24, 20, seed=17)
+    hd, hk, hb = hard_cases(20)
+    d, k, beta = torch.cat([d, hd]), torch.cat([k, hk]), torch.cat([beta, hb])
+    w, rho = d.sqrt() * k, beta.clamp(min=0)
+    for mixed in (False, True):
+        s_while: list[torch.Tensor] = []
+        s_for: list[torch.Tensor] = []
+        a = secular_eigvals(d, w, rho, mixed=mixed, steps=s_while)
+        b = secular_eigvals(d, w, rho, mixed=mixed, steps=s_for, for_loop=True)
+        assert torch.equal(a, b) and torch.equal(s_while[0], s_for[0])
+        assert (a - symmetric_reference(d, k, beta.clamp(min=0))).abs().max() < 1e-13
+
+
+@needs_interpreter
 @pytest.mark.parametrize("n", [4, 16, 32])
 def test_hard_cases_match_eigvalsh(n):
     d, k, beta = hard_cases(n)
@@ -104,3 +120,5 @@ def test_gpu_matches_eigvalsh_and_torch(n):
     w = (d.sqrt() * k).to(dev)
     mixed = secular_eigvals(d.to(dev), w, beta.clamp(min=0).to(dev), mixed=True).cpu()
     assert (mixed - ref).abs().max() < 1e-13
+    counted = secular_eigvals(d.to(dev), w, beta.clamp(min=0).to(dev), for_loop=True).cpu()
+    assert (counted - ref).abs().max() < 1e-13
