@@ -7,7 +7,8 @@ Same signature and results as `kernels.naive.naive_delta_product` (grouped heads
 the value heads; packed batches: one chunked solve per sequence). Per-channel gates g [B, T, Hv, K] (Kimi Delta
 Attention) take `_channel_gate_factors`, which builds the pairwise per-channel decays for groups of chunks; each
 is summed from the gates it spans, never taken as a difference of two running totals (float32 stays within 2e-6
-of float64 at decays of e^-20 per token, tests/kernels/test_chunk_channel_gate.py).
+of float64 at decays of e^-20 per token, tests/kernels/test_chunk_channel_gate.py); scalar gates g [B, T, H] take
+`_scalar_gate_factors`, whose [L, L] pairwise decays are summed the same way (tests/kernels/test_chunk_scalar_gate.py).
 """
 
 from __future__ import annotations
@@ -111,9 +112,13 @@ def _chunks(q, k, v, beta, gamma, C):
 
 def _scalar_gate_factors(qs, ks, vs, bs, gs, gated: bool):
     """Intra-chunk factors with one log decay per head (or none): (I + A) Delta = diag(beta)(V - e^Gamma K S_0),
-    A_ij = beta_i e^{Gamma_i - Gamma_j} k_i.k_j (j < i), Gamma the cumulative log decays within the chunk (their
-    differences are taken as such: unlike `_channel_gate_factors`, float32 loses precision at strong decays,
-    3.3e-6 relative in o at g in (-20, 0))."""
+    A_ij = beta_i e^{Gamma_i - Gamma_j} k_i.k_j (j < i), Gamma the cumulative log decays within the chunk.
+
+    As in `_channel_gate_factors`, every exponent Gamma_i - Gamma_j (j <= i) is summed from the gates it spans,
+    g_{j+1} + ... + g_i (a cumulative sum over i of the gates masked to m > j, one [L, L] tensor per chunk as the
+    differences were), and the tail decays e^{Gamma_L - Gamma_j} from a reverse sum of the gates shifted up a row:
+    never a difference of two running totals, which reach about -600 at g = -20 per token (fp32 spacing 6e-5).
+    float32 stays within 2e-6 of float64 there (tests/kernels/test_chunk_scalar_gate.py)."""
     cum = gs.cumsum(3)
     C, L = qs.shape[3], ks.shape[3]
     n_h = L // C
@@ -126,11 +131,13 @@ def _scalar_gate_factors(qs, ks, vs, bs, gs, gated: bool):
         W_rhs = bs[..., None] * ks
         q_decayed, k_tail, chunk_decay = qs, ks, torch.ones_like(cum[..., -1])[..., None, None]
     else:
-        diff = cum[..., :, None] - cum[..., None, :]
-        decay = torch.where(causal, diff, torch.full_like(diff, -torch.inf)).exp()  # e^{Gamma_i - Gamma_j}, j<=i
+        after = idx[:, None] > idx[None, :]  # [L(m), L(j)]: m > j
+        spans = torch.where(after, gs[..., :, None], 0.0).cumsum_(-2)  # g_{j+1} + ... + g_i at row i, column j
+        decay = spans.masked_fill_(~causal, -torch.inf).exp_()  # e^{g_{j+1} + ... + g_i}, j <= i, else 0
         W_rhs = (bs * cum.exp())[..., None] * ks
         q_decayed = qs * cum[..., last].exp()[..., None]
-        k_tail = ks * (cum[..., -1:] - cum).exp()[..., None]  # e^{Gamma_L - Gamma_j} k_j
+        later = torch.nn.functional.pad(gs[..., 1:], (0, 1))  # g_{j+1} at row j
+        k_tail = ks * later.flip(-1).cumsum(-1).flip(-1).exp()[..., None]  # e^{Gamma_L - Gamma_j} k_j
         chunk_decay = cum[..., -1].exp()[..., None, None]
     A = (bs[..., :, None] * decay * gram).tril(-1)
     lhs = torch.eye(L, dtype=qs.dtype, device=qs.device) + A
