@@ -110,3 +110,17 @@ def test_gradients_at_strong_decays_across_sub_blocks():
         return o.sum() + final.square().sum() + bnd[:, 1].sum()
 
     assert torch.autograd.gradcheck(f, inputs, eps=1e-6, atol=1e-6)
+
+
+def test_loop_cumsum_values_and_second_derivatives():
+    """`_Cumsum` (the loop cumulative sum behind the decays) is torch.cumsum forwards and from the end, with first
+    and second derivatives that match finite differences (float64)."""
+    from kernels.dplr_chunk import _Cumsum
+
+    x = torch.randn(2, 5, 3, 4, generator=torch.Generator().manual_seed(4), dtype=torch.float64)
+    torch.testing.assert_close(_Cumsum.apply(x, -3, False), x.cumsum(-3), rtol=1e-14, atol=1e-14)
+    torch.testing.assert_close(_Cumsum.apply(x, -2, True), x.flip(-2).cumsum(-2).flip(-2), rtol=1e-14, atol=1e-14)
+    x.requires_grad_()
+    for reverse in (False, True):
+        assert torch.autograd.gradcheck(lambda t, r=reverse: _Cumsum.apply(t, -3, r), (x,))
+        assert torch.autograd.gradgradcheck(lambda t, r=reverse: _Cumsum.apply(t, -3, r), (x,))
