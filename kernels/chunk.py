@@ -131,13 +131,10 @@ def _scalar_gate_factors(qs, ks, vs, bs, gs, gated: bool):
         W_rhs = bs[..., None] * ks
         q_decayed, k_tail, chunk_decay = qs, ks, torch.ones_like(cum[..., -1])[..., None, None]
     else:
-        after = idx[:, None] > idx[None, :]  # [L(m), L(j)]: m > j
-        spans = torch.where(after, gs[..., :, None], 0.0).cumsum_(-2)  # g_{j+1} + ... + g_i at row i, column j
-        decay = spans.masked_fill_(~causal, -torch.inf).exp_()  # e^{g_{j+1} + ... + g_i}, j <= i, else 0
+        decay = pair_decays(gs[..., None])[..., 0]  # e^{g_{j+1} + ... + g_i}, j <= i, else 0
         W_rhs = (bs * cum.exp())[..., None] * ks
         q_decayed = qs * cum[..., last].exp()[..., None]
-        later = torch.nn.functional.pad(gs[..., 1:], (0, 1))  # g_{j+1} at row j
-        k_tail = ks * later.flip(-1).cumsum(-1).flip(-1).exp()[..., None]  # e^{Gamma_L - Gamma_j} k_j
+        k_tail = ks * tail_decays(gs[..., None])  # e^{Gamma_L - Gamma_j} k_j
         chunk_decay = cum[..., -1].exp()[..., None, None]
     A = (bs[..., :, None] * decay * gram).tril(-1)
     lhs = torch.eye(L, dtype=qs.dtype, device=qs.device) + A
@@ -179,6 +176,24 @@ class _PairDecays(torch.autograd.Function):
         return torch.nn.functional.pad(col[..., :-1, :], (0, 0, 1, 0))
 
 
+def pair_decays(g: torch.Tensor) -> torch.Tensor:
+    """e^{g_{j+1} + ... + g_i} for j <= i, else 0: [..., L(i), L(j), K] from log decays g [..., L, K] (K = 1 for
+    scalar gates), each exponent summed from the gates it spans; differentiable. K = 1 takes torch's cumulative sum
+    over i of the gates masked to m > j (a loop of L slice additions of [..., L, 1] costs more than the sum), wider
+    K `_PairDecays`."""
+    if g.shape[-1] > 1:
+        return _PairDecays.apply(g)
+    idx = torch.arange(g.shape[-2], device=g.device)
+    spans = torch.where((idx[:, None] > idx[None, :])[..., None], g[..., :, None, :], 0.0).cumsum_(-3)
+    return spans.masked_fill_((idx[:, None] < idx[None, :])[..., None], -torch.inf).exp_()
+
+
+def tail_decays(g: torch.Tensor) -> torch.Tensor:
+    """e^{g_{j+1} + ... + g_L} (the decay from row j to the end) from log decays g [..., L, K]: a reverse sum of
+    the gates shifted up a row, not a difference of running totals."""
+    return torch.nn.functional.pad(g[..., 1:, :], (0, 0, 0, 1)).flip(-2).cumsum(-2).flip(-2).exp()
+
+
 def _channel_gate_factors(qs, ks, vs, bs, gs, budget: int = 1 << 29):
     """Intra-chunk factors with per-channel gates (Kimi Delta Attention: g [B, T, H, K] decays the key rows).
 
@@ -213,8 +228,7 @@ def _channel_gate_factors(qs, ks, vs, bs, gs, budget: int = 1 << 29):
         W[:, :, sl] = torch.linalg.solve_triangular(lhs, bc[..., None] * kc * cum[:, :, sl].exp(), upper=False,
                                                     unitriangular=True)
     q_decayed = qs * cum[..., last, :].exp()
-    later = torch.nn.functional.pad(gs[..., 1:, :], (0, 0, 0, 1))  # g_{j+1} at row j
-    k_tail = ks * later.flip(3).cumsum(3).flip(3).exp()  # e^{Gamma_L - Gamma_j} k_j, summed from g_{j+1..L}
+    k_tail = ks * tail_decays(gs)  # e^{Gamma_L - Gamma_j} k_j, summed from g_{j+1..L}
     chunk_decay = cum[..., -1, :].exp()[..., None]  # [B, H, NC, K, 1]
     return U, W, attn, q_decayed, k_tail, chunk_decay
 

@@ -100,3 +100,19 @@ def test_scalar_gate_gradients_at_strong_decays():
         return o.sum() + final.square().sum() + bnd[:, 1].sum()
 
     assert torch.autograd.gradcheck(f, inputs, eps=1e-6, atol=1e-6)
+
+
+def test_pair_and_tail_decays_for_scalar_gates():
+    """`pair_decays` with one gate per sub-step (torch's cumulative sum) is e^{Gamma_i - Gamma_j} on and below the
+    diagonal and 0 above it, twice differentiable; `tail_decays` is e^{Gamma_L - Gamma_j} (float64)."""
+    from kernels.chunk import pair_decays, tail_decays
+
+    g = -torch.rand(3, 9, 1, generator=torch.Generator().manual_seed(4), dtype=torch.float64) * 20
+    cum = g.cumsum(-2)
+    idx = torch.arange(9)
+    want = (cum[:, :, None, :] - cum[:, None, :, :]).exp() * (idx[:, None] >= idx[None, :])[..., None]
+    torch.testing.assert_close(pair_decays(g), want, rtol=1e-12, atol=0)
+    torch.testing.assert_close(tail_decays(g), (cum[:, -1:] - cum).exp(), rtol=1e-12, atol=0)
+    g.requires_grad_()
+    assert torch.autograd.gradcheck(pair_decays, (g,))
+    assert torch.autograd.gradgradcheck(pair_decays, (g,))
