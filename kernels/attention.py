@@ -16,6 +16,9 @@ because within a chunk S_p = e^{Gamma_p} S_0 + sum_{w <= p} e^{Gamma_p - Gamma_w
 values Delta = T diag(b) V - W S_0. Chunks are walked backwards from the window's last, each carrying all
 window queries that lie after it: O(Tw * S n_h * (dk + L)) per head for Tw queries and S source tokens.
 Memory is O(Tw dk + L^2 dk) per head plus the result: full rows, or a running top-k per query.
+Every decay e^{Gamma_p - Gamma_w} (w <= p) is summed from the gates it spans (`kernels.chunk.pair_decays`, and
+`tail_decays` to the chunk end), never a difference of two running totals, which reach about -600 at g = -20 per
+token (fp32 spacing 6e-5): float32 stays within 2e-6 of float64 there (tests/kernels/test_attention_precision.py).
 
 The gated-linear-attention approximation is the same walk with T = I and W = 0 (Phi replaced by the decays).
 
@@ -32,6 +35,7 @@ from dataclasses import dataclass
 
 import torch
 
+from kernels.chunk import pair_decays, tail_decays
 from kernels.naive import CHUNK_SIZE, l2_normalize
 
 
@@ -148,17 +152,17 @@ def prepare_inputs(q, k, v, beta, g, scale, initial_state, normalize_qk, stop) -
     )
 
 
-def decayed_products(x: torch.Tensor, gx: torch.Tensor, y: torch.Tensor, gy: torch.Tensor, mask: torch.Tensor | None):
-    """M_{mw} = x_m^T diag(e^{gx_m - gy_w}) y_w where mask (else 0): [BH, m, L]. Exponents are <= 0 where used."""
-    if gx.shape[-1] == 1:
-        diff = gx - gy.transpose(1, 2)
-        if mask is not None:
-            diff = diff.masked_fill(~mask, -torch.inf)
-        return (x @ y.transpose(1, 2)) * diff.exp()
-    diff = gx[:, :, None, :] - gy[:, None, :, :]
-    if mask is not None:
-        diff = diff.masked_fill(~mask[..., None], -torch.inf)
-    return torch.einsum("bmc,blc,bmlc->bml", x, y, diff.exp())
+def decayed_products(x: torch.Tensor, y: torch.Tensor, decay: torch.Tensor, mask: torch.Tensor | None):
+    """M_{mw} = x_m^T diag(decay_{mw}) y_w where mask (else 0): [BH, m, L].
+
+    decay [BH, m, L, G]: rows of `kernels.chunk.pair_decays` of the chunk's log decays (e^{Gamma_p - Gamma_w},
+    each exponent summed from the gates it spans, 0 for w > p); G = 1 (scalar gates) broadcasts over dk.
+    """
+    if decay.shape[-1] == 1:
+        out = (x @ y.transpose(1, 2)) * decay[..., 0]
+    else:
+        out = torch.einsum("bmc,blc,bmlc->bml", x, y, decay)
+    return out if mask is None else out.masked_fill(~mask, 0.0)
 
 
 def _step(exact: bool, lhs, W, b, scale: float, r: torch.Tensor, M: torch.Tensor, decay: torch.Tensor):
@@ -186,14 +190,15 @@ def _scan(inp: AttentionInputs, start: int, stop: int, exact_modes: tuple[bool, 
         c0, c1 = c * C, min((c + 1) * C, inp.T)
         s0, s1 = c0 * n_h, c1 * n_h
         L = s1 - s0
-        kc, bc = inp.k[:, s0:s1], inp.b[:, s0:s1]
-        gam = inp.lg[:, s0:s1].cumsum(1)  # [BH, L, G]
+        kc, bc, lg = inp.k[:, s0:s1], inp.b[:, s0:s1], inp.lg[:, s0:s1]
+        gam = lg.cumsum(1)  # [BH, L, G]
         gam_end = gam[:, -1:]  # [BH, 1, G]
-        k_end = kc * (gam_end - gam).exp()  # keys decayed to the chunk end
+        k_end = kc * tail_decays(lg)  # keys decayed to the chunk end
+        decay = pair_decays(lg)  # [BH, L, L, G]: e^{Gamma_w - Gamma_z}, z <= w, summed from the gates
         lhs = W = None
         if any(exact_modes):
             idx = torch.arange(L, device=kc.device)
-            A = decayed_products(kc, gam, kc, gam, idx[:, None] > idx[None, :]) * bc[..., None]
+            A = decayed_products(kc, kc, decay, idx[:, None] > idx[None, :]) * bc[..., None]
             lhs = A + torch.eye(L, dtype=A.dtype, device=A.device)
             W = torch.linalg.solve_triangular(lhs, (bc[..., None] * gam.exp()) * kc, upper=False, unitriangular=True)
 
@@ -216,7 +221,7 @@ def _scan(inp: AttentionInputs, start: int, stop: int, exact_modes: tuple[bool, 
             p = torch.arange(t_lo - c0, t_hi - c0, device=kc.device) * n_h + n_h - 1
             causal = p[:, None] >= torch.arange(L, device=kc.device)[None, :]
             qn = inp.q[:, t_lo:t_hi]
-            M = decayed_products(qn, gam[:, p], kc, gam, causal)
+            M = decayed_products(qn, kc, decay[:, p], causal)
             results = []
             for i, exact in enumerate(exact_modes):
                 scores, carried[i][:, new] = _step(exact, lhs, W, bc, inp.scale, qn, M, gam[:, p].exp())
@@ -407,19 +412,19 @@ def chunk_recurrence(
         c1 = min(c0 + chunk_size, T)
         s0, s1 = c0 * n_h, c1 * n_h
         L = s1 - s0
-        kc, bc, vc = inp.k[:, s0:s1], inp.b[:, s0:s1], inp.v[:, s0:s1]
-        gam = inp.lg[:, s0:s1].cumsum(1)
+        kc, bc, vc, lg = inp.k[:, s0:s1], inp.b[:, s0:s1], inp.v[:, s0:s1], inp.lg[:, s0:s1]
+        gam = lg.cumsum(1)
+        decay = pair_decays(lg)
         idx = torch.arange(L, device=kc.device)
-        A = decayed_products(kc, gam, kc, gam, idx[:, None] > idx[None, :]) * bc[..., None]
+        A = decayed_products(kc, kc, decay, idx[:, None] > idx[None, :]) * bc[..., None]
         lhs = A + torch.eye(L, dtype=A.dtype, device=A.device)
         W = torch.linalg.solve_triangular(lhs, (bc[..., None] * gam.exp()) * kc, upper=False, unitriangular=True)
         U = torch.linalg.solve_triangular(lhs, bc[..., None] * vc, upper=False, unitriangular=True)
         delta = U - W @ S
         p = torch.arange(c1 - c0, device=kc.device) * n_h + n_h - 1
         qc = inp.q[:, c0:c1]
-        M = decayed_products(qc, gam[:, p], kc, gam, p[:, None] >= idx[None, :])
+        M = decayed_products(qc, kc, decay[:, p], None)
         outs.append(inp.scale * ((gam[:, p].exp() * qc) @ S + M @ delta))
-        gam_end = gam[:, -1:]
-        S = gam_end.transpose(1, 2).exp() * S + (kc * (gam_end - gam).exp()).transpose(1, 2) @ delta
+        S = gam[:, -1:].transpose(1, 2).exp() * S + (kc * tail_decays(lg)).transpose(1, 2) @ delta
     o = torch.cat(outs, 1).reshape(inp.B, inp.Hv, T, V).transpose(1, 2)
     return o, S.reshape(inp.B, inp.Hv, K, V)

@@ -26,6 +26,7 @@ import triton
 import triton.language as tl
 
 from kernels.attention import AttentionInputs, AttentionMap, check_mode, decayed_products, prepare_inputs, query_window
+from kernels.chunk import pair_decays, tail_decays
 
 C = 64  # tokens per chunk: the query block of one program
 PRECISIONS = ("tf32x3", "ieee", "tf32")  # tl.dot input precisions; the interpreter computes all in float32
@@ -175,8 +176,9 @@ def _factors(inp: AttentionInputs, BK: int, budget: int = 1 << 28):
     """Per-chunk factors, batched over chunks: (Z, P, intra scores, rows of every token carried to its chunk start).
 
     Gates: G = 1 log-decay per sub-step (scalar or none) or G = dk (per channel). The pairwise decays
-    e^{Gamma_w - Gamma_z} (z <= w, never a positive exponent) are [L, L] per chunk for scalar gates and
-    [L, L, dk] per channel; those are built for groups of chunks of at most `budget` bytes.
+    e^{Gamma_w - Gamma_z} (z <= w, never a positive exponent, summed from the gates they span:
+    `kernels.chunk.pair_decays`) are [L, L] per chunk for scalar gates and [L, L, dk] per channel; those are built
+    for groups of chunks of at most `budget` bytes.
     """
     BH, T, K = inp.q.shape
     n_h, L = inp.n_h, C * inp.n_h
@@ -187,24 +189,25 @@ def _factors(inp: AttentionInputs, BK: int, budget: int = 1 << 28):
     dt, dev = inp.q.dtype, inp.q.device
     ks = torch.nn.functional.pad(inp.k, (0, 0, 0, pad * n_h)).reshape(X, L, K)
     bs = torch.nn.functional.pad(inp.b, (0, pad * n_h)).reshape(X, L)
-    gam = torch.nn.functional.pad(inp.lg, (0, 0, 0, pad * n_h)).reshape(X, L, G).cumsum(1)
+    lgs = torch.nn.functional.pad(inp.lg, (0, 0, 0, pad * n_h)).reshape(X, L, G)
+    gam = lgs.cumsum(1)
     qs = torch.nn.functional.pad(inp.q, (0, 0, 0, pad)).reshape(X, C, K)
     idx = torch.arange(L, device=dev)
     strict = idx[:, None] > idx[None, :]
     p = torch.arange(C, device=dev) * n_h + n_h - 1  # token i of a chunk reads after sub-step i n_h + n_h - 1
-    causal = p[:, None] >= idx[None, :]
     gp = gam[:, p]  # [X, C, G]
     A = torch.empty(X, L, L, dtype=dt, device=dev)
     M = torch.empty(X, C, L, dtype=dt, device=dev)
     group = X if G == 1 else max(1, budget // (L * (L + C) * K * 4 * 2))
     for x0 in range(0, X, group):
         sl = slice(x0, min(X, x0 + group))
-        A[sl] = decayed_products(ks[sl], gam[sl], ks[sl], gam[sl], strict)
-        M[sl] = decayed_products(qs[sl], gp[sl], ks[sl], gam[sl], causal)
+        decay = pair_decays(lgs[sl])  # [x, L, L, G]: e^{Gamma_w - Gamma_z}, z <= w, summed from the gates
+        A[sl] = decayed_products(ks[sl], ks[sl], decay, strict)
+        M[sl] = decayed_products(qs[sl], ks[sl], decay[:, p], None)
     lhs = A * bs[..., None] + torch.eye(L, dtype=dt, device=dev)
     W = torch.linalg.solve_triangular(lhs, (bs[..., None] * gam.exp()) * ks, upper=False, unitriangular=True)
     gam_end = gam[:, -1:]  # [X, 1, G]
-    k_end = ks * (gam_end - gam).exp()  # keys decayed to the chunk end
+    k_end = ks * tail_decays(lgs)  # keys decayed to the chunk end
     TtK = torch.linalg.solve_triangular(lhs.transpose(-1, -2), k_end, upper=True, unitriangular=True)
     Z = torch.zeros(X, BK, L, dtype=torch.float32, device=dev)
     Z[:, :K] = (inp.scale * TtK * bs[..., None]).transpose(-1, -2)

@@ -7,7 +7,8 @@ Same signature and results as `kernels.naive.naive_delta_product` (grouped heads
 the value heads; packed batches: one chunked solve per sequence). Per-channel gates g [B, T, Hv, K] (Kimi Delta
 Attention) take `_channel_gate_factors`, which builds the pairwise per-channel decays for groups of chunks; each
 is summed from the gates it spans, never taken as a difference of two running totals (float32 stays within 2e-6
-of float64 at decays of e^-20 per token, tests/kernels/test_chunk_channel_gate.py).
+of float64 at decays of e^-20 per token, tests/kernels/test_chunk_channel_gate.py); scalar gates g [B, T, H] take
+`_scalar_gate_factors`, whose [L, L] pairwise decays are summed the same way (tests/kernels/test_chunk_scalar_gate.py).
 """
 
 from __future__ import annotations
@@ -111,9 +112,13 @@ def _chunks(q, k, v, beta, gamma, C):
 
 def _scalar_gate_factors(qs, ks, vs, bs, gs, gated: bool):
     """Intra-chunk factors with one log decay per head (or none): (I + A) Delta = diag(beta)(V - e^Gamma K S_0),
-    A_ij = beta_i e^{Gamma_i - Gamma_j} k_i.k_j (j < i), Gamma the cumulative log decays within the chunk (their
-    differences are taken as such: unlike `_channel_gate_factors`, float32 loses precision at strong decays,
-    3.3e-6 relative in o at g in (-20, 0))."""
+    A_ij = beta_i e^{Gamma_i - Gamma_j} k_i.k_j (j < i), Gamma the cumulative log decays within the chunk.
+
+    As in `_channel_gate_factors`, every exponent Gamma_i - Gamma_j (j <= i) is summed from the gates it spans,
+    g_{j+1} + ... + g_i (a cumulative sum over i of the gates masked to m > j, one [L, L] tensor per chunk as the
+    differences were), and the tail decays e^{Gamma_L - Gamma_j} from a reverse sum of the gates shifted up a row:
+    never a difference of two running totals, which reach about -600 at g = -20 per token (fp32 spacing 6e-5).
+    float32 stays within 2e-6 of float64 there (tests/kernels/test_chunk_scalar_gate.py)."""
     cum = gs.cumsum(3)
     C, L = qs.shape[3], ks.shape[3]
     n_h = L // C
@@ -126,11 +131,10 @@ def _scalar_gate_factors(qs, ks, vs, bs, gs, gated: bool):
         W_rhs = bs[..., None] * ks
         q_decayed, k_tail, chunk_decay = qs, ks, torch.ones_like(cum[..., -1])[..., None, None]
     else:
-        diff = cum[..., :, None] - cum[..., None, :]
-        decay = torch.where(causal, diff, torch.full_like(diff, -torch.inf)).exp()  # e^{Gamma_i - Gamma_j}, j<=i
+        decay = pair_decays(gs[..., None])[..., 0]  # e^{g_{j+1} + ... + g_i}, j <= i, else 0
         W_rhs = (bs * cum.exp())[..., None] * ks
         q_decayed = qs * cum[..., last].exp()[..., None]
-        k_tail = ks * (cum[..., -1:] - cum).exp()[..., None]  # e^{Gamma_L - Gamma_j} k_j
+        k_tail = ks * tail_decays(gs[..., None])  # e^{Gamma_L - Gamma_j} k_j
         chunk_decay = cum[..., -1].exp()[..., None, None]
     A = (bs[..., :, None] * decay * gram).tril(-1)
     lhs = torch.eye(L, dtype=qs.dtype, device=qs.device) + A
@@ -172,6 +176,24 @@ class _PairDecays(torch.autograd.Function):
         return torch.nn.functional.pad(col[..., :-1, :], (0, 0, 1, 0))
 
 
+def pair_decays(g: torch.Tensor) -> torch.Tensor:
+    """e^{g_{j+1} + ... + g_i} for j <= i, else 0: [..., L(i), L(j), K] from log decays g [..., L, K] (K = 1 for
+    scalar gates), each exponent summed from the gates it spans; differentiable. K = 1 takes torch's cumulative sum
+    over i of the gates masked to m > j (a loop of L slice additions of [..., L, 1] costs more than the sum), wider
+    K `_PairDecays`."""
+    if g.shape[-1] > 1:
+        return _PairDecays.apply(g)
+    idx = torch.arange(g.shape[-2], device=g.device)
+    spans = torch.where((idx[:, None] > idx[None, :])[..., None], g[..., :, None, :], 0.0).cumsum_(-3)
+    return spans.masked_fill_((idx[:, None] < idx[None, :])[..., None], -torch.inf).exp_()
+
+
+def tail_decays(g: torch.Tensor) -> torch.Tensor:
+    """e^{g_{j+1} + ... + g_L} (the decay from row j to the end) from log decays g [..., L, K]: a reverse sum of
+    the gates shifted up a row, not a difference of running totals."""
+    return torch.nn.functional.pad(g[..., 1:, :], (0, 0, 0, 1)).flip(-2).cumsum(-2).flip(-2).exp()
+
+
 def _channel_gate_factors(qs, ks, vs, bs, gs, budget: int = 1 << 29):
     """Intra-chunk factors with per-channel gates (Kimi Delta Attention: g [B, T, H, K] decays the key rows).
 
@@ -206,8 +228,7 @@ def _channel_gate_factors(qs, ks, vs, bs, gs, budget: int = 1 << 29):
         W[:, :, sl] = torch.linalg.solve_triangular(lhs, bc[..., None] * kc * cum[:, :, sl].exp(), upper=False,
                                                     unitriangular=True)
     q_decayed = qs * cum[..., last, :].exp()
-    later = torch.nn.functional.pad(gs[..., 1:, :], (0, 0, 0, 1))  # g_{j+1} at row j
-    k_tail = ks * later.flip(3).cumsum(3).flip(3).exp()  # e^{Gamma_L - Gamma_j} k_j, summed from g_{j+1..L}
+    k_tail = ks * tail_decays(gs)  # e^{Gamma_L - Gamma_j} k_j, summed from g_{j+1..L}
     chunk_decay = cum[..., -1, :].exp()[..., None]  # [B, H, NC, K, 1]
     return U, W, attn, q_decayed, k_tail, chunk_decay
 

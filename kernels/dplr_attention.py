@@ -36,7 +36,7 @@ from kernels.attention import (
     query_window,
 )
 from kernels.constants import CHUNK_SIZE
-from kernels.dplr_chunk import SUB, dplr_decayed_products
+from kernels.dplr_chunk import SUB, dplr_decayed_products, tail_decays
 from kernels.dplr_naive import check_dplr_inputs
 
 __all__ = ["compare_dplr_attention", "dplr_attention", "dplr_gla_attention"]
@@ -91,7 +91,7 @@ def _scan(inp: AttentionInputs, a, b, lg, start: int, stop: int, exact_modes: tu
         gex = torch.cat([torch.zeros_like(gam[:, :1]), gam[:, :-1]], 1)  # Gamma_{i-1}
         lhs = X = A_ak = None
         if exact_any:
-            (A_ak, A_ab), = dplr_decayed_products([ac], [kc, bc], gex, gam, sub, strict=True)
+            (A_ak, A_ab), = dplr_decayed_products([ac], [kc, bc], gc, sub, strict=True)
             lhs, X = eye - A_ab, ac * gex.exp()
 
         factors = (lhs, A_ak, X, L, inp.scale)
@@ -99,7 +99,7 @@ def _scan(inp: AttentionInputs, a, b, lg, start: int, stop: int, exact_modes: tu
         if c0 + C < stop:
             old = slice(max(c0 + C - start, 0), Tw)
             if old.start < old.stop:
-                tail = (gam[:, -1:] - gam).exp()
+                tail = tail_decays(gc)
                 k_end, b_end, decay = (kc * tail).transpose(1, 2), (bc * tail).transpose(1, 2), gam[:, -1:].exp()
                 results = []
                 for i, exact in enumerate(exact_modes):
@@ -112,7 +112,7 @@ def _scan(inp: AttentionInputs, a, b, lg, start: int, stop: int, exact_modes: tu
         t_lo, t_hi = max(start, c0), min(stop, c0 + C)
         if t_lo < t_hi:
             new, rows = slice(t_lo - start, t_hi - start), slice(t_lo - c0, t_hi - c0)
-            (A_qk, A_qb), = dplr_decayed_products([qc], [kc, bc], gam, gam, sub, strict=False)
+            (A_qk, A_qb), = dplr_decayed_products([qc], [kc, bc], gc, sub, strict=False)
             p = torch.arange(t_lo - c0, t_hi - c0, device=q.device)
             causal = p[:, None] >= torch.arange(L, device=q.device)[None, :]
             results = []

@@ -8,11 +8,14 @@ so the reads solve one unit lower-triangular system per chunk (the UT transform 
     (I - A_ab) U = A_ak V + (e^{Gamma_{i-1}} * a_i) H_0,   A_xy[i, j] = x_i^T diag(e^{Gamma_{i-1} - Gamma_j}) y_j,
 with j < i, and the outputs and the next chunk's state follow from U:
     o_i = scale (e^{Gamma_i} * q_i)^T H_0 + sum_{j<=i} scale q_i^T diag(e^{Gamma_i - Gamma_j}) (b_j u_j^T + k_j v_j^T).
-Every exponent is a difference Gamma_x - Gamma_j with x >= j (never positive), so decays of e^-20 per token
-cannot overflow: within sub-blocks of SUB tokens the decays are pairwise [SUB, SUB, K]; across sub-blocks they
-split at the earlier block's last token into two factors of at most 1 and the products are matmuls
-(`dplr_decayed_products`). Factors are built for groups of chunks whose size `budget` bounds, and the state is
-carried through each group before the next is built (memory O(group), not O(T C K)).
+Every exponent is Gamma_x - Gamma_j with x >= j (never positive), so decays of e^-20 per token cannot overflow,
+and each is summed from the gates it spans, g_{j+1} + ... + g_x, never taken as a difference of two running totals
+(those reach about -600 at g = -20 per token, where fp32's spacing is 6e-5: 6.8e-6 relative error in o; now within
+2e-6 of float64, tests/kernels/test_dplr_chunk_precision.py). Within sub-blocks of SUB tokens the decays are
+pairwise [SUB, SUB, K]; across sub-blocks they split at the earlier block's last token into two factors of at most
+1 and the products are matmuls (`dplr_decayed_products`). Factors are built for groups of chunks whose size
+`budget` bounds, and the state is carried through each group before the next is built (memory O(group), not
+O(T C K)).
 """
 
 from __future__ import annotations
@@ -101,13 +104,13 @@ def _chunk_dense(q, k, v, a, b, g, initial_state, scale, chunk_size, budget):
         sl = slice(c0, min(n_chunks, c0 + group))
         q_, k_, v_, a_, b_, g_, x_ = qs[:, :, sl], ks[:, :, sl], vs[:, :, sl], as_[:, :, sl], bs[:, :, sl], \
             gam[:, :, sl], gex[:, :, sl]
-        (A_qk, A_qb), = dplr_decayed_products([q_], [k_, b_], g_, g_, sub, strict=False)
-        (A_ak, A_ab), = dplr_decayed_products([a_], [k_, b_], x_, g_, sub, strict=True)
+        (A_qk, A_qb), = dplr_decayed_products([q_], [k_, b_], gs[:, :, sl], sub, strict=False)
+        (A_ak, A_ab), = dplr_decayed_products([a_], [k_, b_], gs[:, :, sl], sub, strict=True)
         lhs = eye - A_ab
         U0 = torch.linalg.solve_triangular(lhs, A_ak @ v_, upper=False, unitriangular=True)
         W = torch.linalg.solve_triangular(lhs, a_ * x_.exp(), upper=False, unitriangular=True)
         q_dec = q_ * g_.exp()
-        tail = (g_[..., -1:, :] - g_).exp()  # e^{Gamma_C - Gamma_j}
+        tail = tail_decays(gs[:, :, sl])  # e^{Gamma_C - Gamma_j}
         b_tail, k_tail = (b_ * tail).transpose(-1, -2), (k_ * tail).transpose(-1, -2)
         chunk_decay = g_[..., -1, :].exp()[..., None]  # [B, H, G, K, 1]
         for c in range(U0.shape[2]):
@@ -120,29 +123,67 @@ def _chunk_dense(q, k, v, a, b, g, initial_state, scale, chunk_size, budget):
     return o.to(out_dtype), state, bnd
 
 
-def dplr_decayed_products(lefts: list[torch.Tensor], rights: list[torch.Tensor], gx: torch.Tensor, gy: torch.Tensor,
-                      sub: int, strict: bool) -> list[list[torch.Tensor]]:
-    """A[n][m][i, j] = sum_k x_{n,i,k} y_{m,j,k} e^{gx_{i,k} - gy_{j,k}} for j <= i (j < i if strict), else 0.
+class _Cumsum(torch.autograd.Function):
+    """Cumulative sum along `dim` (from the end if `reverse`) as a loop of slice additions, with the opposite sum as
+    its backward (differentiable again). On the CPU torch.cumsum (and a flipped one) over a middle axis of the
+    [..., sub, sub, K] pair tensor took 3x (5x) the loop's time."""
 
-    x, y, gx, gy [..., C, K]; gx_i <= gy_j holds on every kept pair (cumulative log decays, i after j). Pairs within
-    one sub-block of `sub` tokens take the pairwise [sub, sub, K] decays. A pair (i, j) with j in an earlier
-    sub-block r than i splits at that block's last token e_r: e^{gx_i - gy_{e_r}} e^{gy_{e_r} - gy_j}, both factors
-    at most 1, so the off-diagonal blocks are plain matrix products and nothing can overflow.
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, dim: int, reverse: bool) -> torch.Tensor:
+        ctx.dim, ctx.reverse = dim, reverse
+        out = x.clone(memory_format=torch.contiguous_format)
+        n = x.shape[dim]
+        steps = range(n - 2, -1, -1) if reverse else range(1, n)
+        for i in steps:
+            out.select(dim, i).add_(out.select(dim, i + 1 if reverse else i - 1))
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        return _Cumsum.apply(grad, ctx.dim, not ctx.reverse), None, None
+
+
+def tail_decays(g: torch.Tensor) -> torch.Tensor:
+    """e^{Gamma_C - Gamma_j} = e^{g_{j+1} + ... + g_C} from log decays g [..., C, K]: a reverse sum of the gates
+    shifted up a row, not a difference of running totals."""
+    return _Cumsum.apply(torch.nn.functional.pad(g[..., 1:, :], (0, 0, 0, 1)), -2, True).exp()
+
+
+def dplr_decayed_products(lefts: list[torch.Tensor], rights: list[torch.Tensor], g: torch.Tensor, sub: int,
+                          strict: bool) -> list[list[torch.Tensor]]:
+    """A[n][m][i, j] = sum_k x_{n,i,k} y_{m,j,k} e^{g_{j+1,k} + ... + g_{i-s,k}} for j <= i - s, else 0.
+
+    x, y and the log decays g [..., C, K] of the chunk's tokens (not cumulated); s = 1 if strict (pairs j < i, the
+    left row reads the state before token i's decay: exponent Gamma_{i-1} - Gamma_j), else s = 0 (pairs j <= i,
+    exponent Gamma_i - Gamma_j). Every exponent is summed from the gates it spans, never taken as a difference of
+    two running totals (those reach about -600 at log decays of -20 per token, where fp32's spacing is 6e-5), and
+    none is positive. Pairs within one sub-block of `sub` tokens take pairwise [sub, sub, K] decays (a cumulative
+    sum over i of the gates masked to m > j + s). A pair (i, j) with j in an earlier sub-block r than i splits at
+    that block's last token e_r: e^{g_{e_r+1} + ... + g_{i-s}} e^{g_{j+1} + ... + g_{e_r}}, both factors at most 1
+    (a forward sum from e_r and a reverse sum within block r), so the off-diagonal blocks are plain matrix products.
     """
-    *lead, C, K = gx.shape
+    *lead, C, K = g.shape
     nb = C // sub
-    ref = gy[..., sub - 1 :: sub, :]  # [..., nb, K]: gy at each sub-block's last token
-    idx = torch.arange(C, device=gx.device)
-    later = (idx // sub)[None, :] > torch.arange(nb, device=gx.device)[:, None]  # [nb, C]: row i after block r
-    left_decay = gx[..., None, :, :] - ref[..., :, None, :]  # [..., nb, C, K]
-    left_decay = torch.where(later[..., None], left_decay, torch.full_like(left_decay, -torch.inf)).exp()
-    gyb = gy.reshape(*lead, nb, sub, K)
-    right_decay = (ref[..., :, None, :] - gyb).exp()  # [..., nb, sub, K]
-    s_idx = torch.arange(sub, device=gx.device)
-    keep = (s_idx[:, None] > s_idx[None, :]) if strict else (s_idx[:, None] >= s_idx[None, :])
-    pair = gx.reshape(*lead, nb, sub, 1, K) - gyb[..., None, :, :]  # [..., nb, sub, sub, K]
-    pair = torch.where(keep[..., None], pair, torch.full_like(pair, -torch.inf)).exp()
-    block_eye = torch.eye(nb, dtype=gx.dtype, device=gx.device)[:, None, :, None]  # [nb, 1, nb, 1]
+    s = 1 if strict else 0
+    # gl_m = g_{m-s}: the gate that the left's exponent adds at row m (0 at the chunk's first row when strict)
+    gl = torch.nn.functional.pad(g[..., : C - s, :], (0, 0, s, 0)) if s else g
+    idx = torch.arange(C, device=g.device)
+    ends = torch.arange(nb, device=g.device) * sub + sub - 1  # e_r
+    # left_decay[r, i] = e^{g_{e_r+1} + ... + g_{i-s}} for i in a block after r, else 0: [..., nb, C, K]
+    after_end = (idx[None, :] > ends[:, None] + s)[..., None]  # rows m that the sum from e_r spans
+    left_decay = _Cumsum.apply(torch.where(after_end, gl[..., None, :, :], 0.0), -2, False)
+    later = ((idx // sub)[None, :] > torch.arange(nb, device=g.device)[:, None])[..., None]  # [nb, C, 1]
+    left_decay = left_decay.masked_fill_(~later, -torch.inf).exp_()
+    # right_decay[r, j] = e^{g_{j+1} + ... + g_{e_r}} for j in block r: [..., nb, sub, K]
+    nxt = torch.nn.functional.pad(g.reshape(*lead, nb, sub, K)[..., 1:, :], (0, 0, 0, 1))  # g_{j+1}, 0 at e_r
+    right_decay = _Cumsum.apply(nxt, -2, True).exp()
+    # pair[r, i, j] = e^{g_{j+1} + ... + g_{i-s}} within block r for j <= i - s, else 0: [..., nb, sub, sub, K]
+    s_idx = torch.arange(sub, device=g.device)
+    spans_rows = (s_idx[:, None] > s_idx[None, :] + s)[..., None]  # [sub(m), sub(j), 1]: m > j + s
+    keep = ((s_idx[:, None] - s) >= s_idx[None, :])[..., None]  # [sub(i), sub(j), 1]
+    pair = _Cumsum.apply(torch.where(spans_rows, gl.reshape(*lead, nb, sub, 1, K), 0.0), -3, False)
+    pair = pair.masked_fill_(~keep, -torch.inf).exp_()
+    block_eye = torch.eye(nb, dtype=g.dtype, device=g.device)[:, None, :, None]  # [nb, 1, nb, 1]
     out = []
     for x in lefts:
         xl = x[..., None, :, :] * left_decay  # [..., nb, C, K]
