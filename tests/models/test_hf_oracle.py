@@ -2,10 +2,16 @@
 Qwen4-Exp): tiny random models saved with save_pretrained, opened as deltalab opens them.
 
 (a) logits with deltalab's hooks attached equal the untouched transformers model's (kernel rounding);
-(b) q, k, v, beta, g read through the hooks, fed to kernels.naive in float64, reproduce the layer's
-    own transformers kernel output and the cache's final state (1e-5 relative: both kernels compute in
-    float32, each ~1e-6 from the float64 recurrence; the captured inputs themselves are exact);
+(b) q, k, v, beta, g read through the hooks, fed to kernels.naive in float64, reproduce deltalab's kernel
+    output, states and cache to OURS (1e-6), and the layer's own transformers kernel output and the cache's
+    final state to THEIRS (the captured inputs themselves are exact);
 (c) beta = 0 on one head through hook_beta equals the same change made by hand inside the layer.
+
+Bounds. The tiny random models decay hard (log decays down to -67 per token), where transformers' float32
+kernel takes decays as differences of running totals: measured 4-6e-6 from the float64 recurrence per layer on
+identical inputs (o; final states 1.5-3.3e-6), while deltalab's chunked form, which sums each decay from the
+gates it spans, is 7e-8 to 1e-7 from it. Through the model this gives transformers' own float32 logits 1.5e-5
+from its float64 run (Qwen3.5), and the two float32 runs up to 3.2e-5 apart: THEIRS and LOGITS allow for it.
 """
 
 from __future__ import annotations
@@ -39,6 +45,9 @@ from tests.models.hf_tiny import (  # noqa: E402
 from tests.models.oracles import beta_zero_in_transformers, beta_zero_through_hook, fro  # noqa: E402
 
 T = 70  # crosses one 64-token chunk boundary
+OURS = 1e-6  # deltalab's float32 kernel against the float64 recurrence on the same inputs
+THEIRS = 1e-5  # transformers' float32 kernel against it, on its own inputs (measured 4-6e-6)
+LOGITS = 1e-4  # two float32 runs of the model, each ~1.5e-5 from float64 (see the module docstring)
 
 
 @pytest.fixture(scope="module", params=FAMILIES)
@@ -91,12 +100,12 @@ def test_a_logits_equal_untouched(hooked, untouched):
             o_last = nn.layers[LINEAR_LAYERS[-1]].attn.hook_o.output.save()  # the hooks ran
             traced = nn.output.save()
         assert o_last.shape == (2, T, NUM_V_HEADS, 8)
-        assert fro(traced.logits, ref) < 1e-5 and fro(hooked(x).logits, ref) < 1e-5
+        assert fro(traced.logits, ref) < LOGITS and torch.equal(hooked(x).logits, traced.logits)
         # padded positions excepted, then one cached decode step (the recurrent kernel's call)
         got_out = hooked(x, attention_mask=mask, use_cache=True)
-        assert fro(got_out.logits[mask.bool()], ref_out.logits[mask.bool()]) < 1e-5
+        assert fro(got_out.logits[mask.bool()], ref_out.logits[mask.bool()]) < LOGITS
         got_step = hooked(nxt, attention_mask=mask2, past_key_values=got_out.past_key_values, use_cache=True)
-        assert fro(got_step.logits, ref_step.logits) < 1e-5
+        assert fro(got_step.logits, ref_step.logits) < LOGITS
 
 
 def test_b_naive_float64_reproduces_kernel_and_cache(hooked, untouched):
@@ -104,8 +113,8 @@ def test_b_naive_float64_reproduces_kernel_and_cache(hooked, untouched):
 
     The first linear layer sees bit-identical inputs in both models: there the hooks must hand out
     exactly what transformers hands its kernel (v, beta, g bit for bit; q, k after the kernel's own L2
-    norm). The transformers kernel and deltalab's computing in float32, each is within ~1e-6 of the float64
-    recurrence; the float64 recurrence on the captured inputs must match them to 1e-5.
+    norm). The float64 recurrence on the captured inputs must match deltalab's float32 kernel to OURS, and on the
+    transformers kernel's own inputs its float32 output and cache to THEIRS (module docstring: measured errors).
     """
     model, module = untouched
     x = ids()
@@ -128,7 +137,7 @@ def test_b_naive_float64_reproduces_kernel_and_cache(hooked, untouched):
     assert torch.equal(saved[LINEAR_LAYERS[0], "v"][:, :, 0], first["value"])
     assert torch.equal(saved[LINEAR_LAYERS[0], "beta"][:, :, 0], first["beta"].float())
     assert torch.equal(saved[LINEAR_LAYERS[0], "g"], first["g"])
-    for (o_ref, _, _), i in zip(calls, LINEAR_LAYERS, strict=True):
+    for (o_ref, _, inputs), i in zip(calls, LINEAR_LAYERS, strict=True):
         q, k, v, beta, g, states, o_hooked = (saved[i, n] for n in names)
         assert q.shape == (2, T, NUM_K_HEADS, 8) and k.shape == (2, T, 1, NUM_K_HEADS, 8)
         assert v.shape == (2, T, 1, NUM_V_HEADS, 8) and beta.shape == (2, T, 1, NUM_V_HEADS)
@@ -140,10 +149,16 @@ def test_b_naive_float64_reproduces_kernel_and_cache(hooked, untouched):
             assert float(beta.max()) < 1.0
         q64, k64 = q.double()[:, :, head_map], k.double()[:, :, :, head_map]  # value head j reads key head j // 2
         o, final, bounds = naive_delta_product(q64, k64, v.double(), beta.double(), g.double(), scale=8**-0.5)
-        cache_ref = ref.past_key_values.layers[i].recurrent_states[0]
         cache = out.past_key_values.layers[i].recurrent_states[0]
-        assert fro(o, o_ref) < 1e-5 and fro(final, cache_ref) < 1e-5  # the untouched transformers model
-        assert fro(o, o_hooked) < 1e-5 and fro(final, cache) < 1e-5 and fro(bounds, states) < 1e-5
+        assert fro(o, o_hooked) < OURS and fro(final, cache) < OURS and fro(bounds, states) < OURS
+        # the untouched model's kernel on its own inputs (the same as ours at the first layer, then apart by the
+        # upstream layers' rounding)
+        tq, tk = (l2_normalize(inputs[n].double())[:, :, head_map] for n in ("query", "key"))
+        t_o, t_final, _ = naive_delta_product(tq, tk[:, :, None], inputs["value"].double()[:, :, None],
+                                              inputs["beta"].double()[:, :, None], inputs["g"].double(),
+                                              scale=8**-0.5)
+        cache_ref = ref.past_key_values.layers[i].recurrent_states[0]
+        assert fro(t_o, o_ref) < THEIRS and fro(t_final, cache_ref) < THEIRS
         assert torch.equal(cache, states[:, -1])  # the cache holds hook_state's final entry
 
 
@@ -153,7 +168,7 @@ def test_c_beta_zero_through_hook_equals_by_hand(hooked, untouched, layer, head)
     x = ids()
     base, by_hand = beta_zero_in_transformers(model, module, x, LINEAR_LAYERS.index(layer), head)
     assert fro(by_hand, base) > 1e-3  # the change matters
-    assert fro(beta_zero_through_hook(hooked, x, layer, head), by_hand) < 1e-5
+    assert fro(beta_zero_through_hook(hooked, x, layer, head), by_hand) < LOGITS
 
 
 def test_resid_hooks(hooked):
