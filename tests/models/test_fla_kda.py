@@ -76,7 +76,7 @@ def test_b_naive_float64_reproduces_fla_kernel_output_and_state(fixture):
                                                scale=32**-0.5)
         fla_o, fla_state = layers[f"o.{i}"], layers[f"state.{i}"].transpose(-1, -2)  # fla: [B, Hv, dv, dk]
         assert fro(o, fla_o) < 1e-5 and fro(final, fla_state) < 1e-5
-        assert fro(o, o_hooked) < 1e-5 and fro(bounds, states) < 1e-5
+        assert fro(o, o_hooked) < 1e-6 and fro(bounds, states) < 1e-6  # ours on its own inputs (fla: another run)
 
 
 def test_c_beta_zero_through_hook_equals_by_hand(fixture, monkeypatch):
