@@ -8,6 +8,7 @@ from pathlib import Path
 import typer
 
 from app.errors import fail
+from app.train_options import LOWER_BOUND, NUM_V_HEADS
 
 TASK_HELP = "S4, A5, Z60, D8, S3xZ2, S5swaps, S5m3, parity, modarith, modarith_brackets ..."
 
@@ -32,12 +33,8 @@ def train(
     forget_gate: bool = typer.Option(False, "--forget-gate/--no-forget-gate"),
     short_conv: bool = typer.Option(False, "--short-conv/--no-short-conv"),
     output_gate: bool = typer.Option(False, "--output-gate/--no-output-gate"),
-    num_v_heads: int | None = typer.Option(None, "--num-v-heads",
-                                           help="gated_deltanet, kda: value heads, a multiple of --heads "
-                                                "(grouped value attention; default --heads)."),
-    lower_bound: float | None = typer.Option(None, "--lower-bound",
-                                             help="kda: fla's bounded gate, log decay in (lower-bound, 0) per key "
-                                                  "channel (negative; default: unbounded)."),
+    num_v_heads: int | None = NUM_V_HEADS,
+    lower_bound: float | None = LOWER_BOUND,
     steps: int = typer.Option(2000, "--steps", help="Optimizer steps (the cosine schedule spans them)."),
     batch_size: int = typer.Option(1024, "--batch-size"),
     train_length: int = typer.Option(128, "--train-length"),

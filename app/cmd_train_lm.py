@@ -17,6 +17,7 @@ import typer
 from typer.core import TyperCommand
 
 from app.errors import fail
+from app.train_options import LOWER_BOUND, NUM_V_HEADS
 
 lm_app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
 
@@ -41,12 +42,8 @@ def train_lm(
     output_gate: bool | None = typer.Option(None, "--output-gate/--no-output-gate",
                                             help="Default: off for delta_net, on for the gated models "
                                                  "(kda: always on)."),
-    num_v_heads: int | None = typer.Option(None, "--num-v-heads",
-                                           help="gated_deltanet, kda: value heads, a multiple of --heads "
-                                                "(grouped value attention; default --heads)."),
-    lower_bound: float | None = typer.Option(None, "--lower-bound",
-                                             help="kda: fla's bounded gate, log decay in (lower-bound, 0) per key "
-                                                  "channel (negative; default: unbounded)."),
+    num_v_heads: int | None = NUM_V_HEADS,
+    lower_bound: float | None = LOWER_BOUND,
     context_length: int = typer.Option(256, "--context-length", "-T"),
     batch_size: int = typer.Option(16, "--batch-size"),
     steps: int = typer.Option(1000, "--steps"),
