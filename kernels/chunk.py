@@ -6,9 +6,9 @@ A_ij = beta_i e^{Gamma_i - Gamma_j} k_i.k_j (j < i); across chunks the state is 
 Same signature and results as `kernels.naive.naive_delta_product` (grouped heads: q and k are repeated to
 the value heads; packed batches: one chunked solve per sequence). Per-channel gates g [B, T, Hv, K] (Kimi Delta
 Attention) take `_channel_gate_factors`, which builds the pairwise per-channel decays for groups of chunks; each
-is summed from the gates it spans, never taken as a difference of two running totals (float32 stays within 2e-6
-of float64 at decays of e^-20 per token, tests/kernels/test_chunk_channel_gate.py); scalar gates g [B, T, H] take
-`_scalar_gate_factors`, whose [L, L] pairwise decays are summed the same way (tests/kernels/test_chunk_scalar_gate.py).
+is summed from the gates it spans, never taken as a difference of two running totals; scalar gates g [B, T, H]
+take `_scalar_gate_factors`, whose [L, L] pairwise decays are summed the same way. Float32 stays within 2e-6 of
+float64 at decays of e^-20 per token with either gate (tests/kernels/test_chunk_strong_decays.py).
 """
 
 from __future__ import annotations
@@ -118,7 +118,7 @@ def _scalar_gate_factors(qs, ks, vs, bs, gs, gated: bool):
     g_{j+1} + ... + g_i (a cumulative sum over i of the gates masked to m > j, one [L, L] tensor per chunk as the
     differences were), and the tail decays e^{Gamma_L - Gamma_j} from a reverse sum of the gates shifted up a row:
     never a difference of two running totals, which reach about -600 at g = -20 per token (fp32 spacing 6e-5).
-    float32 stays within 2e-6 of float64 there (tests/kernels/test_chunk_scalar_gate.py)."""
+    float32 stays within 2e-6 of float64 there (tests/kernels/test_chunk_strong_decays.py)."""
     cum = gs.cumsum(3)
     C, L = qs.shape[3], ks.shape[3]
     n_h = L // C

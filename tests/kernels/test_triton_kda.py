@@ -6,7 +6,7 @@ same (half-rounded) inputs in float64, so the tolerance measures the kernel's ar
 and fp16 8e-3 (half-precision operands of the matrix products, fp32 accumulation; as tests/kernels/test_triton_chunk).
 Strong decays (g down to -20 per token) are held to the same fp32 bound: the kernel sums each log-decay
 difference from the gates it spans (a difference of two cumulative sums near -600 would carry fp32's 6e-5 spacing:
-1.2e-5 on these inputs; the PyTorch chunked form sums them too, tests/kernels/test_chunk_channel_gate.py).
+1.2e-5 on these inputs; the PyTorch chunked form sums them too, tests/kernels/test_chunk_strong_decays.py).
 """
 
 from __future__ import annotations

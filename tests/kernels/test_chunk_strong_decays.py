@@ -1,11 +1,12 @@
-"""The chunked PyTorch form with one log decay per head (scalar gates) in float32 against the float64 loop at
-strong decays.
+"""The chunked PyTorch form in float32 against the float64 loop at strong decays, for both gate kinds: one log
+decay per head (scalar, Gated DeltaNet) and one per key channel (Kimi Delta Attention).
 
 Log decays of up to -20 per token sum to about -600 over a 64-token chunk; a decay between two sub-steps taken as
 the difference of two such running totals carries fp32's spacing there (6e-5) into the exponent. The chunked form
-sums each decay from the gates it spans instead (as `_channel_gate_factors` does per channel), so float32 stays
-within 2e-6 of float64 (max |ours - ref| / max |ref| per output: o, final states, chunk-boundary states). The
-reference gets the same float32 inputs in float64, so the bound measures the chunked form's arithmetic.
+sums each decay from the gates it spans instead (`kernels.chunk.pair_decays` / `tail_decays`), so float32 stays
+within 2e-6 of float64 (max |ours - ref| / max |ref| per output: o, final states, chunk-boundary states); before,
+the worst cases were 1.4e-5 (scalar) and 2.5e-5 (per channel). The reference gets the same float32 inputs in
+float64, so the bound measures the chunked form's arithmetic.
 """
 
 from __future__ import annotations
@@ -17,25 +18,31 @@ from kernels.chunk import chunk_delta_product
 from kernels.naive import naive_delta_product
 
 TOL32 = 2e-6
+GATES = ("scalar", "channel")
 
 
-def _gates(gen, B, T, Hv, kind):
-    """uniform: g ~ U(-20, 0) per token and head; mixed: g ~ U(-s_h, 0) with head strengths s_h spread log-evenly
-    from 1e-3 (near 0) to 30 (running totals near -1000)."""
-    u = torch.rand(B, T, Hv, generator=gen, dtype=torch.float64)
+def _gates(gen, B, T, Hv, K, kind, gate):
+    """uniform: g ~ U(-20, 0) per token and head (or channel); mixed: g ~ U(-s, 0) with strengths s spread
+    log-evenly from 1e-3 (near 0) to 30 (running totals near -1000) over the heads, or over each head's channels
+    in a different order."""
+    if gate == "scalar":
+        u = torch.rand(B, T, Hv, generator=gen, dtype=torch.float64)
+        return -20 * u if kind == "uniform" else -u * torch.logspace(-3, 1.5, Hv, dtype=torch.float64)
+    u = torch.rand(B, T, Hv, K, generator=gen, dtype=torch.float64)
     if kind == "uniform":
         return -20 * u
-    return -u * torch.logspace(-3, 1.5, Hv, dtype=torch.float64)
+    order = torch.stack([torch.randperm(K, generator=gen) for _ in range(Hv)])  # [Hv, K]
+    return -u * torch.logspace(-3, 1.5, K, dtype=torch.float64)[order]
 
 
-def _inputs(B, T, Hk, Hv, K, V, n_h, kind, n_seq, seed):
+def _inputs(B, T, Hk, Hv, K, V, n_h, kind, gate, n_seq, seed):
     """float32 inputs: unit keys, beta in (0, 2), an initial state per sequence."""
     gen = torch.Generator().manual_seed(seed)
     q = torch.randn(B, T, Hk, K, generator=gen, dtype=torch.float64)
     k = torch.nn.functional.normalize(torch.randn(B, T, n_h, Hk, K, generator=gen, dtype=torch.float64), dim=-1)
     v = torch.randn(B, T, n_h, Hv, V, generator=gen, dtype=torch.float64)
     beta = torch.rand(B, T, n_h, Hv, generator=gen, dtype=torch.float64) * 2
-    g = _gates(gen, B, T, Hv, kind)
+    g = _gates(gen, B, T, Hv, K, kind, gate)
     s0 = torch.randn(n_seq, Hv, K, V, generator=gen, dtype=torch.float64)
     return [x.float() for x in (q, k, v, beta, g, s0)]
 
@@ -55,14 +62,14 @@ CASES = {
 }
 
 
-def scalar_gate_errors(name, seed=0, dtype=torch.float32):
+def strong_decay_errors(name, gate, seed=0, dtype=torch.float32):
     """(o, final, boundary) relative errors of the chunked form in `dtype` against the float64 loop."""
     B, T, Hk, Hv, K, V, n_h, kind = CASES[name]
     lengths = T if isinstance(T, list) else None
     T = sum(lengths) if lengths else T
     N = len(lengths) if lengths else B
     cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()]) if lengths else None
-    x = _inputs(B, T, Hk, Hv, K, V, n_h, kind, N, seed=seed + 100 * list(CASES).index(name))
+    x = _inputs(B, T, Hk, Hv, K, V, n_h, kind, gate, N, seed=seed + 100 * list(CASES).index(name))
     ref = naive_delta_product(*(t.double() for t in x[:5]), initial_state=x[5].double(), cu_seqlens=cu)
     got = chunk_delta_product(*(t.to(dtype) for t in x[:5]), initial_state=x[5].to(dtype), cu_seqlens=cu)
     for a, b in zip(got, ref):
@@ -72,26 +79,31 @@ def scalar_gate_errors(name, seed=0, dtype=torch.float32):
 
 @pytest.mark.parametrize("seed", range(3))
 @pytest.mark.parametrize("name", list(CASES))
-def test_float32_within_2e_6_of_float64_at_strong_scalar_decays(name, seed):
-    errs = scalar_gate_errors(name, seed)
-    assert max(errs) < TOL32, f"{name}, seed {seed}: float32 rel errors o/final/boundary {errs}"
+@pytest.mark.parametrize("gate", GATES)
+def test_float32_within_2e_6_of_float64_at_strong_decays(gate, name, seed):
+    errs = strong_decay_errors(name, gate, seed)
+    assert max(errs) < TOL32, f"{gate} {name}, seed {seed}: float32 rel errors o/final/boundary {errs}"
 
 
 @pytest.mark.parametrize("name", list(CASES))
-def test_float64_matches_float64_loop_at_strong_scalar_decays(name):
-    errs = scalar_gate_errors(name, dtype=torch.float64)
-    assert max(errs) < 1e-10, f"{name}: float64 rel errors o/final/boundary {errs}"
+@pytest.mark.parametrize("gate", GATES)
+def test_float64_matches_float64_loop_at_strong_decays(gate, name):
+    errs = strong_decay_errors(name, gate, dtype=torch.float64)
+    assert max(errs) < 1e-10, f"{gate} {name}: float64 rel errors o/final/boundary {errs}"
 
 
-def test_scalar_gate_gradients_at_strong_decays():
+@pytest.mark.parametrize("gate", GATES)
+def test_gradients_at_strong_decays(gate):
     """Differentiable in every input, the gates included, where decays reach e^-20 per token (float64)."""
     gen = torch.Generator().manual_seed(3)
-    B, T, H, K, V, n_h = 1, 12, 3, 3, 2, 2
+    B, T, K, V, n_h = 1, 12, 3, 2, 2
+    H = 3 if gate == "scalar" else 1  # the three strengths over heads, or over one head's channels
     q = torch.randn(B, T, H, K, generator=gen, dtype=torch.float64)
     k = torch.nn.functional.normalize(torch.randn(B, T, n_h, H, K, generator=gen, dtype=torch.float64), dim=-1)
     v = torch.randn(B, T, n_h, H, V, generator=gen, dtype=torch.float64)
     beta = torch.rand(B, T, n_h, H, generator=gen, dtype=torch.float64)
-    g = -torch.rand(B, T, H, generator=gen, dtype=torch.float64) * torch.tensor([0.01, 3.0, 20.0])
+    shape = (B, T, H) if gate == "scalar" else (B, T, H, K)
+    g = -torch.rand(*shape, generator=gen, dtype=torch.float64) * torch.tensor([0.01, 3.0, 20.0])
     s0 = torch.randn(B, H, K, V, generator=gen, dtype=torch.float64)
     inputs = [t.requires_grad_() for t in (q, k, v, beta, g, s0)]
 
@@ -102,14 +114,18 @@ def test_scalar_gate_gradients_at_strong_decays():
     assert torch.autograd.gradcheck(f, inputs, eps=1e-6, atol=1e-6)
 
 
-def test_pair_and_tail_decays_for_scalar_gates():
-    """`pair_decays` with one gate per sub-step (torch's cumulative sum) is e^{Gamma_i - Gamma_j} on and below the
-    diagonal and 0 above it, twice differentiable; `tail_decays` is e^{Gamma_L - Gamma_j} (float64)."""
+@pytest.mark.parametrize("channels", [1, 3])
+def test_pair_and_tail_decays(channels):
+    """`pair_decays` (one gate per sub-step: torch's cumulative sum; per channel: `_PairDecays`) is
+    e^{Gamma_i - Gamma_j} on and below the diagonal and 0 above it, twice differentiable; `tail_decays` is
+    e^{Gamma_L - Gamma_j} (float64)."""
     from kernels.chunk import pair_decays, tail_decays
 
-    g = -torch.rand(3, 9, 1, generator=torch.Generator().manual_seed(4), dtype=torch.float64) * 20
+    gen = torch.Generator().manual_seed(4)
+    strength = torch.tensor([20.0] if channels == 1 else [0.01, 3.0, 20.0], dtype=torch.float64)
+    g = -torch.rand(2, 7, channels, generator=gen, dtype=torch.float64) * strength
     cum = g.cumsum(-2)
-    idx = torch.arange(9)
+    idx = torch.arange(7)
     want = (cum[:, :, None, :] - cum[:, None, :, :]).exp() * (idx[:, None] >= idx[None, :])[..., None]
     torch.testing.assert_close(pair_decays(g), want, rtol=1e-12, atol=0)
     torch.testing.assert_close(tail_decays(g), (cum[:, -1:] - cum).exp(), rtol=1e-12, atol=0)
