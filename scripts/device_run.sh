@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call's worth of GPU work, by section; logs and JSON go to $OUT (the device tool's folder).
 #   usage (on the device, from the repo root, after the wheel install line of ../shared/device/README.md):
-#     bash scripts/device_run.sh s4 | tests | kernels | kda | analysis | probes | store | dist | attention | rwkv7 | reduce | devmap [more ...]
+#     bash scripts/device_run.sh s4 | tests | kernels | kda | analysis | probes | store | dist | attention | rwkv7 | reduce | secular | devmap [more ...]
 # s4:      continue the bundled S4 model (trained up to length 128) at 128, then 256, and evaluate it
 # tests:   the GPU-marked tests (realistic shapes, fla 0.6.0 comparisons)
 # kernels: python -m benchmarks.kernels (forward vs fla, accuracy; ~9 min on an H100, so a call of its own)
@@ -20,6 +20,8 @@
 # reduce:  #19's profile: OLMo-Hybrid 7.4B (transformers default config, random bf16) captured with --reduce
 #          ranks,spectra at B x T = 8 x 4096 (REDUCE_B / REDUCE_T to change; peak was 45-59 GB at 4 x 2048, so 8 x 4096
 #          wants the H200), the plain forward in the same run, and the top operators under torch.profiler
+# secular: the Triton secular solver's GPU tests, scripts/secular_diag.py with and without FMA contraction, and
+#          python -m benchmarks.spectra_dplr --dk 64 128 (Triton, torch and dense in one run), all under $OUT
 # devmap:  scripts/device_map_check.py same (7B: one GPU vs device_map auto/balanced) and big (Qwen3-Next 80B on the
 #          GPUs, --reduce ranks,spectra): on nvidia-h200-x2, under 10 minutes
 # dist:    torchrun capture on every GPU of the machine (NCCL) against one GPU; same values (nvidia-h200-x2)
@@ -96,6 +98,15 @@ for section in "$@"; do
         | tee "$OUT/rwkv7-gpu-tests.log" | tail -40
       echo "tests exit ${PIPESTATUS[0]} (124: past 270 s)" | tee -a "$OUT/rwkv7-gpu-tests.log"
       (cd "$OUT" && tar cf fla.tar fla && rm -rf fla) ;;  # one file back (the device returns at most 8)
+    secular)
+      # #16: the Triton secular solver's GPU tests, the diag of its one wrong root (with and without FMA
+      # contraction: step counts, start variants, the counted loop), then the spectra benchmark (1e7 target)
+      DELTALAB_SECULAR=triton timeout 150 python3 -m pytest -q -m gpu -rA -p no:cacheprovider \
+        tests/kernels/test_triton_secular.py > "$OUT/secular-tests.log" 2>&1; echo "tests exit $?" >> "$OUT/secular-tests.log"
+      timeout 120 python3 scripts/secular_diag.py > "$OUT/secular-diag.txt" 2>&1
+      TRITON_DEFAULT_FP_FUSION=0 timeout 120 python3 scripts/secular_diag.py > "$OUT/secular-diag-nofma.txt" 2>&1
+      timeout 180 python3 -m benchmarks.spectra_dplr --dk 64 128 > "$OUT/spectra-dplr.txt" 2>&1
+      tail -4 "$OUT/secular-tests.log"; grep -v Warn "$OUT/secular-diag.txt" | tail -12; tail -6 "$OUT/spectra-dplr.txt" ;;
     devmap)
       # #19 on several GPUs: the 7B saved and captured on one GPU vs device_map auto / balanced (same store?), then
       # Qwen3-Next's default config (79.7B, 159 GB bf16) built straight onto the GPUs and captured with reductions
@@ -109,7 +120,7 @@ for section in "$@"; do
         --length "${REDUCE_T:-4096}" --batches 2 --rank-every 64 --reduce ranks,spectra --modes reduce --profile \
         --json "$OUT/reduce.json" > "$OUT/reduce.txt" 2>&1
       echo "reduce exit $? (124: past 500 s)" | tee -a "$OUT/reduce.txt"; grep -A3 "x plain" "$OUT/reduce.txt" ;;
-    *) echo "unknown section $section: use s4, tests, kernels, kda, analysis, probes, store, dist, attention, rwkv7, reduce or devmap" >&2
+    *) echo "unknown section $section: use s4, tests, kernels, kda, analysis, probes, store, dist, attention, rwkv7, reduce, secular or devmap" >&2
        exit 2 ;;
   esac
 done
