@@ -219,7 +219,7 @@ def _channel_gate_factors(qs, ks, vs, bs, gs, budget: int = 1 << 29):
     for c0 in range(0, n_chunks, group):
         sl = slice(c0, min(n_chunks, c0 + group))
         kc, bc = ks[:, :, sl], bs[:, :, sl]
-        decay = _PairDecays.apply(gs[:, :, sl])  # [B, H, G, L(i), L(j), K]: e^{Gamma_i - Gamma_j}, j <= i
+        decay = pair_decays(gs[:, :, sl])  # [B, H, G, L(i), L(j), K]: e^{Gamma_i - Gamma_j}, j <= i
         A = (bc[..., :, None] * torch.einsum("bhgik,bhgjk,bhgijk->bhgij", kc, kc, decay)).tril(-1)
         attn[:, :, sl] = torch.einsum("bhgtk,bhgjk,bhgtjk->bhgtj", qs[:, :, sl], kc, decay[..., last, :, :])
         lhs = eye + A

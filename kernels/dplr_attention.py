@@ -35,8 +35,9 @@ from kernels.attention import (
     check_mode,
     query_window,
 )
+from kernels.chunk import tail_decays
 from kernels.constants import CHUNK_SIZE
-from kernels.dplr_chunk import SUB, dplr_decayed_products, tail_decays
+from kernels.dplr_chunk import SUB, dplr_decayed_products
 from kernels.dplr_naive import check_dplr_inputs
 
 __all__ = ["compare_dplr_attention", "dplr_attention", "dplr_gla_attention"]

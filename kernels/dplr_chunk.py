@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import torch
 
+from kernels.chunk import tail_decays
 from kernels.constants import CHUNK_SIZE
 from kernels.dplr_naive import check_dplr_inputs
 
@@ -143,12 +144,6 @@ class _Cumsum(torch.autograd.Function):
         return _Cumsum.apply(grad, ctx.dim, not ctx.reverse), None, None
 
 
-def tail_decays(g: torch.Tensor) -> torch.Tensor:
-    """e^{Gamma_C - Gamma_j} = e^{g_{j+1} + ... + g_C} from log decays g [..., C, K]: a reverse sum of the gates
-    shifted up a row, not a difference of running totals."""
-    return _Cumsum.apply(torch.nn.functional.pad(g[..., 1:, :], (0, 0, 0, 1)), -2, True).exp()
-
-
 def dplr_decayed_products(lefts: list[torch.Tensor], rights: list[torch.Tensor], g: torch.Tensor, sub: int,
                           strict: bool) -> list[list[torch.Tensor]]:
     """A[n][m][i, j] = sum_k x_{n,i,k} y_{m,j,k} e^{g_{j+1,k} + ... + g_{i-s,k}} for j <= i - s, else 0.
@@ -174,9 +169,7 @@ def dplr_decayed_products(lefts: list[torch.Tensor], rights: list[torch.Tensor],
     left_decay = _Cumsum.apply(torch.where(after_end, gl[..., None, :, :], 0.0), -2, False)
     later = ((idx // sub)[None, :] > torch.arange(nb, device=g.device)[:, None])[..., None]  # [nb, C, 1]
     left_decay = left_decay.masked_fill_(~later, -torch.inf).exp_()
-    # right_decay[r, j] = e^{g_{j+1} + ... + g_{e_r}} for j in block r: [..., nb, sub, K]
-    nxt = torch.nn.functional.pad(g.reshape(*lead, nb, sub, K)[..., 1:, :], (0, 0, 0, 1))  # g_{j+1}, 0 at e_r
-    right_decay = _Cumsum.apply(nxt, -2, True).exp()
+    right_decay = tail_decays(g.reshape(*lead, nb, sub, K))  # [..., nb, sub, K]: e^{g_{j+1} + ... + g_{e_r}}
     # pair[r, i, j] = e^{g_{j+1} + ... + g_{i-s}} within block r for j <= i - s, else 0: [..., nb, sub, sub, K]
     s_idx = torch.arange(sub, device=g.device)
     spans_rows = (s_idx[:, None] > s_idx[None, :] + s)[..., None]  # [sub(m), sub(j), 1]: m > j + s
