@@ -39,23 +39,19 @@ def strong_threshold(table: pd.DataFrame | pd.Series) -> float | None:
     return float(values.iloc[0]) if len(values) else None
 
 
-def removal_metric(row: pd.Series, short: bool = False) -> tuple[str, str]:
-    """(column, name on screen) of a head's removal number: fraction β > 1, or on an RWKV-7 row the fraction of
-    removal strengths a above the probe's threshold ("a > 0.9" when `short`)."""
-    threshold = strong_threshold(row)
+def removal_metric(rows: pd.DataFrame | pd.Series, short: bool = False) -> tuple[str, str]:
+    """(column, name on screen) of the removal number of a head table or one row: fraction β > 1, or on an RWKV-7
+    store the fraction of removal strengths a above the probe's threshold ("a > 0.9" when `short`)."""
+    threshold = strong_threshold(rows)
     if threshold is None:
         return "frac_beta_gt1", "β > 1" if short else METRICS["frac_beta_gt1"]
     return STRONG, f"a > {threshold:g}" if short else f"fraction a > {threshold:g}"
 
 
 def metrics(table: pd.DataFrame) -> dict[str, str]:
-    """METRICS of this head table: on an RWKV-7 store `frac_strong` ("fraction a > 0.9") replaces
-    `frac_beta_gt1`, in the same place."""
-    threshold = strong_threshold(table)
-    if threshold is None:
-        return dict(METRICS)
-    return {(STRONG if k == "frac_beta_gt1" else k): (f"fraction a > {threshold:g}" if k == "frac_beta_gt1" else v)
-            for k, v in METRICS.items()}
+    """METRICS of this head table, the removal number (`removal_metric`) in the place of `frac_beta_gt1`."""
+    removal = removal_metric(table)
+    return dict(removal if k == "frac_beta_gt1" else (k, v) for k, v in METRICS.items())
 
 SPARK_POINTS = 48
 

@@ -123,7 +123,7 @@ def render(ctx) -> None:
 def _table(ordered: pd.DataFrame, ctx) -> None:
     """All heads in one sortable table (click a header to sort; select a row to open its card)."""
     metrics = heads.metrics(ordered)
-    removal = heads.STRONG if heads.STRONG in metrics else "frac_beta_gt1"
+    removal, _ = heads.removal_metric(ordered)
     show = ordered[["layer", "head", *metrics, "erank_curve", "angle_hist"]].copy()
     show["dominant angles"] = [", ".join(f"{a:.0f}°" for a in v) for v in ordered["dominant_angles"]]
     show["highest β tokens"] = [", ".join(str(t) for t, _ in v[:3]) for v in ordered["top_tokens"]]
