@@ -486,7 +486,7 @@ def capture(checkpoint: str | Path, data: str | Data, out: str | Path, *,
     if rwkv7:
         sizes[schema.BETA_CHANNELS] = cfg.head_k_dim
     attrs = {
-        "deltalab_format": schema.FORMAT_VERSION, "model_config": model_config,
+        "model_config": model_config,
         "checkpoint_digest": checkpoint_digest(checkpoint), "deltalab_version": deltalab_version(),
         "command_line": list(command_line if command_line is not None else sys.argv),
         "chunk_size": CHUNK_SIZE * state_every,
@@ -504,7 +504,7 @@ def capture(checkpoint: str | Path, data: str | Data, out: str | Path, *,
     train_length = training_length(checkpoint)
     if train_length is not None:
         attrs["train_length"] = train_length
-    attrs["deltalab_format"] = schema.format_version(attrs)
+    attrs["deltalab_format"] = schema.format_version(attrs)  # from the layout above: 1 unless a v1 reader misreads
 
     if reductions is not None:  # a reduction this model cannot have fails before the store is touched
         try:
