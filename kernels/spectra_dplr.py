@@ -101,13 +101,34 @@ def _blocked(d: torch.Tensor, w: torch.Tensor, rho: torch.Tensor, block: int | N
     if method == "triton" or (method == "auto" and d.is_cuda and os.environ.get(TRITON_ENV) == "triton"):
         from kernels.triton_secular import secular_eigvals  # imports triton; the CPU path does not need it
 
-        return secular_eigvals(d.contiguous(), w.contiguous(), rho.contiguous())
+        return _trace_checked(secular_eigvals(d.contiguous(), w.contiguous(), rho.contiguous()), d, w, rho)
     block = block or (4096 if d.is_cuda else 128)
     out = torch.empty_like(d)
     for lo in range(0, d.shape[0], block):
         hi = min(lo + block, d.shape[0])
         out[lo:hi] = _solve(d[lo:hi], w[lo:hi], rho[lo:hi])
     return out
+
+
+TRACE_TOL = 16
+"""A matrix's eigenvalues must sum to its trace within TRACE_TOL * n * eps * (max |d| + rho ||w||^2): a check
+that costs O(n) per matrix and catches any grossly wrong root (such as the one an H200 returned once)."""
+
+
+def _trace_checked(lam: torch.Tensor, d: torch.Tensor, w: torch.Tensor, rho: torch.Tensor) -> torch.Tensor:
+    """`lam` (the Triton solver's), with the matrices whose eigenvalues miss the trace re-solved by the torch
+    solver, after one warning that counts them (a compiler or hardware fault, worth reporting)."""
+    w2 = rho * (w * w).sum(-1)
+    scale = d.abs().amax(-1) + w2
+    bad = (lam.sum(-1) - (d.sum(-1) - w2)).abs() > TRACE_TOL * d.shape[-1] * torch.finfo(d.dtype).eps * scale
+    bad |= ~torch.isfinite(lam).all(-1)
+    if bool(bad.any()):
+        rows = bad.nonzero().flatten()
+        warnings.warn(f"dplr_eigvals: the Triton secular solver's eigenvalues of {rows.numel()} of {d.shape[0]} "
+                      "matrices missed their trace; re-solved them with the torch solver", stacklevel=3)
+        lam = lam.clone()
+        lam[rows] = _solve(d[rows], w[rows], rho[rows])
+    return lam
 
 
 def _solve(d: torch.Tensor, w: torch.Tensor, rho: torch.Tensor) -> torch.Tensor:

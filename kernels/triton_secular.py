@@ -114,23 +114,25 @@ def _secular(DP, Z, row, n, ir, origin, x, inv_rho, BLOCK_P: tl.constexpr, NP: t
 
 
 @triton.jit
-def _step(DP, Z, row, n, ir, origin, x, lo, hi, d_lo, d_hi, last, active, inv_rho, count, eps,
+def _step(DP, Z, row, n, ir, origin, x, lo, hi, d_lo, d_hi, active, inv_rho, count, eps,
           BLOCK_P: tl.constexpr, NP: tl.constexpr, F32: tl.constexpr):
-    """One middle-way step of every active root, safeguarded by its bracket: (x, lo, hi, count, active)."""
+    """One middle-way step of every active root, safeguarded by its bracket: (x, lo, hi, count, active).
+    The last root (no pole above) needs no case of its own: its phi terms vanish and its d_hi is a virtual pole
+    beyond its bracket, so the quadratic's roots are the one-pole step and a_hi > hi - x, and the smaller is taken as
+    for the others (a `where(last, one-pole step, ...)` select here returned the spurious root 0 of the old model,
+    a_hi = 0, for one root on an H200: kernels/NOTES.md)."""
     f, dpsi, dphi = _secular(DP, Z, row, n, ir, origin, x, inv_rho, BLOCK_P, NP, F32)
     lo = tl.where(active & (f < 0), x, lo)
     hi = tl.where(active & (f > 0), x, hi)
     a_lo = d_lo - x
-    a_hi = tl.where(last, 0.0, d_hi - x)
+    a_hi = d_hi - x
     s_lo = a_lo * a_lo * dpsi
     s_hi = a_hi * a_hi * dphi
     cc = f - a_lo * dpsi - a_hi * dphi
     qa = (a_lo + a_hi) * cc + s_lo + s_hi
     qb = a_lo * a_hi * cc + s_lo * a_hi + s_hi * a_lo
     disc = tl.sqrt(tl.maximum(qa * qa - 4 * cc * qb, 0.0))
-    eta_two = 2 * qb / tl.where(qa >= 0, qa + disc, qa - disc)
-    eta_one = a_lo + s_lo / cc
-    eta = tl.where(last, eta_one, eta_two)
+    eta = 2 * qb / tl.where(qa >= 0, qa + disc, qa - disc)
     step = x + eta
     ok = (step == step) & (tl.abs(step) < float("inf")) & (step > lo) & (step < hi)
     x_new = tl.where(ok, step, (lo + hi) / 2)
@@ -143,7 +145,7 @@ def _step(DP, Z, row, n, ir, origin, x, lo, hi, d_lo, d_hi, last, active, inv_rh
 
 
 @triton.jit
-def _iterate(DP, Z, row, n, ir, origin, x, lo, hi, d_lo, d_hi, last, active, inv_rho, ITERS, eps,
+def _iterate(DP, Z, row, n, ir, origin, x, lo, hi, d_lo, d_hi, active, inv_rho, ITERS, eps,
              BLOCK_P: tl.constexpr, NP: tl.constexpr, F32: tl.constexpr, FOR_LOOP: tl.constexpr):
     """Middle-way steps safeguarded by the bracket (lo, hi) until each active root's step is below rounding
     (`eps`, in the working precision): the final x (relative to origin) and each root's number of evaluations.
@@ -153,12 +155,12 @@ def _iterate(DP, Z, row, n, ir, origin, x, lo, hi, d_lo, d_hi, last, active, inv
     if FOR_LOOP:
         for _ in range(ITERS):
             if tl.sum(active.to(tl.int32), 0) > 0:
-                x, lo, hi, count, active = _step(DP, Z, row, n, ir, origin, x, lo, hi, d_lo, d_hi, last, active,
+                x, lo, hi, count, active = _step(DP, Z, row, n, ir, origin, x, lo, hi, d_lo, d_hi, active,
                                                  inv_rho, count, eps, BLOCK_P, NP, F32)
     else:
         it = 0
         while (it < ITERS) & (tl.sum(active.to(tl.int32), 0) > 0):
-            x, lo, hi, count, active = _step(DP, Z, row, n, ir, origin, x, lo, hi, d_lo, d_hi, last, active,
+            x, lo, hi, count, active = _step(DP, Z, row, n, ir, origin, x, lo, hi, d_lo, d_hi, active,
                                              inv_rho, count, eps, BLOCK_P, NP, F32)
             it += 1
     return x, count
@@ -201,7 +203,9 @@ def _roots_kernel(DP, Z, KEPT, RHO, LAM, STEPS, n, ITERS, BLOCK_R: tl.constexpr,
     lo = tl.where(from_lower, zero, mid - width)
     hi = tl.where(from_lower, tl.where(last, width, mid), zero)
     d_lo = tl.where(from_lower, zero, -width)
-    d_hi = tl.where(from_lower, width, zero)
+    # the upper pole of each root's two-pole model; the last root has none, so a virtual one at twice its bracket
+    # width: the model's root there lies outside the bracket, and no step, start or stop test needs a `last` case
+    d_hi = tl.where(from_lower, tl.where(last, 2 * width, width), zero)
     x = (lo + hi) / 2
     if GUESS:
         # c + z_i^2 / (a - x) + z_next^2 / (b - x) = 0 with c the rest of f at the midpoint, a and b the two poles
@@ -225,11 +229,11 @@ def _roots_kernel(DP, Z, KEPT, RHO, LAM, STEPS, n, ITERS, BLOCK_R: tl.constexpr,
         # float32 steps first (cheaper divisions); their x only seeds the float64 steps, which keep the float64
         # bracket and stop test, so the result's accuracy is the float64 solver's
         x32, count32 = _iterate(DP, Z, row, n, ir, origin, x.to(tl.float32), lo.to(tl.float32), hi.to(tl.float32),
-                              d_lo.to(tl.float32), d_hi.to(tl.float32), last, active, inv_rho.to(tl.float32),
+                              d_lo.to(tl.float32), d_hi.to(tl.float32), active, inv_rho.to(tl.float32),
                               ITERS, EPS32_C, BLOCK_P, NP, True, FOR_LOOP)
         x64 = x32.to(tl.float64)
         x = tl.where((x64 > lo) & (x64 < hi), x64, x)
-    x, count64 = _iterate(DP, Z, row, n, ir, origin, x, lo, hi, d_lo, d_hi, last, active, inv_rho, ITERS, EPS_C,
+    x, count64 = _iterate(DP, Z, row, n, ir, origin, x, lo, hi, d_lo, d_hi, active, inv_rho, ITERS, EPS_C,
                           BLOCK_P, NP, False, FOR_LOOP)
     tl.store(LAM + row * n + ir, tl.where(kr, origin + x, pole), mask=mr)
     tl.store(STEPS + row * n + ir, count64, mask=mr)

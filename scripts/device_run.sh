@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call's worth of GPU work, by section; logs and JSON go to $OUT (the device tool's folder).
 #   usage (on the device, from the repo root, after the wheel install line of ../shared/device/README.md):
-#     bash scripts/device_run.sh s4 | tests | kernels | kda | analysis | probes | store | dist | attention | rwkv7 | reduce | secular | devmap [more ...]
+#     bash scripts/device_run.sh s4 | tests | kernels | kda | analysis | probes | store | dist | attention | rwkv7fix | rwkv7 | reduce | secular | devmap [more ...]
 # s4:      continue the bundled S4 model (trained up to length 128) at 128, then 256, and evaluate it
 # tests:   the GPU-marked tests (realistic shapes, fla 0.6.0 comparisons)
 # kernels: python -m benchmarks.kernels (forward vs fla, accuracy; ~9 min on an H100, so a call of its own)
@@ -13,6 +13,8 @@
 # attention: exact attention maps (unmeasured; timeouts bound it to 8 min): the T=4096 GPU tests of the
 #          Triton kernel, one pytest per case under its own timeout (n_h 1, 2 x scalar, per-channel gates), then
 #          python -m benchmarks.attention at T=4096 (n_h 1, 2 x both gates; fp64 oracle and dense Phi extrapolated)
+# rwkv7fix: only the fixtures of the rwkv7 section (float32 first, then fla's bf16 chunk_rwkv7 logits), under
+#          RWKV7_FIX_S seconds (default 300), into $OUT/fla.tar
 # rwkv7:   regenerate the rwkv7 fixtures on CUDA (tests/fixtures/make_fla_fixtures.py --rwkv7: adds fla's bf16
 #          logits_bf16 from chunk_rwkv7) into $OUT/fla.tar (folders + report.json to unpack into tests/fixtures/), put
 #          them in place on the device, then the rwkv7 GPU tests (model vs fla incl. bf16 through fla's
@@ -20,7 +22,7 @@
 # reduce:  #19's profile: OLMo-Hybrid 7.4B (transformers default config, random bf16) captured with --reduce
 #          ranks,spectra at B x T = 8 x 4096 (REDUCE_B / REDUCE_T to change; peak was 45-59 GB at 4 x 2048, so 8 x 4096
 #          wants the H200), the plain forward in the same run, and the top operators under torch.profiler
-# secular: the Triton secular solver's GPU tests, scripts/secular_diag.py with and without FMA contraction, and
+# secular: the Triton secular solver's GPU tests, scripts/secular_diag.py (also without FMA if SECULAR_NOFMA=1), and
 #          python -m benchmarks.spectra_dplr --dk 64 128 (Triton, torch and dense in one run), all under $OUT
 # devmap:  scripts/device_map_check.py same (7B: one GPU vs device_map auto/balanced) and big (Qwen3-Next 80B on the
 #          GPUs, --reduce ranks,spectra): on nvidia-h200-x2, under 10 minutes
@@ -85,6 +87,12 @@ for section in "$@"; do
       done
       timeout 130 python3 -m benchmarks.attention --T 4096 --n-h 1 2 --gate scalar channel \
         --json "$OUT/attention-bench.json" 2>&1 | tee "$OUT/attention-bench.txt" ;;
+    rwkv7fix)
+      mkdir -p "$OUT/fla" && cp tests/fixtures/fla/report.json "$OUT/fla/"  # the regenerated report keeps the rest
+      timeout "${RWKV7_FIX_S:-300}" python3 tests/fixtures/make_fla_fixtures.py --rwkv7 "$OUT/fla" 2>&1 \
+        | tee "$OUT/rwkv7-fixtures.log" | tail -20
+      echo "fixtures exit ${PIPESTATUS[0]} (124: past ${RWKV7_FIX_S:-300} s)" | tee -a "$OUT/rwkv7-fixtures.log"
+      (cd "$OUT" && tar cf fla.tar fla && rm -rf fla) ;;
     rwkv7)
       mkdir -p "$OUT/fla" && cp tests/fixtures/fla/report.json "$OUT/fla/"  # the regenerated report keeps the rest
       timeout 200 python3 tests/fixtures/make_fla_fixtures.py --rwkv7 "$OUT/fla" 2>&1 | tee "$OUT/rwkv7-fixtures.log" \
@@ -103,8 +111,9 @@ for section in "$@"; do
       # contraction: step counts, start variants, the counted loop), then the spectra benchmark (1e7 target)
       DELTALAB_SECULAR=triton timeout 150 python3 -m pytest -q -m gpu -rA -p no:cacheprovider \
         tests/kernels/test_triton_secular.py > "$OUT/secular-tests.log" 2>&1; echo "tests exit $?" >> "$OUT/secular-tests.log"
-      timeout 120 python3 scripts/secular_diag.py > "$OUT/secular-diag.txt" 2>&1
-      TRITON_DEFAULT_FP_FUSION=0 timeout 120 python3 scripts/secular_diag.py > "$OUT/secular-diag-nofma.txt" 2>&1
+      timeout 90 python3 scripts/secular_diag.py > "$OUT/secular-diag.txt" 2>&1
+      [ -n "${SECULAR_NOFMA:-}" ] && TRITON_DEFAULT_FP_FUSION=0 timeout 90 python3 scripts/secular_diag.py \
+        > "$OUT/secular-diag-nofma.txt" 2>&1
       timeout 180 python3 -m benchmarks.spectra_dplr --dk 64 128 > "$OUT/spectra-dplr.txt" 2>&1
       tail -4 "$OUT/secular-tests.log"; grep -v Warn "$OUT/secular-diag.txt" | tail -12; tail -6 "$OUT/spectra-dplr.txt" ;;
     devmap)
@@ -120,7 +129,7 @@ for section in "$@"; do
         --length "${REDUCE_T:-4096}" --batches 2 --rank-every 64 --reduce ranks,spectra --modes reduce --profile \
         --json "$OUT/reduce.json" > "$OUT/reduce.txt" 2>&1
       echo "reduce exit $? (124: past 500 s)" | tee -a "$OUT/reduce.txt"; grep -A3 "x plain" "$OUT/reduce.txt" ;;
-    *) echo "unknown section $section: use s4, tests, kernels, kda, analysis, probes, store, dist, attention, rwkv7, reduce, secular or devmap" >&2
+    *) echo "unknown section $section: use s4, tests, kernels, kda, analysis, probes, store, dist, attention, rwkv7fix, rwkv7, reduce, secular or devmap" >&2
        exit 2 ;;
   esac
 done
