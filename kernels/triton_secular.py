@@ -122,8 +122,9 @@ def _step(DP, Z, row, n, ir, origin, x, lo, hi, d_lo, d_hi, active, inv_rho, cou
     for the others (a `where(last, one-pole step, ...)` select here returned the spurious root 0 of the old model,
     a_hi = 0, for one root on an H200: kernels/NOTES.md)."""
     f, dpsi, dphi = _secular(DP, Z, row, n, ir, origin, x, inv_rho, BLOCK_P, NP, F32)
-    lo = tl.where(active & (f < 0), x, lo)
-    hi = tl.where(active & (f > 0), x, hi)
+    on = active != 0
+    lo = tl.where(on & (f < 0), x, lo)
+    hi = tl.where(on & (f > 0), x, hi)
     a_lo = d_lo - x
     a_hi = d_hi - x
     s_lo = a_lo * a_lo * dpsi
@@ -138,9 +139,9 @@ def _step(DP, Z, row, n, ir, origin, x, lo, hi, d_lo, d_hi, active, inv_rho, cou
     x_new = tl.where(ok, step, (lo + hi) / 2)
     done = (f == 0) | (tl.abs(eta) <= 4 * eps * tl.abs(x)) | \
         (hi - lo <= 2 * eps * tl.maximum(tl.abs(lo), tl.abs(hi)))
-    x = tl.where(active & (~done), x_new, x)
-    count += active.to(tl.int32)
-    active = active & (~done)
+    x = tl.where(on & (~done), x_new, x)
+    count += active
+    active = tl.where(done, 0, active)
     return x, lo, hi, count, active
 
 
@@ -150,18 +151,23 @@ def _iterate(DP, Z, row, n, ir, origin, x, lo, hi, d_lo, d_hi, active, inv_rho, 
     """Middle-way steps safeguarded by the bracket (lo, hi) until each active root's step is below rounding
     (`eps`, in the working precision): the final x (relative to origin) and each root's number of evaluations.
     FOR_LOOP: a counted loop whose body is skipped once every root has converged, instead of a `while` on that
-    test (the same steps; kept to check a GPU miscompile, kernels/NOTES.md)."""
+    test (the same steps; kept to check a GPU miscompile, kernels/NOTES.md).
+    `active` is an int32 0/1 vector, and every step ends at a barrier: on an H200 (Triton 3.6) the loop with a
+    boolean mask and no barrier returned wrong roots for about 1 matrix in 3,000, different ones from run to run
+    (a race; kernels/NOTES.md)."""
     count = tl.zeros(x.shape, tl.int32)
     if FOR_LOOP:
         for _ in range(ITERS):
-            if tl.sum(active.to(tl.int32), 0) > 0:
+            if tl.max(active, 0) > 0:
                 x, lo, hi, count, active = _step(DP, Z, row, n, ir, origin, x, lo, hi, d_lo, d_hi, active,
                                                  inv_rho, count, eps, BLOCK_P, NP, F32)
+            tl.debug_barrier()
     else:
         it = 0
-        while (it < ITERS) & (tl.sum(active.to(tl.int32), 0) > 0):
+        while (it < ITERS) & (tl.max(active, 0) > 0):
             x, lo, hi, count, active = _step(DP, Z, row, n, ir, origin, x, lo, hi, d_lo, d_hi, active,
                                              inv_rho, count, eps, BLOCK_P, NP, F32)
+            tl.debug_barrier()
             it += 1
     return x, count
 
@@ -223,7 +229,7 @@ def _roots_kernel(DP, Z, KEPT, RHO, LAM, STEPS, n, ITERS, BLOCK_R: tl.constexpr,
         in_small = (x_small > lo) & (x_small < hi)
         in_big = (x_big > lo) & (x_big < hi)
         x = tl.where(in_small, x_small, tl.where(in_big, x_big, x))
-    active = kr & mr
+    active = (kr & mr).to(tl.int32)
     count32 = tl.zeros((BLOCK_R,), tl.int32)
     if MIXED:
         # float32 steps first (cheaper divisions); their x only seeds the float64 steps, which keep the float64
