@@ -5,8 +5,8 @@ log decays g in (-0.5, 0) per channel. Ours is `kernels.dispatch.delta_product_f
 KDA forward (`kernels.triton_kda`) on CUDA. Each row: our ms, fla's ms, fla/ours, the first call of each side, and
 the max error of each against the PyTorch chunked form in float32 (`kernels.chunk`, an independent path) relative
 to the output's max. `--budget S` starts no new row after S seconds (fla autotunes at each new shape);
-`--profile` prints our per-kernel CUDA times at the last row measured.
-`python -m benchmarks.kda [--quick] [--budget S] [--profile]`.
+`--profile` prints our per-kernel CUDA times at the last row measured, `--sweep` our times there for each
+prep-kernel launch choice. `python -m benchmarks.kda [--quick] [--budget S] [--profile] [--sweep]`.
 """
 
 from __future__ import annotations
@@ -99,6 +99,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--budget", type=float, default=float("inf"), help="start no new row after this many seconds")
     p.add_argument("--profile", action="store_true", help="per-kernel CUDA times of ours at the last row")
+    p.add_argument("--sweep", action="store_true",
+                   help="at the last row, our time for each prep-kernel launch choice (warps, key block, programs/SM)")
     args = p.parse_args(argv)
     start = time.perf_counter()
     fla, why = load_fla()
@@ -131,6 +133,24 @@ def main(argv: list[str] | None = None) -> None:
             torch.cuda.empty_cache()
     if args.profile and x is not None and args.device.startswith("cuda"):
         profile(lambda: ours(*x))
+    if args.sweep and x is not None and args.device.startswith("cuda"):
+        sweep(x)
+
+
+def sweep(x: tuple[torch.Tensor, ...]) -> None:
+    """Our forward's time at one shape for each prep-kernel launch choice (`kernels.triton_kda.KdaConfig`)."""
+    from kernels.triton_kda import KdaConfig, triton_kda
+
+    q, k, v, beta, g = x
+    print(f"prep-kernel launch choices at B={q.shape[0]} T={q.shape[1]} H={q.shape[2]} (ms, best of 3)")
+    for warps, bk, per_sm in itertools.product((4, 8), (16, 32), (1, 2)):
+        cfg = KdaConfig(prep_warps=warps, prep_bk=bk, prep_programs_per_sm=per_sm)
+        try:
+            _, ms, _ = timed(lambda cfg=cfg: triton_kda(q, k.unsqueeze(2), v.unsqueeze(2), beta.unsqueeze(2).float(),
+                                                        g, scale=K**-0.5, config=cfg, output_boundary_states=False))
+            print(f"   prep_warps={warps} prep_bk={bk} programs/SM={per_sm}: {ms:.2f}", flush=True)
+        except Exception as err:  # noqa: BLE001 - a launch choice the GPU cannot take is a row, not the end
+            print(f"   prep_warps={warps} prep_bk={bk} programs/SM={per_sm}: failed ({type(err).__name__})", flush=True)
 
 
 if __name__ == "__main__":

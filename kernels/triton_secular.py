@@ -248,12 +248,14 @@ def _roots_kernel(DP, Z, KEPT, RHO, LAM, STEPS, n, ITERS, BLOCK_R: tl.constexpr,
 
 def secular_eigvals(d: torch.Tensor, w: torch.Tensor, rho: torch.Tensor, *, block_r: int = BLOCK_R,
                     block_p: int = BLOCK_P, num_warps: int = NUM_WARPS, guess: bool = True, mixed: bool = False,
-                    steps: list[torch.Tensor] | None = None, for_loop: bool = False) -> torch.Tensor:
+                    steps: list[torch.Tensor] | None = None, for_loop: bool = False,
+                    fp_fusion: bool = True) -> torch.Tensor:
     """Ascending eigenvalues of D - rho w w^T for [N, n] float64 d, w and [N] float64 rho >= 0, on the device of
     the inputs (CUDA, or CPU under TRITON_INTERPRET=1). `guess`: start each root from the two-pole model (else
     the bracket's middle); `mixed`: float32 steps seed the float64 ones (same accuracy, fewer
     float64 divisions); `steps`, if given, receives the [2, N, n] float64 and float32
-    step counts (for benchmarks); `for_loop`: iterate in a counted loop instead of a `while` (same steps)."""
+    step counts (for benchmarks); `for_loop`: iterate in a counted loop instead of a `while` (same steps);
+    `fp_fusion=False` compiles without FMA contraction (a GPU diagnostic, kernels/NOTES.md)."""
     if d.dtype != torch.float64 or w.dtype != torch.float64 or rho.dtype != torch.float64:
         raise ValueError("secular_eigvals: d, w and rho must be float64 (convert with .double())")
     if d.ndim != 2 or w.shape != d.shape or rho.shape != d.shape[:1]:
@@ -268,13 +270,14 @@ def secular_eigvals(d: torch.Tensor, w: torch.Tensor, rho: torch.Tensor, *, bloc
     dpo, zo = torch.empty_like(dp), torch.empty_like(z)
     kept = torch.empty(N, n, dtype=torch.int8, device=d.device)
     block = triton.next_power_of_2(n)
-    _deflate_kernel[(N,)](dp, z, rho, dpo, zo, kept, n, BLOCK=block, EPS_C=EPS, num_warps=1)
+    fusion = {} if fp_fusion else {"enable_fp_fusion": False}
+    _deflate_kernel[(N,)](dp, z, rho, dpo, zo, kept, n, BLOCK=block, EPS_C=EPS, num_warps=1, **fusion)
     br, bp = min(block, block_r), min(block, block_p)
     lam = torch.empty_like(dp)
     its = torch.empty(2, N, n, dtype=torch.int32, device=d.device)
     _roots_kernel[(N, triton.cdiv(n, br))](dpo, zo, kept, rho, lam, its, n, ITERATIONS, BLOCK_R=br, BLOCK_P=bp,
                            NP=triton.cdiv(n, bp), EPS_C=EPS, EPS32_C=EPS32, GUESS=guess, MIXED=mixed,
-                           FOR_LOOP=for_loop, num_warps=num_warps)
+                           FOR_LOOP=for_loop, num_warps=num_warps, **fusion)
     if steps is not None:
         steps.append(its)
     return torch.sort(-lam, dim=-1).values
