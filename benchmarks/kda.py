@@ -143,7 +143,7 @@ def sweep(x: tuple[torch.Tensor, ...]) -> None:
 
     q, k, v, beta, g = x
     print(f"prep-kernel launch choices at B={q.shape[0]} T={q.shape[1]} H={q.shape[2]} (ms, best of 3)")
-    for warps, bk, per_sm in itertools.product((4, 8), (16, 32), (1, 2)):
+    for warps, bk, per_sm in itertools.product((2, 4, 8), (16,), (1, 2, 3, 4)):
         cfg = KdaConfig(prep_warps=warps, prep_bk=bk, prep_programs_per_sm=per_sm)
         try:
             _, ms, _ = timed(lambda cfg=cfg: triton_kda(q, k.unsqueeze(2), v.unsqueeze(2), beta.unsqueeze(2).float(),

@@ -360,10 +360,10 @@ class KdaConfig:
     x value heads fill the GPU at dk <= 128; never 16 on CUDA, see there). Not tuned on a GPU yet."""
 
     state_bv: int | None = None  # value tile of the sequential kernel
-    prep_warps: int = 8  # with prep_bk 16: 255 registers, 24 bytes of spills (4 warps: 424 bytes)
+    prep_warps: int = 4  # 255 registers and some spills (8 warps: fewer), but two programs fit an SM
     prep_bv: int = 64  # value tile of U = T diag(b) V
     prep_bk: int = 16  # key-column block of the prep kernel's [64, dk] work (32: 256 bytes of spills)
-    prep_programs_per_sm: int = 1  # 8 warps x 255 registers fill an SM's register file
+    prep_programs_per_sm: int = 2  # H100, B=8 T=8192 H=32: 4 warps x 2 programs 20.1 ms, 8 warps x 1 29.4 ms
     state_warps: int = 4
     state_stages: int = 2
     out_warps: int = 4

@@ -249,13 +249,14 @@ def _roots_kernel(DP, Z, KEPT, RHO, LAM, STEPS, n, ITERS, BLOCK_R: tl.constexpr,
 def secular_eigvals(d: torch.Tensor, w: torch.Tensor, rho: torch.Tensor, *, block_r: int = BLOCK_R,
                     block_p: int = BLOCK_P, num_warps: int = NUM_WARPS, guess: bool = True, mixed: bool = False,
                     steps: list[torch.Tensor] | None = None, for_loop: bool = False,
-                    fp_fusion: bool = True) -> torch.Tensor:
+                    fp_fusion: bool = False) -> torch.Tensor:
     """Ascending eigenvalues of D - rho w w^T for [N, n] float64 d, w and [N] float64 rho >= 0, on the device of
     the inputs (CUDA, or CPU under TRITON_INTERPRET=1). `guess`: start each root from the two-pole model (else
     the bracket's middle); `mixed`: float32 steps seed the float64 ones (same accuracy, fewer
     float64 divisions); `steps`, if given, receives the [2, N, n] float64 and float32
     step counts (for benchmarks); `for_loop`: iterate in a counted loop instead of a `while` (same steps);
-    `fp_fusion=False` compiles without FMA contraction (a GPU diagnostic, kernels/NOTES.md)."""
+    `fp_fusion`: let the compiler contract multiply-adds into FMAs. Off by default: with FMAs an H100 and an H200
+    returned wrong roots for about 1 matrix in 2,000 (the same ones every run), without them none (kernels/NOTES.md)."""
     if d.dtype != torch.float64 or w.dtype != torch.float64 or rho.dtype != torch.float64:
         raise ValueError("secular_eigvals: d, w and rho must be float64 (convert with .double())")
     if d.ndim != 2 or w.shape != d.shape or rho.shape != d.shape[:1]:
@@ -270,7 +271,7 @@ def secular_eigvals(d: torch.Tensor, w: torch.Tensor, rho: torch.Tensor, *, bloc
     dpo, zo = torch.empty_like(dp), torch.empty_like(z)
     kept = torch.empty(N, n, dtype=torch.int8, device=d.device)
     block = triton.next_power_of_2(n)
-    fusion = {} if fp_fusion else {"enable_fp_fusion": False}
+    fusion = {"enable_fp_fusion": fp_fusion}
     _deflate_kernel[(N,)](dp, z, rho, dpo, zo, kept, n, BLOCK=block, EPS_C=EPS, num_warps=1, **fusion)
     br, bp = min(block, block_r), min(block, block_p)
     lam = torch.empty_like(dp)
