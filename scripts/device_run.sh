@@ -109,7 +109,7 @@ for section in "$@"; do
     secular)
       # #16: the Triton secular solver's GPU tests, the diag of its one wrong root (with and without FMA
       # contraction: step counts, start variants, the counted loop), then the spectra benchmark (1e7 target)
-      DELTALAB_SECULAR=triton timeout 150 python3 -m pytest -q -m gpu -rA -p no:cacheprovider \
+      timeout 150 python3 -m pytest -q -m gpu -rA -p no:cacheprovider \
         tests/kernels/test_triton_secular.py > "$OUT/secular-tests.log" 2>&1; echo "tests exit $?" >> "$OUT/secular-tests.log"
       timeout 90 python3 scripts/secular_diag.py > "$OUT/secular-diag.txt" 2>&1
       [ -n "${SECULAR_NOFMA:-}" ] && TRITON_DEFAULT_FP_FUSION=0 timeout 90 python3 scripts/secular_diag.py \
