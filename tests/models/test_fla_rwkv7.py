@@ -50,6 +50,13 @@ def run_hooked(model, ids) -> tuple[torch.Tensor, dict[tuple[int, str], torch.Te
     return out.logits, saved
 
 
+@pytest.mark.parametrize("name", NAMES)
+def test_fixtures_were_written_by_fla_on_a_gpu(name):
+    """The fixtures are fla's own output on CUDA (make_fla_fixtures.py --rwkv7 on the device), not the interpreter's."""
+    report = json.loads((FIXTURES / "report.json").read_text())[name]
+    assert report["produced_by"].startswith("fla 0.6.0 RWKV7ForCausalLM, float32, on cuda"), report["produced_by"]
+
+
 def test_config_round_trips(fixture):
     folder, model, _ = fixture
     raw = json.loads((folder / "config.json").read_text())
