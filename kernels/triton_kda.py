@@ -82,6 +82,7 @@ def _subblock_rows(
     K: tl.constexpr,
     BK: tl.constexpr,
     BKC: tl.constexpr,
+    BKW: tl.constexpr,
     F32: tl.constexpr,
     PREC: tl.constexpr,
 ):
@@ -96,16 +97,12 @@ def _subblock_rows(
     (kernels/NOTES.md)."""
     o_r = tl.arange(0, 64)
     o_i = tl.arange(0, 16)
-    o_k = tl.arange(0, BK)
-    m_k = o_k < K
     t = t0 + o_r
     m_t = t < Tn
     r = 16 * I
     ri = r + o_i
     m_ri = (t0 + ri) < Tn
-    m_rik = m_ri[:, None] & m_k[None, :]
-    b_kI = tl.load(k_base + (t0 + ri)[:, None] * (HK * K) + o_k[None, :], mask=m_rik, other=0.0).to(tl.float32)
-    b_qI = tl.load(q_base + (t0 + ri)[:, None] * (HK * K) + o_k[None, :], mask=m_rik, other=0.0).to(tl.float32)
+    b_bI = tl.load(beta + (bos + t0 + ri) * HV + i_h, mask=m_ri, other=0.0).to(tl.float32)
     b_Akk = tl.zeros([16, 64], dtype=tl.float32)
     b_Aqk = tl.zeros([16, 64], dtype=tl.float32)
     if I > 0:  # earlier sub-blocks, through token r: e^{G_i - G_r} e^{G_r - G_j}
@@ -128,28 +125,40 @@ def _subblock_rows(
             b_kc = _dot_in(b_kc * tl.exp(tl.cumsum(b_gs, 0, reverse=True)), k_base, F32)
             b_Akk += tl.dot(_dot_in(b_kIc, k_base, F32), tl.trans(b_kc), input_precision=PREC)
             b_Aqk += tl.dot(_dot_in(b_qIc, k_base, F32), tl.trans(b_kc), input_precision=PREC)
+    # stored now, all but the sub-block's own 16 columns (zeros right of it), so that these [16, 64] tiles are
+    # dead during the loop below, which keeps [16, 16] ones (disjoint masks: no two stores to one element)
+    m_out = ((o_r < r) | (o_r >= r + 16))[None, :]
+    tl.store(A_blk + ri[:, None] * 64 + o_r[None, :], b_Akk * b_bI[:, None], mask=m_out)
+    tl.store(Aqk_blk + ri[:, None] * 64 + o_r[None, :], b_Aqk.to(Aqk_blk.dtype.element_ty), mask=m_out)
+    b_Akk = tl.zeros([16, 16], dtype=tl.float32)
+    b_Aqk = tl.zeros([16, 16], dtype=tl.float32)
     # pairs within the sub-block, column by column from the last: P_i = e^{g_{j+1} + ... + g_i} (i > j)
     # is P_i for column j + 1 times e^{g_{j+1}}, one [dk] exponential per column (16 x fewer than
-    # exponentials of sums, no scan); a product of factors <= 1 rounds like the sum, ~(i - j) ulps
-    b_P = tl.full([16, BK], 1.0, dtype=tl.float32)
-    for s in range(16):
-        jj = 15 - s
-        j = r + jj
-        m_kj = o_k < tl.where(t0 + j < Tn, K, 0)  # (a scalar & a vector mask trips the interpreter)
-        b_kj = tl.load(k_base + (t0 + j) * (HK * K) + o_k, mask=m_kj, other=0.0).to(tl.float32)
-        m_ij = o_i >= jj
-        m_g1 = o_k < tl.where((jj < 15) & (t0 + j + 1 < Tn), K, 0)
-        b_e1 = tl.exp(tl.load(g_base + (t0 + j + 1) * (HV * K) + o_k, mask=m_g1, other=0.0).to(tl.float32))
-        b_P = tl.where(o_i[:, None] > jj, b_P * b_e1[None, :], 1.0)
-        b_ke = b_kj[None, :] * b_P
-        b_kk = tl.sum(b_kI * b_ke, 1)
-        b_qk = tl.sum(b_qI * b_ke, 1)
-        sel = o_r[None, :] == j
-        b_Akk = tl.where(sel & (o_i > jj)[:, None], b_kk[:, None], b_Akk)
-        b_Aqk = tl.where(sel & m_ij[:, None], b_qk[:, None], b_Aqk)
-    b_bI = tl.load(beta + (bos + t0 + ri) * HV + i_h, mask=m_ri, other=0.0).to(tl.float32)
-    tl.store(A_blk + ri[:, None] * 64 + o_r[None, :], b_Akk * b_bI[:, None])
-    tl.store(Aqk_blk + ri[:, None] * 64 + o_r[None, :], b_Aqk.to(Aqk_blk.dtype.element_ty))
+    # exponentials of sums, no scan); a product of factors <= 1 rounds like the sum, ~(i - j) ulps. Key
+    # channels in blocks of BKW (a loop, not unrolled), whose sums add up (BKW = BK: one block, 0 + sum)
+    for cw in range(BK // BKW):
+        o_w = cw * BKW + tl.arange(0, BKW)
+        m_rw = m_ri[:, None] & (o_w < K)[None, :]
+        b_kI = tl.load(k_base + (t0 + ri)[:, None] * (HK * K) + o_w[None, :], mask=m_rw, other=0.0).to(tl.float32)
+        b_qI = tl.load(q_base + (t0 + ri)[:, None] * (HK * K) + o_w[None, :], mask=m_rw, other=0.0).to(tl.float32)
+        b_P = tl.full([16, BKW], 1.0, dtype=tl.float32)
+        for s in range(16):
+            jj = 15 - s
+            j = r + jj
+            m_kj = o_w < tl.where(t0 + j < Tn, K, 0)  # (a scalar & a vector mask trips the interpreter)
+            b_kj = tl.load(k_base + (t0 + j) * (HK * K) + o_w, mask=m_kj, other=0.0).to(tl.float32)
+            m_ij = o_i >= jj
+            m_g1 = o_w < tl.where((jj < 15) & (t0 + j + 1 < Tn), K, 0)
+            b_e1 = tl.exp(tl.load(g_base + (t0 + j + 1) * (HV * K) + o_w, mask=m_g1, other=0.0).to(tl.float32))
+            b_P = tl.where(o_i[:, None] > jj, b_P * b_e1[None, :], 1.0)
+            b_ke = b_kj[None, :] * b_P
+            b_kk = tl.sum(b_kI * b_ke, 1)
+            b_qk = tl.sum(b_qI * b_ke, 1)
+            sel = o_i[None, :] == jj
+            b_Akk = tl.where(sel & (o_i > jj)[:, None], b_Akk + b_kk[:, None], b_Akk)
+            b_Aqk = tl.where(sel & m_ij[:, None], b_Aqk + b_qk[:, None], b_Aqk)
+    tl.store(A_blk + ri[:, None] * 64 + ri[None, :], b_Akk * b_bI[:, None])
+    tl.store(Aqk_blk + ri[:, None] * 64 + ri[None, :], b_Aqk.to(Aqk_blk.dtype.element_ty))
 
 
 @triton.jit
@@ -292,7 +301,7 @@ def _prep_kernel(
         tl.debug_barrier()  # the previous job may still read the scratch
         for I in tl.static_range(4):  # 16-token sub-blocks: rows 16 I .. 16 I + 15
             _subblock_rows(I, q_base, k_base, g_base, beta, S, Aqk + blk * (64 * 64), bos, Tn, t0, i_h,
-                           HK, HV, K, BK, BKC, F32, PREC)  # fmt: skip
+                           HK, HV, K, BK, BKC, BK, F32, PREC)  # fmt: skip
         tl.debug_barrier()
         b_Ti = _dot_in(_invert_in_place(S, PREC), k, F32)
         _wy_rows(b_Ti, q_base, k_base, g_base, v, beta, W, U, Kd, Qd, glast, bos, Tn, t0, i_h, blk,
@@ -317,6 +326,7 @@ def _intra_kernel(
     K: tl.constexpr,
     BK: tl.constexpr,
     BKC: tl.constexpr,
+    BKW: tl.constexpr,
     IS_VARLEN: tl.constexpr,
     F32: tl.constexpr,
     PREC: tl.constexpr,
@@ -328,7 +338,7 @@ def _intra_kernel(
     bos, Tn, t0, k_base, q_base, g_base, blk = _chunk_bases(i_h, gc, q, k, g, T, cu, cidx, coff, NCT, HK, HV, K,
                                                             IS_VARLEN)  # fmt: skip
     _subblock_rows(I, q_base, k_base, g_base, beta, A + blk * (64 * 64), Aqk + blk * (64 * 64), bos, Tn, t0, i_h,
-                   HK, HV, K, BK, BKC, F32, PREC)  # fmt: skip
+                   HK, HV, K, BK, BKC, BKW, F32, PREC)  # fmt: skip
 
 
 @triton.jit
@@ -519,6 +529,8 @@ class KdaConfig:
     prep_programs_per_sm: int = 2  # H100, B=8 T=8192 H=32: 4 warps x 2 programs 20.1 ms, 8 warps x 1 29.4 ms
     split_prep: bool = False  # the prep as `_intra_kernel` + `_wy_kernel` (not persistent; GPU speed not measured)
     intra_warps: int = 4  # split prep: warps of `_intra_kernel` (one 16-token sub-block a program)
+    intra_bk: int = 32  # split prep: key-channel block of the within-sub-block pairs (the persistent kernel: dk)
+    intra_maxnreg: int | None = 128  # split prep: register cap of `_intra_kernel` (ptxas sm_90: 127, no spills)
     wy_warps: int = 4  # split prep: warps of `_wy_kernel` (one chunk a program; prep_bk and prep_bv as the prep's)
     state_warps: int = 4
     state_stages: int = 2
@@ -613,8 +625,9 @@ def triton_kda(
     if NCT > 0 and cfg.split_prep:
         A = torch.empty(HV, rows, CHUNK_SIZE, dtype=f32, device=dev)  # diag(b) Akk, then T in place
         _intra_kernel[(4 * NCT, HV)](
-            q, k, beta, g, A, Aqk, *seq_args, HK=HK, K=K, HV=HV, BK=BK, BKC=BKC, IS_VARLEN=varlen, F32=F32,
-            PREC=PREC, num_warps=cfg.intra_warps,
+            q, k, beta, g, A, Aqk, *seq_args, HK=HK, K=K, HV=HV, BK=BK, BKC=BKC, BKW=min(_pow2(cfg.intra_bk), BK),
+            IS_VARLEN=varlen, F32=F32, PREC=PREC, num_warps=cfg.intra_warps,
+            **({} if cfg.intra_maxnreg is None or interp else dict(maxnreg=cfg.intra_maxnreg)),
         )  # fmt: skip
         _wy_kernel[(NCT, HV)](
             q, k, v, beta, g, A, W, U, Kd, Qd, glast, *seq_args, HK=HK, BK=BK, BKC=BKC, BV=BVP,
