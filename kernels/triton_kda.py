@@ -21,6 +21,10 @@ Kernels:
 1. `_prep_kernel` (persistent over chunk x value head): Gamma, A and Aqk, T = (I + A)^-1 by 16 x 16 forward
    substitutions merged by block rows, then W = T diag(b) (e^Gamma * K), U = T diag(b) V, Kd = e^{Gamma_last -
    Gamma} * K, Qd = e^Gamma * q and Gamma_last.
+   With `KdaConfig.split_prep` the same work runs as two non-persistent kernels built from the same helpers:
+   `_intra_kernel` (one program per 16-token sub-block and value head: its 16 rows of A, fp32 into a temporary
+   [Hv, chunks * 64, 64], and of Aqk) and `_wy_kernel` (one program per chunk and value head: T in place in that
+   temporary, then W, U, Kd, Qd and Gamma_last).
 2. `_state_kernel` (sequential over a sequence's chunks, parallel over sequence x value head x value tile):
    stores S_c, Dlt = U - W S_c, S_{c+1} = e^{Gamma_last} S_c + Kd^T Dlt (dk > 128 as two key halves, as
    `triton_chunk`: a [256, 32] tile miscompiled on an H100).
@@ -93,8 +97,8 @@ def _subblock_rows(
     Every log-decay difference is summed from the gates it spans (Gamma_i - Gamma_j = g_{j+1} + ... + g_i, by
     cumulative sums of the gates shifted and masked, or running products of e^{g_u}), never taken as a difference
     of two cumulative sums: those reach -600 at g = -20 per token, where fp32 spacing (6e-5) is the relative error
-    of a decay near 1. [*, dk] work runs in key-column blocks of BKC, in loops that are not unrolled
-    (kernels/NOTES.md)."""
+    of a decay near 1. [*, dk] work runs in key-column blocks of BKC (the cross-sub-block products) and BKW (the
+    within-sub-block pairs; BK in the persistent kernel), in loops that are not unrolled (kernels/NOTES.md)."""
     o_r = tl.arange(0, 64)
     o_i = tl.arange(0, 16)
     t = t0 + o_r
