@@ -6,7 +6,8 @@ KDA forward (`kernels.triton_kda`) on CUDA. Each row: our ms, fla's ms, fla/ours
 the max error of each against the PyTorch chunked form in float32 (`kernels.chunk`, an independent path) relative
 to the output's max. `--budget S` starts no new row after S seconds (fla autotunes at each new shape);
 `--profile` prints our per-kernel CUDA times at the last row measured, `--sweep` our times there for each
-prep-kernel launch choice. `python -m benchmarks.kda [--quick] [--budget S] [--profile] [--sweep]`.
+prep-kernel launch choice, persistent (`_prep_kernel`) and split (`KdaConfig.split_prep`: `_intra_kernel` +
+`_wy_kernel`). `python -m benchmarks.kda [--quick] [--budget S] [--profile] [--sweep]`.
 """
 
 from __future__ import annotations
@@ -138,19 +139,30 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def sweep(x: tuple[torch.Tensor, ...]) -> None:
-    """Our forward's time at one shape for each prep-kernel launch choice (`kernels.triton_kda.KdaConfig`)."""
-    from kernels.triton_kda import KdaConfig, triton_kda
+    """Our forward's time at one shape for each prep-kernel launch choice (`kernels.triton_kda.KdaConfig`): the
+    persistent prep kernel, then the split prep (intra-kernel warps and register cap, WY-kernel warps)."""
+    from kernels.triton_kda import KdaConfig
 
-    q, k, v, beta, g = x
+    q = x[0]
     print(f"prep-kernel launch choices at B={q.shape[0]} T={q.shape[1]} H={q.shape[2]} (ms, best of 3)")
     for warps, bk, per_sm in itertools.product((2, 4, 8), (16,), (1, 2, 3, 4)):
         cfg = KdaConfig(prep_warps=warps, prep_bk=bk, prep_programs_per_sm=per_sm)
-        try:
-            _, ms, _ = timed(lambda cfg=cfg: triton_kda(q, k.unsqueeze(2), v.unsqueeze(2), beta.unsqueeze(2).float(),
-                                                        g, scale=K**-0.5, config=cfg, output_boundary_states=False))
-            print(f"   prep_warps={warps} prep_bk={bk} programs/SM={per_sm}: {ms:.2f}", flush=True)
-        except Exception as err:  # noqa: BLE001 - a launch choice the GPU cannot take is a row, not the end
-            print(f"   prep_warps={warps} prep_bk={bk} programs/SM={per_sm}: failed ({type(err).__name__})", flush=True)
+        _sweep_row(x, cfg, f"prep_warps={warps} prep_bk={bk} programs/SM={per_sm}")
+    for (intra_warps, maxnreg), wy_warps in itertools.product(((4, 128), (4, None), (8, 80), (8, None)), (4, 8)):
+        cfg = KdaConfig(split_prep=True, intra_warps=intra_warps, intra_maxnreg=maxnreg, wy_warps=wy_warps)
+        _sweep_row(x, cfg, f"split_prep intra_warps={intra_warps} intra_maxnreg={maxnreg} wy_warps={wy_warps}")
+
+
+def _sweep_row(x: tuple[torch.Tensor, ...], cfg: Any, label: str) -> None:
+    from kernels.triton_kda import triton_kda
+
+    q, k, v, beta, g = x
+    try:
+        _, ms, _ = timed(lambda: triton_kda(q, k.unsqueeze(2), v.unsqueeze(2), beta.unsqueeze(2).float(), g,
+                                            scale=K**-0.5, config=cfg, output_boundary_states=False))
+        print(f"   {label}: {ms:.2f}", flush=True)
+    except Exception as err:  # noqa: BLE001 - a launch choice the GPU cannot take is a row, not the end
+        print(f"   {label}: failed ({type(err).__name__})", flush=True)
 
 
 if __name__ == "__main__":

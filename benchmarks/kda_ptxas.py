@@ -3,7 +3,10 @@
 Triton compiles ahead of time for a target (default sm_90, the H100/H200) with its bundled ptxas; `cuobjdump
 --dump-resource-usage` reads the cubin. Spills (STACK bytes per thread) were the first thing to remove in the
 prep kernel (kernels/NOTES.md). `python -m benchmarks.kda_ptxas [--dtype bf16] [--dk 128] [--dv 128]
-[--prep-warps 8] [--prep-bk 32] [--state-bv 64]`.
+[--prep-warps 8] [--prep-bk 32] [--state-bv 64] [--split-prep [--intra-warps 4] [--intra-bk 32]
+[--intra-maxnreg 128] [--wy-warps 4]]`; with `--split-prep` the split prep's `_intra_kernel` and `_wy_kernel`
+are reported after the persistent prep kernel. Kernels are compiled with the pipeline stages they are launched
+with (Triton's default, 3, except the state kernel's `KdaConfig.state_stages`).
 """
 
 from __future__ import annotations
@@ -29,15 +32,25 @@ def _cuobjdump() -> Path:
     return Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
 
 
+LAUNCH_STAGES = 3  # Triton's default num_stages (CUDA), which the prep, split prep and output launches get
+
+
 def resources(
-    fn: Any, pointers: dict[str, str], consts: dict[str, Any], warps: int, stages: int = 2, arch: int = 90
+    fn: Any,
+    pointers: dict[str, str],
+    consts: dict[str, Any],
+    warps: int,
+    stages: int = LAUNCH_STAGES,
+    arch: int = 90,
+    maxnreg: int | None = None,
 ) -> dict[str, int]:
     """Compile `fn` with `pointers` typed as given (other runtime arguments i32) and return its REG, STACK,
     SHARED (static) and LOCAL bytes from the cubin, and `smem`, the dynamic shared memory Triton asks for."""
     sig = {n: pointers.get(n, "i32") for n in fn.arg_names}
     sig.update({n: "constexpr" for n in consts})
     src = ASTSource(fn=fn, signature=sig, constexprs={(fn.arg_names.index(n),): v for n, v in consts.items()})
-    compiled = triton.compile(src, target=GPUTarget("cuda", arch, 32), options=dict(num_warps=warps, num_stages=stages))
+    options = dict(num_warps=warps, num_stages=stages, **({} if maxnreg is None else dict(maxnreg=maxnreg)))
+    compiled = triton.compile(src, target=GPUTarget("cuda", arch, 32), options=options)
     with tempfile.NamedTemporaryFile("wb", suffix=".cubin") as f:
         f.write(compiled.asm["cubin"])
         f.flush()
@@ -54,7 +67,8 @@ def resources(
 def report(
     dtype: str = "bf16", dk: int = 128, dv: int = 128, cfg: tk.KdaConfig | None = None, arch: int = 90
 ) -> dict[str, dict[str, int]]:
-    """Resources of the prep, state and output kernels at one shape and launch configuration."""
+    """Resources of the prep, state and output kernels at one shape and launch configuration; with
+    cfg.split_prep also the split prep's two kernels ("intra", "wy")."""
     cfg = cfg or tk.KdaConfig()
     t = PTR_DTYPES[dtype]
     BK, BVF = max(16, triton.next_power_of_2(dk)), max(16, triton.next_power_of_2(dv))
@@ -64,20 +78,26 @@ def report(
     half = {n: "*" + t for n in ("q", "k", "v", "W", "U", "Kd", "Qd", "Aqk", "D", "o")}
     ptrs = {
         **half,
-        **{n: f32 for n in ("beta", "g", "glast", "scratch", "bnd", "ht", "h0")},
+        **{n: f32 for n in ("beta", "g", "glast", "scratch", "A", "bnd", "ht", "h0")},
         **{n: i32 for n in ("cu", "cidx", "coff", "order")},
         "scale": "fp32",
     }
     BKH = BK // 2 if BK > 128 else BK
     state_bv = min(cfg.state_bv or (64 if dk <= 128 else 32), BVF)
+    prep_consts = dict(common, HK=8, BK=BK, BKC=min(cfg.prep_bk, BK), BV=min(cfg.prep_bv, BVF))
+    split = {}
+    if cfg.split_prep:
+        intra_consts = {n: prep_consts[n] for n in ("HK", "HV", "K", "BK", "BKC", "IS_VARLEN", "F32", "PREC")}
+        intra_consts["BKW"] = min(cfg.intra_bk, BK)
+        split = {
+            "intra": resources(
+                tk._intra_kernel, ptrs, intra_consts, cfg.intra_warps, arch=arch, maxnreg=cfg.intra_maxnreg
+            ),
+            "wy": resources(tk._wy_kernel, ptrs, prep_consts, cfg.wy_warps, arch=arch),
+        }
     return {
-        "prep": resources(
-            tk._prep_kernel,
-            ptrs,
-            dict(common, HK=8, BK=BK, BKC=min(cfg.prep_bk, BK), BV=min(cfg.prep_bv, BVF)),
-            cfg.prep_warps,
-            arch=arch,
-        ),
+        "prep": resources(tk._prep_kernel, ptrs, prep_consts, cfg.prep_warps, arch=arch),
+        **split,
         "state": resources(
             tk._state_kernel,
             ptrs,
@@ -101,10 +121,24 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--prep-warps", type=int, default=tk.KdaConfig.prep_warps)
     p.add_argument("--prep-bk", type=int, default=tk.KdaConfig.prep_bk)
     p.add_argument("--state-bv", type=int, default=None)
+    p.add_argument("--split-prep", action="store_true", help="also the split prep's _intra_kernel and _wy_kernel")
+    p.add_argument("--intra-warps", type=int, default=tk.KdaConfig.intra_warps)
+    p.add_argument("--intra-bk", type=int, default=tk.KdaConfig.intra_bk)
+    p.add_argument("--intra-maxnreg", type=int, default=tk.KdaConfig.intra_maxnreg, help="0: no cap")
+    p.add_argument("--wy-warps", type=int, default=tk.KdaConfig.wy_warps)
     args = p.parse_args(argv)
     if os.environ.get("TRITON_INTERPRET", "0") == "1":
         raise SystemExit("benchmarks.kda_ptxas compiles for the GPU: run it without TRITON_INTERPRET=1")
-    cfg = tk.KdaConfig(prep_warps=args.prep_warps, prep_bk=args.prep_bk, state_bv=args.state_bv)
+    cfg = tk.KdaConfig(
+        prep_warps=args.prep_warps,
+        prep_bk=args.prep_bk,
+        state_bv=args.state_bv,
+        split_prep=args.split_prep,
+        intra_warps=args.intra_warps,
+        intra_bk=args.intra_bk,
+        intra_maxnreg=args.intra_maxnreg or None,
+        wy_warps=args.wy_warps,
+    )
     print(f"Triton {triton.__version__}, sm_{args.arch}, {args.dtype}, dk={args.dk}, dv={args.dv}, {cfg}")
     print(f"{'kernel':>8} {'regs':>5} {'spill B':>8} {'smem B':>8}")
     for name, r in report(args.dtype, args.dk, args.dv, cfg, args.arch).items():

@@ -21,6 +21,10 @@ Kernels:
 1. `_prep_kernel` (persistent over chunk x value head): Gamma, A and Aqk, T = (I + A)^-1 by 16 x 16 forward
    substitutions merged by block rows, then W = T diag(b) (e^Gamma * K), U = T diag(b) V, Kd = e^{Gamma_last -
    Gamma} * K, Qd = e^Gamma * q and Gamma_last.
+   With `KdaConfig.split_prep` the same work runs as two non-persistent kernels built from the same helpers:
+   `_intra_kernel` (one program per 16-token sub-block and value head: its 16 rows of A, fp32 into a temporary
+   [Hv, chunks * 64, 64], and of Aqk) and `_wy_kernel` (one program per chunk and value head: T in place in that
+   temporary, then W, U, Kd, Qd and Gamma_last).
 2. `_state_kernel` (sequential over a sequence's chunks, parallel over sequence x value head x value tile):
    stores S_c, Dlt = U - W S_c, S_{c+1} = e^{Gamma_last} S_c + Kd^T Dlt (dk > 128 as two key halves, as
    `triton_chunk`: a [256, 32] tile miscompiled on an H100).
@@ -48,6 +52,213 @@ from kernels.triton_chunk import (
 )
 
 MAX_K, MAX_V = 256, 512  # head dims this path takes (the dispatcher falls back beyond)
+
+
+@triton.jit
+def _chunk_bases(i_h, gc, q, k, g, T, cu, cidx, coff, NCT, HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr,
+                 IS_VARLEN: tl.constexpr):  # fmt: skip
+    """(first token of the sequence, its length, the chunk's first token within it, the chunk's key, query and
+    gate row-0 pointers, and blk = i_h * NCT + gc, the chunk's block of 64 rows in W/U/Kd/Qd/Aqk/A) of global
+    chunk gc of value head i_h."""
+    i_n, c, bos, Tn = _chunk_seq(gc, T, cu, cidx, coff, IS_VARLEN)
+    i_hk = i_h // (HV // HK)
+    k_base = k + bos * (HK * K) + i_hk * K
+    q_base = q + bos * (HK * K) + i_hk * K
+    g_base = g + (bos * HV + i_h) * K  # token row u at + u * HV * K; padded tokens read 0 (no decay)
+    return bos, Tn, c * 64, k_base, q_base, g_base, i_h.to(tl.int64) * NCT + gc
+
+
+@triton.jit
+def _subblock_rows(
+    I,
+    q_base,
+    k_base,
+    g_base,
+    beta,
+    A_blk,
+    Aqk_blk,
+    bos,
+    Tn,
+    t0,
+    i_h,
+    HK: tl.constexpr,
+    HV: tl.constexpr,
+    K: tl.constexpr,
+    BK: tl.constexpr,
+    BKC: tl.constexpr,
+    BKW: tl.constexpr,
+    F32: tl.constexpr,
+    PREC: tl.constexpr,
+):
+    """Rows r = 16 I .. r + 15 of the chunk's A = diag(b) Akk (strictly lower, fp32) and Aqk (lower, diagonal
+    included), stored at A_blk and Aqk_blk (row stride 64). I is a constexpr in the persistent kernel and a
+    program id in `_intra_kernel`; the arithmetic is the same.
+
+    Every log-decay difference is summed from the gates it spans (Gamma_i - Gamma_j = g_{j+1} + ... + g_i, by
+    cumulative sums of the gates shifted and masked, or running products of e^{g_u}), never taken as a difference
+    of two cumulative sums: those reach -600 at g = -20 per token, where fp32 spacing (6e-5) is the relative error
+    of a decay near 1. [*, dk] work runs in key-column blocks of BKC (the cross-sub-block products) and BKW (the
+    within-sub-block pairs; BK in the persistent kernel), in loops that are not unrolled (kernels/NOTES.md)."""
+    o_r = tl.arange(0, 64)
+    o_i = tl.arange(0, 16)
+    t = t0 + o_r
+    m_t = t < Tn
+    r = 16 * I
+    ri = r + o_i
+    m_ri = (t0 + ri) < Tn
+    b_bI = tl.load(beta + (bos + t0 + ri) * HV + i_h, mask=m_ri, other=0.0).to(tl.float32)
+    b_Akk = tl.zeros([16, 64], dtype=tl.float32)
+    b_Aqk = tl.zeros([16, 64], dtype=tl.float32)
+    if I > 0:  # earlier sub-blocks, through token r: e^{G_i - G_r} e^{G_r - G_j}
+        m_j = o_r < r
+        for cb in range(BK // BKC):
+            o_c = cb * BKC + tl.arange(0, BKC)
+            m_c = (o_c < K)[None, :]
+            p_I = (t0 + ri)[:, None] * (HK * K) + o_c[None, :]
+            b_gIc = tl.load(
+                g_base + (t0 + ri)[:, None] * (HV * K) + o_c[None, :], mask=m_ri[:, None] & m_c, other=0.0
+            ).to(tl.float32)
+            b_eI = tl.exp(tl.cumsum(tl.where(o_i[:, None] > 0, b_gIc, 0.0), 0))  # g_{r+1} + ... + g_i
+            b_kIc = tl.load(k_base + p_I, mask=m_ri[:, None] & m_c, other=0.0).to(tl.float32) * b_eI
+            b_qIc = tl.load(q_base + p_I, mask=m_ri[:, None] & m_c, other=0.0).to(tl.float32) * b_eI
+            # g_{j+1} + ... + g_r for j < r: the gates shifted up a row, summed from the bottom
+            p_s = g_base + (t + 1)[:, None] * (HV * K) + o_c[None, :]
+            b_gs = tl.load(p_s, mask=(m_j & (t + 1 < Tn))[:, None] & m_c, other=0.0).to(tl.float32)
+            p_c = k_base + t[:, None] * (HK * K) + o_c[None, :]
+            b_kc = tl.load(p_c, mask=(m_j & m_t)[:, None] & m_c, other=0.0).to(tl.float32)
+            b_kc = _dot_in(b_kc * tl.exp(tl.cumsum(b_gs, 0, reverse=True)), k_base, F32)
+            b_Akk += tl.dot(_dot_in(b_kIc, k_base, F32), tl.trans(b_kc), input_precision=PREC)
+            b_Aqk += tl.dot(_dot_in(b_qIc, k_base, F32), tl.trans(b_kc), input_precision=PREC)
+    # stored now, all but the sub-block's own 16 columns (zeros right of it), so that these [16, 64] tiles are
+    # dead during the loop below, which keeps [16, 16] ones (disjoint masks: no two stores to one element)
+    m_out = ((o_r < r) | (o_r >= r + 16))[None, :]
+    tl.store(A_blk + ri[:, None] * 64 + o_r[None, :], b_Akk * b_bI[:, None], mask=m_out)
+    tl.store(Aqk_blk + ri[:, None] * 64 + o_r[None, :], b_Aqk.to(Aqk_blk.dtype.element_ty), mask=m_out)
+    b_Akk = tl.zeros([16, 16], dtype=tl.float32)
+    b_Aqk = tl.zeros([16, 16], dtype=tl.float32)
+    # pairs within the sub-block, column by column from the last: P_i = e^{g_{j+1} + ... + g_i} (i > j)
+    # is P_i for column j + 1 times e^{g_{j+1}}, one [dk] exponential per column (16 x fewer than
+    # exponentials of sums, no scan); a product of factors <= 1 rounds like the sum, ~(i - j) ulps. Key
+    # channels in blocks of BKW (a loop, not unrolled), whose sums add up (BKW = BK: one block, 0 + sum)
+    for cw in range(BK // BKW):
+        o_w = cw * BKW + tl.arange(0, BKW)
+        m_rw = m_ri[:, None] & (o_w < K)[None, :]
+        b_kI = tl.load(k_base + (t0 + ri)[:, None] * (HK * K) + o_w[None, :], mask=m_rw, other=0.0).to(tl.float32)
+        b_qI = tl.load(q_base + (t0 + ri)[:, None] * (HK * K) + o_w[None, :], mask=m_rw, other=0.0).to(tl.float32)
+        b_P = tl.full([16, BKW], 1.0, dtype=tl.float32)
+        for s in range(16):
+            jj = 15 - s
+            j = r + jj
+            m_kj = o_w < tl.where(t0 + j < Tn, K, 0)  # (a scalar & a vector mask trips the interpreter)
+            b_kj = tl.load(k_base + (t0 + j) * (HK * K) + o_w, mask=m_kj, other=0.0).to(tl.float32)
+            m_ij = o_i >= jj
+            m_g1 = o_w < tl.where((jj < 15) & (t0 + j + 1 < Tn), K, 0)
+            b_e1 = tl.exp(tl.load(g_base + (t0 + j + 1) * (HV * K) + o_w, mask=m_g1, other=0.0).to(tl.float32))
+            b_P = tl.where(o_i[:, None] > jj, b_P * b_e1[None, :], 1.0)
+            b_ke = b_kj[None, :] * b_P
+            b_kk = tl.sum(b_kI * b_ke, 1)
+            b_qk = tl.sum(b_qI * b_ke, 1)
+            sel = o_i[None, :] == jj
+            b_Akk = tl.where(sel & (o_i > jj)[:, None], b_Akk + b_kk[:, None], b_Akk)
+            b_Aqk = tl.where(sel & m_ij[:, None], b_Aqk + b_qk[:, None], b_Aqk)
+    tl.store(A_blk + ri[:, None] * 64 + ri[None, :], b_Akk * b_bI[:, None])
+    tl.store(Aqk_blk + ri[:, None] * 64 + ri[None, :], b_Aqk.to(Aqk_blk.dtype.element_ty))
+
+
+@triton.jit
+def _invert_in_place(S, PREC: tl.constexpr):
+    """The fp32 [64, 64] block at S (row stride 64) holds A (strictly lower); leaves T = (I + A)^-1 there and
+    returns it (lower, fp32). Four 16x16 diagonal inverses by forward substitution (row i of T - I is
+    -a_i + sum_j (-a_ij) (T - I)_j), then block rows in place: T_{p,<p} = -T_pp A_{p,<p} T_{<p,<p}."""
+    o_r = tl.arange(0, 64)
+    o_i = tl.arange(0, 16)
+    o_p = tl.arange(0, 4)
+    m_tri = o_r[:, None] >= o_r[None, :]
+    eye16 = tl.where(o_i[:, None] == o_i[None, :], 1.0, 0.0)
+    b_T3 = tl.zeros([4, 16, 16], dtype=tl.float32)
+    for i in range(1, 16):
+        b_a = -tl.load(S + (16 * o_p[:, None] + i) * 64 + 16 * o_p[:, None] + o_i[None, :])
+        b_a = tl.where(o_i[None, :] < i, b_a, 0.0)
+        b_new = b_a + tl.sum(b_a[:, :, None] * b_T3, 1)
+        b_T3 = tl.where(o_i[None, :, None] == i, b_new[:, None, :], b_T3)
+    b_T3 += eye16[None, :, :]
+    p_d = S + (16 * o_p[:, None, None] + o_i[None, :, None]) * 64 + 16 * o_p[:, None, None] + o_i[None, None, :]
+    tl.debug_barrier()
+    tl.store(p_d, b_T3)
+    tl.debug_barrier()
+    for p in tl.static_range(1, 4):
+        row = 16 * p + o_i
+        b_Ap = tl.load(S + row[:, None] * 64 + o_r[None, :], mask=o_r[None, :] < 16 * p, other=0.0)
+        b_Tprev = tl.load(S + o_r[:, None] * 64 + o_r[None, :], mask=(o_r[:, None] < 16 * p) & m_tri, other=0.0)
+        b_R = tl.dot(b_Ap, b_Tprev, input_precision=PREC)
+        b_Tpp = tl.load(S + row[:, None] * 64 + 16 * p + o_i[None, :])
+        b_off = -tl.dot(b_Tpp, b_R, input_precision=PREC)
+        tl.debug_barrier()
+        tl.store(S + row[:, None] * 64 + o_r[None, :], b_off, mask=o_r[None, :] < 16 * p)
+        tl.debug_barrier()
+    return tl.load(S + o_r[:, None] * 64 + o_r[None, :], mask=m_tri, other=0.0)
+
+
+@triton.jit
+def _wy_rows(
+    b_Ti,
+    q_base,
+    k_base,
+    g_base,
+    v,
+    beta,
+    W,
+    U,
+    Kd,
+    Qd,
+    glast,
+    bos,
+    Tn,
+    t0,
+    i_h,
+    blk,
+    HK: tl.constexpr,
+    HV: tl.constexpr,
+    K: tl.constexpr,
+    V: tl.constexpr,
+    BK: tl.constexpr,
+    BKC: tl.constexpr,
+    BV: tl.constexpr,
+    F32: tl.constexpr,
+    PREC: tl.constexpr,
+):
+    """Given T (b_Ti, in dot operand precision), the chunk's W = T diag(b) (e^Gamma * K), U = T diag(b) V,
+    Kd = e^{Gamma_last - Gamma} * K, Qd = e^Gamma * q and Gamma_last (stored at block blk)."""
+    o_r = tl.arange(0, 64)
+    t = t0 + o_r
+    m_t = t < Tn
+    rows = blk * 64 + o_r
+    b_b = tl.load(beta + (bos + t) * HV + i_h, mask=m_t, other=0.0).to(tl.float32)
+    for cb in range(BK // BKC):  # W = T diag(b) (e^G k) is separable by key columns
+        o_c = cb * BKC + tl.arange(0, BKC)
+        m_c = (o_c < K)[None, :]
+        p_gc = g_base + t[:, None] * (HV * K) + o_c[None, :]
+        b_g = tl.load(p_gc, mask=m_t[:, None] & m_c, other=0.0).to(tl.float32)
+        b_Gl = tl.sum(b_g, 0)
+        b_eG = tl.exp(tl.cumsum(b_g, 0))  # e^{Gamma_i}
+        p_c = t[:, None] * (HK * K) + o_c[None, :]
+        b_k = tl.load(k_base + p_c, mask=m_t[:, None] & m_c, other=0.0).to(tl.float32)
+        b_q = tl.load(q_base + p_c, mask=m_t[:, None] & m_c, other=0.0).to(tl.float32)
+        tl.store(Qd + rows[:, None] * K + o_c[None, :], (b_q * b_eG).to(Qd.dtype.element_ty), mask=m_c)
+        b_gs = tl.load(p_gc + HV * K, mask=((o_r < 63) & (t + 1 < Tn))[:, None] & m_c, other=0.0).to(tl.float32)
+        b_kd = b_k * tl.exp(tl.cumsum(b_gs, 0, reverse=True))  # e^{g_{j+1} + ... + g_last} k_j
+        tl.store(Kd + rows[:, None] * K + o_c[None, :], b_kd.to(Kd.dtype.element_ty), mask=m_c)
+        tl.store(glast + blk * K + o_c, b_Gl, mask=o_c < K)
+        b_X = _dot_in(b_k * b_eG * b_b[:, None], k_base, F32)  # last, so that G, k and q are dead during the product
+        b_W = tl.dot(b_Ti, b_X, input_precision=PREC)
+        tl.store(W + rows[:, None] * K + o_c[None, :], b_W.to(W.dtype.element_ty), mask=m_c)
+    v_base = v + bos * (HV * V) + i_h * V
+    for iv in range((V + BV - 1) // BV):  # a loop, not unrolled
+        o_v = iv * BV + tl.arange(0, BV)
+        m_v = o_v < V
+        b_v = tl.load(v_base + t[:, None] * (HV * V) + o_v[None, :], mask=m_t[:, None] & m_v[None, :], other=0.0)
+        b_U = tl.dot(b_Ti, _dot_in(b_v.to(tl.float32) * b_b[:, None], k_base, F32), input_precision=PREC)
+        tl.store(U + rows[:, None] * V + o_v[None, :], b_U.to(U.dtype.element_ty), mask=m_v[None, :])
 
 
 @triton.jit
@@ -81,140 +292,96 @@ def _prep_kernel(
     F32: tl.constexpr,
     PREC: tl.constexpr,
 ):
-    """Persistent over jobs (value head, global chunk): the chunk's intra-chunk factors (module docstring).
-
-    Every log-decay difference is summed from the gates it spans (Gamma_i - Gamma_j = g_{j+1} + ... + g_i, by
-    cumulative sums of the gates shifted and masked), never taken as a difference of two cumulative sums: those
-    reach -600 at g = -20 per token, where fp32 spacing (6e-5) is the relative error of a decay near 1.
-    Per program an fp32 scratch holds A [64, 64] (rows read back by the forward substitution); reused job after
-    job, so it stays in L2. [64, dk] work runs
-    in key-column blocks of BKC, in loops that are not unrolled: whole [64, 128] tiles spilled 2.3 KB per thread
-    (ptxas for sm_90 with Triton 3.9, 4 warps); 8 warps and 16 columns spill 24 bytes (kernels/NOTES.md).
-    """
-    o_r = tl.arange(0, 64)
-    o_i = tl.arange(0, 16)
-    o_p = tl.arange(0, 4)
-    o_k = tl.arange(0, BK)
-    m_k = o_k < K
-    m_tri = o_r[:, None] >= o_r[None, :]
-    eye16 = tl.where(o_i[:, None] == o_i[None, :], 1.0, 0.0)
+    """Persistent over jobs (value head, global chunk): the chunk's intra-chunk factors (module docstring):
+    A and Aqk by 16-token sub-blocks (`_subblock_rows`), T = (I + A)^-1 (`_invert_in_place`), then W, U, Kd, Qd
+    and Gamma_last (`_wy_rows`). Per program an fp32 scratch holds A [64, 64] (rows read back by the forward
+    substitution); reused job after job, so it stays in L2. Whole [64, 128] tiles spilled 2.3 KB per thread
+    (ptxas for sm_90 with Triton 3.9, 4 warps), hence the key-column blocks (kernels/NOTES.md)."""
     S = scratch + tl.program_id(0).to(tl.int64) * (64 * 64)
     for job in range(tl.program_id(0), n_jobs, tl.num_programs(0)):
         i_h, gc = job // NCT, job % NCT
-        i_n, c, bos, Tn = _chunk_seq(gc, T, cu, cidx, coff, IS_VARLEN)
-        i_hk = i_h // (HV // HK)
-        t0 = c * 64
-        t = t0 + o_r
-        m_t = t < Tn
-        k_base = k + bos * (HK * K) + i_hk * K
-        q_base = q + bos * (HK * K) + i_hk * K
-        g_base = g + (bos * HV + i_h) * K  # token row u at + u * HV * K; padded tokens read 0 (no decay)
-        rows0 = (i_h.to(tl.int64) * NCT + gc) * 64  # this chunk's first row in W/U/Kd/Qd/Aqk
+        bos, Tn, t0, k_base, q_base, g_base, blk = _chunk_bases(i_h, gc, q, k, g, T, cu, cidx, coff, NCT, HK, HV, K,
+                                                                IS_VARLEN)  # fmt: skip
         tl.debug_barrier()  # the previous job may still read the scratch
-        for I in tl.static_range(4):  # 16-token sub-blocks: rows r..r+15
-            r = 16 * I
-            ri = r + o_i
-            m_ri = (t0 + ri) < Tn
-            m_rik = m_ri[:, None] & m_k[None, :]
-            b_kI = tl.load(k_base + (t0 + ri)[:, None] * (HK * K) + o_k[None, :], mask=m_rik, other=0.0).to(tl.float32)
-            b_qI = tl.load(q_base + (t0 + ri)[:, None] * (HK * K) + o_k[None, :], mask=m_rik, other=0.0).to(tl.float32)
-            b_Akk = tl.zeros([16, 64], dtype=tl.float32)
-            b_Aqk = tl.zeros([16, 64], dtype=tl.float32)
-            if I > 0:  # earlier sub-blocks, through token r: e^{G_i - G_r} e^{G_r - G_j}
-                m_j = o_r < r
-                for cb in range(BK // BKC):
-                    o_c = cb * BKC + tl.arange(0, BKC)
-                    m_c = (o_c < K)[None, :]
-                    p_I = (t0 + ri)[:, None] * (HK * K) + o_c[None, :]
-                    b_gIc = tl.load(
-                        g_base + (t0 + ri)[:, None] * (HV * K) + o_c[None, :], mask=m_ri[:, None] & m_c, other=0.0
-                    ).to(tl.float32)
-                    b_eI = tl.exp(tl.cumsum(tl.where(o_i[:, None] > 0, b_gIc, 0.0), 0))  # g_{r+1} + ... + g_i
-                    b_kIc = tl.load(k_base + p_I, mask=m_ri[:, None] & m_c, other=0.0).to(tl.float32) * b_eI
-                    b_qIc = tl.load(q_base + p_I, mask=m_ri[:, None] & m_c, other=0.0).to(tl.float32) * b_eI
-                    # g_{j+1} + ... + g_r for j < r: the gates shifted up a row, summed from the bottom
-                    p_s = g_base + (t + 1)[:, None] * (HV * K) + o_c[None, :]
-                    b_gs = tl.load(p_s, mask=(m_j & (t + 1 < Tn))[:, None] & m_c, other=0.0).to(tl.float32)
-                    p_c = k_base + t[:, None] * (HK * K) + o_c[None, :]
-                    b_kc = tl.load(p_c, mask=(m_j & m_t)[:, None] & m_c, other=0.0).to(tl.float32)
-                    b_kc = _dot_in(b_kc * tl.exp(tl.cumsum(b_gs, 0, reverse=True)), k, F32)
-                    b_Akk += tl.dot(_dot_in(b_kIc, k, F32), tl.trans(b_kc), input_precision=PREC)
-                    b_Aqk += tl.dot(_dot_in(b_qIc, k, F32), tl.trans(b_kc), input_precision=PREC)
-            # pairs within the sub-block, column by column from the last: P_i = e^{g_{j+1} + ... + g_i} (i > j)
-            # is P_i for column j + 1 times e^{g_{j+1}}, one [dk] exponential per column (16 x fewer than
-            # exponentials of sums, no scan); a product of factors <= 1 rounds like the sum, ~(i - j) ulps
-            b_P = tl.full([16, BK], 1.0, dtype=tl.float32)
-            for s in range(16):
-                jj = 15 - s
-                j = r + jj
-                m_kj = o_k < tl.where(t0 + j < Tn, K, 0)  # (a scalar & a vector mask trips the interpreter)
-                b_kj = tl.load(k_base + (t0 + j) * (HK * K) + o_k, mask=m_kj, other=0.0).to(tl.float32)
-                m_ij = o_i >= jj
-                m_g1 = o_k < tl.where((jj < 15) & (t0 + j + 1 < Tn), K, 0)
-                b_e1 = tl.exp(tl.load(g_base + (t0 + j + 1) * (HV * K) + o_k, mask=m_g1, other=0.0).to(tl.float32))
-                b_P = tl.where(o_i[:, None] > jj, b_P * b_e1[None, :], 1.0)
-                b_ke = b_kj[None, :] * b_P
-                b_kk = tl.sum(b_kI * b_ke, 1)
-                b_qk = tl.sum(b_qI * b_ke, 1)
-                sel = o_r[None, :] == j
-                b_Akk = tl.where(sel & (o_i > jj)[:, None], b_kk[:, None], b_Akk)
-                b_Aqk = tl.where(sel & m_ij[:, None], b_qk[:, None], b_Aqk)
-            b_bI = tl.load(beta + (bos + t0 + ri) * HV + i_h, mask=m_ri, other=0.0).to(tl.float32)
-            tl.store(S + ri[:, None] * 64 + o_r[None, :], b_Akk * b_bI[:, None])
-            tl.store(Aqk + (rows0 + ri)[:, None] * 64 + o_r[None, :], b_Aqk.to(Aqk.dtype.element_ty))
+        for I in tl.static_range(4):  # 16-token sub-blocks: rows 16 I .. 16 I + 15
+            _subblock_rows(I, q_base, k_base, g_base, beta, S, Aqk + blk * (64 * 64), bos, Tn, t0, i_h,
+                           HK, HV, K, BK, BKC, BK, F32, PREC)  # fmt: skip
         tl.debug_barrier()
-        # T = (I + A)^-1: four 16x16 diagonal inverses (row i of T - I is -a_i + sum_j (-a_ij) (T - I)_j) ...
-        b_T3 = tl.zeros([4, 16, 16], dtype=tl.float32)
-        for i in range(1, 16):
-            b_a = -tl.load(S + (16 * o_p[:, None] + i) * 64 + 16 * o_p[:, None] + o_i[None, :])
-            b_a = tl.where(o_i[None, :] < i, b_a, 0.0)
-            b_new = b_a + tl.sum(b_a[:, :, None] * b_T3, 1)
-            b_T3 = tl.where(o_i[None, :, None] == i, b_new[:, None, :], b_T3)
-        b_T3 += eye16[None, :, :]
-        p_d = S + (16 * o_p[:, None, None] + o_i[None, :, None]) * 64 + 16 * o_p[:, None, None] + o_i[None, None, :]
-        tl.debug_barrier()
-        tl.store(p_d, b_T3)
-        tl.debug_barrier()
-        # ... then block rows, in place: T_{p,<p} = -T_pp A_{p,<p} T_{<p,<p}
-        for p in tl.static_range(1, 4):
-            row = 16 * p + o_i
-            b_Ap = tl.load(S + row[:, None] * 64 + o_r[None, :], mask=o_r[None, :] < 16 * p, other=0.0)
-            b_Tprev = tl.load(S + o_r[:, None] * 64 + o_r[None, :], mask=(o_r[:, None] < 16 * p) & m_tri, other=0.0)
-            b_R = tl.dot(b_Ap, b_Tprev, input_precision=PREC)
-            b_Tpp = tl.load(S + row[:, None] * 64 + 16 * p + o_i[None, :])
-            b_off = -tl.dot(b_Tpp, b_R, input_precision=PREC)
-            tl.debug_barrier()
-            tl.store(S + row[:, None] * 64 + o_r[None, :], b_off, mask=o_r[None, :] < 16 * p)
-            tl.debug_barrier()
-        b_Ti = _dot_in(tl.load(S + o_r[:, None] * 64 + o_r[None, :], mask=m_tri, other=0.0), k, F32)
-        # WY factors and the decayed keys and queries
-        rows = rows0 + o_r
-        b_b = tl.load(beta + (bos + t) * HV + i_h, mask=m_t, other=0.0).to(tl.float32)
-        for cb in range(BK // BKC):  # W = T diag(b) (e^G k) is separable by key columns
-            o_c = cb * BKC + tl.arange(0, BKC)
-            m_c = (o_c < K)[None, :]
-            p_gc = g_base + t[:, None] * (HV * K) + o_c[None, :]
-            b_g = tl.load(p_gc, mask=m_t[:, None] & m_c, other=0.0).to(tl.float32)
-            b_Gl = tl.sum(b_g, 0)
-            b_eG = tl.exp(tl.cumsum(b_g, 0))  # e^{Gamma_i}
-            p_c = t[:, None] * (HK * K) + o_c[None, :]
-            b_k = tl.load(k_base + p_c, mask=m_t[:, None] & m_c, other=0.0).to(tl.float32)
-            b_q = tl.load(q_base + p_c, mask=m_t[:, None] & m_c, other=0.0).to(tl.float32)
-            tl.store(Qd + rows[:, None] * K + o_c[None, :], (b_q * b_eG).to(Qd.dtype.element_ty), mask=m_c)
-            b_gs = tl.load(p_gc + HV * K, mask=((o_r < 63) & (t + 1 < Tn))[:, None] & m_c, other=0.0).to(tl.float32)
-            b_kd = b_k * tl.exp(tl.cumsum(b_gs, 0, reverse=True))  # e^{g_{j+1} + ... + g_last} k_j
-            tl.store(Kd + rows[:, None] * K + o_c[None, :], b_kd.to(Kd.dtype.element_ty), mask=m_c)
-            tl.store(glast + (i_h.to(tl.int64) * NCT + gc) * K + o_c, b_Gl, mask=o_c < K)
-            b_X = _dot_in(b_k * b_eG * b_b[:, None], k, F32)  # last, so that G, k and q are dead during the product
-            b_W = tl.dot(b_Ti, b_X, input_precision=PREC)
-            tl.store(W + rows[:, None] * K + o_c[None, :], b_W.to(W.dtype.element_ty), mask=m_c)
-        v_base = v + bos * (HV * V) + i_h * V
-        for iv in range((V + BV - 1) // BV):  # a loop, not unrolled
-            o_v = iv * BV + tl.arange(0, BV)
-            m_v = o_v < V
-            b_v = tl.load(v_base + t[:, None] * (HV * V) + o_v[None, :], mask=m_t[:, None] & m_v[None, :], other=0.0)
-            b_U = tl.dot(b_Ti, _dot_in(b_v.to(tl.float32) * b_b[:, None], k, F32), input_precision=PREC)
-            tl.store(U + rows[:, None] * V + o_v[None, :], b_U.to(U.dtype.element_ty), mask=m_v[None, :])
+        b_Ti = _dot_in(_invert_in_place(S, PREC), k, F32)
+        _wy_rows(b_Ti, q_base, k_base, g_base, v, beta, W, U, Kd, Qd, glast, bos, Tn, t0, i_h, blk,
+                 HK, HV, K, V, BK, BKC, BV, F32, PREC)  # fmt: skip
+
+
+@triton.jit
+def _intra_kernel(
+    q,
+    k,
+    beta,
+    g,
+    A,
+    Aqk,
+    T,
+    cu,
+    cidx,
+    coff,
+    NCT,
+    HK: tl.constexpr,
+    HV: tl.constexpr,
+    K: tl.constexpr,
+    BK: tl.constexpr,
+    BKC: tl.constexpr,
+    BKW: tl.constexpr,
+    IS_VARLEN: tl.constexpr,
+    F32: tl.constexpr,
+    PREC: tl.constexpr,
+):
+    """Split prep, first kernel: one program per (16-token sub-block I of global chunk gc, value head), program
+    ids (4 gc + I, i_h): rows 16 I .. 16 I + 15 of the chunk's A (fp32, into the temporary A) and Aqk."""
+    pid, i_h = tl.program_id(0), tl.program_id(1)
+    I, gc = pid % 4, pid // 4
+    bos, Tn, t0, k_base, q_base, g_base, blk = _chunk_bases(i_h, gc, q, k, g, T, cu, cidx, coff, NCT, HK, HV, K,
+                                                            IS_VARLEN)  # fmt: skip
+    _subblock_rows(I, q_base, k_base, g_base, beta, A + blk * (64 * 64), Aqk + blk * (64 * 64), bos, Tn, t0, i_h,
+                   HK, HV, K, BK, BKC, BKW, F32, PREC)  # fmt: skip
+
+
+@triton.jit
+def _wy_kernel(
+    q,
+    k,
+    v,
+    beta,
+    g,
+    A,
+    W,
+    U,
+    Kd,
+    Qd,
+    glast,
+    T,
+    cu,
+    cidx,
+    coff,
+    NCT,
+    HK: tl.constexpr,
+    HV: tl.constexpr,
+    K: tl.constexpr,
+    V: tl.constexpr,
+    BK: tl.constexpr,
+    BKC: tl.constexpr,
+    BV: tl.constexpr,
+    IS_VARLEN: tl.constexpr,
+    F32: tl.constexpr,
+    PREC: tl.constexpr,
+):
+    """Split prep, second kernel: one program per (global chunk, value head): T = (I + A)^-1 in place in the
+    chunk's block of A (written by `_intra_kernel`), then W, U, Kd, Qd and Gamma_last."""
+    gc, i_h = tl.program_id(0), tl.program_id(1)
+    bos, Tn, t0, k_base, q_base, g_base, blk = _chunk_bases(i_h, gc, q, k, g, T, cu, cidx, coff, NCT, HK, HV, K,
+                                                            IS_VARLEN)  # fmt: skip
+    b_Ti = _dot_in(_invert_in_place(A + blk * (64 * 64), PREC), k, F32)
+    _wy_rows(b_Ti, q_base, k_base, g_base, v, beta, W, U, Kd, Qd, glast, bos, Tn, t0, i_h, blk,
+             HK, HV, K, V, BK, BKC, BV, F32, PREC)  # fmt: skip
 
 
 @triton.jit
@@ -364,6 +531,11 @@ class KdaConfig:
     prep_bv: int = 64  # value tile of U = T diag(b) V
     prep_bk: int = 16  # key-column block of the prep kernel's [64, dk] work (32: 256 bytes of spills)
     prep_programs_per_sm: int = 2  # H100, B=8 T=8192 H=32: 4 warps x 2 programs 20.1 ms, 8 warps x 1 29.4 ms
+    split_prep: bool = False  # the prep as `_intra_kernel` + `_wy_kernel` (not persistent; GPU speed not measured)
+    intra_warps: int = 4  # split prep: warps of `_intra_kernel` (one 16-token sub-block a program)
+    intra_bk: int = 32  # split prep: key-channel block of the within-sub-block pairs (the persistent kernel: dk)
+    intra_maxnreg: int | None = 128  # split prep: register cap of `_intra_kernel` (ptxas sm_90: 127, no spills)
+    wy_warps: int = 4  # split prep: warps of `_wy_kernel` (one chunk a program; prep_bk and prep_bv as the prep's)
     state_warps: int = 4
     state_stages: int = 2
     out_warps: int = 4
@@ -453,13 +625,26 @@ def triton_kda(
     bnd = torch.empty(NCT + N, HV, K, V, dtype=f32, device=dev)  # each sequence's chunk starts, then its final
     ht = torch.empty(N, HV, K, V, dtype=f32, device=dev) if output_final_state else None
     o = torch.empty(B, T, HV, V, dtype=dtype, device=dev)
-    if NCT > 0:
+    BKC, BVP = min(_pow2(cfg.prep_bk), BK), min(cfg.prep_bv, BVF)
+    if NCT > 0 and cfg.split_prep:
+        A = torch.empty(HV, rows, CHUNK_SIZE, dtype=f32, device=dev)  # diag(b) Akk, then T in place
+        _intra_kernel[(4 * NCT, HV)](
+            q, k, beta, g, A, Aqk, *seq_args, HK=HK, K=K, HV=HV, BK=BK, BKC=BKC, BKW=min(_pow2(cfg.intra_bk), BK),
+            IS_VARLEN=varlen, F32=F32, PREC=PREC, num_warps=cfg.intra_warps,
+            **({} if cfg.intra_maxnreg is None or interp else dict(maxnreg=cfg.intra_maxnreg)),
+        )  # fmt: skip
+        _wy_kernel[(NCT, HV)](
+            q, k, v, beta, g, A, W, U, Kd, Qd, glast, *seq_args, HK=HK, BK=BK, BKC=BKC, BV=BVP,
+            num_warps=cfg.wy_warps, **common,
+        )  # fmt: skip
+        del A
+    elif NCT > 0:
         n_jobs = HV * NCT
         n_prog = min(n_jobs, 3 if interp else _num_sms() * cfg.prep_programs_per_sm)
         scratch = torch.empty(n_prog, 64 * 64, dtype=f32, device=dev)
         _prep_kernel[(n_prog,)](
             q, k, v, beta, g, W, U, Kd, Qd, Aqk, glast, scratch, *seq_args, n_jobs,
-            HK=HK, BK=BK, BKC=min(_pow2(cfg.prep_bk), BK), BV=min(cfg.prep_bv, BVF), num_warps=cfg.prep_warps,
+            HK=HK, BK=BK, BKC=BKC, BV=BVP, num_warps=cfg.prep_warps,
             **common,
         )  # fmt: skip
     BKH = BK // 2 if BK > 128 else BK

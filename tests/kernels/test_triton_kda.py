@@ -100,26 +100,56 @@ CPU_CASES = {
 
 
 @cpu_only
+@pytest.mark.parametrize("split", [False, True], ids=["persistent prep", "split prep"])
 @pytest.mark.parametrize("name", list(CPU_CASES))
-def test_fp32_matches_float64_reference(name):
+def test_fp32_matches_float64_reference(name, split):
     from kernels.triton_kda import KdaConfig
 
     *shape, kw = CPU_CASES[name]
     kw = dict(kw)
     bk = kw.pop("prep_bk", None)
-    _check(*shape, **kw, config=KdaConfig(prep_bk=bk) if bk else None)
+    # the split path with key blocks of 16 in its within-sub-block pairs (several blocks at dk = 24)
+    _check(*shape, **kw, config=KdaConfig(prep_bk=bk or KdaConfig.prep_bk, split_prep=split, intra_bk=16))
 
 
 @cpu_only
+@pytest.mark.parametrize("split", [False, True], ids=["persistent prep", "split prep"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_half_inputs_match_float64_reference(dtype):
-    _check(1, None, 1, 2, 16, 32, dtype=dtype, lengths=[100, 30], strength=3.0)
+def test_half_inputs_match_float64_reference(dtype, split):
+    from kernels.triton_kda import KdaConfig
+
+    _check(1, None, 1, 2, 16, 32, dtype=dtype, lengths=[100, 30], strength=3.0, config=KdaConfig(split_prep=split))
 
 
 @cpu_only
-def test_key_halves_at_dk_256():
+@pytest.mark.parametrize("split", [False, True], ids=["persistent prep", "split prep"])
+def test_key_halves_at_dk_256(split):
     """dk > 128: the state kernel holds the key rows in two halves (as triton_chunk)."""
-    _check(1, 70, 1, 1, 256, 16)
+    from kernels.triton_kda import KdaConfig
+
+    _check(1, 70, 1, 1, 256, 16, config=KdaConfig(split_prep=split))
+
+
+@cpu_only
+def test_split_prep_is_the_persistent_arithmetic():
+    """Under the interpreter the split prep (`_intra_kernel` + `_wy_kernel`) computes what `_prep_kernel` does,
+    to the bit when its within-sub-block pairs take all key channels in one block (as the persistent kernel);
+    in key blocks of 16 the sums are split, to within fp32 rounding. Packed, grouped, strong decays, dv tiled."""
+    from kernels.triton_kda import KdaConfig, triton_kda
+
+    lengths = [70, 9, 130]
+    q, k, v, beta, g, s0 = _inputs(1, sum(lengths), 1, 2, 32, 48, strength=20.0, n_seq=3, seed=6)
+    cu = _cu(lengths)
+    base = KdaConfig(prep_bv=16)
+    want = triton_kda(q, k, v, beta, g, initial_state=s0, cu_seqlens=cu, config=base)
+    same = triton_kda(q, k, v, beta, g, initial_state=s0, cu_seqlens=cu,
+                      config=KdaConfig(prep_bv=16, split_prep=True, intra_bk=32))  # fmt: skip
+    for a, b in zip(same, want):
+        assert torch.equal(a, b)
+    near = triton_kda(q, k, v, beta, g, initial_state=s0, cu_seqlens=cu,
+                      config=KdaConfig(prep_bv=16, split_prep=True, intra_bk=16))  # fmt: skip
+    for a, b in zip(near, want):
+        assert _rel(a, b) < 1e-6
 
 
 @cpu_only
@@ -239,6 +269,23 @@ def test_gpu_strong_decays_grouped_packed_vs_float64():
 @needs_cuda
 def test_gpu_dk256_dv512_vs_float64():
     _check(1, 300, 2, 4, 256, 512, dtype=torch.bfloat16, device="cuda")
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("intra_warps", [4, 8])
+def test_gpu_split_prep_vs_float64(intra_warps):
+    """The split prep (`KdaConfig.split_prep`: `_intra_kernel` + `_wy_kernel`) at dk = dv = 128, bf16: full
+    batches (B = 2, T = 1000 with a partial chunk, H = 16), then grouped heads, g down to -20 per token and packed
+    sequences not multiples of 64 (one of a single token); fp32 on the first shape."""
+    from kernels.triton_kda import KdaConfig
+
+    cfg = KdaConfig(split_prep=True, intra_warps=intra_warps, intra_maxnreg=128 if intra_warps == 4 else 80)
+    _check(2, 1000, 16, 16, 128, 128, dtype=torch.bfloat16, device="cuda", config=cfg)
+    _check(2, 1000, 16, 16, 128, 128, dtype=torch.float32, device="cuda", config=cfg)
+    _check(1, None, 8, 16, 128, 128, dtype=torch.bfloat16, strength=20.0, lengths=[700, 37, 64, 1500, 1, 300],
+           device="cuda", config=cfg)  # fmt: skip
+    _check(1, 300, 2, 4, 256, 512, dtype=torch.bfloat16, device="cuda", config=cfg)
 
 
 @gpu
