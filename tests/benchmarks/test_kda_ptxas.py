@@ -1,4 +1,8 @@
-"""The Triton KDA kernels compile for sm_90 without a GPU, and the prep kernel stays (nearly) free of spills."""
+"""The Triton KDA kernels compile for sm_90 without a GPU, and the prep kernel's spills stay bounded.
+
+The default prep launch (4 warps, two programs per SM) was chosen on an H100 over 8 warps (20.1 vs 29.4 ms at
+B=8 T=8192 H=32) although it spills: 344 bytes after the split-prep refactor (520 before); the bound catches a
+change that makes it much worse."""
 
 from __future__ import annotations
 
@@ -28,5 +32,5 @@ def test_kernels_compile_for_sm90_and_prep_does_not_spill():
     rows = {line.split()[0]: [int(x) for x in line.split()[1:]] for line in out.stdout.splitlines()[2:]}
     assert set(rows) == {"prep", "state", "output"}
     regs, spill, smem = rows["prep"]
-    assert regs <= 255 and spill <= 128, f"prep kernel: {regs} registers, {spill} bytes of spills"
+    assert regs <= 255 and spill <= 512, f"prep kernel: {regs} registers, {spill} bytes of spills"
     assert all(r[2] <= 227 * 1024 for r in rows.values())  # shared memory of an H100 SM
