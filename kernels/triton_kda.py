@@ -44,6 +44,7 @@ from kernels.triton_chunk import (
     _chunk_seq,
     _dot_in,
     _interpreting,
+    _invert_in_place,
     _launch,
     _num_sms,
     _pow2,
@@ -163,40 +164,6 @@ def _subblock_rows(
             b_Aqk = tl.where(sel & m_ij[:, None], b_Aqk + b_qk[:, None], b_Aqk)
     tl.store(A_blk + ri[:, None] * 64 + ri[None, :], b_Akk * b_bI[:, None])
     tl.store(Aqk_blk + ri[:, None] * 64 + ri[None, :], b_Aqk.to(Aqk_blk.dtype.element_ty))
-
-
-@triton.jit
-def _invert_in_place(S, PREC: tl.constexpr):
-    """The fp32 [64, 64] block at S (row stride 64) holds A (strictly lower); leaves T = (I + A)^-1 there and
-    returns it (lower, fp32). Four 16x16 diagonal inverses by forward substitution (row i of T - I is
-    -a_i + sum_j (-a_ij) (T - I)_j), then block rows in place: T_{p,<p} = -T_pp A_{p,<p} T_{<p,<p}."""
-    o_r = tl.arange(0, 64)
-    o_i = tl.arange(0, 16)
-    o_p = tl.arange(0, 4)
-    m_tri = o_r[:, None] >= o_r[None, :]
-    eye16 = tl.where(o_i[:, None] == o_i[None, :], 1.0, 0.0)
-    b_T3 = tl.zeros([4, 16, 16], dtype=tl.float32)
-    for i in range(1, 16):
-        b_a = -tl.load(S + (16 * o_p[:, None] + i) * 64 + 16 * o_p[:, None] + o_i[None, :])
-        b_a = tl.where(o_i[None, :] < i, b_a, 0.0)
-        b_new = b_a + tl.sum(b_a[:, :, None] * b_T3, 1)
-        b_T3 = tl.where(o_i[None, :, None] == i, b_new[:, None, :], b_T3)
-    b_T3 += eye16[None, :, :]
-    p_d = S + (16 * o_p[:, None, None] + o_i[None, :, None]) * 64 + 16 * o_p[:, None, None] + o_i[None, None, :]
-    tl.debug_barrier()
-    tl.store(p_d, b_T3)
-    tl.debug_barrier()
-    for p in tl.static_range(1, 4):
-        row = 16 * p + o_i
-        b_Ap = tl.load(S + row[:, None] * 64 + o_r[None, :], mask=o_r[None, :] < 16 * p, other=0.0)
-        b_Tprev = tl.load(S + o_r[:, None] * 64 + o_r[None, :], mask=(o_r[:, None] < 16 * p) & m_tri, other=0.0)
-        b_R = tl.dot(b_Ap, b_Tprev, input_precision=PREC)
-        b_Tpp = tl.load(S + row[:, None] * 64 + 16 * p + o_i[None, :])
-        b_off = -tl.dot(b_Tpp, b_R, input_precision=PREC)
-        tl.debug_barrier()
-        tl.store(S + row[:, None] * 64 + o_r[None, :], b_off, mask=o_r[None, :] < 16 * p)
-        tl.debug_barrier()
-    return tl.load(S + o_r[:, None] * 64 + o_r[None, :], mask=m_tri, other=0.0)
 
 
 @triton.jit
