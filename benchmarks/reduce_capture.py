@@ -54,6 +54,7 @@ def main() -> None:
     p.add_argument("--family", default="olmo_hybrid", help="olmo_hybrid (default), qwen3_5_text or kimi_linear")
     p.add_argument("--default-config", action="store_true", help="the family's transformers default (real) size")
     p.add_argument("--quick", action="store_true", help="a small model and shape (a smoke run)")
+    p.add_argument("--layers", type=int, default=None, help="layers of the small models (--quick or the default)")
     p.add_argument("--batch", type=int, default=4)
     p.add_argument("--length", type=int, default=2048)
     p.add_argument("--batches", type=int, default=3, help="timed batches per mode")
@@ -73,12 +74,12 @@ def main() -> None:
 
     torch.manual_seed(0)
     if args.quick:
-        hf = _model(args.family, hidden=512, layers=4, k_heads=4, v_heads=8, head_dim=64)
+        hf = _model(args.family, hidden=512, layers=args.layers or 4, k_heads=4, v_heads=8, head_dim=64)
         args.batch, args.length = 2, 512
     elif args.default_config:
         hf = _default_model(args.family)
     else:
-        hf = _model(args.family, hidden=2048, layers=8, k_heads=8, v_heads=16, head_dim=128)
+        hf = _model(args.family, hidden=2048, layers=args.layers or 8, k_heads=8, v_heads=16, head_dim=128)
     text = hf.config.get_text_config()
     B, T = args.batch, args.length
     ids = torch.randint(3, min(32000, text.vocab_size), (B, T), device=DEVICE)
