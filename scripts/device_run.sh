@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call's worth of GPU work, by section; logs and JSON go to $OUT (the device tool's folder).
 #   usage (on the device, from the repo root, after the wheel install line of ../shared/device/README.md):
-#     bash scripts/device_run.sh s4 | tests | kernels | kda | analysis | probes | store | dist | attention | rwkv7fix | rwkv7 | reduce | secular | devmap [more ...]
+#     bash scripts/device_run.sh s4 | tests | kernels | kda | analysis | probes | store | dist | attention | rwkv7fix | rwkv7 | verify | reduce | secular | devmap [more ...]
 # s4:      continue the bundled S4 model (trained up to length 128) at 128, then 256, and evaluate it
 # tests:   the GPU-marked tests (realistic shapes, fla 0.6.0 comparisons)
 # kernels: python -m benchmarks.kernels (forward vs fla, accuracy; ~9 min on an H100, so a call of its own)
@@ -24,6 +24,8 @@
 #          wants the H200), the plain forward in the same run, and the top operators under torch.profiler
 # secular: the Triton secular solver's GPU tests, scripts/secular_diag.py (also without FMA if SECULAR_NOFMA=1), and
 #          python -m benchmarks.spectra_dplr --dk 64 128 (Triton, torch and dense in one run), all under $OUT
+# verify:  GPU tests of the delta-rule and KDA forwards (both changed shape after their last GPU run) and
+#          scripts/kda_split_check.py (KDA prep: persistent vs split vs fla); carry .triton-autotune for fla
 # devmap:  scripts/device_map_check.py same (7B: one GPU vs device_map auto/balanced) and big (Qwen3-Next 80B on the
 #          GPUs, --reduce ranks,spectra): on nvidia-h200-x2, under 10 minutes
 # dist:    torchrun capture on every GPU of the machine (NCCL) against one GPU; same values (nvidia-h200-x2)
@@ -116,6 +118,15 @@ for section in "$@"; do
         > "$OUT/secular-diag-nofma.txt" 2>&1
       timeout 150 python3 -m benchmarks.spectra_dplr --dk 64 128 > "$OUT/spectra-dplr.txt" 2>&1
       tail -4 "$OUT/secular-tests.log"; grep -v Warn "$OUT/secular-diag.txt" | tail -12; tail -6 "$OUT/spectra-dplr.txt" ;;
+    verify)
+      # the kernels that changed shape after their last GPU run (kernels/NOTES.md): the delta-rule forward's and the
+      # KDA forward's GPU tests (split prep included), then persistent vs split prep vs fla at two grid points
+      timeout 200 python3 -m pytest -q -m gpu -rA -p no:cacheprovider tests/kernels/test_triton_chunk.py \
+        > "$OUT/verify-chunk.log" 2>&1; echo "chunk tests exit $?" >> "$OUT/verify-chunk.log"
+      timeout 240 python3 -m pytest -q -m gpu -rA -p no:cacheprovider tests/kernels/test_triton_kda.py \
+        > "$OUT/verify-kda.log" 2>&1; echo "kda tests exit $?" >> "$OUT/verify-kda.log"
+      timeout 120 python3 scripts/kda_split_check.py > "$OUT/kda-split.txt" 2>&1
+      tail -3 "$OUT/verify-chunk.log" "$OUT/verify-kda.log"; grep -v Warn "$OUT/kda-split.txt" ;;
     devmap)
       # #19 on several GPUs: the 7B saved and captured on one GPU vs device_map auto / balanced (same store?), then
       # Qwen3-Next's default config (79.7B, 159 GB bf16) built straight onto the GPUs and captured with reductions
@@ -129,7 +140,7 @@ for section in "$@"; do
         --length "${REDUCE_T:-4096}" --batches 2 --rank-every 64 --reduce ranks,spectra --modes reduce --profile \
         --json "$OUT/reduce.json" > "$OUT/reduce.txt" 2>&1
       echo "reduce exit $? (124: past 500 s)" | tee -a "$OUT/reduce.txt"; grep -A3 "x plain" "$OUT/reduce.txt" ;;
-    *) echo "unknown section $section: use s4, tests, kernels, kda, analysis, probes, store, dist, attention, rwkv7fix, rwkv7, reduce, secular or devmap" >&2
+    *) echo "unknown section $section: use s4, tests, kernels, kda, analysis, probes, store, dist, attention, rwkv7fix, rwkv7, reduce, verify, secular or devmap" >&2
        exit 2 ;;
   esac
 done
