@@ -232,11 +232,17 @@ def wide_eigenvalues(keys: torch.Tensor, betas: torch.Tensor) -> torch.Tensor:
     """keys [N, n, K], betas [N, n] -> eigenvalues [N, n] (complex128) for n > 3, through the similar
     m x m matrix Z = I - R M R^T with K^T = Q R (m = min(n, K)), orthogonal whenever P is, so that its
     eigenvalues are as well conditioned as P's (C itself is far from normal when keys are dependent).
-    CUDA: one Triton kernel (`kernels.triton_eig`); CPU: batched QR and LAPACK."""
+    CUDA: one Triton kernel (`kernels.triton_eig`, the CPU path for what it cannot converge); CPU: batched QR and
+    LAPACK."""
     if keys.is_cuda:
-        from kernels.triton_eig import householder_eigvals
+        from kernels.triton_eig import householder_eigvals  # imports triton; the CPU path does not need it
 
-        return householder_eigvals(keys, betas)
+        return householder_eigvals(keys, betas, fallback=_wide_eigenvalues_cpu)
+    return _wide_eigenvalues_cpu(keys, betas)
+
+
+def _wide_eigenvalues_cpu(keys: torch.Tensor, betas: torch.Tensor) -> torch.Tensor:
+    """`wide_eigenvalues` by batched QR and LAPACK (float64)."""
     keys, betas = keys.to(torch.float64), betas.to(torch.float64)
     N, n, _ = keys.shape
     gram = keys @ keys.transpose(-1, -2)

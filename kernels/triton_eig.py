@@ -15,6 +15,8 @@ number. A matrix that has not converged after 30 n sweeps is flagged and re-solv
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import triton
 import triton.language as tl
@@ -243,10 +245,13 @@ def triton_eigvals(a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.complex(re, im), ok.bool()
 
 
-def householder_eigvals(keys: torch.Tensor, betas: torch.Tensor, programs: int | None = None) -> torch.Tensor:
+def householder_eigvals(keys: torch.Tensor, betas: torch.Tensor, programs: int | None = None,
+                        fallback: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None) -> torch.Tensor:
     """keys [N, n, dk] (unit rows), betas [N, n] -> the n non-trivial eigenvalues [N, n] (complex128) of
     (I - b_n k_n k_n^T) ... (I - b_1 k_1 k_1^T), through Z = I - L^T M L (orthogonal when P is, so its
-    eigenvalues are as well conditioned as P's). Matrices that do not converge are re-solved by LAPACK."""
+    eigenvalues are as well conditioned as P's). Matrices whose QR iteration does not converge go to
+    `fallback(keys, betas)` on the CPU (`kernels.spectra.wide_eigenvalues` passes its LAPACK path); without
+    one they raise."""
     if keys.dim() != 3 or betas.shape != keys.shape[:2]:
         raise ValueError(f"expected keys [N, n, dk] and betas [N, n], got {tuple(keys.shape)}, {tuple(betas.shape)}")
     N, n, dk = keys.shape
@@ -271,8 +276,9 @@ def householder_eigvals(keys: torch.Tensor, betas: torch.Tensor, programs: int |
     )
     eig = torch.complex(re, im)
     if not bool(ok.bool().all()):
-        from kernels.spectra import wide_eigenvalues
-
         bad = (~ok.bool()).nonzero().squeeze(1)
-        eig[bad] = wide_eigenvalues(keys[bad].cpu(), betas[bad].cpu()).to(eig.device)
+        if fallback is None:
+            raise RuntimeError(f"householder_eigvals: {bad.numel()} of {N} matrices did not converge; pass "
+                               "fallback=kernels.spectra.wide_eigenvalues (LAPACK on the CPU)")
+        eig[bad] = fallback(keys[bad].cpu(), betas[bad].cpu()).to(eig.device)
     return eig

@@ -147,3 +147,24 @@ def test_cpu_path_survives_lapack_stall():
     dense = dense_eigvals(keys, betas)
     ours = torch.cat([eig, torch.ones(1, keys.shape[-1] - keys.shape[1], dtype=eig.dtype)], -1)
     assert matched_error(ours, dense) < 1e-12
+
+
+def test_matrices_that_do_not_converge_go_to_the_fallback(monkeypatch):
+    """A QR iteration that fails (faked here: the kernel reports no convergence) hands those matrices to the
+    fallback that kernels.spectra passes (its LAPACK path); without a fallback it is one clear error."""
+    import kernels.triton_eig as te
+
+    class NotConverging:
+        def __getitem__(self, grid):
+            def launch(keys, betas, scratch, re, im, ok, *args, **kwargs):
+                re.zero_(), im.zero_(), ok.zero_()
+            return launch
+
+    monkeypatch.setattr(te, "_householder_eig_kernel", NotConverging())
+    gen = torch.Generator().manual_seed(5)
+    keys = torch.nn.functional.normalize(torch.randn(5, 4, 8, generator=gen, dtype=torch.float64), dim=-1)
+    betas = 2 * torch.rand(5, 4, generator=gen, dtype=torch.float64)
+    got = te.householder_eigvals(keys, betas, fallback=wide_eigenvalues)
+    assert torch.equal(got, wide_eigenvalues(keys, betas))
+    with pytest.raises(RuntimeError, match=r"^householder_eigvals: 5 of 5 matrices did not converge; pass fallback="):
+        te.householder_eigvals(keys, betas)
