@@ -12,6 +12,7 @@ CPU at a tiny --batch).
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import time
 from collections.abc import Callable
@@ -82,6 +83,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--block", type=int, default=None,
                    help="matrices per torch-solver block (memory O(block dk^2); default 4096 GPU, 128 CPU)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--sweep", action="store_true",
+                   help="also the Triton solver's launch choices (roots per program, warps, one sum per evaluation)")
     args = p.parse_args(argv)
     device = torch.device(args.device)
     cuda = device.type == "cuda"
@@ -103,6 +106,22 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{r['dk']:>5} {tri:>10.3e} {mix:>10.3e} {r['torch_per_s']:>10.3e} {r['dense_per_s']:>10.3e} "
               f"{tri / r['dense_per_s']:>9.0f}x {tri / r['torch_per_s']:>9.1f}x {r.get('err_triton', nan):>11.1e} "
               f"{r.get('err_mixed', nan):>10.1e} {r['err_torch']:>10.1e} {r['err_dense']:>12.1e}", flush=True)
+    if args.sweep and triton:
+        for dk in args.dk:
+            sweep(dk, batch, device)
+
+
+def sweep(dk: int, batch: int, device: torch.device) -> None:
+    """The raw Triton solver's rate for each launch choice at one dk (same inputs; max error vs the default's)."""
+    d, k, beta = inputs(batch, dk, device)
+    w = d.sqrt() * k
+    base = secular_eigvals(d, w, beta)
+    print(f"launch choices at dk = {dk} (token-heads/s; max |difference| from the default launch)")
+    for block_r, warps, one_sum in itertools.product((8, 16, 32), (2, 4), (False, True)):
+        t, lam = _timed(lambda b=block_r, nw=warps, o=one_sum: secular_eigvals(d, w, beta, block_r=b, num_warps=nw,
+                                                                               one_sum=o), device)
+        print(f"   roots/program {block_r:>2}  warps {warps}  one sum {one_sum!s:>5}: {batch / t:.3e}  "
+              f"{float((lam - base).abs().max()):.1e}", flush=True)
 
 
 if __name__ == "__main__":

@@ -82,13 +82,20 @@ def _deflate_kernel(DP, Z, RHO, DPO, ZO, KEPT, n, BLOCK: tl.constexpr, EPS_C: tl
 
 
 @triton.jit
-def _secular(DP, Z, row, n, ir, origin, x, inv_rho, BLOCK_P: tl.constexpr, NP: tl.constexpr, F32: tl.constexpr):
+def _secular(DP, Z, row, n, ir, origin, x, inv_rho, BLOCK_P: tl.constexpr, NP: tl.constexpr, F32: tl.constexpr,
+             ONE_SUM: tl.constexpr):
     """1/rho + psi + phi at origin + x for each root, and psi', phi' (psi: poles at or below the root's own).
-    F32: x and the sums in float32 (the pole offsets d'_j - origin still formed in float64, then rounded)."""
+    F32: x and the sums in float32 (the pole offsets d'_j - origin still formed in float64, then rounded).
+    ONE_SUM: the pole chunks add into [roots, BLOCK_P] tiles, reduced once at the end (4 cross-lane sums an
+    evaluation instead of 4 per chunk); else each chunk is reduced as it comes."""
     psi = tl.zeros_like(x)
     phi = tl.zeros_like(x)
     dpsi = tl.zeros_like(x)
     dphi = tl.zeros_like(x)
+    psi_t = tl.zeros([x.shape[0], BLOCK_P], dtype=x.dtype)  # ONE_SUM's tiles (dead code otherwise)
+    phi_t = tl.zeros([x.shape[0], BLOCK_P], dtype=x.dtype)
+    dpsi_t = tl.zeros([x.shape[0], BLOCK_P], dtype=x.dtype)
+    dphi_t = tl.zeros([x.shape[0], BLOCK_P], dtype=x.dtype)
     for c in range(NP):  # not unrolled: the poles stream from L1 each step
         pj = c * BLOCK_P + tl.arange(0, BLOCK_P)
         mp = pj < n
@@ -106,22 +113,31 @@ def _secular(DP, Z, row, n, ir, origin, x, inv_rho, BLOCK_P: tl.constexpr, NP: t
         t = z2[None, :] * r
         dt = t * r
         low = pj[None, :] <= ir[:, None]
-        psi += tl.sum(tl.where(low, t, 0.0), 1)
-        phi += tl.sum(tl.where(low, 0.0, t), 1)
-        dpsi += tl.sum(tl.where(low, dt, 0.0), 1)
-        dphi += tl.sum(tl.where(low, 0.0, dt), 1)
+        if ONE_SUM:
+            psi_t += tl.where(low, t, 0.0)
+            phi_t += tl.where(low, 0.0, t)
+            dpsi_t += tl.where(low, dt, 0.0)
+            dphi_t += tl.where(low, 0.0, dt)
+        else:
+            psi += tl.sum(tl.where(low, t, 0.0), 1)
+            phi += tl.sum(tl.where(low, 0.0, t), 1)
+            dpsi += tl.sum(tl.where(low, dt, 0.0), 1)
+            dphi += tl.sum(tl.where(low, 0.0, dt), 1)
+    if ONE_SUM:
+        psi, phi = tl.sum(psi_t, 1), tl.sum(phi_t, 1)
+        dpsi, dphi = tl.sum(dpsi_t, 1), tl.sum(dphi_t, 1)
     return inv_rho + psi + phi, dpsi, dphi
 
 
 @triton.jit
 def _step(DP, Z, row, n, ir, origin, x, lo, hi, d_lo, d_hi, active, inv_rho, count, eps,
-          BLOCK_P: tl.constexpr, NP: tl.constexpr, F32: tl.constexpr):
+          BLOCK_P: tl.constexpr, NP: tl.constexpr, F32: tl.constexpr, ONE_SUM: tl.constexpr):
     """One middle-way step of every active root, safeguarded by its bracket: (x, lo, hi, count, active).
     The last root (no pole above) needs no case of its own: its phi terms vanish and its d_hi is a virtual pole
     beyond its bracket, so the quadratic's roots are the one-pole step and a_hi > hi - x, and the smaller is taken as
     for the others (a `where(last, one-pole step, ...)` select here returned the spurious root 0 of the old model,
     a_hi = 0, for one root on an H200: kernels/NOTES.md)."""
-    f, dpsi, dphi = _secular(DP, Z, row, n, ir, origin, x, inv_rho, BLOCK_P, NP, F32)
+    f, dpsi, dphi = _secular(DP, Z, row, n, ir, origin, x, inv_rho, BLOCK_P, NP, F32, ONE_SUM)
     on = active != 0
     lo = tl.where(on & (f < 0), x, lo)
     hi = tl.where(on & (f > 0), x, hi)
@@ -147,7 +163,8 @@ def _step(DP, Z, row, n, ir, origin, x, lo, hi, d_lo, d_hi, active, inv_rho, cou
 
 @triton.jit
 def _iterate(DP, Z, row, n, ir, origin, x, lo, hi, d_lo, d_hi, active, inv_rho, ITERS, eps,
-             BLOCK_P: tl.constexpr, NP: tl.constexpr, F32: tl.constexpr, FOR_LOOP: tl.constexpr):
+             BLOCK_P: tl.constexpr, NP: tl.constexpr, F32: tl.constexpr, FOR_LOOP: tl.constexpr,
+             ONE_SUM: tl.constexpr):
     """Middle-way steps safeguarded by the bracket (lo, hi) until each active root's step is below rounding
     (`eps`, in the working precision): the final x (relative to origin) and each root's number of evaluations.
     FOR_LOOP: a counted loop whose body is skipped once every root has converged, instead of a `while` on that
@@ -160,13 +177,13 @@ def _iterate(DP, Z, row, n, ir, origin, x, lo, hi, d_lo, d_hi, active, inv_rho, 
         for _ in range(ITERS):
             if tl.max(active, 0) > 0:
                 x, lo, hi, count, active = _step(DP, Z, row, n, ir, origin, x, lo, hi, d_lo, d_hi, active,
-                                                 inv_rho, count, eps, BLOCK_P, NP, F32)
+                                                 inv_rho, count, eps, BLOCK_P, NP, F32, ONE_SUM)
             tl.debug_barrier()
     else:
         it = 0
         while (it < ITERS) & (tl.max(active, 0) > 0):
             x, lo, hi, count, active = _step(DP, Z, row, n, ir, origin, x, lo, hi, d_lo, d_hi, active,
-                                             inv_rho, count, eps, BLOCK_P, NP, F32)
+                                             inv_rho, count, eps, BLOCK_P, NP, F32, ONE_SUM)
             tl.debug_barrier()
             it += 1
     return x, count
@@ -175,7 +192,7 @@ def _iterate(DP, Z, row, n, ir, origin, x, lo, hi, d_lo, d_hi, active, inv_rho, 
 @triton.jit
 def _roots_kernel(DP, Z, KEPT, RHO, LAM, STEPS, n, ITERS, BLOCK_R: tl.constexpr, BLOCK_P: tl.constexpr,
                   NP: tl.constexpr, EPS_C: tl.constexpr, EPS32_C: tl.constexpr, GUESS: tl.constexpr,
-                  MIXED: tl.constexpr, FOR_LOOP: tl.constexpr = False):
+                  MIXED: tl.constexpr, FOR_LOOP: tl.constexpr = False, ONE_SUM: tl.constexpr = False):
     """Eigenvalues of D' + rho z z^T (deflated, D' ascending) owned by poles BLOCK_R * pid(1) ...: the root in
     (d'_i, next kept pole) for a kept pole i, d'_i itself for a deflated one. STEPS [2, N, n] gets each root's
     number of float64 and float32 secular-function evaluations. GUESS: start from the root of the two-pole model
@@ -202,7 +219,7 @@ def _roots_kernel(DP, Z, KEPT, RHO, LAM, STEPS, n, ITERS, BLOCK_R: tl.constexpr,
     d_next = tl.load(DP + row * n + tl.minimum(nxt, n - 1), mask=mr, other=0.0)
     width = tl.where(last, rho * znorm2, d_next - pole)
     mid = width / 2
-    f_mid, _, _ = _secular(DP, Z, row, n, ir, pole, mid, inv_rho, BLOCK_P, NP, False)
+    f_mid, _, _ = _secular(DP, Z, row, n, ir, pole, mid, inv_rho, BLOCK_P, NP, False, ONE_SUM)
     from_lower = last | (f_mid >= 0)
     origin = tl.where(from_lower, pole, pole + width)
     zero = tl.zeros_like(pole)
@@ -236,11 +253,11 @@ def _roots_kernel(DP, Z, KEPT, RHO, LAM, STEPS, n, ITERS, BLOCK_R: tl.constexpr,
         # bracket and stop test, so the result's accuracy is the float64 solver's
         x32, count32 = _iterate(DP, Z, row, n, ir, origin, x.to(tl.float32), lo.to(tl.float32), hi.to(tl.float32),
                               d_lo.to(tl.float32), d_hi.to(tl.float32), active, inv_rho.to(tl.float32),
-                              ITERS, EPS32_C, BLOCK_P, NP, True, FOR_LOOP)
+                              ITERS, EPS32_C, BLOCK_P, NP, True, FOR_LOOP, ONE_SUM)
         x64 = x32.to(tl.float64)
         x = tl.where((x64 > lo) & (x64 < hi), x64, x)
     x, count64 = _iterate(DP, Z, row, n, ir, origin, x, lo, hi, d_lo, d_hi, active, inv_rho, ITERS, EPS_C,
-                          BLOCK_P, NP, False, FOR_LOOP)
+                          BLOCK_P, NP, False, FOR_LOOP, ONE_SUM)
     tl.store(LAM + row * n + ir, tl.where(kr, origin + x, pole), mask=mr)
     tl.store(STEPS + row * n + ir, count64, mask=mr)
     tl.store(STEPS + (tl.num_programs(0) + row) * n + ir, count32, mask=mr)
@@ -249,14 +266,17 @@ def _roots_kernel(DP, Z, KEPT, RHO, LAM, STEPS, n, ITERS, BLOCK_R: tl.constexpr,
 def secular_eigvals(d: torch.Tensor, w: torch.Tensor, rho: torch.Tensor, *, block_r: int = BLOCK_R,
                     block_p: int = BLOCK_P, num_warps: int = NUM_WARPS, guess: bool = True, mixed: bool = False,
                     steps: list[torch.Tensor] | None = None, for_loop: bool = False,
-                    fp_fusion: bool = False) -> torch.Tensor:
+                    fp_fusion: bool = False, one_sum: bool = False) -> torch.Tensor:
     """Ascending eigenvalues of D - rho w w^T for [N, n] float64 d, w and [N] float64 rho >= 0, on the device of
     the inputs (CUDA, or CPU under TRITON_INTERPRET=1). `guess`: start each root from the two-pole model (else
     the bracket's middle); `mixed`: float32 steps seed the float64 ones (same accuracy, fewer
     float64 divisions); `steps`, if given, receives the [2, N, n] float64 and float32
     step counts (for benchmarks); `for_loop`: iterate in a counted loop instead of a `while` (same steps);
     `fp_fusion`: let the compiler contract multiply-adds into FMAs. Off by default: with FMAs an H100 and an H200
-    returned wrong roots for about 1 matrix in 2,000 (the same ones every run), without them none (kernels/NOTES.md)."""
+    returned wrong roots for about 1 matrix in 2,000 (the same ones every run), without them none (kernels/NOTES.md).
+    `one_sum`: each evaluation's pole chunks add into [roots, poles] tiles reduced once instead of one cross-lane
+    sum per chunk (the same roots up to the order of the additions; 154 registers instead of 96 at dk = 128, so
+    fewer programs per SM: not yet timed, `python -m benchmarks.spectra_dplr --sweep`)."""
     if d.dtype != torch.float64 or w.dtype != torch.float64 or rho.dtype != torch.float64:
         raise ValueError("secular_eigvals: d, w and rho must be float64 (convert with .double())")
     if d.ndim != 2 or w.shape != d.shape or rho.shape != d.shape[:1]:
@@ -278,7 +298,7 @@ def secular_eigvals(d: torch.Tensor, w: torch.Tensor, rho: torch.Tensor, *, bloc
     its = torch.empty(2, N, n, dtype=torch.int32, device=d.device)
     _roots_kernel[(N, triton.cdiv(n, br))](dpo, zo, kept, rho, lam, its, n, ITERATIONS, BLOCK_R=br, BLOCK_P=bp,
                            NP=triton.cdiv(n, bp), EPS_C=EPS, EPS32_C=EPS32, GUESS=guess, MIXED=mixed,
-                           FOR_LOOP=for_loop, num_warps=num_warps, **fusion)
+                           FOR_LOOP=for_loop, ONE_SUM=one_sum, num_warps=num_warps, **fusion)
     if steps is not None:
         steps.append(its)
     return torch.sort(-lam, dim=-1).values

@@ -116,7 +116,7 @@ for section in "$@"; do
       timeout 90 python3 scripts/secular_diag.py > "$OUT/secular-diag.txt" 2>&1
       [ -n "${SECULAR_NOFMA:-}" ] && TRITON_DEFAULT_FP_FUSION=0 timeout 90 python3 scripts/secular_diag.py \
         > "$OUT/secular-diag-nofma.txt" 2>&1
-      timeout 150 python3 -m benchmarks.spectra_dplr --dk 64 128 > "$OUT/spectra-dplr.txt" 2>&1
+      timeout 240 python3 -m benchmarks.spectra_dplr --dk 64 128 --sweep > "$OUT/spectra-dplr.txt" 2>&1
       tail -4 "$OUT/secular-tests.log"; grep -v Warn "$OUT/secular-diag.txt" | tail -12; tail -6 "$OUT/spectra-dplr.txt" ;;
     verify)
       # the kernels that changed shape after their last GPU run (kernels/NOTES.md): the delta-rule forward's and the

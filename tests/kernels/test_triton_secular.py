@@ -47,6 +47,20 @@ def test_starts_and_mixed_precision_converge_before_the_cap():
 
 
 @needs_interpreter
+@pytest.mark.parametrize("block_r, mixed", [(16, False), (8, True)])
+def test_one_sum_per_evaluation_gives_the_same_roots(block_r, mixed):
+    """one_sum=True (pole chunks added into tiles, reduced once) changes only the order of the additions."""
+    d, k, beta = random_inputs(12, 40, seed=23)  # 40 poles: two chunks of 32, the second partial
+    hd, hk, hb = hard_cases(40)
+    d, k, beta = torch.cat([d, hd]), torch.cat([k, hk]), torch.cat([beta, hb])
+    w, rho = d.sqrt() * k, beta.clamp(min=0)
+    ref = symmetric_reference(d, k, beta.clamp(min=0))
+    for one_sum in (False, True):
+        got = secular_eigvals(d, w, rho, block_r=block_r, mixed=mixed, one_sum=one_sum)
+        assert (got - ref).abs().max() < 1e-13
+
+
+@needs_interpreter
 def test_counted_loop_takes_the_same_steps_as_the_while_loop():
     """for_loop=True (a GPU-miscompile check, kernels/NOTES.md) must change nothing: same roots, same step counts."""
     d, k, beta = random_inputs(24, 20, seed=17)
