@@ -22,3 +22,13 @@ def test_row_is_exact_and_table_prints(capsys):
     out = capsys.readouterr().out.splitlines()
     assert out[0].startswith("diagonal-plus-rank-one spectra on CPU") and out[2].split()[0] == "8"
     assert ("nan" in out[2].split()[1]) != triton  # the Triton rate is measured exactly when it can run
+
+
+@pytest.mark.filterwarnings("ignore:.*encountered in:RuntimeWarning")
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET", "0") != "1", reason="the sweep runs the Triton solver")
+def test_sweep_prints_every_launch_choice_with_the_same_roots(capsys):
+    main(["--dk", "8", "--batch", "4", "--torch-batch", "8", "--dense-batch", "4", "--device", "cpu", "--sweep"])
+    out = capsys.readouterr().out.splitlines()
+    rows = [line for line in out if line.strip().startswith("roots/program")]
+    assert len(rows) == 12  # 3 roots per program x 2 warps x one sum or not
+    assert all(float(line.split()[-1]) < 1e-13 for line in rows)  # the same roots as the default launch
