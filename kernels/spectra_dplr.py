@@ -32,7 +32,7 @@ from kernels.constants import SECULAR_ITERATIONS
 
 TRITON_ENV = "DELTALAB_SECULAR"
 """"auto" runs the Triton solver on CUDA tensors (checked on an H100: 262,144 random matrices per dk, errors
-<= 4.1e-15; 3.8e6 token-heads/s at dk = 64, 1.1e6 at dk = 128, 26-37x the torch solver); `DELTALAB_SECULAR=torch`
+<= 4.1e-15; 3.8e6 token-heads/s at dk = 64, 1.1e6 at dk = 128, 37-87x the torch solver); `DELTALAB_SECULAR=torch`
 makes "auto" use the torch solver there too."""
 
 ITERATIONS = SECULAR_ITERATIONS

@@ -135,8 +135,8 @@ def _step(DP, Z, row, n, ir, origin, x, lo, hi, d_lo, d_hi, active, inv_rho, cou
     """One middle-way step of every active root, safeguarded by its bracket: (x, lo, hi, count, active).
     The last root (no pole above) needs no case of its own: its phi terms vanish and its d_hi is a virtual pole
     beyond its bracket, so the quadratic's roots are the one-pole step and a_hi > hi - x, and the smaller is taken as
-    for the others (a `where(last, one-pole step, ...)` select here returned the spurious root 0 of the old model,
-    a_hi = 0, for one root on an H200: kernels/NOTES.md)."""
+    for the others (the old model put a_hi = 0 for the last root, whose quadratic has a spurious root 0, and an
+    H200 returned a root left at its start; kernels/NOTES.md)."""
     f, dpsi, dphi = _secular(DP, Z, row, n, ir, origin, x, inv_rho, BLOCK_P, NP, F32, ONE_SUM)
     on = active != 0
     lo = tl.where(on & (f < 0), x, lo)
@@ -169,9 +169,9 @@ def _iterate(DP, Z, row, n, ir, origin, x, lo, hi, d_lo, d_hi, active, inv_rho, 
     (`eps`, in the working precision): the final x (relative to origin) and each root's number of evaluations.
     FOR_LOOP: a counted loop whose body is skipped once every root has converged, instead of a `while` on that
     test (the same steps; kept to check a GPU miscompile, kernels/NOTES.md).
-    `active` is an int32 0/1 vector, and every step ends at a barrier: on an H200 (Triton 3.6) the loop with a
-    boolean mask and no barrier returned wrong roots for about 1 matrix in 3,000, different ones from run to run
-    (a race; kernels/NOTES.md)."""
+    `active` is an int32 0/1 vector and every step ends at a barrier: added while a race was suspected for the
+    wrong roots an H200 returned; the cause was FMA contraction (same rows every run; none with it off). Kept
+    because the kernel was verified on the GPU in this form (kernels/NOTES.md)."""
     count = tl.zeros(x.shape, tl.int32)
     if FOR_LOOP:
         for _ in range(ITERS):

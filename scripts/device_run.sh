@@ -22,7 +22,7 @@
 # reduce:  #19's profile: OLMo-Hybrid 7.4B (transformers default config, random bf16) captured with --reduce
 #          ranks,spectra at B x T = 8 x 4096 (REDUCE_B / REDUCE_T to change; peak was 45-59 GB at 4 x 2048, so 8 x 4096
 #          wants the H200), the plain forward in the same run, and the top operators under torch.profiler
-# secular: the Triton secular solver's GPU tests, scripts/secular_diag.py (also without FMA if SECULAR_NOFMA=1), and
+# secular: the Triton secular solver's GPU tests, scripts/secular_diag.py (FMA contraction on and off), and
 #          python -m benchmarks.spectra_dplr --dk 64 128 (Triton, torch and dense in one run), all under $OUT
 # verify:  GPU tests of the delta-rule and KDA forwards (both changed shape after their last GPU run) and
 #          scripts/kda_split_check.py (KDA prep: persistent vs split vs fla); carry .triton-autotune for fla
@@ -109,13 +109,11 @@ for section in "$@"; do
       echo "tests exit ${PIPESTATUS[0]} (124: past 270 s)" | tee -a "$OUT/rwkv7-gpu-tests.log"
       (cd "$OUT" && tar cf fla.tar fla && rm -rf fla) ;;  # one file back (the device returns at most 8)
     secular)
-      # #16: the Triton secular solver's GPU tests, the diag of its one wrong root (with and without FMA
-      # contraction: step counts, start variants, the counted loop), then the spectra benchmark (1e7 target)
+      # #16: the Triton secular solver's GPU tests, the diag (bad rows per run, with and without FMA contraction,
+      # start and float32 phase), then the spectra benchmark with its launch sweep (1e7 target)
       timeout 150 python3 -m pytest -q -m gpu -rA -p no:cacheprovider \
         tests/kernels/test_triton_secular.py > "$OUT/secular-tests.log" 2>&1; echo "tests exit $?" >> "$OUT/secular-tests.log"
       timeout 90 python3 scripts/secular_diag.py > "$OUT/secular-diag.txt" 2>&1
-      [ -n "${SECULAR_NOFMA:-}" ] && TRITON_DEFAULT_FP_FUSION=0 timeout 90 python3 scripts/secular_diag.py \
-        > "$OUT/secular-diag-nofma.txt" 2>&1
       timeout 240 python3 -m benchmarks.spectra_dplr --dk 64 128 --sweep > "$OUT/spectra-dplr.txt" 2>&1
       tail -4 "$OUT/secular-tests.log"; grep -v Warn "$OUT/secular-diag.txt" | tail -12; tail -6 "$OUT/spectra-dplr.txt" ;;
     verify)
