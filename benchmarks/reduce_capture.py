@@ -6,7 +6,8 @@ forward's tokens/s, then `store.capture` into a store on local disk in each mode
 plain forward measured in the same run:
 - `states`: the default hooks, states included (`--dtype float16`): disk-bound at real sizes;
 - `reduce`: `--hooks tokens,beta --reduce ranks,spectra` (q, k, v, g captured for the reductions, not stored);
-- `reduce+states`: the same with `--keep states --state-every 8`.
+- `reduce+states`: the same with `--keep states --state-every 8`;
+- `hooks`: `--hooks tokens,beta` without reductions (capture's own cost: the traced forward, its copies).
 Each mode first runs one batch into a throwaway store (compilation, allocator warm-up), then `--batches`
 batches timed. tokens/s counts the capture with its per-batch reductions; the summaries written once at the end
 (`summary s`, the probes' own, independent of the number of batches) are reported apart. Also: GPU memory peak,
@@ -93,6 +94,16 @@ def main() -> None:
         plain_s = (time.perf_counter() - t0) / 3
     print(f"[{time.strftime('%H:%M:%S')}] plain forward {plain_s * 1e3:.0f} ms", file=sys.stderr, flush=True)
     model = HookedHFModel(hf, FAMILIES[args.family])
+    with torch.no_grad():  # the hooked model without nnsight: deltalab's kernel, chunk-boundary states formed
+        model(ids)
+        _sync()
+        t0 = time.perf_counter()
+        for _ in range(3):
+            model(ids)
+        _sync()
+        hooked_s = (time.perf_counter() - t0) / 3
+    print(f"[{time.strftime('%H:%M:%S')}] hooked forward (no nnsight) {hooked_s * 1e3:.0f} ms", file=sys.stderr,
+          flush=True)
     root = Path(args.dir or tempfile.mkdtemp(prefix="deltalab-reduce-"))
     ckpt = root / "ckpt"
     ckpt.mkdir(parents=True, exist_ok=True)
@@ -103,6 +114,8 @@ def main() -> None:
     for mode in [m.strip() for m in args.modes.split(",") if m.strip()]:
         if mode == "states":
             runs.append((mode, dict(hooks=None, dtype="float16")))
+        elif mode == "hooks":
+            runs.append((mode, dict(hooks=["tokens", "beta"])))
         elif mode in ("reduce", "reduce+states"):
             for names in args.reduce.split("+"):
                 for every in [int(e) for e in args.rank_every.split(",")]:
@@ -111,7 +124,7 @@ def main() -> None:
                         kw.update(hooks=["tokens", "beta", "state"], state_every=8)
                     runs.append((f"{mode} {names} (every {every})", kw))
         else:
-            raise SystemExit(f"error: --modes {mode}: choose among states, reduce, reduce+states")
+            raise SystemExit(f"error: --modes {mode}: choose among states, hooks, reduce, reduce+states")
     profiled: str | None = None
     tables: list[str] = []
     for label, kw in runs:
@@ -145,7 +158,8 @@ def main() -> None:
     params = sum(p.numel() for p in hf.parameters()) / 1e9
     print(f"{args.family} {params:.2f}B params, bf16, B x T = {B} x {T}, "
           f"{torch.cuda.get_device_name() if DEVICE == 'cuda' else 'cpu'}; plain forward {plain_s * 1e3:.0f} ms "
-          f"({plain_tok_s:,.0f} tok/s)")
+          f"({plain_tok_s:,.0f} tok/s); hooked forward without nnsight {hooked_s * 1e3:.0f} ms "
+          f"({plain_s / hooked_s:.2f} x plain)")
     print(f"{'mode':<34} {'tok/s':>10} {'x plain':>8} {'GPU GB':>7} {'store B/tok':>12} {'blocked s':>9} "
           f"{'reduce s':>8} {'summary s':>9}")
     for r in rows:
@@ -157,7 +171,7 @@ def main() -> None:
         print("\n".join(tables))
     if args.json:
         Path(args.json).write_text(json.dumps({"family": args.family, "params_b": params, "batch": B, "length": T,
-                                               "plain_tok_s": plain_tok_s, "rows": rows, "profiled": profiled},
+                                               "plain_tok_s": plain_tok_s, "hooked_s": hooked_s, "rows": rows, "profiled": profiled},
                                               indent=1))
 
 
