@@ -171,7 +171,8 @@ def main() -> None:
         print("\n".join(tables))
     if args.json:
         Path(args.json).write_text(json.dumps({"family": args.family, "params_b": params, "batch": B, "length": T,
-                                               "plain_tok_s": plain_tok_s, "hooked_s": hooked_s, "rows": rows, "profiled": profiled},
+                                               "plain_tok_s": plain_tok_s, "hooked_s": hooked_s, "rows": rows,
+                                               "profiled": profiled},
                                               indent=1))
 
 
@@ -188,6 +189,11 @@ def _profiled(run, rows: int) -> tuple[dict, list[str]]:
     if DEVICE == "cuda":
         tables += ["top operators by self CUDA time:", events.table(sort_by="self_cuda_time_total", row_limit=rows)]
     tables += ["top operators by self CPU time:", events.table(sort_by="self_cpu_time_total", row_limit=rows)]
+    ours = sorted((e for e in events if e.key.startswith("deltalab.")), key=lambda e: -e.cpu_time_total)
+    tables += ["deltalab's stages (host wall time on their thread, GPU time of the kernels they launched):",
+               f"{'stage':<32} {'calls':>6} {'host s':>8} {'GPU s':>8}"]
+    tables += [f"{e.key:<32} {e.count:>6} {e.cpu_time_total / 1e6:>8.3f} {e.device_time_total / 1e6:>8.3f}"
+               for e in ours]
     return summary, tables
 
 

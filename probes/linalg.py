@@ -61,8 +61,10 @@ def token_spectra(k: np.ndarray, beta: np.ndarray, g: np.ndarray | None = None, 
     complex [B,T',H,w*n_h], sorted by angle then modulus; with g [B,T,H] those of A = exp(sum g) P."""
     from kernels.spectra import householder_spectra
 
-    spec = householder_spectra(_t(k, device), _t(beta, device), _t(g, device), window=window, stride=stride)
-    return spec.eigenvalues.to("cpu", torch.complex64).numpy()
+    with torch.profiler.record_function(f"deltalab.linalg.spectra_w{window}"):
+        spec = householder_spectra(_t(k, device), _t(beta, device), _t(g, device), window=window, stride=stride)
+    with torch.profiler.record_function("deltalab.linalg.to_host"):
+        return spec.eigenvalues.to("cpu", torch.complex64).numpy()
 
 
 def channel_gate_spectra(k: np.ndarray, beta: np.ndarray, g: np.ndarray, *, window: int = 1, stride: int = 1,
@@ -134,11 +136,12 @@ def token_ranks(k: np.ndarray, v: np.ndarray, beta: np.ndarray, g: np.ndarray | 
     """
     from kernels.ranks import state_rank_metrics
 
-    with torch.no_grad():
+    with torch.no_grad(), torch.profiler.record_function("deltalab.linalg.ranks"):
         m = state_rank_metrics(_t(k, device, dtype), _t(v, device, dtype), _t(beta, device, dtype),
                                _t(g, device, dtype), _t(boundary, device, dtype), chunk_size=chunk_size,
                                every=every)
-    return {f: getattr(m, f).to("cpu", torch.float32).numpy() for f in RANK_FIELDS}
+    with torch.profiler.record_function("deltalab.linalg.to_host"):
+        return {f: getattr(m, f).to("cpu", torch.float32).numpy() for f in RANK_FIELDS}
 
 
 def dplr_token_ranks(k: np.ndarray, v: np.ndarray, kappa: np.ndarray, beta: np.ndarray, g: np.ndarray | None,

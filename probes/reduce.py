@@ -163,16 +163,21 @@ class CaptureReductions:
         trip through host memory) and laid out as `store.open` would show them to the probe: (layer, seq, ...)
         tensors in the store's dtype, q/k per value head, inputs zero and outputs NaN at padding. Runs on capture's
         main thread; {reduction: per-token Dataset} with seq numbered from 0."""
+        from torch.profiler import record_function
+
         n = int(host["tokens"].shape[0])
         pad = np.asarray(host["pad"], dtype=bool)
         missing = pad if pad.any() else None
-        template = _template(attrs, n, [v for v in tensors if v in INPUTS])
-        per_layer = _layer_inputs(attrs, tensors, missing)
+        with record_function("deltalab.reduce.inputs"):
+            template = _template(attrs, n, [v for v in tensors if v in INPUTS])
+            per_layer = _layer_inputs(attrs, tensors, missing)
         out = {}
         for name in self.names:
-            plan = self._plan(name, template)
-            inputs = [{k: a[k] for k in plan.names if k in a} for a in per_layer]
-            tok = plan.on_layers(inputs, np.arange(n, dtype=np.int64), np.asarray(attrs["layers"], np.int64), missing)
+            with record_function(f"deltalab.reduce.{name}"):
+                plan = self._plan(name, template)
+                inputs = [{k: a[k] for k in plan.names if k in a} for a in per_layer]
+                tok = plan.on_layers(inputs, np.arange(n, dtype=np.int64), np.asarray(attrs["layers"], np.int64),
+                                     missing)
             if REDUCTIONS[name] is erank and "doc_start" in host:
                 tok["doc_start"] = (("seq", "pos"), np.asarray(host["doc_start"], dtype=bool))
             out[name] = tok

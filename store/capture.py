@@ -252,7 +252,7 @@ class HookedRunner:
         with torch.no_grad():
             if self.per_layer:
                 flat = [e for envs in self.envoys.values() for e in envs]
-                with self.nn.trace(ids) as tracer:
+                with torch.profiler.record_function("deltalab.capture.trace"), self.nn.trace(ids) as tracer:
                     # device=None: keep captures on the model's device (nnsight's default, CPU, copies
                     # each hook synchronously in the middle of the forward); one copy per variable below
                     cache = tracer.cache(modules=flat, device=None, dtype=self.torch_dtype)
@@ -296,7 +296,7 @@ class HookedRunner:
             host["labels"] = np.asarray(labels, dtype=np.int32)
         reduced = None
         if self.reduce is not None:
-            with torch.no_grad():
+            with torch.no_grad(), torch.profiler.record_function("deltalab.capture.reduce"):
                 reduced = self.reduce(on_device, host)
         return HostBatch(tensors, host, set(self.envoys), ready, reduced)
 
@@ -351,10 +351,15 @@ class BackgroundWriter:
             start, batch = item
             t0 = time.perf_counter()
             try:
-                arrays = batch.arrays()
-                self.writer.write_batch(start, arrays)
+                from torch.profiler import record_function
+
+                with record_function("deltalab.writer.arrays"):
+                    arrays = batch.arrays()
+                with record_function("deltalab.writer.write_batch"):
+                    self.writer.write_batch(start, arrays)
                 if self.after_write is not None:  # the batch's reductions (probes.reduce)
-                    self.after_write(start, batch.reduced)
+                    with record_function("deltalab.writer.reduced"):
+                        self.after_write(start, batch.reduced)
                 if self.on_done is not None:
                     self.on_done(len(next(iter(arrays.values()))))
             except BaseException as err:  # noqa: BLE001 - handed to the producer thread
