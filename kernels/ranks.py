@@ -312,17 +312,30 @@ def state_rank_metrics(
     return RankMetrics(*out.unbind(0))
 
 
+def ranked_boundaries(T: int, C: int, every: int) -> list[int] | None:
+    """The chunk-boundary states `every`-strided ranks read (boundary c = state after token c C - 1), or None
+    when `every` is not a multiple of the chunk size (every chunk is then replayed from its start state)."""
+    if every <= 1 or every % C:
+        return None
+    return [end // C for end in range(every, T + 1, every)]
+
+
 def ranks_at_boundaries(boundary_states: torch.Tensor, T: int, C: int, every: int, method: str,
-                         backend: str) -> RankMetrics:
+                         backend: str, picked: bool = False) -> RankMetrics:
     """`every` a multiple of the chunk size: the states after tokens every-1, 2 every-1, ... are chunk-boundary
-    states (boundary c = state after token c C - 1), so nothing is replayed; only their SVDs run."""
+    states (boundary c = state after token c C - 1), so nothing is replayed; only their SVDs run. `picked`: the
+    states are only those boundaries, in order (`ranked_boundaries`: what a capture keeps for its reductions)."""
     B, _, H = boundary_states.shape[:3]
     ends = torch.arange(every, T + 1, every, device=boundary_states.device)  # t + 1 of the ranked tokens
+    if picked and boundary_states.shape[1] != len(ends):
+        raise ValueError(f"picked boundary states: expected {len(ends)} (T={T}, every={every}), got "
+                         f"{boundary_states.shape[1]}")
     dtype = torch.float64 if boundary_states.dtype == torch.float64 else torch.float32
     out = torch.full((len(RankMetrics._fields), B, T, H), float("nan"), dtype=dtype, device=boundary_states.device)
     if len(ends):
+        states = boundary_states if picked else boundary_states[:, ends // C]
         with full_precision():
-            m = torch.stack(state_metrics(boundary_states[:, ends // C].to(dtype), method, backend))  # [6, B, n, H]
+            m = torch.stack(state_metrics(states.to(dtype), method, backend))  # [6, B, n, H]
         out[:, :, ends - 1] = m.to(dtype)
     return RankMetrics(*out.unbind(0))
 

@@ -32,8 +32,9 @@ def per_token(ds: xr.Dataset, *, budget: int = 1 << 30, device: str = "cpu", eve
     return plan(ds, device=device, every=every).lazy(ds, budget)
 
 
-def plan(ds: xr.Dataset, *, device: str = "cpu", every: int = 1) -> LayerPlan:
-    """What per_token computes for one (sequences, layer) piece of `ds` (probes.lazy.LayerPlan)."""
+def plan(ds: xr.Dataset, *, device: str = "cpu", every: int = 1, picked: bool = False) -> LayerPlan:
+    """What per_token computes for one (sequences, layer) piece of `ds` (probes.lazy.LayerPlan). `picked`: the
+    states given are only the chunk boundaries `every` reads (a capture's reductions keep no others)."""
     data.require(ds, ["k", "v", "beta"], NAME)
     T, H = ds.sizes["pos"], ds.sizes["head"]
     chunk = data.chunk_size(ds)
@@ -46,10 +47,11 @@ def plan(ds: xr.Dataset, *, device: str = "cpu", every: int = 1) -> LayerPlan:
         boundary = a["state"] if use_state else None
         if dplr:  # the step axis of k, v, kappa, beta has length 1
             r = linalg.dplr_token_ranks(a["k"][:, :, 0], a["v"][:, :, 0], a["kappa"][:, :, 0], a["beta"][:, :, 0],
-                                        a.get("g"), boundary, chunk_size=chunk, device=device, every=every)
+                                        a.get("g"), boundary, chunk_size=chunk, device=device, every=every,
+                                        picked=picked)
         else:
             r = linalg.token_ranks(a["k"], a["v"], a["beta"], a.get("g"), boundary, chunk_size=chunk,
-                                   device=device, every=every)
+                                   device=device, every=every, picked=picked)
         return {"erank": r["erank"], "stable_rank": r["stable_rank"], "rank_utilisation": r["rank_utilisation"],
                 "state_norm": r["frobenius"]}
 

@@ -17,6 +17,7 @@ from typing import Any
 
 import dask.array as da
 import numpy as np
+import torch
 import xarray as xr
 
 from probes import data
@@ -86,6 +87,19 @@ def nan_at_padding(value: Any, dims: tuple[str, ...], dtype: Any, missing: np.nd
     return value
 
 
+def _stack_layers(parts: list[Any], dims: tuple[str, ...], dtype: Any, missing: np.ndarray | None) -> np.ndarray:
+    """Per-layer outputs (numpy, or tensors left on the device) stacked along `layer` as `dtype`, NaN at padding.
+    Tensors are stacked where they are and copied to the host once (one wait for the device, not one per layer)."""
+    axis = dims.index("layer")
+    if parts and isinstance(parts[0], torch.Tensor):
+        target = torch.from_numpy(np.zeros(0, dtype=dtype)).dtype
+        stacked = torch.stack([p.to(target) for p in parts], dim=axis).cpu().numpy()
+        if missing is None:
+            return stacked
+        parts = [stacked[(slice(None),) * axis + (i,)] for i in range(stacked.shape[axis])]
+    return np.stack([nan_at_padding(p, dims, dtype, missing) for p in parts], axis=axis)
+
+
 @dataclass
 class LayerPlan:
     """What a probe computes per (sequences, layer): `fn` over `names` (numpy arrays, or torch tensors on the
@@ -111,13 +125,13 @@ class LayerPlan:
                   missing: np.ndarray | None) -> xr.Dataset:
         """The per-token results of one batch whose per-layer inputs are given (in memory), as `lazy` lays them
         out; `missing` [seq, pos] marks padding (inputs already zero there)."""
-        values: dict[str, list[np.ndarray]] = {name: [] for name in self.outputs}
+        values: dict[str, list[Any]] = {name: [] for name in self.outputs}
         for inputs in layers:
             result = self.fn(inputs)
-            for name, (dims, dtype) in self.outputs.items():
-                values[name].append(nan_at_padding(result[name], dims, dtype, missing))
-        data = {name: (dims, np.stack(values[name], axis=dims.index("layer")))
-                for name, (dims, _) in self.outputs.items()}
+            for name in self.outputs:
+                values[name].append(result[name])
+        data = {name: (dims, _stack_layers(values[name], dims, dtype, missing))
+                for name, (dims, dtype) in self.outputs.items()}
         return self._dress(xr.Dataset(data, coords={"seq": seq, "layer": layer, **(self.coords or {})}))
 
     def _dress(self, out: xr.Dataset) -> xr.Dataset:

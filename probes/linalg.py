@@ -2,7 +2,9 @@
 
 The kernels take torch tensors in the model's layout ([B,T,n_h,H,K] ...); the store keeps one
 layer per block ([seq,pos,step,head,dk] after selecting the layer). These functions convert,
-pick the device (CUDA kernels where present, the PyTorch path on the CPU) and return numpy.
+pick the device (CUDA kernels where present, the PyTorch path on the CPU) and return numpy for numpy
+inputs. Given tensors (capture-time reductions) they return tensors where the work ran: nothing waits for
+the GPU, and the caller copies a whole batch to the host once.
 """
 
 from __future__ import annotations
@@ -29,6 +31,13 @@ def as_tensor(x: np.ndarray | torch.Tensor, device: str, dtype: torch.dtype = to
     out = _t(x, device, dtype)
     assert out is not None
     return out
+
+
+def _out(like: object, x: torch.Tensor, dtype: torch.dtype) -> np.ndarray | torch.Tensor:
+    """A result as the caller gave its inputs: a tensor on its device for tensors, else numpy."""
+    if isinstance(like, torch.Tensor):
+        return x.to(dtype)
+    return x.to("cpu", dtype).numpy()
 
 
 def host(x: np.ndarray | torch.Tensor) -> np.ndarray:
@@ -63,8 +72,7 @@ def token_spectra(k: np.ndarray, beta: np.ndarray, g: np.ndarray | None = None, 
 
     with torch.profiler.record_function(f"deltalab.linalg.spectra_w{window}"):
         spec = householder_spectra(_t(k, device), _t(beta, device), _t(g, device), window=window, stride=stride)
-    with torch.profiler.record_function("deltalab.linalg.to_host"):
-        return spec.eigenvalues.to("cpu", torch.complex64).numpy()
+    return _out(k, spec.eigenvalues, torch.complex64)
 
 
 def channel_gate_spectra(k: np.ndarray, beta: np.ndarray, g: np.ndarray, *, window: int = 1, stride: int = 1,
@@ -80,12 +88,12 @@ def channel_gate_spectra(k: np.ndarray, beta: np.ndarray, g: np.ndarray, *, wind
 
         kk, bb = _t(k[:, :, 0], device, torch.float64), _t(beta[:, :, 0], device, torch.float64)
         d = _t(g, device, torch.float64).exp()
-        return dplr_eigvals(d, kk, bb).to("cpu").numpy().astype(np.complex64)
+        return _out(k, dplr_eigvals(d, kk, bb), torch.complex64)
     from kernels.spectra_channel import channel_spectra
 
     spec = channel_spectra(_t(k, device, torch.float64), _t(beta, device, torch.float64),
                            _t(g, device, torch.float64), window=window, stride=stride)
-    return spec.eigenvalues.to("cpu", torch.complex64).numpy()
+    return _out(k, spec.eigenvalues, torch.complex64)
 
 
 def dplr_spectra(g: np.ndarray, kappa: np.ndarray, beta: np.ndarray, *, device: str = "cpu") -> np.ndarray:
@@ -96,7 +104,7 @@ def dplr_spectra(g: np.ndarray, kappa: np.ndarray, beta: np.ndarray, *, device: 
 
     kk, bb = as_tensor(kappa, device, torch.float64), as_tensor(beta, device, torch.float64)
     d = as_tensor(g, device, torch.float64).exp()
-    return dplr_eigvals_general(d, -kk, kk * bb).to("cpu").numpy().astype(np.complex64)
+    return _out(kappa, dplr_eigvals_general(d, -kk, kk * bb), torch.complex64)
 
 
 def removal_spectra(kappa: np.ndarray, beta: np.ndarray, *, window: int = 1, stride: int = 1,
@@ -120,44 +128,55 @@ def removal_spectra(kappa: np.ndarray, beta: np.ndarray, *, window: int = 1, str
     eye = torch.eye(window, dtype=gram.dtype, device=gram.device)
     c = torch.linalg.solve(eye + torch.tril(gram, -1), eye - torch.triu(gram))
     eig = torch.linalg.eigvals(c) if window > 1 else c[..., 0].to(torch.complex128)
-    return sort_eigenvalues(eig).to("cpu", torch.complex64).numpy()
+    return _out(kappa, sort_eigenvalues(eig), torch.complex64)
 
 
 # --- per-token states and their ranks --------------------------------------------------------
 
 def token_ranks(k: np.ndarray, v: np.ndarray, beta: np.ndarray, g: np.ndarray | None,
                 boundary: np.ndarray | None, *, chunk_size: int = CHUNK_SIZE, device: str = "cpu",
-                dtype: torch.dtype = torch.float32, every: int = 1) -> dict[str, np.ndarray]:
+                dtype: torch.dtype = torch.float32, every: int = 1,
+                picked: bool = False) -> dict[str, np.ndarray | torch.Tensor]:
     """Rank statistics of every token's state (`kernels.ranks`): dict of [B,T,H] arrays (RANK_FIELDS).
 
     k [B,T,n_h,H,K], v [B,T,n_h,H,V], beta [B,T,n_h,H], g [B,T,H]|None, boundary [B,NC,H,K,V]|None
     (the store's chunk-start states; None = recomputed from a zero start). Only a group of chunks of
     per-token states is ever held. `every=N`: only the states after tokens N-1, 2N-1, ... (NaN elsewhere).
+    `picked`: boundary holds only the states those ranks read (`kernels.ranks.ranked_boundaries`).
     """
-    from kernels.ranks import state_rank_metrics
+    from kernels.ranks import ranks_at_boundaries, state_rank_metrics
 
     with torch.no_grad(), torch.profiler.record_function("deltalab.linalg.ranks"):
-        m = state_rank_metrics(_t(k, device, dtype), _t(v, device, dtype), _t(beta, device, dtype),
-                               _t(g, device, dtype), _t(boundary, device, dtype), chunk_size=chunk_size,
-                               every=every)
-    with torch.profiler.record_function("deltalab.linalg.to_host"):
-        return {f: getattr(m, f).to("cpu", torch.float32).numpy() for f in RANK_FIELDS}
+        if picked:
+            m = ranks_at_boundaries(as_tensor(boundary, device, dtype), k.shape[1], chunk_size, every, "auto",
+                                    "auto", picked=True)
+        else:
+            m = state_rank_metrics(_t(k, device, dtype), _t(v, device, dtype), _t(beta, device, dtype),
+                                   _t(g, device, dtype), _t(boundary, device, dtype), chunk_size=chunk_size,
+                                   every=every)
+    return {f: _out(k, getattr(m, f), torch.float32) for f in RANK_FIELDS}
 
 
 def dplr_token_ranks(k: np.ndarray, v: np.ndarray, kappa: np.ndarray, beta: np.ndarray, g: np.ndarray | None,
                      boundary: np.ndarray | None, *, chunk_size: int = CHUNK_SIZE, device: str = "cpu",
-                     dtype: torch.dtype = torch.float32, every: int = 1) -> dict[str, np.ndarray]:
+                     dtype: torch.dtype = torch.float32, every: int = 1,
+                     picked: bool = False) -> dict[str, np.ndarray | torch.Tensor]:
     """`token_ranks` for RWKV-7 stores: k, kappa, beta [B,T,H,K], v [B,T,H,V], g [B,T,H,K]|None, boundary
     [B,NC,H,K,V]|None; the states follow H <- (diag(e^g) - kappa (kappa * beta)^T) H + k v^T
     (`kernels.dplr_ranks.dplr_state_rank_metrics`, a = -kappa, b = kappa * beta)."""
     from kernels.dplr_ranks import dplr_state_rank_metrics
+    from kernels.ranks import ranks_at_boundaries
 
     with torch.no_grad():
-        kap, bet = as_tensor(kappa, device, dtype), as_tensor(beta, device, dtype)
-        m = dplr_state_rank_metrics(as_tensor(k, device, dtype), as_tensor(v, device, dtype), -kap, kap * bet,
-                                    _t(g, device, dtype), _t(boundary, device, dtype), chunk_size=chunk_size,
-                                    every=every)
-    return {f: getattr(m, f).to("cpu", torch.float32).numpy() for f in RANK_FIELDS}
+        if picked:
+            m = ranks_at_boundaries(as_tensor(boundary, device, dtype), k.shape[1], chunk_size, every, "auto",
+                                    "auto", picked=True)
+        else:
+            kap, bet = as_tensor(kappa, device, dtype), as_tensor(beta, device, dtype)
+            m = dplr_state_rank_metrics(as_tensor(k, device, dtype), as_tensor(v, device, dtype), -kap, kap * bet,
+                                        _t(g, device, dtype), _t(boundary, device, dtype), chunk_size=chunk_size,
+                                        every=every)
+    return {f: _out(k, getattr(m, f), torch.float32) for f in RANK_FIELDS}
 
 
 def token_states(k: np.ndarray, v: np.ndarray, beta: np.ndarray, g: np.ndarray | None,

@@ -86,10 +86,11 @@ def _template(attrs: dict[str, Any], n: int, names: list[str]) -> xr.Dataset:
     return xr.Dataset(data_vars, coords={"seq": np.arange(n), "layer": np.asarray(attrs["layers"])}, attrs=attrs)
 
 
-def _layer_inputs(attrs: dict[str, Any], tensors: dict[str, torch.Tensor],
-                  missing: np.ndarray | None) -> list[dict[str, torch.Tensor]]:
+def _layer_inputs(attrs: dict[str, Any], tensors: dict[str, torch.Tensor], missing: np.ndarray | None,
+                  state_chunks: list[int] | None = None) -> list[dict[str, torch.Tensor]]:
     """Per layer, {var: tensor [seq, ...]} as probes.lazy hands a layer to a plan: q and k per value head
-    (`key_head_of`), float inputs zero at padding, states zero past a sequence's first padded token."""
+    (`key_head_of`), float inputs zero at padding, states zero past a sequence's first padded token
+    (`state_chunks`: the boundaries the states are, when the capture kept only those)."""
     from store import schema
 
     sizes = attrs["sizes"]
@@ -108,7 +109,8 @@ def _layer_inputs(attrs: dict[str, Any], tensors: dict[str, torch.Tensor],
         if missing is not None and var == "state":
             length = int(sizes["pos"])
             first = np.where(missing.any(1), missing.argmax(1), length)  # [seq]
-            chunk_pos = np.minimum(np.arange(x.shape[2]) * int(attrs["chunk_size"]), length)
+            chunks = np.arange(x.shape[2]) if state_chunks is None else np.asarray(state_chunks)
+            chunk_pos = np.minimum(chunks * int(attrs["chunk_size"]), length)
             past = torch.as_tensor(chunk_pos[None, :] > first[:, None], device=x.device)  # [seq, chunk]
             x = x.masked_fill(past[None, :, :, None, None, None], 0)
         for i in range(len(out)):
@@ -136,12 +138,22 @@ class CaptureReductions:
         self.device = device
         self.command_line = list(command_line or [])
         self.budget = budget
+        self.states_picked: list[int] | None = None  # set by capture: the chunk boundaries its states are
         self._open: dict[str, set[int]] = {}  # probe name -> sequences reduced (this run and earlier runs)
         self.seconds = {"batches": 0.0, "finish": 0.0}  # time in write() and in finish(), for benchmarks
 
     def hooks(self) -> list[str]:
         """The hook points the reductions read (captured, stored only if --hooks names them)."""
         return list(dict.fromkeys(h for name in self.names for h in NEEDS[name]))
+
+    def state_boundaries(self, length: int, chunk_size: int) -> list[int] | None:
+        """The chunk-boundary states these reductions read (the ranks every `rank_every` tokens, a multiple of the
+        chunk size), or None when they need every one: capture keeps no others of a batch."""
+        if "ranks" not in self.names:
+            return None
+        from kernels.ranks import ranked_boundaries
+
+        return ranked_boundaries(length, chunk_size, self.rank_every)
 
     def check(self, attrs: dict[str, Any], variables: list[str]) -> None:
         """Build every reduction's plan on a data-free template of the capture (root `attrs`, captured `variables`)
@@ -162,7 +174,8 @@ class CaptureReductions:
         """Every reduction of one batch, from its captured tensors where they are (the GPU: nothing makes a round
         trip through host memory) and laid out as `store.open` would show them to the probe: (layer, seq, ...)
         tensors in the store's dtype, q/k per value head, inputs zero and outputs NaN at padding. Runs on capture's
-        main thread; {reduction: per-token Dataset} with seq numbered from 0."""
+        reducer thread (store.reducer), beside the next batch's forward; {reduction: per-token Dataset} with seq
+        numbered from 0."""
         from torch.profiler import record_function
 
         n = int(host["tokens"].shape[0])
@@ -170,11 +183,11 @@ class CaptureReductions:
         missing = pad if pad.any() else None
         with record_function("deltalab.reduce.inputs"):
             template = _template(attrs, n, [v for v in tensors if v in INPUTS])
-            per_layer = _layer_inputs(attrs, tensors, missing)
+            per_layer = _layer_inputs(attrs, tensors, missing, self.states_picked)
         out = {}
         for name in self.names:
             with record_function(f"deltalab.reduce.{name}"):
-                plan = self._plan(name, template)
+                plan = self._plan(name, template, picked=self.states_picked is not None)
                 inputs = [{k: a[k] for k in plan.names if k in a} for a in per_layer]
                 tok = plan.on_layers(inputs, np.arange(n, dtype=np.int64), np.asarray(attrs["layers"], np.int64),
                                      missing)
@@ -191,10 +204,10 @@ class CaptureReductions:
             self._write(path, name, tok, start, n_seq, attrs)
         self.seconds["batches"] += time.perf_counter() - t0
 
-    def _plan(self, name: str, ds: xr.Dataset) -> LayerPlan:
+    def _plan(self, name: str, ds: xr.Dataset, picked: bool = False) -> LayerPlan:
         module = REDUCTIONS[name]
         if module is erank:
-            return erank.plan(ds, device=self.device, every=self.rank_every)
+            return erank.plan(ds, device=self.device, every=self.rank_every, picked=picked)
         return module.plan(ds, device=self.device)
 
     def _per_token(self, name: str, ds: xr.Dataset) -> xr.Dataset:

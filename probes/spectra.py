@@ -15,6 +15,7 @@ import argparse
 from typing import Any
 
 import numpy as np
+import torch
 import xarray as xr
 
 from probes import data, linalg
@@ -75,6 +76,11 @@ def plan(ds: xr.Dataset, *, window: int = 4, stride: int | None = None, device: 
             if channel_windows:
                 out["window_eig_A"] = linalg.channel_gate_spectra(k, beta, a["g"], window=window, stride=stride,
                                                                   device=device)
+        elif gated and isinstance(k, torch.Tensor):  # a capture's tensors: stay on their device
+            g = a["g"].to(torch.float64)
+            out["eig_A"] = out["eig_P"].to(torch.complex128) * g.exp()[..., None]
+            gw = g.unfold(1, window, stride).sum(-1)  # [B, n_win, H]
+            out["window_eig_A"] = out["window_eig_P"].to(torch.complex128) * gw.exp()[..., None]
         elif gated:
             g = linalg.host(a["g"]).astype(np.float64)
             out["eig_A"] = out["eig_P"] * np.exp(g)[..., None]

@@ -124,15 +124,15 @@ for section in "$@"; do
       timeout 240 python3 -m pytest -q -m gpu -rA -p no:cacheprovider tests/kernels/test_triton_kda.py \
         > "$OUT/verify-kda.log" 2>&1; echo "kda tests exit $?" >> "$OUT/verify-kda.log"
       timeout 120 python3 scripts/kda_split_check.py > "$OUT/kda-split.txt" 2>&1
-      tail -3 "$OUT/verify-chunk.log" "$OUT/verify-kda.log"; grep -v Warn "$OUT/kda-split.txt" ;;
+      tail -n 3 "$OUT/verify-chunk.log" "$OUT/verify-kda.log"; grep -v Warn "$OUT/kda-split.txt" ;;
     devmap)
       # #19 on several GPUs: the 7B saved and captured on one GPU vs device_map auto / balanced (same store?), then
       # Qwen3-Next's default config (79.7B, 159 GB bf16) built straight onto the GPUs and captured with reductions
-      timeout 290 python3 scripts/device_map_check.py same --default-config --batch 1 --length 1024 --batches 2 \
+      timeout 290 python3 scripts/device_map_check.py same --batch 1 --length 1024 --batches 2 \
         --json "$OUT/devmap-same.json" > "$OUT/devmap-same.txt" 2>&1; echo "same exit $?" | tee -a "$OUT/devmap-same.txt"
       timeout 290 python3 scripts/device_map_check.py big --batch 1 --length 4096 --batches 2 \
         --json "$OUT/devmap-big.json" > "$OUT/devmap-big.txt" 2>&1; echo "big exit $?" | tee -a "$OUT/devmap-big.txt"
-      tail -5 "$OUT/devmap-same.txt" "$OUT/devmap-big.txt" ;;
+      tail -n 5 "$OUT/devmap-same.txt" "$OUT/devmap-big.txt" ;;
     reduce)
       timeout 500 python3 -m benchmarks.reduce_capture --family olmo_hybrid --default-config --batch "${REDUCE_B:-8}" \
         --length "${REDUCE_T:-4096}" --batches 2 --rank-every 64 --reduce ranks,spectra --modes reduce --profile \

@@ -18,6 +18,8 @@ import sys
 import threading
 import time
 from collections.abc import Sequence
+from concurrent.futures import Future
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +31,7 @@ from models.run_files import deltalab_version, training_length
 from store import schema
 from store.data import Data, load_data
 from store.errors import StoreError, StoreMismatchError
+from store.reducer import BackgroundReducer
 from store.schema import human_bytes
 from store.writer import Segment, StoreWriter
 
@@ -214,7 +217,8 @@ class HookedRunner:
 
     def __init__(self, model: Any, variables: list[str], layers: list[int], dtype: str,
                  num_classes: int | None = None, state_every: int = 1, reduce: Any = None,
-                 stored: list[str] | None = None, heads: dict[str, tuple[int, list[int]]] | None = None) -> None:
+                 stored: list[str] | None = None, heads: dict[str, tuple[int, list[int]]] | None = None,
+                 state_pick: list[int] | None = None) -> None:
         import torch
         from nnsight import NNsight
 
@@ -225,7 +229,7 @@ class HookedRunner:
         self.torch_dtype = {"float16": torch.float16, "float32": torch.float32}[dtype]
         self.num_classes = num_classes
         self.state_every = state_every
-        self.reduce = reduce  # (device tensors, host arrays) -> reductions, computed before the host copy
+        self.reduce = reduce  # (device tensors, host arrays) -> reductions (or their Future), before the host copy
         self.stored = set(stored if stored is not None else variables)  # copied to the host; the rest: reduce only
         self.heads = dict(heads or {})  # var -> (axis in [layer, seq, ...], heads kept): --heads
         self._head_index: dict[tuple[str, Any], Any] = {}
@@ -240,6 +244,17 @@ class HookedRunner:
                 for part in schema.MODEL_HOOK_POINTS[var].split("."):
                     env = getattr(env, part)
                 self.envoys[var].append(env)
+        # states read only by the reductions, at a few chunk boundaries: each layer's are cut down as the layer
+        # runs (a forward hook), so the whole batch's states are never held (26 GB at 8 x 4096 on a 7B hybrid)
+        self.state_pick = state_pick if "state" in self.envoys and "state" not in self.stored else None
+        self._state_modules: list[Any] = []
+        if self.state_pick is not None:
+            self.envoys.pop("state")
+            for i in layers:
+                mod = model.layers[i]
+                for part in schema.MODEL_HOOK_POINTS["state"].split("."):
+                    mod = getattr(mod, part)
+                self._state_modules.append(mod)
 
     def __call__(self, tokens: np.ndarray, labels: np.ndarray, doc_start: np.ndarray,
                  pad: np.ndarray | None = None) -> HostBatch:
@@ -249,19 +264,30 @@ class HookedRunner:
         cuda = device.type == "cuda"
         ids = torch.from_numpy(np.ascontiguousarray(tokens, dtype=np.int64)).to(device, non_blocking=cuda)
         on_device: dict[str, Any] = {}
-        with torch.no_grad():
-            if self.per_layer:
+        picked: list[Any] = []
+        handles = [m.register_forward_hook(partial(_pick_states, picked, self.state_pick, {}))
+                   for m in self._state_modules]
+        try:
+            with torch.no_grad():
                 flat = [e for envs in self.envoys.values() for e in envs]
-                with torch.profiler.record_function("deltalab.capture.trace"), self.nn.trace(ids) as tracer:
-                    # device=None: keep captures on the model's device (nnsight's default, CPU, copies
-                    # each hook synchronously in the middle of the forward); one copy per variable below
-                    cache = tracer.cache(modules=flat, device=None, dtype=self.torch_dtype)
-                    out = self.nn.output.save()
-                logits = out.logits
-            else:
-                cache, logits = None, self.model(ids).logits
-            for var, envs in self.envoys.items():  # (layer, seq, ...): one contiguous block per layer
-                on_device[var] = torch.stack([cache[e.path].output for e in envs], dim=0).to(self.torch_dtype)
+                if flat:
+                    with torch.profiler.record_function("deltalab.capture.trace"), self.nn.trace(ids) as tracer:
+                        # device=None: keep captures on the model's device (nnsight's default, CPU, copies
+                        # each hook synchronously in the middle of the forward); one copy per variable below
+                        cache = tracer.cache(modules=flat, device=None, dtype=self.torch_dtype)
+                        out = self.nn.output.save()
+                    logits = out.logits
+                else:
+                    cache, logits = None, self.model(ids).logits
+        finally:
+            for h in handles:
+                h.remove()
+        with torch.no_grad():
+            per_layer = {var: [cache[e.path].output for e in envs] for var, envs in self.envoys.items()}
+            if picked:
+                per_layer["state"] = picked
+            for var, outputs in per_layer.items():  # (layer, seq, ...): one contiguous block per layer
+                on_device[var] = _stack(outputs).to(self.torch_dtype)
                 if self.stepless and var in ("k", "v", "beta", "kappa"):
                     on_device[var] = on_device[var].unsqueeze(3)  # (layer, seq, pos, step = 1, head, ...)
                 if var in self.heads:  # --heads: only these heads leave the device (and reach the reductions)
@@ -271,12 +297,13 @@ class HookedRunner:
                     if key not in self._head_index:
                         self._head_index[key] = torch.as_tensor(keep, dtype=torch.long, device=t.device)
                     on_device[var] = t.index_select(axis, self._head_index[key])
-            if "state" in on_device and self.state_every > 1:
+            if "state" in on_device and self.state_every > 1 and self.state_pick is None:
                 on_device["state"] = on_device["state"][:, :, kept_states(on_device["state"].shape[2],
                                                                           self.state_every)].contiguous()
             if "loss" in self.variables or "correct" in self.variables:
-                lab = torch.from_numpy(np.ascontiguousarray(labels, dtype=np.int64)).to(device, non_blocking=cuda)
-                on_device.update(_token_loss(logits, lab, self.num_classes))
+                lab = torch.from_numpy(np.ascontiguousarray(labels, dtype=np.int64)).to(logits.device,
+                                                                                         non_blocking=cuda)
+                on_device.update({k: t.to(device) for k, t in _token_loss(logits, lab, self.num_classes).items()})
             to_host = {var: t for var, t in on_device.items() if var in self.stored}
             tensors, ready = to_host, None
             if cuda:
@@ -299,6 +326,24 @@ class HookedRunner:
             with torch.no_grad(), torch.profiler.record_function("deltalab.capture.reduce"):
                 reduced = self.reduce(on_device, host)
         return HostBatch(tensors, host, set(self.envoys), ready, reduced)
+
+
+def _stack(per_layer: list[Any]) -> Any:
+    """Per-layer tensors as one (layer, ...) tensor on the first layer's device (a model spread over GPUs)."""
+    import torch
+
+    first = per_layer[0].device
+    return torch.stack([t.to(first, non_blocking=True) for t in per_layer], dim=0)
+
+
+def _pick_states(out: list[Any], pick: list[int], index: dict[Any, Any], _module: Any, _args: Any,
+                 states: Any) -> None:
+    """Forward hook on a layer's hook_state: keep only the chunk boundaries `pick` of its states."""
+    import torch
+
+    if states.device not in index:
+        index[states.device] = torch.as_tensor(pick, dtype=torch.long, device=states.device)
+    out.append(states.index_select(1, index[states.device]))
 
 
 def kept_states(n_boundaries: int, every: int) -> list[int]:
@@ -528,19 +573,25 @@ def capture(checkpoint: str | Path, data: str | Data, out: str | Path, *,
     pending = set(writer.pending(segment))
     todo_pending = [b for b in todo if b in pending]
     n_todo = sum(b - a for a, b in todo_pending)
-    reduce = after = None
+    reducer = after = state_pick = None
     if reductions is not None:
         n_seq, root = writer.segments()[-1].stop, writer.attrs
+        state_pick = reductions.state_boundaries(int(sizes["pos"]), CHUNK_SIZE) if "state" not in variables \
+            and state_every == 1 else None
+        reductions.states_picked = state_pick
 
         def reduce(tensors: dict[str, Any], host: dict[str, np.ndarray]) -> Any:
             return reductions.compute(root, tensors, host)
 
+        reducer = BackgroundReducer(reduce)
+
         def after(start: int, reduced: Any) -> None:
-            reductions.write(out, root, start, reduced, n_seq)
+            reductions.write(out, root, start, reduced.result() if isinstance(reduced, Future) else reduced, n_seq)
     picks = {v: p for v in captured if v in schema.MODEL_HOOK_POINTS
              and (p := head_index(v, sizes, head_sel)) is not None}
-    runner = HookedRunner(model, captured, layer_list, dtype, data.num_classes, state_every, reduce, variables,
-                          picks) if todo_pending else None
+    runner = HookedRunner(model, captured, layer_list, dtype, data.num_classes, state_every,
+                          reducer.submit if reducer is not None else None, variables, picks,
+                          state_pick) if todo_pending else None
     from tqdm.auto import tqdm
 
     desc = f"capture -> {out.name}" + (f" [rank {rank}]" if world > 1 else "")
@@ -555,6 +606,8 @@ def capture(checkpoint: str | Path, data: str | Data, out: str | Path, *,
         reduced_from_store = reductions.finish(out) if reductions is not None else {}
     finally:
         bg.stop()
+        if reducer is not None:
+            reducer.close()
         bar.close()
         if own_group:
             import torch.distributed as dist

@@ -65,6 +65,7 @@ class LayerHooks(nn.Module):
 
     def _resid_mid(self, _mod: nn.Module, _args: Any, out: torch.Tensor) -> torch.Tensor | None:
         pre, self._pre = self._pre, None
+        pre = pre.to(out.device)  # a model spread over GPUs: the pre-hook saw the input before it moved
         new = self.hook_resid_mid(pre + out)
         # Where the hook left mid as it was, the layer keeps its own output (bit for bit); elsewhere it
         # adds new - pre to the residual. Elementwise, so in-place writes count and nothing waits on the GPU.

@@ -4,6 +4,7 @@ thinned; bad flags fail in one line and write nothing."""
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -108,6 +109,30 @@ def test_rank_every_equals_the_probe_with_every(tmp_path):
     ranked = (np.arange(er.shape[2]) + 1) % 16 == 0
     assert np.isnan(er[:, :, ~ranked]).all() and np.isfinite(er[:, :, ranked]).any()
     assert reduced.attrs["params"]["every"] == 16 and np.isfinite(reduced["erank_mean"].values).all()
+
+
+def test_rank_every_a_chunk_multiple_keeps_only_the_ranked_states(tmp_path, monkeypatch):
+    """--rank-every 64 ranks chunk-boundary states only: capture keeps those two of each layer's three (cut as the
+    layer runs) and the reductions, run on the reducer thread, still equal the probe on the stored inputs."""
+    from probes.reduce import CaptureReductions
+
+    seen, compute = [], CaptureReductions.compute
+
+    def spy(self, attrs, tensors, host):
+        seen.append((tuple(tensors["state"].shape), threading.current_thread().name))
+        return compute(self, attrs, tensors, host)
+
+    monkeypatch.setattr(CaptureReductions, "compute", spy)
+    out = tmp_path / "s.zarr"
+    _capture(out, "--reduce", "ranks", "--rank-every", "64")
+    assert len(seen) == 3  # three batches
+    for shape, thread in seen:
+        assert shape[2] == 2 and thread.startswith("deltalab-reduce")  # (layer, seq, chunk, ...): after 64, 128
+    _probe(out, "erank", "--every", "64")
+    reduced = read_results(out, "erank")
+    _assert_same(reduced, read_results(out, "erank-probe"))
+    er = np.asarray(reduced["erank"].values)
+    assert np.isfinite(er[:, :, 63]).any() and np.isnan(er[:, :, 64:127]).all()
 
 
 def test_state_every_keeps_every_nth_boundary(tmp_path):
