@@ -151,7 +151,8 @@ def main() -> None:
                      "reduce_s": red.seconds["batches"] if red is not None else 0.0,
                      "gpu_peak_gb": torch.cuda.max_memory_allocated() / 1e9 if DEVICE == "cuda" else float("nan"),
                      "store_bytes_per_token": _dir_bytes(out) / (n * T), "seconds": summary["seconds"],
-                     "writer_busy_s": summary["writer_busy_s"], "model_blocked_s": summary["model_blocked_s"]})
+                     "writer_busy_s": summary["writer_busy_s"], "model_blocked_s": summary["model_blocked_s"],
+                     "reduce_wait_s": summary["reduce_wait_s"]})
         shutil.rmtree(out, ignore_errors=True)
         print(f"[{time.strftime('%H:%M:%S')}] {json.dumps(rows[-1])}", file=sys.stderr, flush=True)
     shutil.rmtree(root, ignore_errors=True)
@@ -161,10 +162,11 @@ def main() -> None:
           f"({plain_tok_s:,.0f} tok/s); hooked forward without nnsight {hooked_s * 1e3:.0f} ms "
           f"({plain_s / hooked_s:.2f} x plain)")
     print(f"{'mode':<34} {'tok/s':>10} {'x plain':>8} {'GPU GB':>7} {'store B/tok':>12} {'blocked s':>9} "
-          f"{'reduce s':>8} {'summary s':>9}")
+          f"{'red. wait s':>11} {'write s':>8} {'summary s':>9}")
     for r in rows:
         print(f"{r['mode']:<34} {r['tok_s']:>10,.0f} {r['share_of_plain']:>8.2f} {r['gpu_peak_gb']:>7.1f} "
-              f"{r['store_bytes_per_token']:>12,.0f} {r['model_blocked_s']:>9.2f} {r['reduce_s']:>8.2f} "
+              f"{r['store_bytes_per_token']:>12,.0f} {r['model_blocked_s']:>9.2f} {r['reduce_wait_s']:>11.2f} "
+              f"{r['reduce_s']:>8.2f} "
               f"{r['finish_s']:>9.2f}")
     if profiled is not None:
         print(f"\nprofile of `{profiled}` (timed batches; its tokens/s above are under the profiler's overhead):")

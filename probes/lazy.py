@@ -93,11 +93,22 @@ def _stack_layers(parts: list[Any], dims: tuple[str, ...], dtype: Any, missing: 
     axis = dims.index("layer")
     if parts and isinstance(parts[0], torch.Tensor):
         target = torch.from_numpy(np.zeros(0, dtype=dtype)).dtype
-        stacked = torch.stack([p.to(target) for p in parts], dim=axis).cpu().numpy()
+        stacked = _to_host(torch.stack([p.to(target) for p in parts], dim=axis))
         if missing is None:
             return stacked
         parts = [stacked[(slice(None),) * axis + (i,)] for i in range(stacked.shape[axis])]
     return np.stack([nan_at_padding(p, dims, dtype, missing) for p in parts], axis=axis)
+
+
+def _to_host(x: torch.Tensor) -> np.ndarray:
+    """A device tensor as numpy through pinned memory: pageable copies of GPU results ran at ~2 GB/s (0.1 s per
+    200 MB output on an H200), pinned ones at the link's speed."""
+    if not x.is_cuda:
+        return x.numpy()
+    out = torch.empty(x.shape, dtype=x.dtype, pin_memory=True)
+    out.copy_(x, non_blocking=True)
+    torch.cuda.current_stream(x.device).synchronize()
+    return out.numpy()
 
 
 @dataclass

@@ -616,6 +616,7 @@ def capture(checkpoint: str | Path, data: str | Data, out: str | Path, *,
     return {
         "store": str(out), "data_spec": segment.data_spec, "segment": [segment.start, segment.stop],
         "rank": rank, "world_size": world, "written": n_todo,
+        "reduce_wait_s": round(reducer.wait_s, 3) if reducer is not None else 0.0,
         "skipped": sum(b - a for a, b in todo) - n_todo, "complete": writer.n_complete(),
         "sequences": writer.segments()[-1].stop, "seconds": round(time.perf_counter() - t0, 3),
         "writer_busy_s": round(bg.busy_s, 3), "model_blocked_s": round(bg.blocked_s, 3),
