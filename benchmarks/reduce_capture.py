@@ -65,6 +65,8 @@ def main() -> None:
     p.add_argument("--modes", default="states,reduce,reduce+states")
     p.add_argument("--dir", default=None, help="where the stores go (default: a temporary folder)")
     p.add_argument("--json", default=None)
+    p.add_argument("--switch-interval", type=float, default=None,
+                   help="sys.setswitchinterval for the capture runs (GIL hand-over between capture's threads)")
     p.add_argument("--profile", action="store_true", help="profile the first reduce run; print the top operators")
     p.add_argument("--profile-rows", type=int, default=20, help="operators per profile table (default 20)")
     args = p.parse_args()
@@ -125,6 +127,8 @@ def main() -> None:
                     runs.append((f"{mode} {names} (every {every})", kw))
         else:
             raise SystemExit(f"error: --modes {mode}: choose among states, hooks, reduce, reduce+states")
+    if args.switch_interval is not None:
+        sys.setswitchinterval(args.switch_interval)
     profiled: str | None = None
     tables: list[str] = []
     for label, kw in runs:
@@ -149,6 +153,7 @@ def main() -> None:
         tok_s = n * T / (summary["seconds"] - finish)
         rows.append({"mode": label, "tok_s": tok_s, "share_of_plain": tok_s / plain_tok_s, "finish_s": finish,
                      "reduce_s": red.seconds["batches"] if red is not None else 0.0,
+                     "compute_s": red.seconds["compute"] if red is not None else 0.0,
                      "gpu_peak_gb": torch.cuda.max_memory_allocated() / 1e9 if DEVICE == "cuda" else float("nan"),
                      "store_bytes_per_token": _dir_bytes(out) / (n * T), "seconds": summary["seconds"],
                      "writer_busy_s": summary["writer_busy_s"], "model_blocked_s": summary["model_blocked_s"],
@@ -162,11 +167,11 @@ def main() -> None:
           f"({plain_tok_s:,.0f} tok/s); hooked forward without nnsight {hooked_s * 1e3:.0f} ms "
           f"({plain_s / hooked_s:.2f} x plain)")
     print(f"{'mode':<34} {'tok/s':>10} {'x plain':>8} {'GPU GB':>7} {'store B/tok':>12} {'blocked s':>9} "
-          f"{'red. wait s':>11} {'write s':>8} {'summary s':>9}")
+          f"{'red. wait s':>11} {'reduce s':>8} {'write s':>8} {'summary s':>9}")
     for r in rows:
         print(f"{r['mode']:<34} {r['tok_s']:>10,.0f} {r['share_of_plain']:>8.2f} {r['gpu_peak_gb']:>7.1f} "
               f"{r['store_bytes_per_token']:>12,.0f} {r['model_blocked_s']:>9.2f} {r['reduce_wait_s']:>11.2f} "
-              f"{r['reduce_s']:>8.2f} "
+              f"{r['compute_s']:>8.2f} {r['reduce_s']:>8.2f} "
               f"{r['finish_s']:>9.2f}")
     if profiled is not None:
         print(f"\nprofile of `{profiled}` (timed batches; its tokens/s above are under the profiler's overhead):")

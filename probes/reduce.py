@@ -140,7 +140,7 @@ class CaptureReductions:
         self.budget = budget
         self.states_picked: list[int] | None = None  # set by capture: the chunk boundaries its states are
         self._open: dict[str, set[int]] = {}  # probe name -> sequences reduced (this run and earlier runs)
-        self.seconds = {"batches": 0.0, "finish": 0.0}  # time in write() and in finish(), for benchmarks
+        self.seconds = {"compute": 0.0, "batches": 0.0, "finish": 0.0}  # in compute(), write(), finish()
 
     def hooks(self) -> list[str]:
         """The hook points the reductions read (captured, stored only if --hooks names them)."""
@@ -178,6 +178,7 @@ class CaptureReductions:
         numbered from 0."""
         from torch.profiler import record_function
 
+        t0 = time.perf_counter()
         n = int(host["tokens"].shape[0])
         pad = np.asarray(host["pad"], dtype=bool)
         missing = pad if pad.any() else None
@@ -194,6 +195,7 @@ class CaptureReductions:
             if REDUCTIONS[name] is erank and "doc_start" in host:
                 tok["doc_start"] = (("seq", "pos"), np.asarray(host["doc_start"], dtype=bool))
             out[name] = tok
+        self.seconds["compute"] += time.perf_counter() - t0
         return out
 
     def write(self, path: Path, attrs: dict[str, Any], start: int, reduced: dict[str, xr.Dataset], n_seq: int) -> None:

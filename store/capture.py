@@ -287,7 +287,9 @@ class HookedRunner:
             if picked:
                 per_layer["state"] = picked
             for var, outputs in per_layer.items():  # (layer, seq, ...): one contiguous block per layer
-                on_device[var] = _stack(outputs).to(self.torch_dtype)
+                on_device[var] = _stack(outputs)
+                if var in self.stored:  # the reductions read stored inputs as the store has them (probes agree);
+                    on_device[var] = on_device[var].to(self.torch_dtype)  # the others stay as the model made them
                 if self.stepless and var in ("k", "v", "beta", "kappa"):
                     on_device[var] = on_device[var].unsqueeze(3)  # (layer, seq, pos, step = 1, head, ...)
                 if var in self.heads:  # --heads: only these heads leave the device (and reach the reductions)
