@@ -67,6 +67,8 @@ def main() -> None:
     p.add_argument("--json", default=None)
     p.add_argument("--switch-interval", type=float, default=None,
                    help="sys.setswitchinterval for the capture runs (GIL hand-over between capture's threads)")
+    p.add_argument("--stages", action="store_true",
+                   help="after the runs: each reduction alone on one captured batch (idle GPU), wall and kernel time")
     p.add_argument("--profile", action="store_true", help="profile the first reduce run; print the top operators")
     p.add_argument("--profile-rows", type=int, default=20, help="operators per profile table (default 20)")
     args = p.parse_args()
@@ -160,6 +162,11 @@ def main() -> None:
                      "reduce_wait_s": summary["reduce_wait_s"]})
         shutil.rmtree(out, ignore_errors=True)
         print(f"[{time.strftime('%H:%M:%S')}] {json.dumps(rows[-1])}", file=sys.stderr, flush=True)
+    stages = _stages(partial(capture, ckpt, _data(B, T, vocab, seed=3), root / "stages.zarr", model=model,
+                             hooks=["tokens", "beta"], batch_size=B, device=DEVICE, progress=False,
+                             command_line=["benchmarks.reduce_capture"]),
+                     args.reduce.split("+")[0].split(","), int(args.rank_every.split(",")[0]), args.profile_rows) \
+        if args.stages else []
     shutil.rmtree(root, ignore_errors=True)
     params = sum(p.numel() for p in hf.parameters()) / 1e9
     print(f"{args.family} {params:.2f}B params, bf16, B x T = {B} x {T}, "
@@ -173,6 +180,8 @@ def main() -> None:
               f"{r['store_bytes_per_token']:>12,.0f} {r['model_blocked_s']:>9.2f} {r['reduce_wait_s']:>11.2f} "
               f"{r['compute_s']:>8.2f} {r['reduce_s']:>8.2f} "
               f"{r['finish_s']:>9.2f}")
+    if stages:
+        print("\n".join(stages))
     if profiled is not None:
         print(f"\nprofile of `{profiled}` (timed batches; its tokens/s above are under the profiler's overhead):")
         print("\n".join(tables))
@@ -181,6 +190,49 @@ def main() -> None:
                                                "plain_tok_s": plain_tok_s, "hooked_s": hooked_s, "rows": rows,
                                                "profiled": profiled},
                                               indent=1))
+
+
+def _stages(run, names: list[str], every: int, rows: int) -> list[str]:
+    """Each reduction alone on one captured batch, the GPU otherwise idle: wall time, kernel time, top kernels."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    from probes.reduce import CaptureReductions
+
+    kept: dict = {}
+    compute = CaptureReductions.compute
+
+    def spy(self, attrs, tensors, host):
+        kept.update(red=self, args=(attrs, tensors, host))
+        return compute(self, attrs, tensors, host)
+
+    CaptureReductions.compute = spy
+    try:
+        run(reductions=CaptureReductions(names, device=DEVICE, rank_every=every))
+    finally:
+        CaptureReductions.compute = compute
+    red, lines = kept["red"], ["reductions alone on one batch (GPU otherwise idle):",
+                               f"{'reduction':<12} {'wall s':>8} {'kernels s':>10}"]
+    tops = []
+    for name in names:
+        red.names = [name]
+        compute(red, *kept["args"])  # warm
+        _sync()
+        t0 = time.perf_counter()
+        compute(red, *kept["args"])
+        _sync()
+        wall = time.perf_counter() - t0
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if DEVICE == "cuda" else [])
+        with profile(activities=activities) as prof:
+            compute(red, *kept["args"])
+            _sync()
+        events = prof.key_averages()
+        gpu = sum(e.time_range.elapsed_us() for e in prof.events()  # kernels and copies on the device
+                  if e.device_type == DeviceType.CUDA and not e.name.startswith("deltalab.")) / 1e6
+        lines.append(f"{name:<12} {wall:>8.3f} {gpu:>10.3f}")
+        tops += [f"\n{name}: top kernels", events.table(sort_by="self_cuda_time_total" if DEVICE == "cuda"
+                                                         else "self_cpu_time_total", row_limit=rows)]
+    return lines + tops
 
 
 def _profiled(run, rows: int) -> tuple[dict, list[str]]:

@@ -274,7 +274,7 @@ class HookedRunner:
                     with torch.profiler.record_function("deltalab.capture.trace"), self.nn.trace(ids) as tracer:
                         # device=None: keep captures on the model's device (nnsight's default, CPU, copies
                         # each hook synchronously in the middle of the forward); one copy per variable below
-                        cache = tracer.cache(modules=flat, device=None, dtype=self.torch_dtype)
+                        cache = tracer.cache(modules=flat, device=None)  # model dtype: stored ones convert below
                         out = self.nn.output.save()
                     logits = out.logits
                 else:
