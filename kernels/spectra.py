@@ -222,6 +222,8 @@ def sort_eigenvalues(eig: torch.Tensor) -> torch.Tensor:
     """Sort complex [..., n] by angle in (-pi, pi], then by modulus; -0.0 imaginary parts become +0.0."""
     im = eig.imag
     eig = torch.complex(eig.real, torch.where(im == 0, torch.zeros_like(im), im))
+    if eig.shape[-1] == 1:  # one eigenvalue per token (n_h = 1): nothing to sort (two sorts of every token saved)
+        return eig
     order = eig.abs().argsort(dim=-1, stable=True)
     eig = eig.gather(-1, order)
     order = eig.angle().argsort(dim=-1, stable=True)
