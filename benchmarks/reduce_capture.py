@@ -67,6 +67,8 @@ def main() -> None:
     p.add_argument("--json", default=None)
     p.add_argument("--switch-interval", type=float, default=None,
                    help="sys.setswitchinterval for the capture runs (GIL hand-over between capture's threads)")
+    p.add_argument("--no-write", action="store_true",
+                   help="diagnosis: compute the reductions but write none of them (nor their summaries)")
     p.add_argument("--stages", action="store_true",
                    help="after the runs: each reduction alone on one captured batch (idle GPU), wall and kernel time")
     p.add_argument("--profile", action="store_true", help="profile the first reduce run; print the top operators")
@@ -129,6 +131,9 @@ def main() -> None:
                     runs.append((f"{mode} {names} (every {every})", kw))
         else:
             raise SystemExit(f"error: --modes {mode}: choose among states, hooks, reduce, reduce+states")
+    if args.no_write:  # the reductions' host side without their store writes (where does capture wait?)
+        CaptureReductions.write = lambda self, path, attrs, start, reduced, n_seq: None
+        CaptureReductions.finish = lambda self, path: {}
     if args.switch_interval is not None:
         sys.setswitchinterval(args.switch_interval)
     profiled: str | None = None
