@@ -44,7 +44,10 @@ def delta_product_forward(
         check_inputs(q, k, v, beta, g, initial_state, cu_seqlens)  # malformed inputs raise on every path
         forward, why = triton_path(q, k, v, g)
         if forward is not None:
-            return forward(q, k, v, beta, g, **args)
+            # Triton launches on the current device's stream: a layer on another GPU (a model spread over GPUs
+            # with accelerate) would run on the wrong stream, racing the work that produced its inputs
+            with torch.cuda.device(q.device):
+                return forward(q, k, v, beta, g, **args)
         if why is not None:
             warnings.warn(
                 f"delta_product_forward: Triton path does not take q {tuple(q.shape)}, v {tuple(v.shape)} ({why});"
