@@ -13,11 +13,11 @@ from store.schema import human_bytes
 
 store_app = typer.Typer(help="Inspect capture stores.", no_args_is_help=True)
 
-RANK_EVERY_CUDA = 64
-"""`--rank-every` default on CUDA: one exact state rank (an SVD per head) per 64-token chunk, read from the kernel's
-chunk-boundary states. On an H100 with OLMo-Hybrid 7B (B x T = 4 x 2048, `python -m benchmarks.reduce_capture`)
-capture with ranks and spectra ran at 19% of the plain forward's tokens/s at 64, 24% at 1024 and 1% at every
-token: past one rank per chunk the cost is capture's own (the traced forward, spectra), not the ranks."""
+RANK_EVERY_CUDA = 1024
+"""`--rank-every` default on CUDA: one exact state rank (an SVD per head) per 1024 tokens, read from the kernel's
+chunk-boundary states (capture keeps only those). On an H200 with OLMo-Hybrid 7.4B at B x T = 8 x 4096
+(`python -m benchmarks.reduce_capture`), capture with `--reduce ranks` alone ran at 73% of the plain forward's
+tokens/s at 1024; its ranks' kernels took 0.15 s of a 1.3 s batch there, and 64 means 16 times as many."""
 
 DATA_HELP = ("Task (S4:length=128,samples=512,seed=0), word-problem CSV (csv:PATH or PATH.csv) or text "
              "(text:PATH[:length=256,tokenizer=auto|bytes|tokenizer.json]).")
