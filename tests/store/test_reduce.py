@@ -206,3 +206,24 @@ def test_gpu_reductions_on_the_device_equal_the_probes(tmp_path):
         _probe(out, name, "--device", "cuda")
         _assert_same(read_results(out, name), read_results(out, f"{name}-probe"), rtol=1e-4)
     assert read_results(out, "erank").attrs["params"]["device"] == "cuda"
+
+
+def test_a_failing_reduction_stops_capture_with_its_error(tmp_path, monkeypatch):
+    """The reductions run on their own thread: an error there reaches the caller (not a hang, not a silent store
+    without results), and the batches already written stay readable."""
+    from probes.reduce import CaptureReductions
+
+    def boom(self, attrs, tensors, host):
+        raise RuntimeError("reduction failed on purpose")
+
+    monkeypatch.setattr(CaptureReductions, "compute", boom)
+    out = tmp_path / "s.zarr"
+    res = CliRunner().invoke(app, ["capture", str(MODEL), "--data", DATA, "--out", str(out), "--batch-size", "3",
+                                   "--no-progress", "--reduce", "ranks"])
+    assert res.exit_code != 0
+    assert "reduction failed on purpose" in repr(res.exception) + res.output
+    assert store.open(out).sizes["seq"] == 3  # the first batch, written before its reduction failed, is kept
+    monkeypatch.undo()
+    _capture(out, "--reduce", "ranks")  # the rerun resumes: the rest captured, the first batch reduced from the store
+    assert store.open(out).sizes["seq"] == 7
+    assert read_results(out, "erank").attrs["reduced_seqs"] == [[0, 7]]
