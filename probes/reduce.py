@@ -156,6 +156,24 @@ class CaptureReductions:
 
         return ranked_boundaries(length, chunk_size, self.rank_every)
 
+    def bytes_per_sequence(self, attrs: dict[str, Any], variables: list[str]) -> int:
+        """Bytes of per-token results one sequence adds (uncompressed, as the plans declare their outputs): the
+        disk estimate counts them beside the stored hooks (at 7B they are 5x what `--hooks tokens,beta` stores)."""
+        template = _template(attrs, 1, [v for v in variables if v in INPUTS])
+        n_layers = len(attrs["layers"])
+        total = 0
+        for name in self.names:
+            plan = self._plan(name, template, picked=self.states_picked is not None)
+            for dims, dtype in plan.outputs.values():
+                size = np.dtype(dtype).itemsize * (n_layers if "layer" in dims else 1)
+                for d in dims:
+                    if d not in ("seq", "layer"):
+                        size *= int(plan.sizes[d])
+                total += size
+            if REDUCTIONS[name] is erank:
+                total += int(attrs["sizes"]["pos"])  # doc_start
+        return total
+
     def check(self, attrs: dict[str, Any], variables: list[str]) -> None:
         """Build every reduction's plan on a data-free template of the capture (root `attrs`, captured `variables`)
         before anything is written: a reduction the model cannot have is a one-line ValueError."""

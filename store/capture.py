@@ -563,7 +563,8 @@ def capture(checkpoint: str | Path, data: str | Data, out: str | Path, *,
             reductions.check(attrs, captured)
         except ValueError as err:
             raise CaptureError(str(err)) from None
-    estimate = size_estimate(out, variables, sizes, dtype, len(data), batch)
+    extra = reductions.bytes_per_sequence(attrs, captured) if reductions is not None else 0
+    estimate = size_estimate(out, variables, sizes, dtype, len(data), batch, extra)
     check_disk(out, estimate)
     writer, segment, own_group = _open_store(out, attrs, data, rank, world, device)
     if progress and rank == 0:  # once the store is known to accept this capture, before any batch runs
@@ -635,12 +636,13 @@ def _existing_parent(path: Path) -> Path:
 
 
 def size_estimate(out: Path, variables: list[str], sizes: dict[str, int], dtype: str, n_seq: int,
-                  batch: int = 1) -> dict[str, Any]:
+                  batch: int = 1, extra_per_seq: int = 0) -> dict[str, Any]:
     """What the capture will write (uncompressed, an upper bound: chunks hold `batch` sequences, so the last one
-    is counted whole) and what the disk of `out` has free. Bytes already in a store at `out` count as written."""
+    is counted whole; `extra_per_seq`: the reductions' results) and what the disk of `out` has free. Bytes already
+    in a store at `out` count as written."""
     import shutil
 
-    per_seq = schema.bytes_per_sequence(variables, sizes, dtype)
+    per_seq = schema.bytes_per_sequence(variables, sizes, dtype) + extra_per_seq
     existing = 0
     if out.exists():
         existing = sum(f.stat().st_size for f in out.rglob("*") if f.is_file())

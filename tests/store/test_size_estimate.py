@@ -52,3 +52,21 @@ def test_the_estimate_line_is_printed_first(tmp_path):
     line = next(ln for ln in res.output.splitlines() if ln.startswith("capture: about"))
     assert "per token" in line and "for 6 sequence(s) of 100 tokens" in line and "free at" in line
     assert np.isfinite(float(line.split("about ")[1].split(" ")[0]))
+
+
+def test_estimate_counts_the_reductions_results(tmp_path):
+    """With --reduce the per-token results (often larger than the hooks kept) are in the estimate, uncompressed."""
+    from probes.results import read_results
+
+    out = tmp_path / "s.zarr"
+    res = CliRunner().invoke(app, ["capture", str(ZOO / "s4-deltaproduct2"), "--data", SPEC, "--out", str(out),
+                                   "--json", "--no-progress", "--hooks", "tokens,beta",
+                                   "--reduce", "ranks,spectra,attention"])
+    assert res.exit_code == 0, res.output
+    summary = json.loads(res.output[res.output.index("{"):])
+    ds = store.open(out, key_heads="key")
+    logical = sum(int(ds[v].nbytes) for v in ds.data_vars)
+    for probe in ("erank", "spectra", "attention"):
+        tok = read_results(out, probe)
+        logical += sum(int(tok[v].nbytes) for v in tok.data_vars if "seq" in tok[v].dims)
+    assert summary["estimated_bytes_per_token"] == logical / (6 * 100)
