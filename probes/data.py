@@ -7,6 +7,7 @@ time, sized so that the variables a probe needs stay under a memory budget.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -169,6 +170,30 @@ def iter_blocks(ds: xr.Dataset, names: Sequence[str], budget: int, *, factor: fl
     for lo in tqdm(starts, desc=desc, unit="block", disable=desc is None or len(starts) < 2, leave=False):
         sl = slice(lo, min(lo + step, n_seq))
         yield sl, ds[present].isel(seq=sl).load()
+
+
+def map_blocks(ds: xr.Dataset, names: Sequence[str], budget: int, fn: Any, *, factor: float = 1.0,
+               desc: str | None = None, workers: int | None = None) -> Iterator[Any]:
+    """fn(loaded block of sequences) over the blocks of `iter_blocks`, on a few threads (numpy's array loops and
+    zarr's reads release the GIL), yielded in block order as they finish; `budget` is shared by the workers, so
+    memory stays bounded as in `iter_blocks`. For summaries whose per-block parts add up."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from tqdm.auto import tqdm
+
+    workers = max(1, workers or min(8, os.cpu_count() or 1))
+    present = [n for n in names if n in ds]
+    n_seq = ds.sizes["seq"]
+    step = block_size(ds, present, max(1, budget // workers), factor)
+    starts = range(0, n_seq, step)
+    part = ds[present]
+
+    def one(lo: int) -> Any:
+        return fn(part.isel(seq=slice(lo, min(lo + step, n_seq))).load())
+
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="deltalab-summary") as pool:
+        yield from tqdm(pool.map(one, starts), total=len(starts), desc=desc, unit="block",
+                        disable=desc is None or len(starts) < 2, leave=False)
 
 
 def token_vocab(ds: xr.Dataset, max_tokens: int, budget: int) -> tuple[np.ndarray, np.ndarray]:

@@ -81,27 +81,42 @@ def summarize(tok: xr.Dataset, ds: xr.Dataset, train_length: int | None, budget:
     merged = tok[list(sums)]
     if "doc_start" in ds:
         merged = merged.assign(doc_start=ds["doc_start"])
-    for _, block in data.iter_blocks(merged, [*sums, "doc_start"], budget, factor=2, desc="erank summary"):
+    def part(block: xr.Dataset) -> dict[str, Any]:
+        """One block's contributions: sums (and the max) over its sequences (run on threads by data.map_blocks)."""
+        p: dict[str, Any] = {}
         er = np.asarray(block["erank"].values, dtype=np.float64)  # [s, L, T, H]; NaN at padding
         real = np.isfinite(er).all((1, 3))  # [s, T]
         er = np.where(real[:, None, :, None], er, 0.0)
         for f in sums:
-            sums[f] += np.nan_to_num(np.asarray(block[f].values, dtype=np.float64), nan=0.0).sum(0)
-        sq += (er * er).sum(0)
-        mx = np.maximum(mx, er.max((0, 2)))
-        count += real.sum(0)
+            p[f] = np.nan_to_num(np.asarray(block[f].values, dtype=np.float64), nan=0.0).sum(0)
+        p["sq"] = (er * er).sum(0)
+        p["mx"] = er.max((0, 2))
+        p["count"] = real.sum(0)
         last = T - 1 - np.argmax(real[:, ::-1], axis=1)  # each sequence's last real token
         has = real.any(1)
-        final += er[np.flatnonzero(has), :, last[has]].sum(0)
-        n_final += int(has.sum())
+        p["final"] = er[np.flatnonzero(has), :, last[has]].sum(0)
+        p["n_final"] = int(has.sum())
+        p["drop"], p["n_drop"] = 0.0, 0
         if "doc_start" in block:
             starts = np.asarray(block["doc_start"].values, dtype=bool).copy()
             starts[:, 0] = False  # the first token has no "before"
             starts &= real
             s_idx, t_idx = np.nonzero(starts)
             if len(s_idx):
-                drop += (er[s_idx, :, t_idx - 1] - er[s_idx, :, t_idx]).sum(0)
-                n_drop += len(s_idx)
+                p["drop"] = (er[s_idx, :, t_idx - 1] - er[s_idx, :, t_idx]).sum(0)
+                p["n_drop"] = len(s_idx)
+        return p
+
+    for p in data.map_blocks(merged, [*sums, "doc_start"], budget, part, factor=2, desc="erank summary"):
+        for f in sums:
+            sums[f] += p[f]
+        sq += p["sq"]
+        mx = np.maximum(mx, p["mx"])
+        count += p["count"]
+        final += p["final"]
+        n_final += p["n_final"]
+        drop += p["drop"]
+        n_drop += p["n_drop"]
     n = np.where(count > 0, count, np.nan)[None, :, None]
     by_pos = {f: sums[f] / n for f in sums}
     total = count.sum()

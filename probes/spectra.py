@@ -139,41 +139,54 @@ def summarize(tok: xr.Dataset, ds: xr.Dataset, *, max_tokens: int = 64, unit_tol
     merged = tok[names]
     if has_tokens:
         merged = merged.assign(tokens=ds["tokens"])
-    for _, block in data.iter_blocks(merged, [*names, "tokens"], budget, factor=4, desc="spectra summary"):
+    def part(block: xr.Dataset) -> dict[str, Any]:
+        """One block's additive contributions (run on several threads by data.map_blocks)."""
+        p: dict[str, Any] = {}
         eig = np.asarray(block["eig_P"].values).astype(np.complex128)  # [s, L, T, H, n]; NaN at padding
         real = np.isfinite(eig).all((1, 3, 4))  # [s, T]
         keep = real[:, None, :, None]
         eig = np.where(keep[..., None], eig, 1.0)
         stats = _token_stats(eig, unit_tol)
         for key in ("complex", "unit", "rotation"):
-            acc[key] += (stats[key] & keep).sum((0, 2))
-        acc["n"] += real.sum()
-        acc["modulus"] += np.where(keep, np.abs(eig).mean(-1), 0.0).sum((0, 2))
+            p[key] = (stats[key] & keep).sum((0, 2))
+        p["n"] = real.sum()
+        p["modulus"] = np.where(keep, np.abs(eig).mean(-1), 0.0).sum((0, 2))
         angle = np.degrees(np.abs(np.angle(eig))).max(-1)  # the token's rotation angle
         bins = np.clip((angle / 180 * ANGLE_BINS).astype(np.int64), 0, ANGLE_BINS - 1)
         combo = (np.arange(L)[None, :, None, None] * H + np.arange(H)[None, None, None, :]) * ANGLE_BINS + bins
         combo = combo[np.broadcast_to(keep, combo.shape)]
-        angle_hist += np.bincount(combo.ravel(), minlength=L * H * ANGLE_BINS).reshape(L, H, ANGLE_BINS)
+        p["angle_hist"] = np.bincount(combo.ravel(), minlength=L * H * ANGLE_BINS).reshape(L, H, ANGLE_BINS)
         if "eig_A" in block:
-            eig_a = np.abs(np.asarray(block["eig_A"].values)).mean(-1)
-            acc["modulus_A"] += np.where(keep, np.nan_to_num(eig_a), 0.0).sum((0, 2))
+            eig_a = np.abs(np.asarray(block["eig_A"].values)).astype(np.float64).mean(-1)  # sums in float64
+            p["modulus_A"] = np.where(keep, np.nan_to_num(eig_a), 0.0).sum((0, 2))
         weig = np.asarray(block["window_eig_P"].values).astype(np.complex128)
         wreal = np.isfinite(weig).all((1, 3, 4))
         wkeep = wreal[:, None, :, None]
         wstats = _token_stats(np.where(wkeep[..., None], weig, 1.0), unit_tol)
         for key in ("complex", "unit", "rotation"):
-            acc["w_" + key] += (wstats[key] & wkeep).sum((0, 2))
-        acc["w_n"] += wreal.sum()
-        if nt:
+            p["w_" + key] = (wstats[key] & wkeep).sum((0, 2))
+        p["w_n"] = wreal.sum()
+        if nt:  # per input token: its occurrences' sums, all tokens at once
             ti = data.token_index(np.asarray(block["tokens"].values), tok_ids)  # [s, T]
-            by_pos = eig.transpose(0, 2, 1, 3, 4)  # [s, T, L, H, n]
-            for t in range(nt):
-                sel = (ti == t) & real
-                if sel.any():
-                    e = by_pos[sel]  # [m, L, H, n]
-                    t_sum[:, t] += e.sum(0)
-                    t_sq[:, t] += (np.abs(e) ** 2).sum((0, 3))
-                    t_n[t] += sel.sum()
+            sel = (ti >= 0) & real
+            idx = ti[sel]
+            e = eig.transpose(0, 2, 1, 3, 4)[sel]  # [m, L, H, n]
+            p["t_sum"] = np.zeros((nt, L, H, n), np.complex128)
+            np.add.at(p["t_sum"], idx, e)
+            p["t_sq"] = np.zeros((nt, L, H))
+            np.add.at(p["t_sq"], idx, (np.abs(e) ** 2).sum(-1))
+            p["t_n"] = np.bincount(idx, minlength=nt)
+        return p
+
+    for p in data.map_blocks(merged, [*names, "tokens"], budget, part, factor=4, desc="spectra summary"):
+        for key, value in p.items():
+            if key in acc:
+                acc[key] += value
+        angle_hist += p["angle_hist"]
+        if nt:
+            t_sum += p["t_sum"].transpose(1, 0, 2, 3)
+            t_sq += p["t_sq"].transpose(1, 0, 2)
+            t_n += p["t_n"]
     n_tok = np.maximum(acc["n"], 1)
     n_win = np.maximum(acc["w_n"], 1)
     tn = np.maximum(t_n, 1)[None, :, None]
