@@ -187,7 +187,11 @@ def small_eigenvalues(c: torch.Tensor, det: torch.Tensor | None = None) -> torch
 
 
 def cpu_eigvals(flat: torch.Tensor, per_task: int = 8192) -> torch.Tensor:
-    """LAPACK eigvals of [N, n, n] on the CPU, blocks spread over threads (torch loops a batch serially)."""
+    """LAPACK eigvals of [N, n, n] on the CPU, blocks spread over threads (torch loops a batch serially).
+    Non-finite matrices raise ValueError: MKL answered them with an error line and a segfault."""
+    if not bool(torch.isfinite(flat).all()):
+        raise ValueError("spectra: a transition holds NaN or inf (non-finite keys, betas or gates); check the "
+                         "model's activations (or the store's padding mask) before computing spectra")
     workers = min(os.cpu_count() or 1, -(-flat.shape[0] // per_task))
     if workers <= 1:
         return _robust_eigvals(flat)
@@ -246,8 +250,8 @@ def wide_eigenvalues(keys: torch.Tensor, betas: torch.Tensor) -> torch.Tensor:
 def _wide_eigenvalues_cpu(keys: torch.Tensor, betas: torch.Tensor) -> torch.Tensor:
     """`wide_eigenvalues` by batched QR and LAPACK (float64)."""
     keys, betas = keys.to(torch.float64), betas.to(torch.float64)
-    if not (bool(torch.isfinite(keys).all()) and bool(torch.isfinite(betas).all())):  # LAPACK would crash on them
-        raise ValueError("spectra: keys or betas contain NaN or inf; check the model's activations (or the store's "
+    if not (bool(torch.isfinite(keys).all()) and bool(torch.isfinite(betas).all())):  # QR and LAPACK below
+        raise ValueError("spectra: keys or betas hold NaN or inf; check the model's activations (or the store's "
                          "padding mask) before computing spectra")
     N, n, _ = keys.shape
     gram = keys @ keys.transpose(-1, -2)

@@ -166,6 +166,10 @@ def test_nan_keys_of_wide_windows_raise_one_line_instead_of_crashing_lapack():
     k[0, 2, 0, 1, 0] = float("nan")
     with pytest.raises(ValueError, match="NaN or inf"):
         householder_spectra(k, beta, window=4)
+    from kernels.spectra import cpu_eigvals
+
+    with pytest.raises(ValueError, match="NaN or inf"):
+        cpu_eigvals(torch.full((2, 3, 3), float("nan"), dtype=torch.float64))
 
 
 @pytest.mark.gpu
