@@ -19,15 +19,15 @@
 #          logits_bf16 from chunk_rwkv7) into $OUT/fla.tar (folders + report.json to unpack into tests/fixtures/), put
 #          them in place on the device, then the rwkv7 GPU tests (model vs fla incl. bf16 through fla's
 #          chunk_dplr_delta_rule, kernels.dplr_fla vs float64, rwkv7 probes); timeouts bound it to ~8 min
-# reduce:  #19's profile: OLMo-Hybrid 7.4B (transformers default config, random bf16) captured with --reduce
-#          ranks,spectra at B x T = 8 x 4096 (REDUCE_B / REDUCE_T to change; peak was 45-59 GB at 4 x 2048, so 8 x 4096
-#          wants the H200), the plain forward in the same run, and the top operators under torch.profiler
+# reduce:  #19: OLMo-Hybrid 7.4B (transformers default config, random bf16) captured with --reduce ranks,spectra
+#          at B x T = 8 x 4096 (REDUCE_B / REDUCE_T to change; peak 80 GB), the plain forward in the same run, each
+#          reduction alone (--stages) and a run without the reductions' writes (--no-write); about 8 minutes
 # secular: the Triton secular solver's GPU tests, scripts/secular_diag.py (FMA contraction on and off), and
 #          python -m benchmarks.spectra_dplr --dk 64 128 (Triton, torch and dense in one run), all under $OUT
 # verify:  GPU tests of the delta-rule and KDA forwards (both changed shape after their last GPU run) and
 #          scripts/kda_split_check.py (KDA prep: persistent vs split vs fla); carry .triton-autotune for fla
-# devmap:  scripts/device_map_check.py same (7B: one GPU vs device_map auto/balanced) and big (Qwen3-Next 80B on the
-#          GPUs, --reduce ranks,spectra): on nvidia-h200-x2, under 10 minutes
+# devmap:  scripts/device_map_check.py same (one GPU vs device_map auto/balanced) and big (Qwen3-Next 80B on the
+#          GPUs, --reduce ranks,spectra): on nvidia-h200-x2, about 5 minutes
 # dist:    torchrun capture on every GPU of the machine (NCCL) against one GPU; same values (nvidia-h200-x2)
 # Autotuning: fla 0.6.0 benches every config on first use (chunk_kda: 80 s, chunk_rwkv7: over 200 s on an H200,
 # which ate whole device calls). TRITON_CACHE_AUTOTUNING keeps the timings on disk; each run returns them as
@@ -126,18 +126,25 @@ for section in "$@"; do
       timeout 120 python3 scripts/kda_split_check.py > "$OUT/kda-split.txt" 2>&1
       tail -n 3 "$OUT/verify-chunk.log" "$OUT/verify-kda.log"; grep -v Warn "$OUT/kda-split.txt" ;;
     devmap)
-      # #19 on several GPUs: the 7B saved and captured on one GPU vs device_map auto / balanced (same store?), then
-      # Qwen3-Next's default config (79.7B, 159 GB bf16) built straight onto the GPUs and captured with reductions
-      timeout 290 python3 scripts/device_map_check.py same --batch 1 --length 1024 --batches 2 \
+      # #19 on two GPUs (nvidia-h200-x2): OLMo-Hybrid cut to 8 layers (2.44B) saved and captured on one GPU vs
+      # device_map auto / balanced (bit-identical since the Triton device guard), then Qwen3-Next's default config
+      # (79.7B, 159 GB bf16) built straight onto the GPUs and captured with reductions; about 5 minutes
+      timeout 140 python3 scripts/device_map_check.py same --layers 8 --batch 2 --length 1024 --batches 2 \
         --json "$OUT/devmap-same.json" > "$OUT/devmap-same.txt" 2>&1; echo "same exit $?" | tee -a "$OUT/devmap-same.txt"
-      timeout 290 python3 scripts/device_map_check.py big --batch 1 --length 4096 --batches 2 \
+      timeout 240 python3 scripts/device_map_check.py big --batch 1 --length 2048 --batches 2 --rank-every 1024 \
         --json "$OUT/devmap-big.json" > "$OUT/devmap-big.txt" 2>&1; echo "big exit $?" | tee -a "$OUT/devmap-big.txt"
       tail -n 5 "$OUT/devmap-same.txt" "$OUT/devmap-big.txt" ;;
     reduce)
-      timeout 500 python3 -m benchmarks.reduce_capture --family olmo_hybrid --default-config --batch "${REDUCE_B:-8}" \
-        --length "${REDUCE_T:-4096}" --batches 2 --rank-every 64 --reduce ranks,spectra --modes reduce --profile \
-        --json "$OUT/reduce.json" > "$OUT/reduce.txt" 2>&1
-      echo "reduce exit $? (124: past 500 s)" | tee -a "$OUT/reduce.txt"; grep -A3 "x plain" "$OUT/reduce.txt" ;;
+      # #19 at the issue's shape (8 x 4096, 6 timed batches: with 2 the pipeline's drain was half the time), then
+      # each reduction alone on one batch (--stages) and, for diagnosis, capture without the reductions' writes
+      timeout 330 python3 -m benchmarks.reduce_capture --family olmo_hybrid --default-config --batch "${REDUCE_B:-8}" \
+        --length "${REDUCE_T:-4096}" --batches 6 --rank-every 1024 --reduce ranks,spectra --modes hooks,reduce \
+        --stages --json "$OUT/reduce.json" > "$OUT/reduce.txt" 2>&1
+      echo "reduce exit $? (124: past 330 s)" | tee -a "$OUT/reduce.txt"; grep -A3 "x plain" "$OUT/reduce.txt"
+      grep -A3 "alone" "$OUT/reduce.txt"
+      timeout 200 python3 -m benchmarks.reduce_capture --family olmo_hybrid --default-config --batch "${REDUCE_B:-8}" \
+        --length "${REDUCE_T:-4096}" --batches 6 --rank-every 1024 --reduce ranks,spectra --modes reduce --no-write \
+        > "$OUT/reduce-nowrite.txt" 2>&1; grep -A2 "x plain" "$OUT/reduce-nowrite.txt" ;;
     *) echo "unknown section $section: use s4, tests, kernels, kda, analysis, probes, store, dist, attention, rwkv7fix, rwkv7, reduce, verify, secular or devmap" >&2
        exit 2 ;;
   esac
