@@ -244,9 +244,15 @@ class HookedRunner:
                 for part in schema.MODEL_HOOK_POINTS[var].split("."):
                     env = getattr(env, part)
                 self.envoys[var].append(env)
-        # states read only by the reductions, at a few chunk boundaries: each layer's are cut down as the layer
-        # runs (a forward hook), so the whole batch's states are never held (26 GB at 8 x 4096 on a 7B hybrid)
-        self.state_pick = state_pick if "state" in self.envoys and "state" not in self.stored else None
+        # states read only by the reductions, at a few chunk boundaries, or stored every N-th chunk: each layer's
+        # are cut down as the layer runs (a forward hook), so the whole batch's states are never held (26 GB in
+        # float32 at 8 x 4096 on a 7B hybrid)
+        self.state_pick: Any = None
+        if "state" in self.envoys and "state" not in self.stored:
+            self.state_pick = state_pick
+        elif "state" in self.envoys and state_every > 1:
+            self.state_pick = partial(_every_nth, every=state_every)
+        self.layer_major = set(self.envoys)  # (layer, seq, ...) on the device, (seq, layer, ...) in the store
         self._state_modules: list[Any] = []
         if self.state_pick is not None:
             self.envoys.pop("state")
@@ -299,9 +305,6 @@ class HookedRunner:
                     if key not in self._head_index:
                         self._head_index[key] = torch.as_tensor(keep, dtype=torch.long, device=t.device)
                     on_device[var] = t.index_select(axis, self._head_index[key])
-            if "state" in on_device and self.state_every > 1 and self.state_pick is None:
-                on_device["state"] = on_device["state"][:, :, kept_states(on_device["state"].shape[2],
-                                                                          self.state_every)].contiguous()
             if "loss" in self.variables or "correct" in self.variables:
                 lab = torch.from_numpy(np.ascontiguousarray(labels, dtype=np.int64)).to(logits.device,
                                                                                          non_blocking=cuda)
@@ -327,7 +330,7 @@ class HookedRunner:
         if self.reduce is not None:
             with torch.no_grad(), torch.profiler.record_function("deltalab.capture.reduce"):
                 reduced = self.reduce(on_device, host)
-        return HostBatch(tensors, host, set(self.envoys), ready, reduced)
+        return HostBatch(tensors, host, self.layer_major, ready, reduced)
 
 
 def _stack(per_layer: list[Any]) -> Any:
@@ -338,14 +341,20 @@ def _stack(per_layer: list[Any]) -> Any:
     return torch.stack([t.to(first, non_blocking=True) for t in per_layer], dim=0)
 
 
-def _pick_states(out: list[Any], pick: list[int], index: dict[Any, Any], _module: Any, _args: Any,
-                 states: Any) -> None:
-    """Forward hook on a layer's hook_state: keep only the chunk boundaries `pick` of its states."""
+def _every_nth(n_boundaries: int, every: int) -> list[int]:
+    return kept_states(n_boundaries, every)
+
+
+def _pick_states(out: list[Any], pick: Any, index: dict[Any, Any], _module: Any, _args: Any, states: Any) -> None:
+    """Forward hook on a layer's hook_state [B, boundaries, ...]: keep only the boundaries `pick` (a list, or a
+    function of the number of boundaries)."""
     import torch
 
-    if states.device not in index:
-        index[states.device] = torch.as_tensor(pick, dtype=torch.long, device=states.device)
-    out.append(states.index_select(1, index[states.device]))
+    key = (states.device, states.shape[1])
+    if key not in index:
+        chosen = pick(states.shape[1]) if callable(pick) else pick
+        index[key] = torch.as_tensor(chosen, dtype=torch.long, device=states.device)
+    out.append(states.index_select(1, index[key]))
 
 
 def kept_states(n_boundaries: int, every: int) -> list[int]:
