@@ -56,8 +56,8 @@ def bench_throughput(args: argparse.Namespace, work: Path) -> dict[str, Any]:
 
     from models import save_checkpoint
     from store import capture, info, schema
-    from store.capture import HookedRunner
     from store.data import load_data
+    from store.runner import HookedRunner
 
     model = _model(args)
     ckpt = save_checkpoint(model.cpu(), work / "ckpt")

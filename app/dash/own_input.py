@@ -173,7 +173,7 @@ def get_model(checkpoint: Path | str, device: str = "cpu") -> Any:
         if key in _MODELS:
             return _MODELS[key]
         model = load_model(Path(checkpoint), device)
-        from store.capture import HookedRunner
+        from store.runner import HookedRunner
 
         n = min(8, int(model.config.vocab_size))
         ids = np.arange(n, dtype=np.int64)[None] % max(1, int(model.config.vocab_size))
@@ -192,7 +192,8 @@ def is_loaded(checkpoint: Path | str, device: str = "cpu") -> bool:
 def run(model: Any, enc: Encoded, attrs: dict[str, Any], timing: Timing | None = None) -> xr.Dataset:
     """Run `model` with the store's hooks over one encoded sequence: a Dataset with the store's variables, dims,
     coordinates and attributes (data_spec 'input:text' or 'input:task'), holding one complete sequence."""
-    from store.capture import HookedRunner, head_index
+    from store.capture import head_index
+    from store.runner import HookedRunner
 
     timing = timing or Timing()
     t0 = time.perf_counter()
