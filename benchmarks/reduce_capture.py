@@ -67,6 +67,9 @@ def main() -> None:
     p.add_argument("--json", default=None)
     p.add_argument("--switch-interval", type=float, default=None,
                    help="sys.setswitchinterval for the capture runs (GIL hand-over between capture's threads)")
+    p.add_argument("--zarr-threads", type=int, default=None,
+                   help="diagnosis: zarr's codec threads (default: asyncio's, min(32, cores + 4)); fewer leave cores "
+                        "to the forward's launches")
     p.add_argument("--no-write", action="store_true",
                    help="diagnosis: compute the reductions but write none of them (nor their summaries)")
     p.add_argument("--stages", action="store_true",
@@ -131,6 +134,10 @@ def main() -> None:
                     runs.append((f"{mode} {names} (every {every})", kw))
         else:
             raise SystemExit(f"error: --modes {mode}: choose among states, hooks, reduce, reduce+states")
+    if args.zarr_threads is not None:  # read when zarr makes its pool, at its first write below
+        import zarr
+
+        zarr.config.set({"threading.max_workers": args.zarr_threads})
     if args.no_write:  # the reductions' host side without their store writes (where does capture wait?)
         CaptureReductions.write = lambda self, path, attrs, start, reduced, n_seq: None
         CaptureReductions.finish = lambda self, path: {}
