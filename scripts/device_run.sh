@@ -21,7 +21,7 @@
 #          chunk_dplr_delta_rule, kernels.dplr_fla vs float64, rwkv7 probes); timeouts bound it to ~8 min
 # reduce:  #19: OLMo-Hybrid 7.4B (transformers default config, random bf16) captured with --reduce ranks,spectra
 #          at B x T = 8 x 4096 (REDUCE_B / REDUCE_T to change; peak 80 GB), the plain forward in the same run, each
-#          reduction alone (--stages) and a run without the reductions' writes (--no-write); about 8 minutes
+#          reduction alone (--stages), then with 4 zarr codec threads and without the reductions' writes; ~9 minutes
 # secular: the Triton secular solver's GPU tests, scripts/secular_diag.py (FMA contraction on and off), and
 #          python -m benchmarks.spectra_dplr --dk 64 128 (Triton, torch and dense in one run), all under $OUT
 # verify:  GPU tests of the delta-rule and KDA forwards (both changed shape after their last GPU run) and
@@ -137,14 +137,16 @@ for section in "$@"; do
     reduce)
       # #19 at the issue's shape (8 x 4096, 6 timed batches: with 2 the pipeline's drain was half the time), then
       # each reduction alone on one batch (--stages) and, for diagnosis, capture without the reductions' writes
-      timeout 330 python3 -m benchmarks.reduce_capture --family olmo_hybrid --default-config --batch "${REDUCE_B:-8}" \
+      timeout 300 python3 -m benchmarks.reduce_capture --family olmo_hybrid --default-config --batch "${REDUCE_B:-8}" \
         --length "${REDUCE_T:-4096}" --batches 6 --rank-every 1024 --reduce ranks,spectra --modes hooks,reduce \
         --stages --json "$OUT/reduce.json" > "$OUT/reduce.txt" 2>&1
-      echo "reduce exit $? (124: past 330 s)" | tee -a "$OUT/reduce.txt"; grep -A3 "x plain" "$OUT/reduce.txt"
+      echo "reduce exit $? (124: past 300 s)" | tee -a "$OUT/reduce.txt"; grep -A3 "x plain" "$OUT/reduce.txt"
       grep -A3 "alone" "$OUT/reduce.txt"
-      timeout 200 python3 -m benchmarks.reduce_capture --family olmo_hybrid --default-config --batch "${REDUCE_B:-8}" \
-        --length "${REDUCE_T:-4096}" --batches 6 --rank-every 1024 --reduce ranks,spectra --modes reduce --no-write \
-        > "$OUT/reduce-nowrite.txt" 2>&1; grep -A2 "x plain" "$OUT/reduce-nowrite.txt" ;;
+      for diag in "--zarr-threads 4" "--no-write"; do  # zarr's codec pool vs the forward; the writes' whole cost
+        timeout 140 python3 -m benchmarks.reduce_capture --family olmo_hybrid --default-config --batch "${REDUCE_B:-8}" \
+          --length "${REDUCE_T:-4096}" --batches 6 --rank-every 1024 --reduce ranks,spectra --modes reduce $diag \
+          > "$OUT/reduce${diag// /}.txt" 2>&1; echo "$diag"; grep -A2 "x plain" "$OUT/reduce${diag// /}.txt"
+      done ;;
     *) echo "unknown section $section: use s4, tests, kernels, kda, analysis, probes, store, dist, attention, rwkv7fix, rwkv7, reduce, verify, secular or devmap" >&2
        exit 2 ;;
   esac
