@@ -237,7 +237,7 @@ def main() -> None:
     p.add_argument("--batches", type=int, default=2)
     p.add_argument("--hooks", default="tokens,q,k,v,beta,g,state,o", help="same: the hooks stored")
     p.add_argument("--reduce", default="ranks,spectra", help="big: the reductions")
-    p.add_argument("--rank-every", type=int, default=64 if GPUS else 1)
+    p.add_argument("--rank-every", type=int, default=1024 if GPUS else 1)
     p.add_argument("--dir", default=None)
     p.add_argument("--json", default=None)
     args = p.parse_args()
