@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import warnings
 from collections.abc import Callable
@@ -46,7 +47,8 @@ def delta_product_forward(
         if forward is not None:
             # Triton launches on the current device's stream: a layer on another GPU (a model spread over GPUs
             # with accelerate) would run on the wrong stream, racing the work that produced its inputs
-            with torch.cuda.device(q.device):
+            guard = torch.cuda.device(q.device) if q.device.type == "cuda" else contextlib.nullcontext()
+            with guard:  # (the interpreter's tests run CPU tensors that claim to be on CUDA)
                 return forward(q, k, v, beta, g, **args)
         if why is not None:
             warnings.warn(
