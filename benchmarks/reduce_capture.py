@@ -9,12 +9,16 @@ plain forward measured in the same run:
 - `reduce+states`: the same with `--keep states --state-every 8`;
 - `hooks`: `--hooks tokens,beta` without reductions (capture's own cost: the traced forward, its copies).
 Each mode first runs one batch into a throwaway store (compilation, allocator warm-up), then `--batches`
-batches timed. tokens/s counts the capture with its per-batch reductions; the summaries written once at the end
-(`summary s`, the probes' own, independent of the number of batches) are reported apart. Also: GPU memory peak,
-time in the reductions (on the writer thread, overlapping the forward) and store bytes per token.
-`--profile`: the first reduce run's timed capture under torch.profiler (every thread, CUDA kernels included); the
-operators with the most self time on the device and on the host are printed after the table (where the time goes
-between the plain forward and capture with reductions).
+batches timed (use 6 or more at real sizes: the reducer's and writer's drain after the last forward is part of the
+time). tokens/s counts the capture with its per-batch reductions; the summaries written once at the end
+(`summary s`, the probes' own, growing with the tokens) are reported apart. Also: GPU memory peak, the forward's
+wait for the reducer (`red. wait s`), time in the reductions (`reduce s`, on their own thread and CUDA stream,
+beside the forward), in writing their results (`write s`, the writer thread) and store bytes per token.
+`--stages`: each reduction alone on one captured batch, the GPU otherwise idle (wall and kernel time).
+`--profile`: the first reduce run's timed capture under torch.profiler (CUDA kernels included); the operators with
+the most self time on the device and on the host, and deltalab's own stages, are printed after the table.
+Diagnosis only: `--no-write` (reductions computed, nothing of them written), `--zarr-threads N` (zarr's codec
+pool), `--switch-interval S` (the GIL's hand-over between capture's threads).
 """
 
 from __future__ import annotations
