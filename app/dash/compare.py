@@ -61,7 +61,11 @@ def _curve_figure(sides: Sequence[Side], column: str, title: str, xlabel: str, y
             fig.add_trace(tr.Bar(x=xs, y=y, name=s.label, marker_color=COLORS[i % 2], opacity=0.6,
                                  hovertemplate="%{x}: %{y:.3f}<extra>" + s.label + "</extra>"))
         else:
-            fig.add_trace(tr.Scatter(x=xs, y=y, mode="lines", name=s.label, line=dict(color=COLORS[i % 2], width=2),
+            ok = np.isfinite(y)
+            sparse = ok.any() and ok.sum() <= len(y) // 2  # e.g. ranks every N-th token: NaN between them
+            xs, y = (np.asarray(xs)[ok], y[ok]) if sparse else (xs, y)
+            fig.add_trace(tr.Scatter(x=xs, y=y, mode="lines+markers" if sparse else "lines", name=s.label,
+                                     line=dict(color=COLORS[i % 2], width=2),
                                      hovertemplate="%{x}: %{y:.3f}<extra>" + s.label + "</extra>"))
     fig.update_layout(barmode="overlay", legend=dict(orientation="h", x=1, xanchor="right", y=1.0, yanchor="bottom"))
     fig.update_xaxes(title_text=xlabel)

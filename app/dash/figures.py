@@ -410,16 +410,21 @@ def gate_box(gates: np.ndarray, selected_head: int | None, title: str) -> go.Fig
 def rank_lines(values: np.ndarray, metric: str, *, train_length: int | None, doc_starts: Sequence[int],
                selected_head: int | None, selected_pos: int | None, title: str,
                chunk_size: int | None = None) -> go.Figure:
-    """values [T, H]: one line per head over position, training length and document boundaries marked."""
+    """values [T, H]: one line per head over position, training length and document boundaries marked. Ranks
+    computed every N-th token (`--rank-every N`, NaN between) are drawn as points joined across the gaps: a plain
+    line through NaNs would show nothing."""
     T, H = values.shape
     pos = np.arange(T)
+    finite = np.isfinite(values)
+    sparse = finite.any() and finite.sum(0).max() <= T // 2  # ranked at a stride, not every token
     fig = go.Figure()
     for h in range(H):
         sel = h == selected_head
-        fig.add_trace(tr.Scatter(x=pos, y=values[:, h], mode="lines", name=f"head {h}",
+        x = pos[finite[:, h]] if sparse else pos
+        fig.add_trace(tr.Scatter(x=x, y=values[x, h], mode="lines+markers" if sparse else "lines", name=f"head {h}",
                                  line=dict(color=HEAD_COLORS[h % len(HEAD_COLORS)], width=3.5 if sel else 1.5),
                                  opacity=1.0 if sel or selected_head is None else 0.55,
-                                 customdata=np.stack([pos, np.full(T, h)], 1),
+                                 customdata=np.stack([x, np.full(len(x), h)], 1),
                                  hovertemplate=f"pos %{{x}}<br>{metric} = %{{y:.3f}}<extra>head {h}</extra>"))
     if train_length is not None and 0 < train_length < T:
         fig.add_vrect(x0=train_length, x1=T - 1, fillcolor="rgba(200,0,0,0.05)", line_width=0)

@@ -51,3 +51,34 @@ def test_vline_and_hline_draw_one_shape_and_label_each() -> None:
                                                               (0, 1, "paper", "y")]
     assert [a.text for a in fig.layout.annotations] == ["mark", "half"]
     assert fig.layout.annotations[0].xanchor == "right" and fig.layout.shapes[0].line.color == "crimson"
+
+
+def test_rank_lines_draw_ranks_taken_every_nth_token():
+    """`--rank-every N` leaves NaN between ranked tokens: a plain line through them draws nothing, so the lines join
+    the ranked tokens (with markers); every-token ranks keep plain lines over every position."""
+    T, H, every = 64, 3, 16
+    values = np.full((T, H), np.nan)
+    values[every - 1::every] = np.arange(1, 1 + H)[None, :] + np.arange(T // every)[:, None]
+    fig = figures.rank_lines(values, "erank", train_length=None, doc_starts=[], selected_head=0, selected_pos=None,
+                             title="t")
+    for h, trace in enumerate(fig.data):
+        assert list(trace.x) == [15, 31, 47, 63] and "markers" in trace.mode
+        assert np.isfinite(np.asarray(trace.y, dtype=float)).all() and trace.y[0] == 1 + h
+        assert [int(c[0]) for c in trace.customdata] == list(trace.x)  # a click still names the real position
+    dense = figures.rank_lines(np.ones((T, H)), "erank", train_length=None, doc_starts=[], selected_head=0,
+                               selected_pos=None, title="t")
+    assert len(dense.data[0].x) == T and dense.data[0].mode == "lines"
+
+
+def test_compare_curves_join_strided_ranks():
+    import pandas as pd
+
+    from app.dash import compare
+
+    curve = np.full(64, np.nan)
+    curve[15::16] = [1.0, 2.0, 3.0, 4.0]
+    fig = compare.erank_figure([compare.Side("a", pd.Series({"erank_curve": list(curve)})),
+                                compare.Side("b", pd.Series({"erank_curve": list(np.ones(64))}))])
+    strided, dense = fig.data
+    assert list(strided.x) == [15, 31, 47, 63] and list(strided.y) == [1.0, 2.0, 3.0, 4.0]
+    assert "markers" in strided.mode and dense.mode == "lines" and len(dense.x) == 64
