@@ -79,7 +79,7 @@ class HookedRunner:
         if "state" in self.envoys and "state" not in self.stored:
             self.state_pick = state_pick
         elif "state" in self.envoys and state_every > 1:
-            self.state_pick = partial(_every_nth, every=state_every)
+            self.state_pick = partial(kept_states, every=state_every)
         self.layer_major = set(self.envoys)  # (layer, seq, ...) on the device, (seq, layer, ...) in the store
         self._state_modules: list[Any] = []
         if self.state_pick is not None:
@@ -167,10 +167,6 @@ def _stack(per_layer: list[Any]) -> Any:
 
     first = per_layer[0].device
     return torch.stack([t.to(first, non_blocking=True) for t in per_layer], dim=0)
-
-
-def _every_nth(n_boundaries: int, every: int) -> list[int]:
-    return kept_states(n_boundaries, every)
 
 
 def _pick_states(out: list[Any], pick: Any, index: dict[Any, Any], _module: Any, _args: Any, states: Any) -> None:
