@@ -146,7 +146,7 @@ def sweep(x: tuple[torch.Tensor, ...]) -> None:
     q = x[0]
     print(f"prep-kernel launch choices at B={q.shape[0]} T={q.shape[1]} H={q.shape[2]} (ms, best of 3)")
     for warps, bk, per_sm in itertools.product((2, 4, 8), (16,), (1, 2, 3, 4)):
-        cfg = KdaConfig(prep_warps=warps, prep_bk=bk, prep_programs_per_sm=per_sm)
+        cfg = KdaConfig(prep_warps=warps, prep_bk=bk, prep_programs_per_sm=per_sm, split_prep=False)
         _sweep_row(x, cfg, f"prep_warps={warps} prep_bk={bk} programs/SM={per_sm}")
     for (intra_warps, maxnreg), wy_warps in itertools.product(((4, 128), (4, None), (8, 80), (8, None)), (4, 8)):
         cfg = KdaConfig(split_prep=True, intra_warps=intra_warps, intra_maxnreg=maxnreg, wy_warps=wy_warps)

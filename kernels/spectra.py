@@ -37,6 +37,7 @@ of exactly +0, so negative reals have angle +pi).
 
 from __future__ import annotations
 
+import math
 import os
 from concurrent.futures import ThreadPoolExecutor
 from typing import NamedTuple
@@ -222,16 +223,46 @@ def _robust_eigvals(block: torch.Tensor, tries: int = 3) -> torch.Tensor:
     return torch.stack(out)
 
 
+NETWORK_MAX = 16
+"""Up to this many eigenvalues per set, `sort_eigenvalues` runs a sorting network of elementwise ops: argsort over a
+last axis of 4 took 64 ms of a 7B capture's 0.29 s of spectra per batch on an H200 (segmented sorts)."""
+
+
 def sort_eigenvalues(eig: torch.Tensor) -> torch.Tensor:
-    """Sort complex [..., n] by angle in (-pi, pi], then by modulus; -0.0 imaginary parts become +0.0."""
+    """Sort complex [..., n] by angle in (-pi, pi], then by modulus, ties kept in order (NaN last); -0.0 imaginary
+    parts become +0.0."""
     im = eig.imag
     eig = torch.complex(eig.real, torch.where(im == 0, torch.zeros_like(im), im))
-    if eig.shape[-1] == 1:  # one eigenvalue per token (n_h = 1): nothing to sort (two sorts of every token saved)
+    n = eig.shape[-1]
+    if n == 1:  # one eigenvalue per token (n_h = 1): nothing to sort (two sorts of every token saved)
         return eig
+    if n <= NETWORK_MAX:
+        return _transposition_sort(eig)
     order = eig.abs().argsort(dim=-1, stable=True)
     eig = eig.gather(-1, order)
     order = eig.angle().argsort(dim=-1, stable=True)
     return eig.gather(-1, order)
+
+
+def _transposition_sort(eig: torch.Tensor) -> torch.Tensor:
+    """Odd-even transposition sort of [..., n] on the key (angle, modulus): n rounds of compare-exchanges of
+    neighbours, each swapping only a pair strictly out of order, so it is stable like the two argsorts it replaces."""
+    n = eig.shape[-1]
+    angle, modulus = eig.angle(), eig.abs()
+    nan = angle.isnan() | modulus.isnan()
+    angle = angle.masked_fill(nan, math.inf)  # NaN sorts last, as argsort puts it
+    modulus = modulus.masked_fill(nan, math.inf)
+    eig, angle, modulus = eig.clone(), angle.clone(), modulus.clone()
+    for r in range(n):
+        left, right = slice(r % 2, n - 1, 2), slice(r % 2 + 1, n, 2)
+        a_ang, b_ang = angle[..., left], angle[..., right]
+        a_mod, b_mod = modulus[..., left], modulus[..., right]
+        swap = (a_ang > b_ang) | ((a_ang == b_ang) & (a_mod > b_mod))
+        for x in (eig, angle, modulus):
+            a, b = x[..., left].clone(), x[..., right]
+            x[..., left] = torch.where(swap, b, a)
+            x[..., right] = torch.where(swap, a, b)
+    return eig
 
 
 def wide_eigenvalues(keys: torch.Tensor, betas: torch.Tensor) -> torch.Tensor:

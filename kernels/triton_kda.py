@@ -498,7 +498,8 @@ class KdaConfig:
     prep_bv: int = 64  # value tile of U = T diag(b) V
     prep_bk: int = 16  # key-column block of the prep kernel's [64, dk] work (32: 256 bytes of spills)
     prep_programs_per_sm: int = 2  # H100, B=8 T=8192 H=32: 4 warps x 2 programs 20.1 ms, 8 warps x 1 29.4 ms
-    split_prep: bool = False  # the prep as `_intra_kernel` + `_wy_kernel` (not persistent; GPU speed not measured)
+    split_prep: bool = True  # the prep as `_intra_kernel` + `_wy_kernel`; H200: 16.5 vs 22.2 ms persistent (B=8 T=8192
+    # H=32), 0.68 vs 0.71 ms (B=1 T=2048 H=16), first call 3.3 vs 9.4 s (scripts/kda_split_check.py)
     intra_warps: int = 4  # split prep: warps of `_intra_kernel` (one 16-token sub-block a program)
     intra_bk: int = 32  # split prep: key-channel block of the within-sub-block pairs (the persistent kernel: dk)
     intra_maxnreg: int | None = 128  # split prep: register cap of `_intra_kernel` (ptxas sm_90: 127, no spills)

@@ -71,7 +71,8 @@ def token_spectra(k: np.ndarray, beta: np.ndarray, g: np.ndarray | None = None, 
     from kernels.spectra import householder_spectra
 
     with torch.profiler.record_function(f"deltalab.linalg.spectra_w{window}"):
-        spec = householder_spectra(_t(k, device), _t(beta, device), _t(g, device), window=window, stride=stride)
+        kt = _t(k, device, k.dtype) if isinstance(k, torch.Tensor) else _t(k, device)  # converted once, in blocks
+        spec = householder_spectra(kt, _t(beta, device), _t(g, device), window=window, stride=stride)
     return _out(k, spec.eigenvalues, torch.complex64)
 
 

@@ -183,6 +183,20 @@ def random_model_on_devices(cfg, max_fraction: float = 0.85):
     return dispatch_model(model.eval(), device_map=device_map), device_map
 
 
+def plain_forward(hf: Any, d: Any, batch: int) -> float:
+    """Seconds of the untouched model's forward (logits only) over every batch of `d`, after one warm-up batch."""
+    first = next(hf.parameters()).device
+    tokens = torch.as_tensor(d.tokens, dtype=torch.long)
+    with torch.no_grad():
+        hf(tokens[:batch].to(first), use_cache=False)
+        torch.cuda.synchronize() if GPUS else None
+        t = time.perf_counter()
+        for a in range(0, len(tokens), batch):
+            hf(tokens[a:a + batch].to(first), use_cache=False)
+        torch.cuda.synchronize() if GPUS else None
+    return time.perf_counter() - t
+
+
 def run_big(args) -> dict:
     from models.hf.families import FAMILIES
     from models.hf.hooked import HookedHFModel
@@ -196,10 +210,12 @@ def run_big(args) -> dict:
     params = sum(p.numel() for p in hf.parameters())
     build_s = time.perf_counter() - t
     log(f"{args.family}: {params / 1e9:.2f}B parameters built on {placement(hf)} (M) in {build_s:.0f} s")
+    d = data(args.batch * (args.batches + 1), args.length, min(cfg.vocab_size, 32000))
+    plain_s = plain_forward(hf, d, args.batch)  # the peer: the model before deltalab's hooks, same batches
+    log(f"plain forward: {d.tokens.size / plain_s:,.0f} tokens/s")
     model = HookedHFModel(hf, FAMILIES[args.family])
     root = Path(args.dir or tempfile.mkdtemp(prefix="deltalab-big-"))
     (root / "ckpt").mkdir(parents=True, exist_ok=True)
-    d = data(args.batch * (args.batches + 1), args.length, min(cfg.vocab_size, 32000))
     names = args.reduce.split(",")
     red = CaptureReductions(names, device=DEVICE, rank_every=args.rank_every)
     warm = data(args.batch, args.length, min(cfg.vocab_size, 32000))
@@ -218,6 +234,7 @@ def run_big(args) -> dict:
     finite = float(np.isfinite(np.asarray(store.open(out)["beta"].values)).mean())  # the random model is sane
     row = dict(mode="big", family=args.family, params_b=params / 1e9, build_s=build_s, placement=placement(hf),
                batch=args.batch, length=args.length, reduce=names, tok_s=d.tokens.size / seconds,
+               plain_tok_s=d.tokens.size / plain_s, x_plain=plain_s / seconds,
                reduce_s=red.seconds["batches"], gpu_peak_gib=memory(), store_bytes_per_token=size / d.tokens.size,
                finite_beta=finite,
                layers_per_device={str(v): sum(1 for k, x in device_map.items() if x == v and ".layers." in f".{k}.")

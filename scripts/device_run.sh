@@ -20,8 +20,8 @@
 #          them in place on the device, then the rwkv7 GPU tests (model vs fla incl. bf16 through fla's
 #          chunk_dplr_delta_rule, kernels.dplr_fla vs float64, rwkv7 probes); timeouts bound it to ~8 min
 # reduce:  #19: OLMo-Hybrid 7.4B (transformers default config, random bf16) captured with --reduce ranks,spectra
-#          at B x T = 8 x 4096 (REDUCE_B / REDUCE_T to change; peak 80 GB), the plain forward in the same run, each
-#          reduction alone (--stages), then with 4 zarr codec threads and without the reductions' writes; ~9 minutes
+#          at B x T = 8 x 4096 (REDUCE_B / REDUCE_T / REDUCE_MODES to change; peak 80 GB), the plain forward in the
+#          same run, each reduction alone (--stages), then without the reductions' writes; ~7 minutes
 # secular: the Triton secular solver's GPU tests, scripts/secular_diag.py (FMA contraction on and off), and
 #          python -m benchmarks.spectra_dplr --dk 64 128 (Triton, torch and dense in one run), all under $OUT
 # verify:  GPU tests of the delta-rule and KDA forwards (both changed shape after their last GPU run) and
@@ -119,11 +119,11 @@ for section in "$@"; do
     verify)
       # the kernels that changed shape after their last GPU run (kernels/NOTES.md): the delta-rule forward's and the
       # KDA forward's GPU tests (split prep included), then persistent vs split prep vs fla at two grid points
+      timeout 120 python3 scripts/kda_split_check.py > "$OUT/kda-split.txt" 2>&1
+      timeout 220 python3 -m pytest -q -m gpu -rA -p no:cacheprovider tests/kernels/test_triton_kda.py \
+        > "$OUT/verify-kda.log" 2>&1; echo "kda tests exit $?" >> "$OUT/verify-kda.log"
       timeout 200 python3 -m pytest -q -m gpu -rA -p no:cacheprovider tests/kernels/test_triton_chunk.py \
         > "$OUT/verify-chunk.log" 2>&1; echo "chunk tests exit $?" >> "$OUT/verify-chunk.log"
-      timeout 240 python3 -m pytest -q -m gpu -rA -p no:cacheprovider tests/kernels/test_triton_kda.py \
-        > "$OUT/verify-kda.log" 2>&1; echo "kda tests exit $?" >> "$OUT/verify-kda.log"
-      timeout 120 python3 scripts/kda_split_check.py > "$OUT/kda-split.txt" 2>&1
       tail -n 3 "$OUT/verify-chunk.log" "$OUT/verify-kda.log"; grep -v Warn "$OUT/kda-split.txt" ;;
     devmap)
       # #19 on two GPUs (nvidia-h200-x2): OLMo-Hybrid cut to 8 layers (2.44B) saved and captured on one GPU vs
@@ -135,18 +135,16 @@ for section in "$@"; do
         --json "$OUT/devmap-big.json" > "$OUT/devmap-big.txt" 2>&1; echo "big exit $?" | tee -a "$OUT/devmap-big.txt"
       tail -n 5 "$OUT/devmap-same.txt" "$OUT/devmap-big.txt" ;;
     reduce)
-      # #19 at the issue's shape (8 x 4096, 6 timed batches: with 2 the pipeline's drain was half the time), then
-      # each reduction alone on one batch (--stages) and, for diagnosis, capture without the reductions' writes
-      timeout 300 python3 -m benchmarks.reduce_capture --family olmo_hybrid --default-config --batch "${REDUCE_B:-8}" \
-        --length "${REDUCE_T:-4096}" --batches 6 --rank-every 1024 --reduce ranks,spectra --modes hooks,reduce \
-        --stages --json "$OUT/reduce.json" > "$OUT/reduce.txt" 2>&1
-      echo "reduce exit $? (124: past 300 s)" | tee -a "$OUT/reduce.txt"; grep -A3 "x plain" "$OUT/reduce.txt"
-      grep -A3 "alone" "$OUT/reduce.txt"
-      for diag in "--zarr-threads 4" "--no-write"; do  # zarr's codec pool vs the forward; the writes' whole cost
-        timeout 140 python3 -m benchmarks.reduce_capture --family olmo_hybrid --default-config --batch "${REDUCE_B:-8}" \
-          --length "${REDUCE_T:-4096}" --batches 6 --rank-every 1024 --reduce ranks,spectra --modes reduce $diag \
-          > "$OUT/reduce${diag// /}.txt" 2>&1; echo "$diag"; grep -A2 "x plain" "$OUT/reduce${diag// /}.txt"
-      done ;;
+      # #19 at the issue's shape (8 x 4096, 6 timed batches: with 2 the pipeline's drain was half the time) with each
+      # reduction alone on one batch (--stages), then without the reductions' writes (their whole cost); ~7 minutes
+      timeout 260 python3 -m benchmarks.reduce_capture --family olmo_hybrid --default-config --batch "${REDUCE_B:-8}" \
+        --length "${REDUCE_T:-4096}" --batches 6 --rank-every 1024 --reduce ranks,spectra \
+        --modes "${REDUCE_MODES:-reduce}" --stages --json "$OUT/reduce.json" > "$OUT/reduce.txt" 2>&1
+      echo "reduce exit $? (124: past 260 s)" | tee -a "$OUT/reduce.txt"; grep -B2 -A4 "x plain" "$OUT/reduce.txt"
+      grep -A4 "alone" "$OUT/reduce.txt"
+      timeout 150 python3 -m benchmarks.reduce_capture --family olmo_hybrid --default-config --batch "${REDUCE_B:-8}" \
+        --length "${REDUCE_T:-4096}" --batches 6 --rank-every 1024 --reduce ranks,spectra --modes reduce --no-write \
+        > "$OUT/reduce-nowrite.txt" 2>&1; echo "--no-write exit $?"; grep -A2 "x plain" "$OUT/reduce-nowrite.txt" ;;
     *) echo "unknown section $section: use s4, tests, kernels, kda, analysis, probes, store, dist, attention, rwkv7fix, rwkv7, reduce, verify, secular or devmap" >&2
        exit 2 ;;
   esac

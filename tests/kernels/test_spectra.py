@@ -184,3 +184,32 @@ def test_gpu_realistic_shapes_match_reference():
     win = householder_spectra(k.cuda(), beta.cuda(), g.cuda(), window=2, stride=64)
     ref_w = naive_spectra(k.cuda(), beta.cuda(), g.cuda(), window=2, stride=64)
     assert matched_error(win.eigenvalues, ref_w) < 1e-9
+
+
+def _argsort_order(eig: torch.Tensor) -> torch.Tensor:
+    """The two stable argsorts (modulus, then angle) the sorting network replaces, NaN rows canonical."""
+    im = eig.imag
+    eig = torch.complex(eig.real, torch.where(im == 0, torch.zeros_like(im), im))
+    eig = eig.gather(-1, eig.abs().argsort(dim=-1, stable=True))
+    return eig.gather(-1, eig.angle().argsort(dim=-1, stable=True))
+
+
+@pytest.mark.parametrize("n", [2, 3, 4, 8, 12, 16])
+def test_sorting_network_equals_stable_argsorts(n):
+    gen = torch.Generator().manual_seed(n)
+    re = torch.randn(500, n, generator=gen, dtype=torch.float64)
+    im = torch.randn(500, n, generator=gen, dtype=torch.float64)
+    im[::3] = 0  # real sets: ties in angle (0 or pi), broken by modulus
+    re[1::5, : n // 2] = 0.5  # ties in angle and modulus: kept in order
+    im[1::5, : n // 2] = 0.0
+    im[2::7, 1::2] = -im[2::7, 0::2][:, : im[2::7, 1::2].shape[1]]  # conjugate pairs
+    re[2::7, 1::2] = re[2::7, 0::2][:, : re[2::7, 1::2].shape[1]]
+    eig = torch.complex(re, im)
+    eig[4::11] = complex(float("nan"), float("nan"))  # padding rows
+    ours = sort_eigenvalues(eig)
+    want = _argsort_order(eig)
+    finite = ~eig.isnan().any(-1)
+    assert torch.equal(ours[finite], want[finite])
+    assert ours[~finite].isnan().all()
+    assert torch.equal(ours.angle()[finite].diff(dim=-1) >= 0, torch.ones_like(ours.angle()[finite].diff(dim=-1),
+                                                                                dtype=torch.bool))
