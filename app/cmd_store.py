@@ -13,11 +13,7 @@ from store.schema import human_bytes
 
 store_app = typer.Typer(help="Inspect capture stores.", no_args_is_help=True)
 
-RANK_EVERY_CUDA = 1024
-"""`--rank-every` default on CUDA: one exact state rank (an SVD per head) per 1024 tokens, read from the kernel's
-chunk-boundary states (capture keeps only those). On an H200 with OLMo-Hybrid 7.4B at B x T = 8 x 4096
-(`python -m benchmarks.reduce_capture`), capture with `--reduce ranks` alone ran at 73% of the plain forward's
-tokens/s at 1024; its ranks' kernels took 0.15 s of a 1.3 s batch there, and 64 means 16 times as many."""
+
 
 DATA_HELP = ("Task (S4:length=128,samples=512,seed=0), word-problem CSV (csv:PATH or PATH.csv) or text "
              "(text:PATH[:length=256,tokenizer=auto|bytes|tokenizer.json]).")
@@ -54,8 +50,9 @@ def capture(
     keep: str | None = typer.Option(None, "--keep", help="With --reduce: states (store them too)."),
     rank_every: int | None = typer.Option(None, "--rank-every",
                                           help="With --reduce ranks: rank the state after every N-th token "
-                                               f"(default {RANK_EVERY_CUDA} on CUDA, to keep pace with the "
-                                               "forward; 1 on the CPU)."),
+                                               "(default on CUDA: the power of two that ranks at most one state "
+                                               "per two tokens, e.g. 2048 for 768 delta-rule heads, so capture "
+                                               "keeps pace with the forward; 1 on the CPU)."),
     progress: bool = typer.Option(True, "--progress/--no-progress"),
     as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
 ) -> None:
@@ -71,7 +68,7 @@ def capture(
     try:
         names = parse_reductions(reduce)
         hook_list = stored_hooks(parse_list(hooks) or list(DEFAULT_HOOKS), names, keep)
-        every = rank_every if rank_every is not None else RANK_EVERY_CUDA if device.startswith("cuda") else 1
+        every = rank_every if rank_every is not None else None if device.startswith("cuda") else 1  # None: auto
         reductions = CaptureReductions(names, device=device, command_line=command_line, rank_every=every) \
             if names else None
         summary = run_capture(checkpoint, data, out, hooks=hook_list, layers=layers, heads=heads,

@@ -50,6 +50,11 @@ def _data(n: int, length: int, vocab: int, seed: int):
                 labels=np.full((n, length), IGNORE_INDEX, np.int32), doc_start=doc)
 
 
+def _everies(text: str) -> list[int | None]:
+    """"auto,1024" -> [None, 1024] (None: CaptureReductions picks `auto_rank_every` for the model)."""
+    return [None if e.strip() == "auto" else int(e) for e in text.split(",") if e.strip()]
+
+
 def _dir_bytes(path: Path) -> int:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
 
@@ -63,7 +68,8 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=4)
     p.add_argument("--length", type=int, default=2048)
     p.add_argument("--batches", type=int, default=3, help="timed batches per mode")
-    p.add_argument("--rank-every", default="64,256", help="--rank-every values for the reduce mode")
+    p.add_argument("--rank-every", default="auto", help="--rank-every values for the reduce mode (auto: capture's "
+                   "CUDA default, probes.reduce.auto_rank_every)")
     p.add_argument("--reduce", default="ranks,spectra",
                    help="the reductions of the reduce modes; several sets separated by '+' (ranks,spectra+ranks)")
     p.add_argument("--modes", default="states,reduce,reduce+states")
@@ -131,11 +137,11 @@ def main() -> None:
             runs.append((mode, dict(hooks=["tokens", "beta"])))
         elif mode in ("reduce", "reduce+states"):
             for names in args.reduce.split("+"):
-                for every in [int(e) for e in args.rank_every.split(",")]:
+                for every in _everies(args.rank_every):
                     kw = dict(hooks=["tokens", "beta"], names=names.split(","), every=every)
                     if mode == "reduce+states":
                         kw.update(hooks=["tokens", "beta", "state"], state_every=8)
-                    runs.append((f"{mode} {names} (every {every})", kw))
+                    runs.append((f"{mode} {names} (every {every or 'auto'})", kw))
         else:
             raise SystemExit(f"error: --modes {mode}: choose among states, hooks, reduce, reduce+states")
     if args.zarr_threads is not None:  # read when zarr makes its pool, at its first write below
@@ -169,6 +175,8 @@ def main() -> None:
                 summary = run()
         finish = red.seconds["finish"] if red is not None else 0.0
         tok_s = n * T / (summary["seconds"] - finish)
+        if red is not None and kw["every"] is None and "ranks" in kw["names"]:
+            label = label.replace("every auto", f"every auto: {red.rank_every}")
         rows.append({"mode": label, "tok_s": tok_s, "share_of_plain": tok_s / plain_tok_s, "finish_s": finish,
                      "reduce_s": red.seconds["batches"] if red is not None else 0.0,
                      "compute_s": red.seconds["compute"] if red is not None else 0.0,
@@ -181,7 +189,7 @@ def main() -> None:
     stages = _stages(partial(capture, ckpt, _data(B, T, vocab, seed=3), root / "stages.zarr", model=model,
                              hooks=["tokens", "beta"], batch_size=B, device=DEVICE, progress=False,
                              command_line=["benchmarks.reduce_capture"]),
-                     args.reduce.split("+")[0].split(","), int(args.rank_every.split(",")[0]), args.profile_rows) \
+                     args.reduce.split("+")[0].split(","), _everies(args.rank_every)[0], args.profile_rows) \
         if args.stages else []
     shutil.rmtree(root, ignore_errors=True)
     params = sum(p.numel() for p in hf.parameters()) / 1e9

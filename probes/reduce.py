@@ -12,7 +12,9 @@ dashboard and notebooks read them as probe results; the inputs need not be store
 from __future__ import annotations
 
 import datetime as _dt
+import math
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -40,6 +42,23 @@ them whatever --hooks says and stores only --hooks. On rwkv7 models beta brings 
 (store.capture)."""
 
 KEEPABLE = ("states",)
+WRITE_THREADS = 4
+"""Result arrays of one batch written at once (each array's chunks are encoded concurrently by zarr as well)."""
+
+
+RANKED_PER_TOKEN = 0.5
+"""`auto_rank_every`'s budget: ranked states (head x layer) per captured token. On an H200, OLMo-Hybrid 7.4B at
+B x T = 8 x 4096 (768 delta-rule heads) ranks every 1024 tokens (0.75 a token) took 0.15 s of GPU per 1.38 s batch,
+through cuSOLVER's batched float64 eigensolver (`python -m benchmarks.reduce_capture --stages`); at 0.5 a token
+they are at most a twentieth of a 7B forward."""
+
+
+def auto_rank_every(heads: int, length: int, chunk: int = 64) -> int:
+    """The `--rank-every` of a GPU capture of `heads` delta-rule heads (layers x heads) over sequences of `length`:
+    the smallest power of two (at least a chunk) that ranks at most RANKED_PER_TOKEN states per token, and at most
+    the longest multiple of the chunk in a sequence, so that every sequence gets a rank (its last chunk boundary)."""
+    every = max(chunk, 1 << max(0, math.ceil(math.log2(max(1.0, heads / RANKED_PER_TOKEN)))))
+    return max(chunk, min(every, length // chunk * chunk))
 
 
 def parse_reductions(text: str | None) -> list[str]:
@@ -129,11 +148,11 @@ class CaptureReductions:
     `finish` once at the end."""
 
     def __init__(self, names: list[str], *, device: str = "cpu", command_line: list[str] | None = None,
-                 budget: int = 1 << 30, rank_every: int = 1) -> None:
-        if rank_every < 1:
+                 budget: int = 1 << 30, rank_every: int | None = 1) -> None:
+        if rank_every is not None and rank_every < 1:
             raise ValueError(f"--rank-every {rank_every}: pass a positive number of tokens")
         self.names = list(names)
-        self.rank_every = rank_every
+        self.rank_every = rank_every  # None: `auto_rank_every` of the captured model, set by `check`
         warm_up(device)  # before capture's writer thread or dask's threads call the kernels
         self.device = device
         self.command_line = list(command_line or [])
@@ -179,6 +198,9 @@ class CaptureReductions:
         before anything is written: a reduction the model cannot have is a one-line ValueError."""
         from probes.base import ProbeError
 
+        if self.rank_every is None:
+            sizes = attrs["sizes"]
+            self.rank_every = auto_rank_every(len(attrs["layers"]) * int(sizes["head"]), int(sizes["pos"]))
         template = _template(attrs, 1, [v for v in variables if v in INPUTS])
         for name in self.names:
             try:
@@ -250,14 +272,18 @@ class CaptureReductions:
         group = self._groups[name]
         stop = start + tok.sizes["seq"]
         # straight into the arrays `_prepare` laid out (plain numbers: nothing for xarray to encode); each write
-        # covers whole chunks along seq, so zarr encodes them concurrently
-        for v, arr in tok.data_vars.items():
-            if "seq" in arr.dims:
-                names = tuple(group[v].metadata.dimension_names or ())
-                if names and names != arr.dims:  # an earlier run's arrays (a resume) keep their own order
-                    arr = arr.transpose(*names)
-                where = tuple(slice(start, stop) if d == "seq" else slice(None) for d in arr.dims)
-                group[v][where] = np.asarray(arr.values)
+        # covers whole chunks along seq, so zarr encodes them concurrently, and the arrays are written at once
+        def put(v: str) -> None:
+            arr = tok[v]
+            names = tuple(group[v].metadata.dimension_names or ())
+            if names and names != arr.dims:  # an earlier run's arrays (a resume) keep their own order
+                arr = arr.transpose(*names)
+            where = tuple(slice(start, stop) if d == "seq" else slice(None) for d in arr.dims)
+            group[v][where] = np.asarray(arr.values)
+
+        names = [v for v, arr in tok.data_vars.items() if "seq" in arr.dims]
+        with ThreadPoolExecutor(max_workers=WRITE_THREADS, thread_name_prefix="deltalab-reduce-write") as pool:
+            list(pool.map(put, names))  # the first error propagates
         done = self._open[name]
         done.update(range(start, stop))
         group.attrs.update({"reduced_seqs": _runs(done)})

@@ -227,3 +227,29 @@ def test_a_failing_reduction_stops_capture_with_its_error(tmp_path, monkeypatch)
     _capture(out, "--reduce", "ranks")  # the rerun resumes: the rest captured, the first batch reduced from the store
     assert store.open(out).sizes["seq"] == 7
     assert read_results(out, "erank").attrs["reduced_seqs"] == [[0, 7]]
+
+
+@pytest.mark.parametrize(("heads", "length", "every"), [(768, 4096, 2048), (8, 512, 64), (1152, 2048, 2048),
+                                                         (256, 8192, 512), (768, 100, 64), (96, 150, 128)])
+def test_auto_rank_every_ranks_half_a_state_per_token_within_the_sequence(heads, length, every):
+    from probes.reduce import RANKED_PER_TOKEN, auto_rank_every
+
+    got = auto_rank_every(heads, length)
+    assert got == every and got % 64 == 0
+    assert heads / got <= RANKED_PER_TOKEN or got == length // 64 * 64  # within budget, or capped by the sequence
+
+
+def test_auto_rank_every_is_resolved_for_the_captured_model(tmp_path):
+    """rank_every=None (the CLI's CUDA default): the model's delta-rule heads and the sequence length pick it
+    before capture, and the results record the value used (here: the bundled model's few heads -> 64)."""
+    from probes.reduce import CaptureReductions
+    from store import capture
+
+    red = CaptureReductions(["ranks"], rank_every=None)
+    out = tmp_path / "s.zarr"
+    capture(MODEL, DATA, out, hooks=["tokens", "beta"], batch_size=3, progress=False, reductions=red)
+    assert red.rank_every == 64
+    reduced = read_results(out, "erank")
+    assert reduced.attrs["params"]["every"] == 64
+    er = np.asarray(reduced["erank"].values)
+    assert np.isfinite(er[:, :, 63]).any() and np.isnan(er[:, :, 64:127]).all()
