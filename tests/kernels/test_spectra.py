@@ -213,3 +213,14 @@ def test_sorting_network_equals_stable_argsorts(n):
     assert ours[~finite].isnan().all()
     assert torch.equal(ours.angle()[finite].diff(dim=-1) >= 0, torch.ones_like(ours.angle()[finite].diff(dim=-1),
                                                                                 dtype=torch.bool))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_keys_token_eigenvalue_is_exact_in_float64(dtype):
+    """n_h = 1, one token: 1 - beta |k|^2 from half keys (squared in float32, exact) equals the float64 formula."""
+    gen = torch.Generator().manual_seed(3)
+    k = torch.nn.functional.normalize(torch.randn(2, 50, 1, 3, 64, generator=gen), dim=-1).to(dtype)
+    beta = torch.rand(2, 50, 1, 3, generator=gen, dtype=torch.float64) * 2
+    eig = householder_spectra(k, beta).eigenvalues[..., 0]
+    want = 1 - beta[:, :, 0] * k[:, :, 0].double().square().sum(-1)
+    assert torch.equal(eig.real, want) and (eig.imag == 0).all()
