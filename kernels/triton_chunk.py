@@ -652,7 +652,10 @@ def triton_delta_product(
     Aqk = torch.empty(HV, NCT * BLOCK, n_h * BLOCK, dtype=dtype, device=dev) if fuse else None
     gcum = torch.empty(HV, rows, dtype=f32, device=dev)
     store_bnd = output_boundary_states or not fuse  # the output kernel reads them
-    bnd = torch.empty(NBND if store_bnd else 0, HV, K, V, dtype=f32, device=dev)
+    # states nobody returns are kept in the inputs' half dtype: the output kernel rounds them to it for its product
+    # anyway, so o is bit-identical and their traffic halves (fp32 states dominate it at dk, dv = 256, 512)
+    bnd_dtype = f32 if output_boundary_states or F32 else dtype
+    bnd = torch.empty(NBND if store_bnd else 0, HV, K, V, dtype=bnd_dtype, device=dev)
     ht = torch.empty(N, HV, K, V, dtype=f32, device=dev) if output_final_state else None
     o = torch.empty(B, T, HV, V, dtype=dtype, device=dev)
     if NCT > 0:

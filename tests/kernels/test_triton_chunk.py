@@ -193,6 +193,22 @@ def test_gpu_long_sequence_vs_chunked_float64(n_h, tiling):
 
 @gpu
 @needs_cuda
+@pytest.mark.parametrize("K, V, n_h", [(128, 128, 1), (256, 512, 1), (128, 128, 3)])
+def test_gpu_half_internal_states_leave_o_bit_identical(K, V, n_h):
+    """Without boundary states asked for, the kernel keeps them in bf16 (the output kernel rounds them to bf16 for
+    its product anyway): o and the final state are bit-identical to the call that returns fp32 states."""
+    from kernels.triton_chunk import triton_delta_product
+
+    q, k, v, beta, g, s0 = _inputs(2, 1000, 4, K, V, n_h, True, True, "cuda")
+    args = (q.bfloat16(), k.bfloat16(), v.bfloat16(), beta, g)
+    o1, fin1, bnd1 = triton_delta_product(*args, initial_state=s0, normalize_qk=True)
+    o2, fin2, bnd2 = triton_delta_product(*args, initial_state=s0, normalize_qk=True, output_boundary_states=False)
+    assert bnd1.dtype == torch.float32 and bnd2 is None
+    assert torch.equal(o1, o2) and torch.equal(fin1, fin2)
+
+
+@gpu
+@needs_cuda
 def test_gpu_refuses_16_wide_value_tiles():
     from kernels.triton_chunk import LaunchConfig, triton_delta_product
 
