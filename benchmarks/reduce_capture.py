@@ -12,8 +12,10 @@ Each mode first runs one batch into a throwaway store (compilation, allocator wa
 batches timed (use 6 or more at real sizes: the reducer's and writer's drain after the last forward is part of the
 time). tokens/s counts the capture with its per-batch reductions; the summaries written once at the end
 (`summary s`, the probes' own, growing with the tokens) are reported apart. Also: GPU memory peak, the forward's
-wait for the reducer (`red. wait s`), time in the reductions (`reduce s`, on their own thread and CUDA stream,
-beside the forward), in writing their results (`write s`, the writer thread) and store bytes per token.
+wait for the reducer (`red. wait s`), `steady x`: the pace between the first and the last batch handed to the
+writer as a share of the plain forward (a long capture's rate: without the last batch's reductions and writes
+after the forward, which a 6-batch run counts in full), time in the reductions (`reduce s`, on their own thread
+and CUDA stream, beside the forward), in writing their results (`write s`, the writer thread) and store bytes per token.
 `--stages`: each reduction alone on one captured batch, the GPU otherwise idle (wall and kernel time).
 `--profile`: the first reduce run's timed capture under torch.profiler (CUDA kernels included); the operators with
 the most self time on the device and on the host, and deltalab's own stages, are printed after the table.
@@ -177,7 +179,10 @@ def main() -> None:
         tok_s = n * T / (summary["seconds"] - finish)
         if red is not None and kw["every"] is None and "ranks" in kw["names"]:
             label = label.replace("every auto", f"every auto: {red.rank_every}")
-        rows.append({"mode": label, "tok_s": tok_s, "share_of_plain": tok_s / plain_tok_s, "finish_s": finish,
+        steady = summary.get("steady_s_per_batch")
+        steady_share = B * T / steady / plain_tok_s if steady else float("nan")
+        rows.append({"mode": label, "tok_s": tok_s, "steady_share_of_plain": steady_share,
+                     "share_of_plain": tok_s / plain_tok_s, "finish_s": finish,
                      "reduce_s": red.seconds["batches"] if red is not None else 0.0,
                      "compute_s": red.seconds["compute"] if red is not None else 0.0,
                      "gpu_peak_gb": torch.cuda.max_memory_allocated() / 1e9 if DEVICE == "cuda" else float("nan"),
@@ -197,10 +202,11 @@ def main() -> None:
           f"{torch.cuda.get_device_name() if DEVICE == 'cuda' else 'cpu'}; plain forward {plain_s * 1e3:.0f} ms "
           f"({plain_tok_s:,.0f} tok/s); hooked forward without nnsight {hooked_s * 1e3:.0f} ms "
           f"({plain_s / hooked_s:.2f} x plain)")
-    print(f"{'mode':<34} {'tok/s':>10} {'x plain':>8} {'GPU GB':>7} {'store B/tok':>12} {'blocked s':>9} "
-          f"{'red. wait s':>11} {'reduce s':>8} {'write s':>8} {'summary s':>9}")
+    print(f"{'mode':<34} {'tok/s':>10} {'x plain':>8} {'steady x':>8} {'GPU GB':>7} {'store B/tok':>12} "
+          f"{'blocked s':>9} {'red. wait s':>11} {'reduce s':>8} {'write s':>8} {'summary s':>9}")
     for r in rows:
-        print(f"{r['mode']:<34} {r['tok_s']:>10,.0f} {r['share_of_plain']:>8.2f} {r['gpu_peak_gb']:>7.1f} "
+        print(f"{r['mode']:<34} {r['tok_s']:>10,.0f} {r['share_of_plain']:>8.2f} "
+              f"{r['steady_share_of_plain']:>8.2f} {r['gpu_peak_gb']:>7.1f} "
               f"{r['store_bytes_per_token']:>12,.0f} {r['model_blocked_s']:>9.2f} {r['reduce_wait_s']:>11.2f} "
               f"{r['compute_s']:>8.2f} {r['reduce_s']:>8.2f} "
               f"{r['finish_s']:>9.2f}")

@@ -191,7 +191,8 @@ class BackgroundWriter:
     """Writes batches on a thread so the model never waits on disk; errors resurface on the caller.
 
     `busy_s` is the thread's time waiting for copies and writing; `blocked_s` the producer's time
-    waiting for queue space (the model waiting on the disk)."""
+    waiting for queue space (the model waiting on the disk); `put_times` when each batch was handed over (after
+    its forward): their spacing is capture's pace once the pipeline is full, without the drain at the end."""
 
     def __init__(self, writer: StoreWriter, depth: int = QUEUE_DEPTH, on_done: Any = None,
                  after_write: Any = None) -> None:
@@ -200,6 +201,7 @@ class BackgroundWriter:
         self.after_write = after_write
         self.error: BaseException | None = None
         self.busy_s = self.blocked_s = 0.0
+        self.put_times: list[float] = []
         self._queue: queue.Queue = queue.Queue(maxsize=depth)
         self._thread = threading.Thread(target=self._run, name="deltalab-store-writer", daemon=True)
         self._thread.start()
@@ -233,7 +235,8 @@ class BackgroundWriter:
         self.raise_error()
         t0 = time.perf_counter()
         self._queue.put((start, batch))
-        self.blocked_s += time.perf_counter() - t0
+        self.put_times.append(time.perf_counter())
+        self.blocked_s += self.put_times[-1] - t0
 
     def raise_error(self) -> None:
         if self.error is not None:
@@ -252,6 +255,15 @@ class BackgroundWriter:
 
 
 # --- capture ---------------------------------------------------------------------------------
+
+def _steady(put_times: list[float]) -> float | None:
+    """Seconds per batch between the first and the last batch handed to the writer (the pace of a long capture:
+    the first batch's start-up and the last batch's reductions and writes after the forward are left out); None
+    under three batches."""
+    if len(put_times) < 3:
+        return None
+    return round((put_times[-1] - put_times[0]) / (len(put_times) - 1), 4)
+
 
 def _store_batch_size(out: Path) -> int | None:
     """batch_size of an existing store at `out` (None if there is none)."""
@@ -439,6 +451,7 @@ def capture(checkpoint: str | Path, data: str | Data, out: str | Path, *,
         "skipped": sum(b - a for a, b in todo) - n_todo, "complete": writer.n_complete(),
         "sequences": writer.segments()[-1].stop, "seconds": round(time.perf_counter() - t0, 3),
         "writer_busy_s": round(bg.busy_s, 3), "model_blocked_s": round(bg.blocked_s, 3),
+        "steady_s_per_batch": _steady(bg.put_times),
         "reduced": list(getattr(reductions, "names", [])), "reduced_from_store": reduced_from_store,
         "estimated_bytes": estimate["bytes"], "estimated_bytes_per_token": estimate["bytes_per_token"],
     }

@@ -253,3 +253,10 @@ def test_auto_rank_every_is_resolved_for_the_captured_model(tmp_path):
     assert reduced.attrs["params"]["every"] == 64
     er = np.asarray(reduced["erank"].values)
     assert np.isfinite(er[:, :, 63]).any() and np.isnan(er[:, :, 64:127]).all()
+
+
+def test_steady_pace_leaves_out_start_up_and_drain():
+    from store.capture import _steady
+
+    assert _steady([0.0, 1.0]) is None  # two batches: no spacing between full-pipeline batches to speak of
+    assert _steady([10.0, 12.0, 14.0, 16.5]) == pytest.approx(6.5 / 3)
