@@ -180,6 +180,10 @@ def bench_real(bw: float, peak: float, log, rows: list, dump, only: str = "", sw
                         r["sweep"][repr(kw)] = float("inf")
                         log(f"      config {kw} failed: {type(exc).__name__}: {str(exc)[:100]}")
                 log("      sweep: " + ", ".join(f"{k} {v:.3f}" for k, v in r["sweep"].items()))
+            if sweep and varlen:  # many short programs: stages sized for all of them at once (1) vs 2 resident
+                r["sweep"] = {repr(kw): timeit(partial(ours, config=LaunchConfig(**kw)))
+                              for kw in (dict(resident_per_sm=None), dict(resident_per_sm=2))}
+                log("      sweep: " + ", ".join(f"{k} {v:.3f}" for k, v in r["sweep"].items()))
             rows.append(r)
             dump()
             log(

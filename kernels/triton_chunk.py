@@ -515,6 +515,9 @@ class LaunchConfig:
     out_bv: int = 128
     tri_programs_per_sm: int = 8
     fuse_output: bool | None = None  # the state kernel writes o (no output kernel); None: default_config's
+    # programs of the sequential kernel that share an SM's shared memory when its pipeline stages are sized; None:
+    # all of them, ceil(programs / SMs), which gives packed batches of many short documents one stage (experiment)
+    resident_per_sm: int | None = None
 
 
 MAX_K, MAX_V = 256, 512  # head dims the Triton path takes (dispatch falls back beyond)
@@ -703,6 +706,9 @@ def _launch(kernel, grid, cfg: LaunchConfig, args: tuple, consts: dict, smem_per
     """Launch a sequential kernel so that all its programs are resident at once (one wave): as many
     pipeline stages as the shared memory of ceil(programs / SMs) programs per SM allows, at least one."""
     per_sm = -(-grid[0] * grid[1] // _num_sms())
+    resident = getattr(cfg, "resident_per_sm", None)  # (KdaConfig has none)
+    if resident is not None:
+        per_sm = min(per_sm, resident)
     stages = max(1, min(cfg.state_stages, SMEM_PER_SM // max(per_sm * smem_per_stage, 1)))
     try:
         kernel[grid](*args, num_warps=cfg.state_warps, num_stages=stages, **consts)
