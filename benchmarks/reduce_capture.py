@@ -19,8 +19,9 @@ and CUDA stream, beside the forward), in writing their results (`write s`, the w
 `--stages`: each reduction alone on one captured batch, the GPU otherwise idle (wall and kernel time).
 `--profile`: the first reduce run's timed capture under torch.profiler (CUDA kernels included); the operators with
 the most self time on the device and on the host, and deltalab's own stages, are printed after the table.
-Diagnosis only: `--no-write` (reductions computed, nothing of them written), `--zarr-threads N` (zarr's codec
-pool), `--switch-interval S` (the GIL's hand-over between capture's threads).
+Diagnosis only: `--no-summary` (the end-of-run summaries skipped), `--no-write` (reductions computed, nothing of
+them written), `--zarr-threads N` (zarr's codec pool), `--switch-interval S` (the GIL's hand-over between capture's
+threads).
 """
 
 from __future__ import annotations
@@ -82,6 +83,9 @@ def main() -> None:
     p.add_argument("--zarr-threads", type=int, default=None,
                    help="diagnosis: zarr's codec threads (default: asyncio's, min(32, cores + 4)); fewer leave cores "
                         "to the forward's launches")
+    p.add_argument("--no-summary", action="store_true",
+                   help="skip the probes' summaries at the end of each capture (not in tokens/s; they took 30 s per "
+                        "6 batches at 8 x 4096 on an H200, and a 12-batch run ran past its timeout in them)")
     p.add_argument("--no-write", action="store_true",
                    help="diagnosis: compute the reductions but write none of them (nor their summaries)")
     p.add_argument("--stages", action="store_true",
@@ -152,6 +156,8 @@ def main() -> None:
         zarr.config.set({"threading.max_workers": args.zarr_threads})
     if args.no_write:  # the reductions' host side without their store writes (where does capture wait?)
         CaptureReductions.write = lambda self, path, attrs, start, reduced, n_seq: None
+        CaptureReductions.finish = lambda self, path: {}
+    if args.no_summary:  # timing runs only: the end-of-run summaries (not in tok/s) cost device time, ~5 s a batch
         CaptureReductions.finish = lambda self, path: {}
     if args.switch_interval is not None:
         sys.setswitchinterval(args.switch_interval)
