@@ -101,6 +101,7 @@ def summarize(tok: xr.Dataset, ds: xr.Dataset, train_length: int | None, budget:
             starts = np.asarray(block["doc_start"].values, dtype=bool).copy()
             starts[:, 0] = False  # the first token has no "before"
             starts &= real
+            starts[:, 1:] &= real[:, :-1]  # nor a token whose predecessor has no rank (--every N, padding)
             s_idx, t_idx = np.nonzero(starts)
             if len(s_idx):
                 p["drop"] = (er[s_idx, :, t_idx - 1] - er[s_idx, :, t_idx]).sum(0)

@@ -82,3 +82,33 @@ def test_markers_and_summary(result):
 def test_streams_in_small_blocks(store, result):
     small = erank.run(data.open_store(store), budget=1).dataset
     np.testing.assert_allclose(small["erank"].values, result.dataset["erank"].values, rtol=1e-6)
+
+
+def test_doc_start_drop_needs_a_ranked_token_before_it():
+    """Ranks every 4th token (NaN between): a document starting at a ranked token has no ranked predecessor, so it
+    adds no drop (it used to add -erank(t), its NaN predecessor counted as 0); one with both ranked counts."""
+    import xarray as xr
+
+    from probes.erank import summarize
+
+    rng = np.random.default_rng(0)
+    S, L, T, H = 2, 1, 12, 2
+    fields = {}
+    for f in ("erank", "stable_rank", "rank_utilisation", "state_norm"):
+        a = np.full((S, L, T, H), np.nan, np.float32)
+        a[:, :, 3::4] = rng.uniform(1, 5, (S, L, T // 4, H))
+        fields[f] = (("seq", "layer", "pos", "head"), a)
+    tok = xr.Dataset(fields, coords={"layer": [0]})
+    starts = np.zeros((S, T), bool)
+    starts[0, 7] = True  # token 7 is ranked, token 6 is not
+    ds = xr.Dataset({"doc_start": (("seq", "pos"), starts)}, attrs={"sizes": {"dk": 4, "dv": 4}})
+    out = summarize(tok, ds, None)
+    assert out.attrs["n_doc_starts"] == 0 and np.isnan(out["erank_drop_at_doc_start"].values).all()
+    every = fields["erank"][1].copy()
+    every[:, :, :] = rng.uniform(1, 5, (S, L, T, H))  # every token ranked: the drop is erank(6) - erank(7)
+    tok["erank"] = (("seq", "layer", "pos", "head"), every)
+    for f in ("stable_rank", "rank_utilisation", "state_norm"):
+        tok[f] = tok["erank"]
+    out = summarize(tok, ds, None)
+    assert out.attrs["n_doc_starts"] == 1
+    np.testing.assert_allclose(out["erank_drop_at_doc_start"].values, every[0, :, 6] - every[0, :, 7], rtol=1e-6)
