@@ -13,8 +13,6 @@ from store.schema import human_bytes
 
 store_app = typer.Typer(help="Inspect capture stores.", no_args_is_help=True)
 
-
-
 DATA_HELP = ("Task (S4:length=128,samples=512,seed=0), word-problem CSV (csv:PATH or PATH.csv) or text "
              "(text:PATH[:length=256,tokenizer=auto|bytes|tokenizer.json]).")
 
@@ -68,7 +66,7 @@ def capture(
     try:
         names = parse_reductions(reduce)
         hook_list = stored_hooks(parse_list(hooks) or list(DEFAULT_HOOKS), names, keep)
-        every = rank_every if rank_every is not None else None if device.startswith("cuda") else 1  # None: auto
+        every = 1 if rank_every is None and not device.startswith("cuda") else rank_every  # None on CUDA: auto
         reductions = CaptureReductions(names, device=device, command_line=command_line, rank_every=every) \
             if names else None
         summary = run_capture(checkpoint, data, out, hooks=hook_list, layers=layers, heads=heads,

@@ -228,7 +228,7 @@ def main() -> None:
                                               indent=1))
 
 
-def _stages(run, names: list[str], every: int, rows: int) -> list[str]:
+def _stages(run, names: list[str], every: int | None, rows: int) -> list[str]:
     """Each reduction alone on one captured batch, the GPU otherwise idle: wall time, kernel time, top kernels."""
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile

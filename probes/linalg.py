@@ -9,10 +9,15 @@ the GPU, and the caller copies a whole batch to the host once.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 import torch
 
 from kernels.constants import CHUNK_SIZE
+
+if TYPE_CHECKING:
+    from kernels.ranks import RankMetrics
 
 RANK_FIELDS = ("erank", "stable_rank", "rank_utilisation", "frobenius", "spectral", "nuclear")
 
@@ -145,17 +150,24 @@ def token_ranks(k: np.ndarray, v: np.ndarray, beta: np.ndarray, g: np.ndarray | 
     per-token states is ever held. `every=N`: only the states after tokens N-1, 2N-1, ... (NaN elsewhere).
     `picked`: boundary holds only the states those ranks read (`kernels.ranks.ranked_boundaries`).
     """
-    from kernels.ranks import ranks_at_boundaries, state_rank_metrics
+    from kernels.ranks import state_rank_metrics
 
     with torch.no_grad(), torch.profiler.record_function("deltalab.linalg.ranks"):
         if picked:
-            m = ranks_at_boundaries(as_tensor(boundary, device, dtype), k.shape[1], chunk_size, every, "auto",
-                                    "auto", picked=True)
+            m = _picked_ranks(boundary, k.shape[1], chunk_size, every, device, dtype)
         else:
             m = state_rank_metrics(_t(k, device, dtype), _t(v, device, dtype), _t(beta, device, dtype),
                                    _t(g, device, dtype), _t(boundary, device, dtype), chunk_size=chunk_size,
                                    every=every)
     return {f: _out(k, getattr(m, f), torch.float32) for f in RANK_FIELDS}
+
+
+def _picked_ranks(boundary: np.ndarray | torch.Tensor | None, T: int, chunk_size: int, every: int, device: str,
+                  dtype: torch.dtype) -> RankMetrics:
+    """Ranks from only the boundary states `every` reads (a capture kept no others): their SVDs, no replay."""
+    from kernels.ranks import ranks_at_boundaries
+
+    return ranks_at_boundaries(as_tensor(boundary, device, dtype), T, chunk_size, every, "auto", "auto", picked=True)
 
 
 def dplr_token_ranks(k: np.ndarray, v: np.ndarray, kappa: np.ndarray, beta: np.ndarray, g: np.ndarray | None,
@@ -166,12 +178,10 @@ def dplr_token_ranks(k: np.ndarray, v: np.ndarray, kappa: np.ndarray, beta: np.n
     [B,NC,H,K,V]|None; the states follow H <- (diag(e^g) - kappa (kappa * beta)^T) H + k v^T
     (`kernels.dplr_ranks.dplr_state_rank_metrics`, a = -kappa, b = kappa * beta)."""
     from kernels.dplr_ranks import dplr_state_rank_metrics
-    from kernels.ranks import ranks_at_boundaries
 
     with torch.no_grad():
         if picked:
-            m = ranks_at_boundaries(as_tensor(boundary, device, dtype), k.shape[1], chunk_size, every, "auto",
-                                    "auto", picked=True)
+            m = _picked_ranks(boundary, k.shape[1], chunk_size, every, device, dtype)
         else:
             kap, bet = as_tensor(kappa, device, dtype), as_tensor(beta, device, dtype)
             m = dplr_state_rank_metrics(as_tensor(k, device, dtype), as_tensor(v, device, dtype), -kap, kap * bet,

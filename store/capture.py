@@ -18,7 +18,6 @@ import sys
 import threading
 import time
 from collections.abc import Sequence
-from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -417,7 +416,7 @@ def capture(checkpoint: str | Path, data: str | Data, out: str | Path, *,
         reducer = BackgroundReducer(reduce)
 
         def after(start: int, reduced: Any) -> None:
-            reductions.write(out, root, start, reduced.result() if isinstance(reduced, Future) else reduced, n_seq)
+            reductions.write(out, root, start, reduced.result(), n_seq)  # the reducer's Future
     picks = {v: p for v in captured if v in schema.MODEL_HOOK_POINTS
              and (p := head_index(v, sizes, head_sel)) is not None}
     runner = HookedRunner(model, captured, layer_list, dtype, data.num_classes, state_every,

@@ -28,7 +28,7 @@ class HostBatch:
     def __init__(self, tensors: dict[str, Any], host: dict[str, np.ndarray], layer_major: set[str],
                  ready: Any = None, reduced: Any = None) -> None:
         self._tensors, self._host, self._layer_major, self._ready = tensors, host, layer_major, ready
-        self.reduced = reduced  # the batch's capture-time reductions (host data), written after the batch
+        self.reduced = reduced  # what `reduce` returned (capture: a Future of the reductions), written after
 
     def arrays(self) -> dict[str, np.ndarray]:
         if self._ready is not None:

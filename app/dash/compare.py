@@ -13,7 +13,7 @@ import plotly.graph_objects as go
 
 from app.dash import heads
 from app.dash import traces as tr
-from app.dash.figures import _layout, hline, vline
+from app.dash.figures import _layout, hline, strided, vline
 
 COLORS = ("#1f77b4", "#d62728")
 
@@ -62,7 +62,7 @@ def _curve_figure(sides: Sequence[Side], column: str, title: str, xlabel: str, y
                                  hovertemplate="%{x}: %{y:.3f}<extra>" + s.label + "</extra>"))
         else:
             ok = np.isfinite(y)
-            sparse = ok.any() and ok.sum() <= len(y) // 2  # e.g. ranks every N-th token: NaN between them
+            sparse = strided(ok)
             xs, y = (np.asarray(xs)[ok], y[ok]) if sparse else (xs, y)
             fig.add_trace(tr.Scatter(x=xs, y=y, mode="lines+markers" if sparse else "lines", name=s.label,
                                      line=dict(color=COLORS[i % 2], width=2),

@@ -407,6 +407,13 @@ def gate_box(gates: np.ndarray, selected_head: int | None, title: str) -> go.Fig
     return _layout(fig, title, 360)
 
 
+def strided(finite: np.ndarray) -> bool:
+    """Whether a curve's values (finite [T] or [T, H]) were taken at a stride (ranks every N-th token, NaN between):
+    then they are drawn as points joined across the gaps, since a plain line through NaNs shows nothing."""
+    counts = finite.reshape(len(finite), -1).sum(0)
+    return bool(counts.any()) and int(counts.max()) <= len(finite) // 2
+
+
 def rank_lines(values: np.ndarray, metric: str, *, train_length: int | None, doc_starts: Sequence[int],
                selected_head: int | None, selected_pos: int | None, title: str,
                chunk_size: int | None = None) -> go.Figure:
@@ -416,7 +423,7 @@ def rank_lines(values: np.ndarray, metric: str, *, train_length: int | None, doc
     T, H = values.shape
     pos = np.arange(T)
     finite = np.isfinite(values)
-    sparse = finite.any() and finite.sum(0).max() <= T // 2  # ranked at a stride, not every token
+    sparse = strided(finite)
     fig = go.Figure()
     for h in range(H):
         sel = h == selected_head
