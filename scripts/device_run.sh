@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call's worth of GPU work, by section; logs and JSON go to $OUT (the device tool's folder).
 #   usage (on the device, from the repo root, after the wheel install line of ../shared/device/README.md):
-#     bash scripts/device_run.sh s4 | tests | kernels | kda | analysis | probes | store | dist | attention | rwkv7fix | rwkv7 | verify | reduce | secular | devmap [more ...]
+#     bash scripts/device_run.sh s4 | tests | kernels | kda | analysis | probes | store | dist | attention | rwkv7fix | rwkv7 | verify | reduce | table | secular | devmap [more ...]
 # s4:      continue the bundled S4 model (trained up to length 128) at 128, then 256, and evaluate it
 # tests:   the GPU-marked tests (realistic shapes, fla 0.6.0 comparisons)
 # kernels: python -m benchmarks.kernels (forward vs fla, accuracy; ~9 min on an H100, so a call of its own)
@@ -22,6 +22,7 @@
 # reduce:  #19: OLMo-Hybrid 7.4B (transformers default config, random bf16) captured with --reduce ranks,spectra
 #          at B x T = 8 x 4096 (REDUCE_B / REDUCE_T / REDUCE_MODES to change; peak 80 GB), the plain forward in the
 #          same run, each reduction alone (--stages), then without the reductions' writes; ~7 minutes
+# table:   #19's table at 8 x 4096: reductions over 12 batches, then the default hooks (1 batch) and states kept
 # secular: the Triton secular solver's GPU tests, scripts/secular_diag.py (FMA contraction on and off), and
 #          python -m benchmarks.spectra_dplr --dk 64 128 (Triton, torch and dense in one run), all under $OUT
 # verify:  GPU tests of the delta-rule and KDA forwards (both changed shape after their last GPU run) and
@@ -146,7 +147,19 @@ for section in "$@"; do
       timeout 150 python3 -m benchmarks.reduce_capture --family olmo_hybrid --default-config --batch "${REDUCE_B:-8}" \
         --length "${REDUCE_T:-4096}" --batches 6 --rank-every 1024 --reduce ranks,spectra --modes reduce --no-write \
         > "$OUT/reduce-nowrite.txt" 2>&1; echo "--no-write exit $?"; grep -A2 "x plain" "$OUT/reduce-nowrite.txt" ;;
-    *) echo "unknown section $section: use s4, tests, kernels, kda, analysis, probes, store, dist, attention, rwkv7fix, rwkv7, reduce, verify, secular or devmap" >&2
+    table)
+      # #19's one-GPU table at 8 x 4096: the reductions over 12 batches (the drain's share halves against 6), then
+      # the default hooks (one timed batch: every state in float16 is 32 GB) and reductions with states kept
+      # (--state-every 8); the warm-up stores are removed before the timed ones; about 6 minutes
+      df -h /tmp /dev/shm > "$OUT/table-df.txt" 2>&1
+      timeout 200 python3 -m benchmarks.reduce_capture --family olmo_hybrid --default-config --batch 8 --length 4096 \
+        --batches 12 --rank-every auto --reduce ranks,spectra --modes reduce --no-summary \
+        --json "$OUT/reduce12.json" > "$OUT/reduce12.txt" 2>&1; echo "reduce12 exit $? (124: past 200 s)" >> "$OUT/reduce12.txt"
+      timeout 300 python3 -m benchmarks.reduce_capture --family olmo_hybrid --default-config --batch 8 --length 4096 \
+        --batches 3 --states-batches 1 --rank-every auto --reduce ranks,spectra --modes states,reduce+states \
+        --no-summary --json "$OUT/states.json" > "$OUT/states.txt" 2>&1; echo "states exit $? (124: past 300 s)" >> "$OUT/states.txt"
+      grep -A3 "x plain" "$OUT/reduce12.txt" "$OUT/states.txt"; tail -n 1 "$OUT/reduce12.txt" "$OUT/states.txt" ;;
+    *) echo "unknown section $section: use s4, tests, kernels, kda, analysis, probes, store, dist, attention, rwkv7fix, rwkv7, reduce, table, verify, secular or devmap" >&2
        exit 2 ;;
   esac
 done

@@ -16,7 +16,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_reduce_capture_bench_prints_one_row_per_mode(tmp_path):
-    res = subprocess.run([sys.executable, "-m", "benchmarks.reduce_capture", "--quick", "--batches", "1",
+    res = subprocess.run([sys.executable, "-m", "benchmarks.reduce_capture", "--quick", "--batches", "2",
+                          "--states-batches", "1",
                           "--modes", "states,reduce", "--rank-every", "64", "--dir", str(tmp_path / "b"),
                           "--json", str(tmp_path / "r.json")], cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stderr
@@ -24,6 +25,7 @@ def test_reduce_capture_bench_prints_one_row_per_mode(tmp_path):
     assert [r["mode"] for r in out["rows"]] == ["states", "reduce ranks,spectra (every 64)"]
     assert all(r["tok_s"] > 0 and 0 < r["share_of_plain"] for r in out["rows"])
     states, reduced = out["rows"]
+    assert (states["tokens"], reduced["tokens"]) == (2 * 512, 2 * 2 * 512)  # --states-batches 1, --batches 2
     assert reduced["store_bytes_per_token"] < states["store_bytes_per_token"] / 5  # no q, k, v, states stored
     assert "x plain" in res.stdout and not (tmp_path / "b").exists()
 
