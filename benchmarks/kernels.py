@@ -61,6 +61,13 @@ REAL_SHAPES = [
     ("DeltaProduct n_h=3", 6, 6, 256, 512, 3),
 ]
 REAL_SIZES = [(1, 32768), (8, 4096), ("varlen", 32768)]
+# --sweep at the real rows: pipeline stages of the sequential kernel (sized for all its programs at once, or for
+# 1-2 resident a SM), its warps and value tile, and the output kernel's key block and value tile
+SWEEP_REAL = [
+    {}, dict(resident_per_sm=1), dict(resident_per_sm=2), dict(resident_per_sm=1, state_stages=3),
+    dict(state_warps=8), dict(state_bv=64), dict(out_bk=128), dict(out_bv=64), dict(fuse_output=True),
+]  # fmt: skip
+SWEEP_REAL_VARLEN = [{}, dict(resident_per_sm=1), dict(resident_per_sm=2), dict(out_bv=64)]
 
 
 def mixed_lengths(total: int, seed: int = 0, lo: int = 16, hi: int = 8192) -> list[int]:
@@ -169,21 +176,16 @@ def bench_real(bw: float, peak: float, log, rows: list, dump, only: str = "", sw
                 mem_floor_ms=mem_ms, x_mem_floor=t_ours / mem_ms, flop_floor_ms=nflop / peak * 1e3,
                 first_call_ours_s=first_ours, first_call_fla_s=first_fla,
             )  # fmt: skip
-            if sweep and not varlen:  # packed batches compile their own variants: dense rows only
+            if sweep:  # launch choices, timed as the o+fin column (what fla returns)
                 r["sweep"] = {}
-                for kw in (
-                    dict(fuse_output=False), dict(fuse_output=True), dict(state_bv=32), dict(state_bv=64),
-                ):  # fmt: skip
+                lean = partial(ours, output_boundary_states=False)
+                for kw in SWEEP_REAL if not varlen else SWEEP_REAL_VARLEN:
                     try:
-                        r["sweep"][repr(kw)] = timeit(partial(ours, config=LaunchConfig(**kw)))
+                        r["sweep"][repr(kw)] = timeit(partial(lean, config=LaunchConfig(**kw)))
                     except Exception as exc:  # noqa: BLE001 - a config that does not fit is a result
                         r["sweep"][repr(kw)] = float("inf")
                         log(f"      config {kw} failed: {type(exc).__name__}: {str(exc)[:100]}")
-                log("      sweep: " + ", ".join(f"{k} {v:.3f}" for k, v in r["sweep"].items()))
-            if sweep and varlen:  # many short programs: stages sized for all of them at once (1) vs 2 resident
-                r["sweep"] = {repr(kw): timeit(partial(ours, config=LaunchConfig(**kw)))
-                              for kw in (dict(resident_per_sm=None), dict(resident_per_sm=2))}
-                log("      sweep: " + ", ".join(f"{k} {v:.3f}" for k, v in r["sweep"].items()))
+                log("      sweep (o+fin): " + ", ".join(f"{k} {v:.3f}" for k, v in r["sweep"].items()))
             rows.append(r)
             dump()
             log(

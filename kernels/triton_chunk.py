@@ -451,44 +451,65 @@ def _output_kernel(
     F32: tl.constexpr,
     PREC: tl.constexpr,
 ):
-    """One program per (value tile, global chunk, value head): o = scale (e^G q S_c + (q K^T * decay * mask) D)."""
+    """One program per (value tile, global chunk, value head): o = scale (e^G q S_c + (q K^T * decay * mask) D).
+    The key dimension runs in blocks of BK (a loop, so that the next block's q, K and S_c rows load during this
+    block's products): q S_c and each n_h block's q K^T (at most three) accumulate over them."""
     i_v, gc, i_h = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_n, c, bos, Tn = _chunk_seq(gc, T, cu, cidx, coff, IS_VARLEN)
     i_hk = i_h // (HV // HK)
     L: tl.constexpr = 64 * NH
     o_r = tl.arange(0, 64)
-    o_k = tl.arange(0, BK)
     o_v = i_v * BV + tl.arange(0, BV)
-    m_k = o_k < K
     m_v = o_v < V
     aux = (i_h.to(tl.int64) * NCT + gc) * L
     t = c * 64 + o_r
     m_t = t < Tn
-    p_q = q + (bos + t)[:, None] * (HK * K) + i_hk * K + o_k[None, :]
-    b_q = tl.load(p_q, mask=m_t[:, None] & m_k[None, :], other=0.0)
+    q_base = q + (bos + t)[:, None] * (HK * K) + i_hk * K
+    k_base = k + bos * NH * (HK * K) + i_hk * K
+    s0 = c * L + o_r  # sub-steps of block 0 (block a: s0 + 64 a)
+    h_base = bnd + ((gc + i_n).to(tl.int64) * HV + i_h) * K * V + o_v[None, :]
+    b_qq = tl.zeros([64], dtype=tl.float32)
+    b_o = tl.zeros([64, BV], dtype=tl.float32)
+    b_s0 = tl.zeros([64, 64], dtype=tl.float32)
+    b_s1 = tl.zeros([64, 64], dtype=tl.float32)
+    b_s2 = tl.zeros([64, 64], dtype=tl.float32)
+    for kb in range(tl.cdiv(K, BK)):
+        o_k = kb * BK + tl.arange(0, BK)
+        m_k = o_k < K
+        b_q = tl.load(q_base + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.0)
+        if NORM:
+            b_qf = b_q.to(tl.float32)
+            b_qq += tl.sum(b_qf * b_qf, 1)
+        b_qd = _dot_in(b_q, k, F32)
+        b_h = tl.load(h_base + o_k[:, None] * V, mask=m_k[:, None] & m_v[None, :], other=0.0)
+        b_o += tl.dot(b_qd, _dot_in(b_h, k, F32), input_precision=PREC)
+        p_k = k_base + s0[:, None] * (HK * K) + o_k[None, :]
+        b_k = tl.load(p_k, mask=(s0 < Tn * NH)[:, None] & m_k[None, :], other=0.0)
+        b_s0 += tl.dot(b_qd, tl.trans(_dot_in(b_k, k, F32)), input_precision=PREC)
+        if NH > 1:
+            b_k = tl.load(p_k + 64 * (HK * K), mask=(s0 + 64 < Tn * NH)[:, None] & m_k[None, :], other=0.0)
+            b_s1 += tl.dot(b_qd, tl.trans(_dot_in(b_k, k, F32)), input_precision=PREC)
+        if NH > 2:
+            b_k = tl.load(p_k + 128 * (HK * K), mask=(s0 + 128 < Tn * NH)[:, None] & m_k[None, :], other=0.0)
+            b_s2 += tl.dot(b_qd, tl.trans(_dot_in(b_k, k, F32)), input_precision=PREC)
     if NORM:
-        b_qf = b_q.to(tl.float32)
-        b_rq = 1.0 / tl.sqrt(tl.sum(b_qf * b_qf, 1) + 1e-6)
+        b_rq = 1.0 / tl.sqrt(b_qq + 1e-6)
     else:
         b_rq = tl.full([64], 1.0, dtype=tl.float32)
     b_Gq = tl.load(gcum + aux + o_r * NH + NH - 1)
-    b_qd = _dot_in(b_q, k, F32)
-    p_h = bnd + ((gc + i_n).to(tl.int64) * HV + i_h) * K * V + o_k[:, None] * V + o_v[None, :]
-    b_h = tl.load(p_h, mask=m_k[:, None] & m_v[None, :], other=0.0)
-    b_hd = _dot_in(b_h, k, F32)
-    b_o = tl.dot(b_qd, b_hd, input_precision=PREC) * (b_rq * tl.exp(b_Gq))[:, None]
-    k_base = k + bos * NH * (HK * K) + i_hk * K
+    b_o = b_o * (b_rq * tl.exp(b_Gq))[:, None]
     for a in tl.static_range(NH):
         rows = aux + a * 64 + o_r
-        s = c * L + a * 64 + o_r
-        b_k = tl.load(
-            k_base + s[:, None] * (HK * K) + o_k[None, :], mask=(s < Tn * NH)[:, None] & m_k[None, :], other=0.0
-        )
+        if a == 0:
+            b_s = b_s0
+        elif a == 1:
+            b_s = b_s1
+        else:
+            b_s = b_s2
         b_G = tl.load(gcum + rows)
         b_rs = tl.load(rstd + rows)
         tok = (a * 64 + o_r) // NH
         m_a = tok[None, :] <= o_r[:, None]
-        b_s = tl.dot(b_qd, tl.trans(_dot_in(b_k, k, F32)), input_precision=PREC)
         b_dec = tl.exp(tl.where(m_a, b_Gq[:, None] - b_G[None, :], 0.0))
         b_s = tl.where(m_a, b_s * b_rq[:, None] * b_rs[None, :] * b_dec, 0.0)
         b_d = tl.load(D + rows[:, None] * V + o_v[None, :], mask=m_v[None, :], other=0.0)
@@ -513,6 +534,7 @@ class LaunchConfig:
     state_stages: int = 2
     out_warps: int = 4
     out_bv: int = 128
+    out_bk: int = 64  # key block of the output kernel's loop (the whole of dk at once: 1.7x fla's time at dk 256)
     tri_programs_per_sm: int = 8
     fuse_output: bool | None = None  # the state kernel writes o (no output kernel); None: default_config's
     # programs of the sequential kernel that share an SM's shared memory when its pipeline stages are sized; None:
@@ -521,6 +543,7 @@ class LaunchConfig:
 
 
 MAX_K, MAX_V = 256, 512  # head dims the Triton path takes (dispatch falls back beyond)
+MAX_NH = 3  # Householder steps a token: the output kernel keeps one q K^T accumulator per step
 
 
 def _pow2(n: int) -> int:
@@ -550,7 +573,9 @@ def default_config(B: int, H: int, V: int, n_h: int = 1, K: int = 128) -> Launch
 
 def unsupported_reason(q: torch.Tensor, v: torch.Tensor, chunk_size: int = CHUNK_SIZE) -> str | None:
     """Why the Triton path would not take these (valid) inputs, or None when it does."""
-    K, V = q.shape[-1], v.shape[-1]
+    K, V, n_h = q.shape[-1], v.shape[-1], v.shape[2] if v.dim() == 5 else 1
+    if n_h > MAX_NH:
+        return f"n_h={n_h} (the Triton forward takes n_h <= {MAX_NH})"
     if chunk_size != CHUNK_SIZE:
         return f"chunk_size={chunk_size} (the Triton forward uses {CHUNK_SIZE})"
     if q.dtype not in (torch.bfloat16, torch.float16, torch.float32):
@@ -693,7 +718,7 @@ def triton_delta_product(
         obv = min(cfg.out_bv, BVF)
         _output_kernel[(triton.cdiv(V, obv), NCT, HV)](
             q, k, D, gcum, rstd, bnd, o, *seq_args, scale,
-            V=V, BK=BK, BV=obv, NORM=normalize_qk, num_warps=cfg.out_warps, **common,
+            V=V, BK=min(_pow2(cfg.out_bk), BK), BV=obv, NORM=normalize_qk, num_warps=cfg.out_warps, **common,
         )  # fmt: skip
     bnd_out = bnd.view(1 if varlen else B, -1, HV, K, V) if output_boundary_states else None
     return o, ht, bnd_out

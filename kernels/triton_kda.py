@@ -467,19 +467,22 @@ def _output_kernel(
     F32: tl.constexpr,
     PREC: tl.constexpr,
 ):
-    """One program per (value tile, global chunk, value head): o = scale (Qd S_c + Aqk D)."""
+    """One program per (value tile, global chunk, value head): o = scale (Qd S_c + Aqk D); the key dimension in
+    blocks of BK (a loop: the next block's loads overlap this block's product)."""
     i_v, gc, i_h = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_n, c, bos, Tn = _chunk_seq(gc, T, cu, cidx, coff, IS_VARLEN)
     o_r = tl.arange(0, 64)
-    o_k = tl.arange(0, BK)
     o_v = i_v * BV + tl.arange(0, BV)
-    m_k = o_k < K
     m_v = o_v < V
     rows = (i_h.to(tl.int64) * NCT + gc) * 64 + o_r
-    b_q = tl.load(Qd + rows[:, None] * K + o_k[None, :], mask=m_k[None, :], other=0.0)
-    p_h = bnd + ((gc + i_n).to(tl.int64) * HV + i_h) * K * V + o_k[:, None] * V + o_v[None, :]
-    b_h = tl.load(p_h, mask=m_k[:, None] & m_v[None, :], other=0.0)
-    b_o = tl.dot(_dot_in(b_q, Qd, F32), _dot_in(b_h, Qd, F32), input_precision=PREC)
+    h_base = bnd + ((gc + i_n).to(tl.int64) * HV + i_h) * K * V + o_v[None, :]
+    b_o = tl.zeros([64, BV], dtype=tl.float32)
+    for kb in range(tl.cdiv(K, BK)):
+        o_k = kb * BK + tl.arange(0, BK)
+        m_k = o_k < K
+        b_q = tl.load(Qd + rows[:, None] * K + o_k[None, :], mask=m_k[None, :], other=0.0)
+        b_h = tl.load(h_base + o_k[:, None] * V, mask=m_k[:, None] & m_v[None, :], other=0.0)
+        b_o += tl.dot(_dot_in(b_q, Qd, F32), _dot_in(b_h, Qd, F32), input_precision=PREC)
     b_a = tl.load(Aqk + rows[:, None] * 64 + o_r[None, :])
     b_d = tl.load(D + rows[:, None] * V + o_v[None, :], mask=m_v[None, :], other=0.0)
     b_o += tl.dot(_dot_in(b_a, Qd, F32), _dot_in(b_d, Qd, F32), input_precision=PREC)
@@ -508,6 +511,7 @@ class KdaConfig:
     state_stages: int = 2
     out_warps: int = 4
     out_bv: int = 128
+    out_bk: int = 64  # key block of the output kernel's loop
 
 
 def unsupported_reason(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, chunk_size: int = CHUNK_SIZE) -> str | None:
@@ -543,6 +547,7 @@ def triton_kda(
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """Return (o [B,T,Hv,V] in q's dtype, final states [N,Hv,K,V] fp32, boundary states [B,NB,Hv,K,V] fp32).
 
+    Without output_boundary_states the internal boundary states are bf16/fp16 (as the inputs), o unchanged.
     Forward only. q [B,T,Hk,K], k [B,T,1,Hk,K], v [B,T,1,Hv,V], beta [B,T,1,Hv], g [B,T,Hv,K] (log decays <= 0;
     any float dtype, read as fp32); shapes, grouped heads and the packed boundary layout as `kernels.naive`.
     bf16/fp16 inputs run the matrix products in half precision with fp32 accumulation.
@@ -590,7 +595,10 @@ def triton_kda(
     D = torch.empty(HV, rows, V, dtype=dtype, device=dev)
     Aqk = torch.empty(HV, rows, CHUNK_SIZE, dtype=dtype, device=dev)
     glast = torch.empty(HV, NCT, K, dtype=f32, device=dev)
-    bnd = torch.empty(NCT + N, HV, K, V, dtype=f32, device=dev)  # each sequence's chunk starts, then its final
+    # each sequence's chunk starts, then its final state; kept in the inputs' half dtype when nobody asks for them
+    # (the output kernel rounds them to it for its product anyway: o is bit-identical, their traffic halves)
+    bnd_dtype = f32 if output_boundary_states or F32 else dtype
+    bnd = torch.empty(NCT + N, HV, K, V, dtype=bnd_dtype, device=dev)
     ht = torch.empty(N, HV, K, V, dtype=f32, device=dev) if output_final_state else None
     o = torch.empty(B, T, HV, V, dtype=dtype, device=dev)
     BKC, BVP = min(_pow2(cfg.prep_bk), BK), min(cfg.prep_bv, BVF)
@@ -632,7 +640,8 @@ def triton_kda(
     if NCT > 0:
         obv = min(cfg.out_bv, BVF)
         _output_kernel[(triton.cdiv(V, obv), NCT, HV)](
-            Qd, D, Aqk, bnd, o, *seq_args, scale, BK=BK, BV=obv, num_warps=cfg.out_warps, **common,
+            Qd, D, Aqk, bnd, o, *seq_args, scale, BK=min(_pow2(cfg.out_bk), BK), BV=obv, num_warps=cfg.out_warps,
+            **common,
         )  # fmt: skip
     bnd_out = bnd.view(1 if varlen else B, -1, HV, K, V) if output_boundary_states else None
     return o, ht, bnd_out

@@ -267,6 +267,22 @@ def test_gpu_strong_decays_grouped_packed_vs_float64():
 
 @gpu
 @needs_cuda
+@pytest.mark.parametrize("K,V", [(128, 128), (256, 512)])
+def test_gpu_half_internal_states_leave_o_bit_identical(K, V):
+    """Without boundary states asked for, the KDA forward keeps them in bf16 (the output kernel rounds them to bf16
+    for its product anyway): o and the final state are bit-identical to the call that returns fp32 states."""
+    from kernels.triton_kda import triton_kda
+
+    q, k, v, beta, g, s0 = _inputs(2, 1000, 2, 4, K, V, device="cuda")
+    args = (q.bfloat16(), k.bfloat16(), v.bfloat16(), beta, g)
+    o1, fin1, bnd1 = triton_kda(*args, initial_state=s0)
+    o2, fin2, bnd2 = triton_kda(*args, initial_state=s0, output_boundary_states=False)
+    assert bnd1.dtype == torch.float32 and bnd2 is None
+    assert torch.equal(o1, o2) and torch.equal(fin1, fin2)
+
+
+@gpu
+@needs_cuda
 def test_gpu_dk256_dv512_vs_float64():
     _check(1, 300, 2, 4, 256, 512, dtype=torch.bfloat16, device="cuda")
 

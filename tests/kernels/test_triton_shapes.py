@@ -225,6 +225,23 @@ def test_dispatch_warns_once_and_falls_back_for_shapes_triton_does_not_take(monk
     assert _rel(got[0], _reference(q, k, v, beta, g, s0)[0]) < TOL[torch.float32]
 
 
+@cpu_only
+def test_dispatch_falls_back_beyond_three_householder_steps(monkeypatch):
+    """n_h = 4 (the output kernel keeps one q K^T accumulator per step, three at most) goes to the PyTorch form
+    after one warning naming n_h; the Triton forward itself refuses it with the same reason."""
+    from kernels.dispatch import delta_product_forward
+    from kernels.triton_chunk import triton_delta_product
+
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
+    q, k, v, beta, g, s0 = _inputs(1, 20, 1, 2, 16, 8, 4, True)
+    with torch.no_grad(), pytest.warns(UserWarning, match="n_h=4") as rec:
+        got = delta_product_forward(q, k, v, beta, g, initial_state=s0, normalize_qk=True)
+    assert len(rec) == 1
+    assert _rel(got[0], _reference(q, k, v, beta, g, s0)[0]) < TOL[torch.float32]
+    with pytest.raises(ValueError, match="n_h=4"):
+        triton_delta_product(q, k, v, beta, g)
+
+
 # ---------------------------------------------------------------- GPU (run on the device)
 
 GPU_CASES = {
