@@ -12,6 +12,7 @@ float64 reference, and vs fla) and the analysis rows of `benchmarks.kernels_anal
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import inspect
 import itertools
 import json
@@ -64,10 +65,14 @@ REAL_SIZES = [(1, 32768), (8, 4096), ("varlen", 32768)]
 # --sweep at the real rows: pipeline stages of the sequential kernel (sized for all its programs at once, or for
 # 1-2 resident a SM), its warps and value tile, and the output kernel's key block and value tile
 SWEEP_REAL = [
-    {}, dict(resident_per_sm=1), dict(resident_per_sm=2), dict(resident_per_sm=1, state_stages=3),
-    dict(state_warps=8), dict(state_bv=64), dict(out_bk=128), dict(out_bv=64), dict(fuse_output=True),
+    {}, dict(resident_per_sm=None, state_stages=2), dict(resident_per_sm=1, state_stages=2),
+    dict(resident_per_sm=1, state_stages=3), dict(resident_per_sm=2, state_stages=2), dict(state_warps=8),
+    dict(state_bv=32), dict(state_bv=64), dict(out_bv=64),
 ]  # fmt: skip
-SWEEP_REAL_VARLEN = [{}, dict(resident_per_sm=1), dict(resident_per_sm=2), dict(out_bv=64)]
+SWEEP_REAL_VARLEN = [
+    {}, dict(resident_per_sm=None, state_stages=2), dict(resident_per_sm=1, state_stages=2),
+    dict(resident_per_sm=1, state_stages=3),
+]  # fmt: skip
 
 
 def mixed_lengths(total: int, seed: int = 0, lo: int = 16, hi: int = 8192) -> list[int]:
@@ -132,7 +137,7 @@ def first_call_s(fn) -> float:
 
 def bench_real(bw: float, peak: float, log, rows: list, dump, only: str = "", sweep: bool = False) -> list[dict]:
     """The real-model rows: shapes at (1, 32768), (8, 4096) and a packed batch of mixed lengths."""
-    from kernels.triton_chunk import LaunchConfig, triton_delta_product
+    from kernels.triton_chunk import default_config, triton_delta_product
 
     fla, why = load_fla()
     lengths = mixed_lengths(REAL_SIZES[-1][1])
@@ -179,9 +184,10 @@ def bench_real(bw: float, peak: float, log, rows: list, dump, only: str = "", sw
             if sweep:  # launch choices, timed as the o+fin column (what fla returns)
                 r["sweep"] = {}
                 lean = partial(ours, output_boundary_states=False)
+                base = default_config(len(lengths) if varlen else B, Hv, V, n_h, K)  # each choice: a change of it
                 for kw in SWEEP_REAL if not varlen else SWEEP_REAL_VARLEN:
                     try:
-                        r["sweep"][repr(kw)] = timeit(partial(lean, config=LaunchConfig(**kw)))
+                        r["sweep"][repr(kw)] = timeit(partial(lean, config=dataclasses.replace(base, **kw)))
                     except Exception as exc:  # noqa: BLE001 - a config that does not fit is a result
                         r["sweep"][repr(kw)] = float("inf")
                         log(f"      config {kw} failed: {type(exc).__name__}: {str(exc)[:100]}")
