@@ -88,7 +88,7 @@ def report(
     split = {}
     if cfg.split_prep:
         intra_consts = {n: prep_consts[n] for n in ("HK", "HV", "K", "BK", "IS_VARLEN", "F32", "PREC")}
-        diffs = cfg.intra_pairs == "diffs" or (cfg.intra_pairs == "auto" and not F32)
+        diffs = cfg.intra_pairs == "diffs"
         intra_consts.update(BKC=min(cfg.intra_bkc, BK), BKW=min(cfg.intra_bkw if diffs else cfg.intra_bk, BK),
                             PAIR_DIFFS=diffs)
         split = {
@@ -127,7 +127,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--intra-warps", type=int, default=tk.KdaConfig.intra_warps)
     p.add_argument("--intra-bk", type=int, default=tk.KdaConfig.intra_bk)
     p.add_argument("--intra-maxnreg", type=int, default=tk.KdaConfig.intra_maxnreg, help="0: no cap")
-    p.add_argument("--intra-pairs", choices=("auto", "diffs", "products"), default=tk.KdaConfig.intra_pairs)
+    p.add_argument("--intra-pairs", choices=("products", "diffs"), default=tk.KdaConfig.intra_pairs)
     p.add_argument("--intra-bkc", type=int, default=tk.KdaConfig.intra_bkc)
     p.add_argument("--intra-bkw", type=int, default=tk.KdaConfig.intra_bkw)
     p.add_argument("--wy-warps", type=int, default=tk.KdaConfig.wy_warps)

@@ -16,8 +16,8 @@ from kernels.triton_kda import KdaConfig, triton_kda
 
 SWEEP = {
     "default": {},
-    "pairs products": dict(intra_pairs="products"),
-    "pairs diffs bkw 32": dict(intra_bkw=32),
+    "pairs diffs": dict(intra_pairs="diffs"),
+    "pairs diffs bkw 32": dict(intra_pairs="diffs", intra_bkw=32),
     "cross bkc 32": dict(intra_bkc=32),
     "intra 8 warps, cap 80": dict(intra_warps=8, intra_maxnreg=80),
     "intra uncapped": dict(intra_maxnreg=None),
