@@ -421,7 +421,7 @@ def capture(checkpoint: str | Path, data: str | Data, out: str | Path, *,
              and (p := head_index(v, sizes, head_sel)) is not None}
     runner = HookedRunner(model, captured, layer_list, dtype, data.num_classes, state_every,
                           reducer.submit if reducer is not None else None, variables, picks,
-                          state_pick) if todo_pending else None
+                          state_pick, reductions.hooks() if reductions is not None else None) if todo_pending else None
     from tqdm.auto import tqdm
 
     desc = f"capture -> {out.name}" + (f" [rank {rank}]" if world > 1 else "")

@@ -46,7 +46,7 @@ class HookedRunner:
     def __init__(self, model: Any, variables: list[str], layers: list[int], dtype: str,
                  num_classes: int | None = None, state_every: int = 1, reduce: Any = None,
                  stored: list[str] | None = None, heads: dict[str, tuple[int, list[int]]] | None = None,
-                 state_pick: list[int] | None = None) -> None:
+                 state_pick: list[int] | None = None, reduce_reads: list[str] | None = None) -> None:
         import torch
         from nnsight import NNsight
 
@@ -59,6 +59,9 @@ class HookedRunner:
         self.state_every = state_every
         self.reduce = reduce  # (device tensors, host arrays) -> reductions (or their Future), before the host copy
         self.stored = set(stored if stored is not None else variables)  # copied to the host; the rest: reduce only
+        # what the reductions read (None: everything captured); stored variables outside it go to the host layer by
+        # layer on CUDA, never stacked on the device (every state of a 7B hybrid at 8 x 4096 is 29 GB in float32)
+        self.reduce_reads = set(variables if reduce_reads is None or reduce is None else reduce_reads)
         self.heads = dict(heads or {})  # var -> (axis in [layer, seq, ...], heads kept): --heads
         self._head_index: dict[tuple[str, Any], Any] = {}
         self.per_layer = [v for v in variables if v in schema.MODEL_HOOK_POINTS]
@@ -120,7 +123,11 @@ class HookedRunner:
             per_layer = {var: [cache[e.path].output for e in envs] for var, envs in self.envoys.items()}
             if picked:
                 per_layer["state"] = picked
+            streamed: dict[str, Any] = {}
             for var, outputs in per_layer.items():  # (layer, seq, ...): one contiguous block per layer
+                if cuda and self._streams(var):
+                    streamed[var] = _to_pinned(outputs, self.torch_dtype)
+                    continue
                 on_device[var] = _stack(outputs)
                 if var in self.stored:  # the reductions read stored inputs as the store has them (probes agree);
                     on_device[var] = on_device[var].to(self.torch_dtype)  # the others stay as the model made them
@@ -143,6 +150,7 @@ class HookedRunner:
                 tensors = {var: torch.empty(t.shape, dtype=t.dtype, pin_memory=True) for var, t in to_host.items()}
                 for var, t in to_host.items():
                     tensors[var].copy_(t, non_blocking=True)
+                tensors.update(streamed)
                 ready = torch.cuda.Event(blocking=True)  # the writer sleeps on it instead of spinning
                 ready.record()
         host: dict[str, np.ndarray] = {}
@@ -159,6 +167,24 @@ class HookedRunner:
             with torch.no_grad(), torch.profiler.record_function("deltalab.capture.reduce"):
                 reduced = self.reduce(on_device, host)
         return HostBatch(tensors, host, self.layer_major, ready, reduced)
+
+
+    def _streams(self, var: str) -> bool:
+        """Whether `var` goes to the host layer by layer: stored, read by no reduction, no head or step axis to
+        change on the device."""
+        return (var in self.stored and var not in self.reduce_reads and var not in self.heads
+                and not (self.stepless and var in ("k", "v", "beta", "kappa")))
+
+
+def _to_pinned(per_layer: list[Any], dtype: Any, pin: bool = True) -> Any:
+    """Per-layer device tensors copied (asynchronously, converted to dtype one layer at a time) into one pinned
+    (layer, ...) host tensor: the device never holds the stacked copy."""
+    import torch
+
+    out = torch.empty((len(per_layer), *per_layer[0].shape), dtype=dtype, pin_memory=pin)
+    for i, t in enumerate(per_layer):
+        out[i].copy_(t.to(dtype), non_blocking=True)
+    return out
 
 
 def _stack(per_layer: list[Any]) -> Any:

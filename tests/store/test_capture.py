@@ -229,3 +229,14 @@ def test_torchrun_two_ranks_match_single_process(ckpt, tmp_path):
     assert a.sizes["seq"] == 14
     for name in b.data_vars:
         np.testing.assert_allclose(a[name].values, b[name].values, rtol=1e-6, atol=1e-7, err_msg=name)
+
+
+def test_stored_layers_go_to_the_host_one_at_a_time_as_the_stack_would():
+    """The CUDA path for stored variables no reduction reads: each layer converted and copied into one
+    (layer, ...) host tensor, equal to stacking on the device and converting (what the other variables get)."""
+    from store.runner import _stack, _to_pinned
+
+    per_layer = [torch.randn(2, 5, 3, dtype=torch.float32) for _ in range(4)]
+    got = _to_pinned(per_layer, torch.float16, pin=False)
+    assert got.shape == (4, 2, 5, 3) and got.dtype == torch.float16
+    assert torch.equal(got, _stack(per_layer).to(torch.float16))
