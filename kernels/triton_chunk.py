@@ -568,9 +568,11 @@ def default_config(B: int, H: int, V: int, n_h: int = 1, K: int = 128) -> Launch
     bv = 32
     if K <= 128 and B * H * triton.cdiv(V, 64) >= (0.9 if n_h <= 2 else 2.0) * n_sm:
         bv = 64
-    if K > 128:  # H200, GDN default (dk, dv = 256, 512), o + final: 1.885 -> 1.816 ms at 1x32768, 1.793 -> 1.582 at
-        # 8x4096, 2.492 -> 2.244 packed (stages 2 there): three stages sized for one program a SM
-        return LaunchConfig(state_bv=min(bv, _pow2(V)), fuse_output=False, resident_per_sm=1, state_stages=3)
+    if K > 128:  # H200, GDN default (dk, dv = 256, 512), o + final, stages sized for one program a SM: three at
+        # 1x32768 (1.885 -> 1.816 ms) and 8x4096 (1.793 -> 1.582), two for a packed batch's 3,072 short programs
+        # (2.492 -> 2.244; three measured 2.604 in another run)
+        stages = 3 if B * H * triton.cdiv(V, bv) <= 8 * n_sm else 2
+        return LaunchConfig(state_bv=min(bv, _pow2(V)), fuse_output=False, resident_per_sm=1, state_stages=stages)
     return LaunchConfig(state_bv=min(bv, _pow2(V)), fuse_output=False)
 
 

@@ -40,6 +40,9 @@ class HostBatch:
         return out
 
 
+STREAM_MIN_BYTES = 1 << 30  # a stored variable this large (all layers, model dtype) skips the device stack
+
+
 class HookedRunner:
     """Run batches through `model` under nnsight, returning the store's variables as a HostBatch."""
 
@@ -61,7 +64,7 @@ class HookedRunner:
         self.stored = set(stored if stored is not None else variables)  # copied to the host; the rest: reduce only
         # what the reductions read (None: everything captured); stored variables outside it go to the host layer by
         # layer on CUDA, never stacked on the device (every state of a 7B hybrid at 8 x 4096 is 29 GB in float32)
-        self.reduce_reads = set(variables if reduce_reads is None or reduce is None else reduce_reads)
+        self.reduce_reads = set() if reduce is None else set(variables if reduce_reads is None else reduce_reads)
         self.heads = dict(heads or {})  # var -> (axis in [layer, seq, ...], heads kept): --heads
         self._head_index: dict[tuple[str, Any], Any] = {}
         self.per_layer = [v for v in variables if v in schema.MODEL_HOOK_POINTS]
@@ -125,7 +128,7 @@ class HookedRunner:
                 per_layer["state"] = picked
             streamed: dict[str, Any] = {}
             for var, outputs in per_layer.items():  # (layer, seq, ...): one contiguous block per layer
-                if cuda and self._streams(var):
+                if cuda and self._streams(var, outputs, device):
                     streamed[var] = _to_pinned(outputs, self.torch_dtype)
                     continue
                 on_device[var] = _stack(outputs)
@@ -169,11 +172,16 @@ class HookedRunner:
         return HostBatch(tensors, host, self.layer_major, ready, reduced)
 
 
-    def _streams(self, var: str) -> bool:
+    def _streams(self, var: str, outputs: list[Any], device: Any) -> bool:
         """Whether `var` goes to the host layer by layer: stored, read by no reduction, no head or step axis to
-        change on the device."""
-        return (var in self.stored and var not in self.reduce_reads and var not in self.heads
-                and not (self.stepless and var in ("k", "v", "beta", "kappa")))
+        change on the device, every layer on the model's first device (the host copies' event is recorded there),
+        and at least STREAM_MIN_BYTES in all (smaller ones keep the stacked path)."""
+        if (var not in self.stored or var in self.reduce_reads or var in self.heads
+                or (self.stepless and var in ("k", "v", "beta", "kappa"))):
+            return False
+        if any(t.device != device for t in outputs):
+            return False
+        return sum(t.numel() * t.element_size() for t in outputs) >= STREAM_MIN_BYTES
 
 
 def _to_pinned(per_layer: list[Any], dtype: Any, pin: bool = True) -> Any:

@@ -82,8 +82,13 @@ def test_capture_matches_model_and_float64_reference(ckpt, tmp_path):
 
 
 @pytest.mark.gpu
-def test_gpu_capture_equals_the_hooked_forward(tmp_path):
-    """On CUDA the capture copies asynchronously into pinned memory: every batch must still be the one hooked."""
+@pytest.mark.parametrize("stream_min_bytes", [1 << 30, 0], ids=["stacked", "layer by layer"])
+def test_gpu_capture_equals_the_hooked_forward(tmp_path, monkeypatch, stream_min_bytes):
+    """On CUDA the capture copies asynchronously into pinned memory: every batch must still be the one hooked,
+    whether a variable is stacked on the device first or copied to the host layer by layer (large variables)."""
+    import store.runner
+
+    monkeypatch.setattr(store.runner, "STREAM_MIN_BYTES", stream_min_bytes)
     torch.manual_seed(2)
     ck = save_checkpoint(DeltaProductForCausalLM(tiny_config(hidden_size=64, head_dim=32)), tmp_path / "ck")
     out = tmp_path / "gpu.zarr"
