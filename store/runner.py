@@ -171,7 +171,6 @@ class HookedRunner:
                 reduced = self.reduce(on_device, host)
         return HostBatch(tensors, host, self.layer_major, ready, reduced)
 
-
     def _streams(self, var: str, outputs: list[Any], device: Any) -> bool:
         """Whether `var` goes to the host layer by layer: stored, read by no reduction, no head or step axis to
         change on the device, every layer on the model's first device (the host copies' event is recorded there),
