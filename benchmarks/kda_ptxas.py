@@ -88,9 +88,7 @@ def report(
     split = {}
     if cfg.split_prep:
         intra_consts = {n: prep_consts[n] for n in ("HK", "HV", "K", "BK", "IS_VARLEN", "F32", "PREC")}
-        diffs = cfg.intra_pairs == "diffs"
-        intra_consts.update(BKC=min(cfg.intra_bkc, BK), BKW=min(cfg.intra_bkw if diffs else cfg.intra_bk, BK),
-                            PAIR_DIFFS=diffs)
+        intra_consts.update(BKC=min(cfg.intra_bkc, BK), BKW=min(cfg.intra_bk, BK))
         split = {
             "intra": resources(
                 tk._intra_kernel, ptrs, intra_consts, cfg.intra_warps, arch=arch, maxnreg=cfg.intra_maxnreg
@@ -127,9 +125,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--intra-warps", type=int, default=tk.KdaConfig.intra_warps)
     p.add_argument("--intra-bk", type=int, default=tk.KdaConfig.intra_bk)
     p.add_argument("--intra-maxnreg", type=int, default=tk.KdaConfig.intra_maxnreg, help="0: no cap")
-    p.add_argument("--intra-pairs", choices=("products", "diffs"), default=tk.KdaConfig.intra_pairs)
     p.add_argument("--intra-bkc", type=int, default=tk.KdaConfig.intra_bkc)
-    p.add_argument("--intra-bkw", type=int, default=tk.KdaConfig.intra_bkw)
     p.add_argument("--wy-warps", type=int, default=tk.KdaConfig.wy_warps)
     args = p.parse_args(argv)
     if os.environ.get("TRITON_INTERPRET", "0") == "1":
@@ -142,9 +138,7 @@ def main(argv: list[str] | None = None) -> None:
         intra_warps=args.intra_warps,
         intra_bk=args.intra_bk,
         intra_maxnreg=args.intra_maxnreg or None,
-        intra_pairs=args.intra_pairs,
         intra_bkc=args.intra_bkc,
-        intra_bkw=args.intra_bkw,
         wy_warps=args.wy_warps,
     )
     print(f"Triton {triton.__version__}, sm_{args.arch}, {args.dtype}, dk={args.dk}, dv={args.dv}, {cfg}")

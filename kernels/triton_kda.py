@@ -90,7 +90,6 @@ def _subblock_rows(
     BKW: tl.constexpr,
     F32: tl.constexpr,
     PREC: tl.constexpr,
-    PAIR_DIFFS: tl.constexpr = False,
 ):
     """Rows r = 16 I .. r + 15 of the chunk's A = diag(b) Akk (strictly lower, fp32) and Aqk (lower, diagonal
     included), stored at A_blk and Aqk_blk (row stride 64). I is a constexpr in the persistent kernel and a
@@ -100,10 +99,7 @@ def _subblock_rows(
     cumulative sums of the gates shifted and masked, or running products of e^{g_u}), never taken as a difference
     of two cumulative sums: those reach -600 at g = -20 per token, where fp32 spacing (6e-5) is the relative error
     of a decay near 1. [*, dk] work runs in key-column blocks of BKC (the cross-sub-block products) and BKW (the
-    within-sub-block pairs; BK in the persistent kernel), in loops that are not unrolled (kernels/NOTES.md).
-    PAIR_DIFFS (half-precision inputs): the within-sub-block pairs all at once, as [16, 16, BKW] exponentials of
-    differences of the sub-block's running gate sums (at most 16 gates: about 2 ulps of 16 |g|, far below bf16's
-    rounding of the products), instead of 16 dependent column steps."""
+    within-sub-block pairs; BK in the persistent kernel), in loops that are not unrolled (kernels/NOTES.md)."""
     o_r = tl.arange(0, 64)
     o_i = tl.arange(0, 16)
     t = t0 + o_r
@@ -141,47 +137,31 @@ def _subblock_rows(
     tl.store(Aqk_blk + ri[:, None] * 64 + o_r[None, :], b_Aqk.to(Aqk_blk.dtype.element_ty), mask=m_out)
     b_Akk = tl.zeros([16, 16], dtype=tl.float32)
     b_Aqk = tl.zeros([16, 16], dtype=tl.float32)
-    if PAIR_DIFFS:
-        m_pair = (o_i[:, None] >= o_i[None, :])[:, :, None]
-        for cw in range(BK // BKW):
-            o_w = cw * BKW + tl.arange(0, BKW)
-            m_rw = m_ri[:, None] & (o_w < K)[None, :]
-            p_w = (t0 + ri)[:, None] * (HK * K) + o_w[None, :]
-            b_kI = tl.load(k_base + p_w, mask=m_rw, other=0.0).to(tl.float32)
-            b_qI = tl.load(q_base + p_w, mask=m_rw, other=0.0).to(tl.float32)
-            b_C = tl.cumsum(tl.load(g_base + (t0 + ri)[:, None] * (HV * K) + o_w[None, :], mask=m_rw,
-                                    other=0.0).to(tl.float32), 0)  # fmt: skip
-            b_dec = tl.exp(tl.where(m_pair, b_C[:, None, :] - b_C[None, :, :], float("-inf")))  # [i, j, c], j <= i
-            b_kj = b_dec * b_kI[None, :, :]
-            b_Akk += tl.sum(b_kI[:, None, :] * b_kj, 2)
-            b_Aqk += tl.sum(b_qI[:, None, :] * b_kj, 2)
-        b_Akk = tl.where(o_i[:, None] > o_i[None, :], b_Akk, 0.0)
-    else:
-        # pairs within the sub-block, column by column from the last: P_i = e^{g_{j+1} + ... + g_i} (i > j)
-        # is P_i for column j + 1 times e^{g_{j+1}}, one [dk] exponential per column (16 x fewer than
-        # exponentials of sums, no scan); a product of factors <= 1 rounds like the sum, ~(i - j) ulps. Key
-        # channels in blocks of BKW (a loop, not unrolled), whose sums add up (BKW = BK: one block, 0 + sum)
-        for cw in range(BK // BKW):
-            o_w = cw * BKW + tl.arange(0, BKW)
-            m_rw = m_ri[:, None] & (o_w < K)[None, :]
-            b_kI = tl.load(k_base + (t0 + ri)[:, None] * (HK * K) + o_w[None, :], mask=m_rw, other=0.0).to(tl.float32)
-            b_qI = tl.load(q_base + (t0 + ri)[:, None] * (HK * K) + o_w[None, :], mask=m_rw, other=0.0).to(tl.float32)
-            b_P = tl.full([16, BKW], 1.0, dtype=tl.float32)
-            for s in range(16):
-                jj = 15 - s
-                j = r + jj
-                m_kj = o_w < tl.where(t0 + j < Tn, K, 0)  # (a scalar & a vector mask trips the interpreter)
-                b_kj = tl.load(k_base + (t0 + j) * (HK * K) + o_w, mask=m_kj, other=0.0).to(tl.float32)
-                m_ij = o_i >= jj
-                m_g1 = o_w < tl.where((jj < 15) & (t0 + j + 1 < Tn), K, 0)
-                b_e1 = tl.exp(tl.load(g_base + (t0 + j + 1) * (HV * K) + o_w, mask=m_g1, other=0.0).to(tl.float32))
-                b_P = tl.where(o_i[:, None] > jj, b_P * b_e1[None, :], 1.0)
-                b_ke = b_kj[None, :] * b_P
-                b_kk = tl.sum(b_kI * b_ke, 1)
-                b_qk = tl.sum(b_qI * b_ke, 1)
-                sel = o_i[None, :] == jj
-                b_Akk = tl.where(sel & (o_i > jj)[:, None], b_Akk + b_kk[:, None], b_Akk)
-                b_Aqk = tl.where(sel & m_ij[:, None], b_Aqk + b_qk[:, None], b_Aqk)
+    # pairs within the sub-block, column by column from the last: P_i = e^{g_{j+1} + ... + g_i} (i > j)
+    # is P_i for column j + 1 times e^{g_{j+1}}, one [dk] exponential per column (16 x fewer than
+    # exponentials of sums, no scan); a product of factors <= 1 rounds like the sum, ~(i - j) ulps. Key
+    # channels in blocks of BKW (a loop, not unrolled), whose sums add up (BKW = BK: one block, 0 + sum)
+    for cw in range(BK // BKW):
+        o_w = cw * BKW + tl.arange(0, BKW)
+        m_rw = m_ri[:, None] & (o_w < K)[None, :]
+        b_kI = tl.load(k_base + (t0 + ri)[:, None] * (HK * K) + o_w[None, :], mask=m_rw, other=0.0).to(tl.float32)
+        b_qI = tl.load(q_base + (t0 + ri)[:, None] * (HK * K) + o_w[None, :], mask=m_rw, other=0.0).to(tl.float32)
+        b_P = tl.full([16, BKW], 1.0, dtype=tl.float32)
+        for s in range(16):
+            jj = 15 - s
+            j = r + jj
+            m_kj = o_w < tl.where(t0 + j < Tn, K, 0)  # (a scalar & a vector mask trips the interpreter)
+            b_kj = tl.load(k_base + (t0 + j) * (HK * K) + o_w, mask=m_kj, other=0.0).to(tl.float32)
+            m_ij = o_i >= jj
+            m_g1 = o_w < tl.where((jj < 15) & (t0 + j + 1 < Tn), K, 0)
+            b_e1 = tl.exp(tl.load(g_base + (t0 + j + 1) * (HV * K) + o_w, mask=m_g1, other=0.0).to(tl.float32))
+            b_P = tl.where(o_i[:, None] > jj, b_P * b_e1[None, :], 1.0)
+            b_ke = b_kj[None, :] * b_P
+            b_kk = tl.sum(b_kI * b_ke, 1)
+            b_qk = tl.sum(b_qI * b_ke, 1)
+            sel = o_i[None, :] == jj
+            b_Akk = tl.where(sel & (o_i > jj)[:, None], b_Akk + b_kk[:, None], b_Akk)
+            b_Aqk = tl.where(sel & m_ij[:, None], b_Aqk + b_qk[:, None], b_Aqk)
     tl.store(A_blk + ri[:, None] * 64 + ri[None, :], b_Akk * b_bI[:, None])
     tl.store(Aqk_blk + ri[:, None] * 64 + ri[None, :], b_Aqk.to(Aqk_blk.dtype.element_ty))
 
@@ -321,7 +301,6 @@ def _intra_kernel(
     IS_VARLEN: tl.constexpr,
     F32: tl.constexpr,
     PREC: tl.constexpr,
-    PAIR_DIFFS: tl.constexpr,
 ):
     """Split prep, first kernel: one program per (16-token sub-block I of global chunk gc, value head), program
     ids (4 gc + I, i_h): rows 16 I .. 16 I + 15 of the chunk's A (fp32, into the temporary A) and Aqk."""
@@ -330,7 +309,7 @@ def _intra_kernel(
     bos, Tn, t0, k_base, q_base, g_base, blk = _chunk_bases(i_h, gc, q, k, g, T, cu, cidx, coff, NCT, HK, HV, K,
                                                             IS_VARLEN)  # fmt: skip
     _subblock_rows(I, q_base, k_base, g_base, beta, A + blk * (64 * 64), Aqk + blk * (64 * 64), bos, Tn, t0, i_h,
-                   HK, HV, K, BK, BKC, BKW, F32, PREC, PAIR_DIFFS)  # fmt: skip
+                   HK, HV, K, BK, BKC, BKW, F32, PREC)  # fmt: skip
 
 
 @triton.jit
@@ -528,11 +507,6 @@ class KdaConfig:
     intra_bk: int = 32  # split prep: key-channel block of the within-sub-block pairs (the persistent kernel: dk)
     intra_maxnreg: int | None = 128  # split prep: register cap of `_intra_kernel` (ptxas sm_90: 127, no spills)
     intra_bkc: int = 16  # split prep: key-channel block of the cross-sub-block products
-    # split prep: within-sub-block pairs as 16 column steps of running products ("products", exact to ~1e-7 in fp32
-    # at any decay) or as exponentials of differences ("diffs", [16, 16, intra_bkw] at once; half inputs only, as
-    # an experiment: H200, B=8 T=8192 H=32 bf16, 18.99 vs 15.79 ms, the intra kernel 12.07 vs 8.76 ms)
-    intra_pairs: str = "products"
-    intra_bkw: int = 16  # split prep, "diffs": key-channel block of the [16, 16, block] pair tensors
     wy_warps: int = 4  # split prep: warps of `_wy_kernel` (one chunk a program; prep_bk and prep_bv as the prep's)
     state_warps: int = 4
     state_stages: int = 2
@@ -631,13 +605,9 @@ def triton_kda(
     BKC, BVP = min(_pow2(cfg.prep_bk), BK), min(cfg.prep_bv, BVF)
     if NCT > 0 and cfg.split_prep:
         A = torch.empty(HV, rows, CHUNK_SIZE, dtype=f32, device=dev)  # diag(b) Akk, then T in place
-        if cfg.intra_pairs not in ("diffs", "products"):
-            raise ValueError(f"KdaConfig.intra_pairs={cfg.intra_pairs!r}: use 'products' or 'diffs'")
-        diffs = cfg.intra_pairs == "diffs"
         _intra_kernel[(4 * NCT, HV)](
             q, k, beta, g, A, Aqk, *seq_args, HK=HK, K=K, HV=HV, BK=BK, BKC=min(_pow2(cfg.intra_bkc), BK),
-            BKW=min(_pow2(cfg.intra_bkw if diffs else cfg.intra_bk), BK), IS_VARLEN=varlen, F32=F32, PREC=PREC,
-            PAIR_DIFFS=diffs, num_warps=cfg.intra_warps,
+            BKW=min(_pow2(cfg.intra_bk), BK), IS_VARLEN=varlen, F32=F32, PREC=PREC, num_warps=cfg.intra_warps,
             **({} if cfg.intra_maxnreg is None or interp else dict(maxnreg=cfg.intra_maxnreg)),
         )  # fmt: skip
         _wy_kernel[(NCT, HV)](

@@ -3,8 +3,8 @@ points; errors against the float32 chunked form; then our per-kernel times at th
 
     python scripts/kda_split_check.py [--persistent]
 
-At B=8 T=8192 H=32 every `SWEEP` config is timed (the split prep's within-sub-block pairs as differences or
-running products, its key blocks, warps and register cap); --persistent adds the persistent prep kernel.
+At B=8 T=8192 H=32 every `SWEEP` config is timed (the split prep's key blocks, warps and register cap);
+--persistent adds the persistent prep kernel.
 """
 
 import argparse
@@ -16,8 +16,6 @@ from kernels.triton_kda import KdaConfig, triton_kda
 
 SWEEP = {
     "default": {},
-    "pairs diffs": dict(intra_pairs="diffs"),
-    "pairs diffs bkw 32": dict(intra_pairs="diffs", intra_bkw=32),
     "cross bkc 32": dict(intra_bkc=32),
     "intra 8 warps, cap 80": dict(intra_warps=8, intra_maxnreg=80),
     "intra uncapped": dict(intra_maxnreg=None),

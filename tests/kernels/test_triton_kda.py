@@ -122,21 +122,6 @@ def test_half_inputs_match_float64_reference(dtype, split):
 
 
 @cpu_only
-@pytest.mark.parametrize("strength", [1.0, 8.0])
-def test_pair_differences_match_float64_reference(strength):
-    """The split prep's within-sub-block pairs as exponentials of differences of running gate sums (opt-in: slower
-    on an H200), on fp32 inputs so that fp32's tolerance checks them: grouped, packed sequences not multiples of
-    64, several key blocks; an unknown choice is refused with the valid ones named."""
-    from kernels.triton_kda import KdaConfig, triton_kda
-
-    cfg = KdaConfig(split_prep=True, intra_pairs="diffs", intra_bkw=16)
-    _check(1, None, 1, 2, 48, 32, strength=strength, lengths=[100, 30, 1], config=cfg)
-    q, k, v, beta, g, _ = _inputs(1, 20, 1, 1, 16, 16)
-    with pytest.raises(ValueError, match="intra_pairs='sums': use 'products' or 'diffs'"):
-        triton_kda(q, k, v, beta, g, config=KdaConfig(intra_pairs="sums"))
-
-
-@cpu_only
 @pytest.mark.parametrize("split", [False, True], ids=["persistent prep", "split prep"])
 def test_key_halves_at_dk_256(split):
     """dk > 128: the state kernel holds the key rows in two halves (as triton_chunk)."""
