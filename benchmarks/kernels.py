@@ -512,20 +512,24 @@ def profile_breakdown(points, log) -> list[dict]:
 
 
 REAL_PROFILE = [("GDN fla default", 1, 32768), ("GDN fla default", 8, 4096), ("Qwen3-Next grouped", 8, 4096)]
-REAL_PROFILE += [("DeltaProduct n_h=3", 8, 4096)]
+REAL_PROFILE += [("DeltaProduct n_h=3", 8, 4096), ("GDN fla default", "varlen", 32768)]
 
 
-def profile_real(log) -> list[dict]:
-    """Per-kernel GPU time at real-model shapes (ours; fla's too unless --no-fla)."""
+def profile_real(log, only: str = "") -> list[dict]:
+    """Per-kernel GPU time at real-model shapes (ours as o+fin; fla's too unless --no-fla), `--only` as the rows."""
     from kernels.triton_chunk import triton_delta_product
 
     fla, _ = load_fla()
     shapes = {s[0]: s[1:] for s in REAL_SHAPES}
     out = []
     for name, B, T in REAL_PROFILE:
-        x = make_real_inputs(B, T, *shapes[name])
-        ours = partial(triton_delta_product, *x, normalize_qk=True)
-        for who, fn in (("ours", ours), ("fla", partial(fla_real_call, *x))):
+        if only and not any(o in name for o in only.split(",")):
+            continue
+        varlen = B == "varlen"
+        x = make_real_inputs(1 if varlen else B, T, *shapes[name])
+        cu = torch.tensor([0, *itertools.accumulate(mixed_lengths(T))], device="cuda") if varlen else None
+        ours = partial(triton_delta_product, *x, normalize_qk=True, cu_seqlens=cu, output_boundary_states=False)
+        for who, fn in (("ours", ours), ("fla", partial(fla_real_call, *x, cu_seqlens=cu))):
             if who == "fla" and fla is None:
                 continue
             evs = _profile(fn)
@@ -609,7 +613,7 @@ def main(argv: list[str] | None = None) -> int:
         if "forward" not in skip:
             results["profile"] = profile_breakdown(pts[:1] if args.quick else pts, log)
         if "real" not in skip:
-            results["profile_real"] = profile_real(log)
+            results["profile_real"] = profile_real(log, args.only)
         dump()
     if "analysis" not in skip:
         results["analysis"] = bench_analysis_rows(args.quick, log)

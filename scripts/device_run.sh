@@ -150,9 +150,10 @@ for section in "$@"; do
     table)
       # #19's one-GPU table at 8 x 4096: the reductions over 12 batches (the drain's share halves against 6), then
       # the default hooks (one timed batch: every state in float16 is 32 GB) and reductions with states kept
-      # (--state-every 8); the warm-up stores are removed before the timed ones; about 6 minutes
+      # (--state-every 8); the warm-up stores are removed before the timed ones; about 6 minutes (TABLE_REDUCE=0 skips
+      # the 12-batch reductions row)
       df -h /tmp /dev/shm > "$OUT/table-df.txt" 2>&1
-      timeout 200 python3 -m benchmarks.reduce_capture --family olmo_hybrid --default-config --batch 8 --length 4096 \
+      [ "${TABLE_REDUCE:-1}" = 1 ] && timeout 200 python3 -m benchmarks.reduce_capture --family olmo_hybrid --default-config --batch 8 --length 4096 \
         --batches 12 --rank-every auto --reduce ranks,spectra --modes reduce --no-summary \
         --json "$OUT/reduce12.json" > "$OUT/reduce12.txt" 2>&1; echo "reduce12 exit $? (124: past 200 s)" >> "$OUT/reduce12.txt"
       timeout 300 python3 -m benchmarks.reduce_capture --family olmo_hybrid --default-config --batch 8 --length 4096 \
