@@ -19,6 +19,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import torch
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
@@ -84,16 +85,19 @@ def report(
     }
     BKH = BK // 2 if BK > 128 else BK
     state_bv = min(cfg.state_bv or (64 if dk <= 128 else 32), BVF)
-    prep_consts = dict(common, HK=8, BK=BK, BKC=min(cfg.prep_bk, BK), BV=min(cfg.prep_bv, BVF))
+    torch_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype]
+    bound = tk.OWN_PAIRS_BOUND[torch_dtype] if cfg.own_pairs_bound is None else cfg.own_pairs_bound
+    wy_consts = dict(common, HK=8, BK=BK, BKC=min(cfg.prep_bk, BK), BV=min(cfg.prep_bv, BVF))
+    prep_consts = dict(wy_consts, BOUND=bound)
     split = {}
     if cfg.split_prep:
-        intra_consts = {n: prep_consts[n] for n in ("HK", "HV", "K", "BK", "IS_VARLEN", "F32", "PREC")}
+        intra_consts = {n: prep_consts[n] for n in ("HK", "HV", "K", "BK", "IS_VARLEN", "F32", "PREC", "BOUND")}
         intra_consts.update(BKC=min(cfg.intra_bkc, BK), BKW=min(cfg.intra_bk, BK))
         split = {
             "intra": resources(
                 tk._intra_kernel, ptrs, intra_consts, cfg.intra_warps, arch=arch, maxnreg=cfg.intra_maxnreg
             ),
-            "wy": resources(tk._wy_kernel, ptrs, prep_consts, cfg.wy_warps, arch=arch),
+            "wy": resources(tk._wy_kernel, ptrs, wy_consts, cfg.wy_warps, arch=arch),
         }
     return {
         "prep": resources(tk._prep_kernel, ptrs, prep_consts, cfg.prep_warps, arch=arch),

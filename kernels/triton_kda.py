@@ -90,6 +90,7 @@ def _subblock_rows(
     BKW: tl.constexpr,
     F32: tl.constexpr,
     PREC: tl.constexpr,
+    BOUND: tl.constexpr,
 ):
     """Rows r = 16 I .. r + 15 of the chunk's A = diag(b) Akk (strictly lower, fp32) and Aqk (lower, diagonal
     included), stored at A_blk and Aqk_blk (row stride 64). I is a constexpr in the persistent kernel and a
@@ -97,9 +98,15 @@ def _subblock_rows(
 
     Every log-decay difference is summed from the gates it spans (Gamma_i - Gamma_j = g_{j+1} + ... + g_i, by
     cumulative sums of the gates shifted and masked, or running products of e^{g_u}), never taken as a difference
-    of two cumulative sums: those reach -600 at g = -20 per token, where fp32 spacing (6e-5) is the relative error
-    of a decay near 1. [*, dk] work runs in key-column blocks of BKC (the cross-sub-block products) and BKW (the
-    within-sub-block pairs; BK in the persistent kernel), in loops that are not unrolled (kernels/NOTES.md)."""
+    of two cumulative sums over the chunk: those reach -600 at g = -20 per token, where fp32 spacing (6e-5) is the
+    relative error of a decay near 1. Earlier sub-blocks factor through token r (both factors <= 1). The
+    sub-block's own pairs factor through r as well, e^{Gamma_i - Gamma_r} e^{-(Gamma_j - Gamma_r)}, when every
+    channel's decay over the sub-block stays above e^-BOUND (the second factor <= e^BOUND, finite in the dot's
+    operand type; the two sums of at most 15 gates carry ~BOUND * 1e-7 relative): then one product covers all 64
+    columns. Otherwise (or BOUND = 0) those 16 x 16 pairs are summed channel by channel, their decays built as
+    running products of the per-token factors e^{g_u}. [*, dk] work runs in key-column blocks of BKC (the
+    products) and BKW (the channel-by-channel pairs; BK in the persistent kernel), in loops that are not
+    unrolled (kernels/NOTES.md)."""
     o_r = tl.arange(0, 64)
     o_i = tl.arange(0, 16)
     t = t0 + o_r
@@ -108,62 +115,83 @@ def _subblock_rows(
     ri = r + o_i
     m_ri = (t0 + ri) < Tn
     b_bI = tl.load(beta + (bos + t0 + ri) * HV + i_h, mask=m_ri, other=0.0).to(tl.float32)
-    b_Akk = tl.zeros([16, 64], dtype=tl.float32)
-    b_Aqk = tl.zeros([16, 64], dtype=tl.float32)
-    if I > 0:  # earlier sub-blocks, through token r: e^{G_i - G_r} e^{G_r - G_j}
-        m_j = o_r < r
+    n_own = 0  # 16 when the sub-block's own columns factor through r
+    if BOUND > 0:  # the smallest decay over the sub-block, per channel g_{r+1} + ... + g_{r+15}
+        b_low = tl.zeros([BKC], dtype=tl.float32)
         for cb in range(BK // BKC):
             o_c = cb * BKC + tl.arange(0, BKC)
-            m_c = (o_c < K)[None, :]
-            p_I = (t0 + ri)[:, None] * (HK * K) + o_c[None, :]
-            b_gIc = tl.load(
-                g_base + (t0 + ri)[:, None] * (HV * K) + o_c[None, :], mask=m_ri[:, None] & m_c, other=0.0
-            ).to(tl.float32)
-            b_eI = tl.exp(tl.cumsum(tl.where(o_i[:, None] > 0, b_gIc, 0.0), 0))  # g_{r+1} + ... + g_i
-            b_kIc = tl.load(k_base + p_I, mask=m_ri[:, None] & m_c, other=0.0).to(tl.float32) * b_eI
-            b_qIc = tl.load(q_base + p_I, mask=m_ri[:, None] & m_c, other=0.0).to(tl.float32) * b_eI
-            # g_{j+1} + ... + g_r for j < r: the gates shifted up a row, summed from the bottom
-            p_s = g_base + (t + 1)[:, None] * (HV * K) + o_c[None, :]
-            b_gs = tl.load(p_s, mask=(m_j & (t + 1 < Tn))[:, None] & m_c, other=0.0).to(tl.float32)
-            p_c = k_base + t[:, None] * (HK * K) + o_c[None, :]
-            b_kc = tl.load(p_c, mask=(m_j & m_t)[:, None] & m_c, other=0.0).to(tl.float32)
-            b_kc = _dot_in(b_kc * tl.exp(tl.cumsum(b_gs, 0, reverse=True)), k_base, F32)
-            b_Akk += tl.dot(_dot_in(b_kIc, k_base, F32), tl.trans(b_kc), input_precision=PREC)
-            b_Aqk += tl.dot(_dot_in(b_qIc, k_base, F32), tl.trans(b_kc), input_precision=PREC)
-    # stored now, all but the sub-block's own 16 columns (zeros right of it), so that these [16, 64] tiles are
-    # dead during the loop below, which keeps [16, 16] ones (disjoint masks: no two stores to one element)
-    m_out = ((o_r < r) | (o_r >= r + 16))[None, :]
+            m_g = (m_ri & (o_i > 0))[:, None] & (o_c < K)[None, :]
+            b_g = tl.load(g_base + (t0 + ri)[:, None] * (HV * K) + o_c[None, :], mask=m_g, other=0.0)
+            b_low = tl.minimum(b_low, tl.sum(b_g.to(tl.float32), 0))
+        n_own = tl.where(tl.min(b_low, 0) >= -BOUND, 16, 0)
+    m_j = o_r < r  # earlier sub-blocks
+    m_w = (o_r >= r) & (o_r < r + n_own)  # this one's columns, when they factor through r
+    b_Akk = tl.zeros([16, 64], dtype=tl.float32)
+    b_Aqk = tl.zeros([16, 64], dtype=tl.float32)
+    for cb in range(BK // BKC):
+        o_c = cb * BKC + tl.arange(0, BKC)
+        m_c = (o_c < K)[None, :]
+        p_I = (t0 + ri)[:, None] * (HK * K) + o_c[None, :]
+        b_gIc = tl.load(
+            g_base + (t0 + ri)[:, None] * (HV * K) + o_c[None, :], mask=m_ri[:, None] & m_c, other=0.0
+        ).to(tl.float32)
+        b_eI = tl.exp(tl.cumsum(tl.where(o_i[:, None] > 0, b_gIc, 0.0), 0))  # g_{r+1} + ... + g_i
+        b_kIc = tl.load(k_base + p_I, mask=m_ri[:, None] & m_c, other=0.0).to(tl.float32) * b_eI
+        b_qIc = tl.load(q_base + p_I, mask=m_ri[:, None] & m_c, other=0.0).to(tl.float32) * b_eI
+        # column j's exponent: g_{j+1} + ... + g_r for j < r (the gates shifted up a row, summed from the bottom),
+        # -(g_{r+1} + ... + g_j) for j in the sub-block (the shifted gates summed from r, exclusive), else -inf
+        p_s = g_base + (t + 1)[:, None] * (HV * K) + o_c[None, :]
+        b_gs = tl.load(p_s, mask=((m_j | m_w) & (t + 1 < Tn))[:, None] & m_c, other=0.0).to(tl.float32)
+        b_gw = tl.where(m_w[:, None], b_gs, 0.0)
+        b_x = tl.where(
+            m_j[:, None],
+            tl.cumsum(tl.where(m_j[:, None], b_gs, 0.0), 0, reverse=True),
+            tl.where(m_w[:, None], b_gw - tl.cumsum(b_gw, 0), float("-inf")),
+        )
+        p_c = k_base + t[:, None] * (HK * K) + o_c[None, :]
+        b_kc = tl.load(p_c, mask=((m_j | m_w) & m_t)[:, None] & m_c, other=0.0).to(tl.float32)
+        b_kc = _dot_in(b_kc * tl.exp(b_x), k_base, F32)
+        b_Akk += tl.dot(_dot_in(b_kIc, k_base, F32), tl.trans(b_kc), input_precision=PREC)
+        b_Aqk += tl.dot(_dot_in(b_qIc, k_base, F32), tl.trans(b_kc), input_precision=PREC)
+    # the sub-block's own columns only below (Akk) or on and below (Aqk) the diagonal; zeros right of it
+    m_own = (o_r[None, :] >= r) & (o_r[None, :] < r + 16)
+    b_Akk = tl.where((o_r[None, :] < r) | (m_own & (o_r[None, :] < ri[:, None])), b_Akk, 0.0)
+    b_Aqk = tl.where((o_r[None, :] < r) | (m_own & (o_r[None, :] <= ri[:, None])), b_Aqk, 0.0)
+    # without the product for its own columns: all but those now (their [16, 64] tiles are then dead during the
+    # loop below, which keeps [16, 16] ones; disjoint masks, no two stores to one element)
+    m_out = (o_r[None, :] < r) | (o_r[None, :] >= r + 16 - n_own)
     tl.store(A_blk + ri[:, None] * 64 + o_r[None, :], b_Akk * b_bI[:, None], mask=m_out)
     tl.store(Aqk_blk + ri[:, None] * 64 + o_r[None, :], b_Aqk.to(Aqk_blk.dtype.element_ty), mask=m_out)
-    b_Akk = tl.zeros([16, 16], dtype=tl.float32)
-    b_Aqk = tl.zeros([16, 16], dtype=tl.float32)
-    # pairs within the sub-block, column by column from the last: P_i = e^{g_{j+1} + ... + g_i} (i > j)
-    # is P_i for column j + 1 times e^{g_{j+1}}, one [dk] exponential per column (16 x fewer than
-    # exponentials of sums, no scan); a product of factors <= 1 rounds like the sum, ~(i - j) ulps. Key
-    # channels in blocks of BKW (a loop, not unrolled), whose sums add up (BKW = BK: one block, 0 + sum)
-    for cw in range(BK // BKW):
-        o_w = cw * BKW + tl.arange(0, BKW)
-        m_rw = m_ri[:, None] & (o_w < K)[None, :]
-        b_kI = tl.load(k_base + (t0 + ri)[:, None] * (HK * K) + o_w[None, :], mask=m_rw, other=0.0).to(tl.float32)
-        b_qI = tl.load(q_base + (t0 + ri)[:, None] * (HK * K) + o_w[None, :], mask=m_rw, other=0.0).to(tl.float32)
-        b_P = tl.full([16, BKW], 1.0, dtype=tl.float32)
-        for s in range(16):
-            jj = 15 - s
-            j = r + jj
-            m_kj = o_w < tl.where(t0 + j < Tn, K, 0)  # (a scalar & a vector mask trips the interpreter)
-            b_kj = tl.load(k_base + (t0 + j) * (HK * K) + o_w, mask=m_kj, other=0.0).to(tl.float32)
-            m_ij = o_i >= jj
-            m_g1 = o_w < tl.where((jj < 15) & (t0 + j + 1 < Tn), K, 0)
-            b_e1 = tl.exp(tl.load(g_base + (t0 + j + 1) * (HV * K) + o_w, mask=m_g1, other=0.0).to(tl.float32))
-            b_P = tl.where(o_i[:, None] > jj, b_P * b_e1[None, :], 1.0)
-            b_ke = b_kj[None, :] * b_P
-            b_kk = tl.sum(b_kI * b_ke, 1)
-            b_qk = tl.sum(b_qI * b_ke, 1)
-            sel = o_i[None, :] == jj
-            b_Akk = tl.where(sel & (o_i > jj)[:, None], b_Akk + b_kk[:, None], b_Akk)
-            b_Aqk = tl.where(sel & m_ij[:, None], b_Aqk + b_qk[:, None], b_Aqk)
-    tl.store(A_blk + ri[:, None] * 64 + ri[None, :], b_Akk * b_bI[:, None])
-    tl.store(Aqk_blk + ri[:, None] * 64 + ri[None, :], b_Aqk.to(Aqk_blk.dtype.element_ty))
+    if n_own == 0:
+        b_Ad = tl.zeros([16, 16], dtype=tl.float32)
+        b_Qd = tl.zeros([16, 16], dtype=tl.float32)
+        # pairs within the sub-block, column by column from the last: P_i = e^{g_{j+1} + ... + g_i} (i > j)
+        # is P_i for column j + 1 times e^{g_{j+1}}, one [dk] exponential per column (16 x fewer than
+        # exponentials of sums, no scan); a product of factors <= 1 rounds like the sum, ~(i - j) ulps. Key
+        # channels in blocks of BKW (a loop, not unrolled), whose sums add up (BKW = BK: one block, 0 + sum)
+        for cw in range(BK // BKW):
+            o_w = cw * BKW + tl.arange(0, BKW)
+            m_rw = m_ri[:, None] & (o_w < K)[None, :]
+            b_kI = tl.load(k_base + (t0 + ri)[:, None] * (HK * K) + o_w[None, :], mask=m_rw, other=0.0).to(tl.float32)
+            b_qI = tl.load(q_base + (t0 + ri)[:, None] * (HK * K) + o_w[None, :], mask=m_rw, other=0.0).to(tl.float32)
+            b_P = tl.full([16, BKW], 1.0, dtype=tl.float32)
+            for s in range(16):
+                jj = 15 - s
+                j = r + jj
+                m_kj = o_w < tl.where(t0 + j < Tn, K, 0)  # (a scalar & a vector mask trips the interpreter)
+                b_kj = tl.load(k_base + (t0 + j) * (HK * K) + o_w, mask=m_kj, other=0.0).to(tl.float32)
+                m_ij = o_i >= jj
+                m_g1 = o_w < tl.where((jj < 15) & (t0 + j + 1 < Tn), K, 0)
+                b_e1 = tl.exp(tl.load(g_base + (t0 + j + 1) * (HV * K) + o_w, mask=m_g1, other=0.0).to(tl.float32))
+                b_P = tl.where(o_i[:, None] > jj, b_P * b_e1[None, :], 1.0)
+                b_ke = b_kj[None, :] * b_P
+                b_kk = tl.sum(b_kI * b_ke, 1)
+                b_qk = tl.sum(b_qI * b_ke, 1)
+                sel = o_i[None, :] == jj
+                b_Ad = tl.where(sel & (o_i > jj)[:, None], b_Ad + b_kk[:, None], b_Ad)
+                b_Qd = tl.where(sel & m_ij[:, None], b_Qd + b_qk[:, None], b_Qd)
+        tl.store(A_blk + ri[:, None] * 64 + ri[None, :], b_Ad * b_bI[:, None])
+        tl.store(Aqk_blk + ri[:, None] * 64 + ri[None, :], b_Qd.to(Aqk_blk.dtype.element_ty))
 
 
 @triton.jit
@@ -258,6 +286,7 @@ def _prep_kernel(
     IS_VARLEN: tl.constexpr,
     F32: tl.constexpr,
     PREC: tl.constexpr,
+    BOUND: tl.constexpr,
 ):
     """Persistent over jobs (value head, global chunk): the chunk's intra-chunk factors (module docstring):
     A and Aqk by 16-token sub-blocks (`_subblock_rows`), T = (I + A)^-1 (`_invert_in_place`), then W, U, Kd, Qd
@@ -272,7 +301,7 @@ def _prep_kernel(
         tl.debug_barrier()  # the previous job may still read the scratch
         for I in tl.static_range(4):  # 16-token sub-blocks: rows 16 I .. 16 I + 15
             _subblock_rows(I, q_base, k_base, g_base, beta, S, Aqk + blk * (64 * 64), bos, Tn, t0, i_h,
-                           HK, HV, K, BK, BKC, BK, F32, PREC)  # fmt: skip
+                           HK, HV, K, BK, BKC, BK, F32, PREC, BOUND)  # fmt: skip
         tl.debug_barrier()
         b_Ti = _dot_in(_invert_in_place(S, PREC), k, F32)
         _wy_rows(b_Ti, q_base, k_base, g_base, v, beta, W, U, Kd, Qd, glast, bos, Tn, t0, i_h, blk,
@@ -301,6 +330,7 @@ def _intra_kernel(
     IS_VARLEN: tl.constexpr,
     F32: tl.constexpr,
     PREC: tl.constexpr,
+    BOUND: tl.constexpr,
 ):
     """Split prep, first kernel: one program per (16-token sub-block I of global chunk gc, value head), program
     ids (4 gc + I, i_h): rows 16 I .. 16 I + 15 of the chunk's A (fp32, into the temporary A) and Aqk."""
@@ -309,7 +339,7 @@ def _intra_kernel(
     bos, Tn, t0, k_base, q_base, g_base, blk = _chunk_bases(i_h, gc, q, k, g, T, cu, cidx, coff, NCT, HK, HV, K,
                                                             IS_VARLEN)  # fmt: skip
     _subblock_rows(I, q_base, k_base, g_base, beta, A + blk * (64 * 64), Aqk + blk * (64 * 64), bos, Tn, t0, i_h,
-                   HK, HV, K, BK, BKC, BKW, F32, PREC)  # fmt: skip
+                   HK, HV, K, BK, BKC, BKW, F32, PREC, BOUND)  # fmt: skip
 
 
 @triton.jit
@@ -513,6 +543,14 @@ class KdaConfig:
     out_warps: int = 4
     out_bv: int = 128
     out_bk: int = 64  # key block of the output kernel's loop
+    own_pairs_bound: float | None = None  # a sub-block's own pairs by the products when every channel decays less
+    # than e^-bound over it (`_subblock_rows`); None: OWN_PAIRS_BOUND by dtype; 0: always channel by channel
+
+
+# the largest log decay over 15 tokens that the products take for a sub-block's own pairs, by input dtype: the
+# second factor e^bound must stay finite in the dot operand (fp16: 65504 = e^11.1) and its fp32 sums accurate
+# (fp32 inputs: 2 x 16 x 6e-8 = 2e-6 relative against the tests' 1e-5; bf16 rounds operands to 4e-3 anyway)
+OWN_PAIRS_BOUND = {torch.bfloat16: 60.0, torch.float16: 8.0, torch.float32: 16.0}
 
 
 def unsupported_reason(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, chunk_size: int = CHUNK_SIZE) -> str | None:
@@ -585,6 +623,7 @@ def triton_kda(
     BK, BVF = _pow2(K), _pow2(V)
     BV = min(state_bv, BVF)
     common = dict(HV=HV, K=K, V=V, IS_VARLEN=varlen, F32=F32, PREC=PREC)
+    bound = OWN_PAIRS_BOUND[dtype] if cfg.own_pairs_bound is None else float(cfg.own_pairs_bound)
     seq_args = (T, cu, cidx, coff, NCT)
 
     f32 = torch.float32
@@ -607,7 +646,8 @@ def triton_kda(
         A = torch.empty(HV, rows, CHUNK_SIZE, dtype=f32, device=dev)  # diag(b) Akk, then T in place
         _intra_kernel[(4 * NCT, HV)](
             q, k, beta, g, A, Aqk, *seq_args, HK=HK, K=K, HV=HV, BK=BK, BKC=min(_pow2(cfg.intra_bkc), BK),
-            BKW=min(_pow2(cfg.intra_bk), BK), IS_VARLEN=varlen, F32=F32, PREC=PREC, num_warps=cfg.intra_warps,
+            BKW=min(_pow2(cfg.intra_bk), BK), IS_VARLEN=varlen, F32=F32, PREC=PREC, BOUND=bound,
+            num_warps=cfg.intra_warps,
             **({} if cfg.intra_maxnreg is None or interp else dict(maxnreg=cfg.intra_maxnreg)),
         )  # fmt: skip
         _wy_kernel[(NCT, HV)](
@@ -621,7 +661,7 @@ def triton_kda(
         scratch = torch.empty(n_prog, 64 * 64, dtype=f32, device=dev)
         _prep_kernel[(n_prog,)](
             q, k, v, beta, g, W, U, Kd, Qd, Aqk, glast, scratch, *seq_args, n_jobs,
-            HK=HK, BK=BK, BKC=BKC, BV=BVP, num_warps=cfg.prep_warps,
+            HK=HK, BK=BK, BKC=BKC, BV=BVP, BOUND=bound, num_warps=cfg.prep_warps,
             **common,
         )  # fmt: skip
     BKH = BK // 2 if BK > 128 else BK

@@ -150,6 +150,28 @@ def test_split_prep_is_the_persistent_arithmetic():
                       config=KdaConfig(prep_bv=16, split_prep=True, intra_bk=16))  # fmt: skip
     for a, b in zip(near, want):
         assert _rel(a, b) < 1e-6
+    assert not torch.equal(both[0], slow[0])
+
+
+@cpu_only
+@pytest.mark.parametrize("split", [False, True], ids=["persistent prep", "split prep"])
+def test_own_pairs_by_products_or_channel_by_channel(split):
+    """A sub-block's own 16 x 16 pairs go through the products when its decays stay above e^-bound, else channel by
+    channel: decays mild except in tokens 20-40 (strong there) put sub-blocks of one chunk on both paths. Both that
+    mix and the channel-by-channel path alone (bound 0) agree with float64 to the fp32 bound and with each other to
+    1e-6, and they are not bit-equal (the products did run)."""
+    from kernels.triton_kda import OWN_PAIRS_BOUND, KdaConfig, triton_kda
+
+    q, k, v, beta, g, s0 = _inputs(1, 150, 1, 2, 16, 32, seed=7)
+    g = g.clone()
+    g[:, 20:40] *= 30.0  # sums over 15 tokens near -200 there: past the fp32 bound of 16
+    assert (g[:, 1:16].sum(1).min() > -OWN_PAIRS_BOUND[torch.float32]) and (g[:, 21:36].sum(1).min() < -100)
+    ref = _reference(q, k, v, beta, g, s0)
+    both = triton_kda(q, k, v, beta, g, initial_state=s0, config=KdaConfig(split_prep=split))
+    slow = triton_kda(q, k, v, beta, g, initial_state=s0, config=KdaConfig(split_prep=split, own_pairs_bound=0))
+    for a, b, r in zip(both, slow, ref):
+        assert _rel(a, r) < TOL[torch.float32] and _rel(b, r) < TOL[torch.float32]
+        assert _rel(a, b) < 1e-6
 
 
 @cpu_only
