@@ -535,6 +535,7 @@ class LaunchConfig:
     out_warps: int = 4
     out_bv: int = 128
     out_bk: int = 64  # key block of the output kernel's loop (the whole of dk at once: 1.7x fla's time at dk 256)
+    out_stages: int | None = None  # pipeline stages of the output kernel's key-block loop; None: Triton's default
     tri_programs_per_sm: int = 8
     fuse_output: bool | None = None  # the state kernel writes o (no output kernel); None: default_config's
     # programs of the sequential kernel that share an SM's shared memory when its pipeline stages are sized; None:
@@ -723,7 +724,8 @@ def triton_delta_product(
         obv = min(cfg.out_bv, BVF)
         _output_kernel[(triton.cdiv(V, obv), NCT, HV)](
             q, k, D, gcum, rstd, bnd, o, *seq_args, scale,
-            V=V, BK=min(_pow2(cfg.out_bk), BK), BV=obv, NORM=normalize_qk, num_warps=cfg.out_warps, **common,
+            V=V, BK=min(_pow2(cfg.out_bk), BK), BV=obv, NORM=normalize_qk, num_warps=cfg.out_warps,
+            **({} if cfg.out_stages is None else dict(num_stages=cfg.out_stages)), **common,
         )  # fmt: skip
     bnd_out = bnd.view(1 if varlen else B, -1, HV, K, V) if output_boundary_states else None
     return o, ht, bnd_out

@@ -16,8 +16,8 @@ def main() -> None:
     h = torch.randn(n, 128, 128, device="cuda")
     ref = torch.linalg.svdvals(h[:64].double())
     print(f"{'warps':>5} {'n_iter':>6} {'ms':>8} {'matrices/s':>11} {'max err / sigma_max':>20}")
-    for warps in (4, 8, 16):
-        for n_iter in (0, 16, 24, 32):
+    for warps in (4, 8):
+        for n_iter in (0, 24, 32):
             ms = triton.testing.do_bench(partial(svdvals, h, n_iter=n_iter, num_warps=warps), warmup=2, rep=200)
             err = (
                 ((svdvals(h[:64], n_iter=n_iter, num_warps=warps).double().flip(-1) - ref).abs().amax(-1) / ref[:, 0])
