@@ -3,7 +3,8 @@
 Golub-Kahan bidiagonalisation by Householder reflections (float32, backward stable: singular values off
 by ~eps * ||H||), then bisection with negative-pivot counts of B^T B - x^2 I from the differential stationary
 qd transform on B's squared entries (n steps, relatively accurate; half the steps of a Sturm count on the
-Golub-Kahan matrix [[0, B^T], [B, 0]]). All lanes bisect at once, lane k for the k-th smallest singular value. Replaces torch.linalg.svdvals, which is ~1000x slower on batches of 128 x 128.
+Golub-Kahan matrix [[0, B^T], [B, 0]]). All lanes bisect at once, lane k for the k-th smallest singular value.
+Replaces torch.linalg.svdvals, which is ~1000x slower on batches of 128 x 128.
 """
 
 from __future__ import annotations
