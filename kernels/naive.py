@@ -40,9 +40,13 @@ def boundary_offsets(cu_seqlens: torch.Tensor, chunk_size: int = CHUNK_SIZE) -> 
     return off
 
 
+_CU_CHECKED: list[tuple[torch.Tensor, int, int]] = []  # (cu_seqlens, its version, T) that passed, newest first
+
+
 def check_cu_seqlens(cu_seqlens: torch.Tensor | None, B: int, T: int) -> int:
     """The number of sequences N: B, or that of a packed batch's `cu_seqlens` (B = 1, offsets rising 0..T);
-    one-line ValueError otherwise."""
+    one-line ValueError otherwise. The check reads the offsets back from the GPU (one sync), so the last few
+    tensors that passed are remembered (held, with their in-place version) and not read again."""
     if cu_seqlens is None:
         return B
     if B != 1:
@@ -50,8 +54,13 @@ def check_cu_seqlens(cu_seqlens: torch.Tensor | None, B: int, T: int) -> int:
     cu = torch.as_tensor(cu_seqlens)
     if cu.dim() != 1 or cu.numel() < 2 or cu.dtype.is_floating_point:
         raise ValueError(f"cu_seqlens must be 1-D integer (N+1 offsets), got {cu.dtype} {tuple(cu.shape)}")
-    if int(cu[0]) != 0 or int(cu[-1]) != T or bool((cu.diff() < 0).any()):
+    if any(t is cu and version == cu._version and tt == T for t, version, tt in _CU_CHECKED):
+        return cu.numel() - 1
+    first, last, falls = torch.stack([cu[0], cu[-1], (cu.diff() < 0).any().to(cu.dtype)]).tolist()
+    if first != 0 or last != T or falls:
         raise ValueError(f"cu_seqlens must rise from 0 to T={T}, got {cu.tolist()[:8]}...")
+    _CU_CHECKED.insert(0, (cu, cu._version, T))
+    del _CU_CHECKED[8:]
     return cu.numel() - 1
 
 

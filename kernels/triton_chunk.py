@@ -606,9 +606,19 @@ def _check(q, k, v, beta, g, initial_state, chunk_size, cu_seqlens) -> int:
     return N
 
 
+_VARLEN_CACHE: list[tuple[torch.Tensor, int, torch.device, tuple]] = []  # most recent first
+_VARLEN_CACHE_SIZE = 8
+
+
 def _varlen_tables(cu_seqlens: torch.Tensor, dev: torch.device) -> tuple[torch.Tensor, ...]:
     """(cu int32, sequence of each global chunk, first global chunk of each sequence [N+1], sequences
-    longest first, total chunks)."""
+    longest first, total chunks). Building them syncs with the GPU (the grids need the chunk count), so the
+    tables of the last few cu_seqlens tensors are kept, keyed by the tensor itself (held, so its identity
+    cannot pass to another) and its in-place version: every layer of a packed forward reuses them."""
+    for i, (t, version, d, tables) in enumerate(_VARLEN_CACHE):
+        if t is cu_seqlens and version == cu_seqlens._version and d == dev:
+            _VARLEN_CACHE.insert(0, _VARLEN_CACHE.pop(i))
+            return tables
     cu = cu_seqlens.to(device=dev, dtype=torch.int32)
     n_chunks = (cu.diff() + CHUNK_SIZE - 1) // CHUNK_SIZE
     coff = torch.nn.functional.pad(n_chunks.cumsum(0), (1, 0)).to(torch.int32)
@@ -616,7 +626,10 @@ def _varlen_tables(cu_seqlens: torch.Tensor, dev: torch.device) -> tuple[torch.T
     seq = torch.arange(n_chunks.numel(), device=dev, dtype=torch.int32)
     cidx = seq.repeat_interleave(n_chunks, output_size=nct)
     order = torch.argsort(n_chunks, descending=True, stable=True).to(torch.int32)
-    return cu, cidx, coff, order, nct
+    tables = (cu, cidx, coff, order, nct)
+    _VARLEN_CACHE.insert(0, (cu_seqlens, cu_seqlens._version, dev, tables))
+    del _VARLEN_CACHE[_VARLEN_CACHE_SIZE:]
+    return tables
 
 
 def triton_delta_product(

@@ -282,3 +282,23 @@ def test_default_call_matches_the_reference_on_unnormalised_keys():
     o, fin, _ = triton_delta_product(q, k, v, beta, g, initial_state=s0)
     ro, rfin, _ = naive_delta_product(*(x.double() for x in (q, k, v, beta, g)), initial_state=s0.double())
     assert max(_rel(o, ro), _rel(fin, rfin)) < TOL[torch.float32]
+
+
+def test_packed_tables_are_reused_until_the_offsets_change():
+    """The chunk tables of a packed batch (one GPU sync to build) come back for the same cu_seqlens tensor, and are
+    rebuilt after an in-place change; the validation likewise reads a tensor once, and again after a change."""
+    from kernels.naive import check_cu_seqlens
+    from kernels.triton_chunk import _varlen_tables
+
+    cu = torch.tensor([0, 70, 79, 200], dtype=torch.int32)
+    first = _varlen_tables(cu, torch.device("cpu"))
+    assert _varlen_tables(cu, torch.device("cpu")) is first
+    assert first[-1] == 2 + 1 + 2 and first[1].tolist() == [0, 0, 1, 2, 2]
+    assert check_cu_seqlens(cu, 1, 200) == 3 and check_cu_seqlens(cu, 1, 200) == 3
+    cu[2] = 150  # in place: a new version
+    again = _varlen_tables(cu, torch.device("cpu"))
+    assert again is not first and again[-1] == 2 + 2 + 1 and again[1].tolist() == [0, 0, 1, 1, 2]
+    assert _varlen_tables(cu.clone(), torch.device("cpu")) is not again  # another tensor, same values
+    cu[2] = 250  # past T: the check reads it again and refuses
+    with pytest.raises(ValueError, match="rise from 0 to T=200"):
+        check_cu_seqlens(cu, 1, 200)
