@@ -535,7 +535,10 @@ class LaunchConfig:
     out_warps: int = 4
     out_bv: int = 128
     out_bk: int = 64  # key block of the output kernel's loop (the whole of dk at once: 1.7x fla's time at dk 256)
-    out_stages: int | None = None  # pipeline stages of the output kernel's key-block loop; None: Triton's default
+    # pipeline stages of the output kernel's key-block loop. Pipelined, that loop miscompiles (Triton 3.9, H200,
+    # scripts/lean_check.py): at n_h = 1 with bf16 boundary states, 2 or 3 stages gave o off by 50-90% (fp32
+    # states too at 2 stages, dk/dv = 256/512); 1 stage, or one key block, is bit-identical across both dtypes
+    out_stages: int = 1
     tri_programs_per_sm: int = 8
     fuse_output: bool | None = None  # the state kernel writes o (no output kernel); None: default_config's
     # programs of the sequential kernel that share an SM's shared memory when its pipeline stages are sized; None:
@@ -738,7 +741,7 @@ def triton_delta_product(
         _output_kernel[(triton.cdiv(V, obv), NCT, HV)](
             q, k, D, gcum, rstd, bnd, o, *seq_args, scale,
             V=V, BK=min(_pow2(cfg.out_bk), BK), BV=obv, NORM=normalize_qk, num_warps=cfg.out_warps,
-            **({} if cfg.out_stages is None else dict(num_stages=cfg.out_stages)), **common,
+            num_stages=cfg.out_stages, **common,
         )  # fmt: skip
     bnd_out = bnd.view(1 if varlen else B, -1, HV, K, V) if output_boundary_states else None
     return o, ht, bnd_out

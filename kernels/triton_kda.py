@@ -543,6 +543,7 @@ class KdaConfig:
     out_warps: int = 4
     out_bv: int = 128
     out_bk: int = 64  # key block of the output kernel's loop
+    out_stages: int = 1  # its pipeline stages: pipelined, the delta-rule forward's like loop miscompiled (LaunchConfig)
     own_pairs_bound: float | None = None  # a sub-block's own pairs by the products when every channel decays less
     # than e^-bound over it (`_subblock_rows`); None: OWN_PAIRS_BOUND by dtype; 0: always channel by channel
 
@@ -682,6 +683,7 @@ def triton_kda(
         obv = min(cfg.out_bv, BVF)
         _output_kernel[(triton.cdiv(V, obv), NCT, HV)](
             Qd, D, Aqk, bnd, o, *seq_args, scale, BK=min(_pow2(cfg.out_bk), BK), BV=obv, num_warps=cfg.out_warps,
+            num_stages=cfg.out_stages,
             **common,
         )  # fmt: skip
     bnd_out = bnd.view(1 if varlen else B, -1, HV, K, V) if output_boundary_states else None

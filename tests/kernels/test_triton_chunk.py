@@ -194,11 +194,10 @@ def test_gpu_long_sequence_vs_chunked_float64(n_h, tiling):
 @gpu
 @needs_cuda
 @pytest.mark.parametrize("K, V, n_h", [(128, 128, 1), (256, 512, 1), (128, 128, 3)])
-def test_gpu_half_internal_states_leave_o_to_bf16_rounding(K, V, n_h):
+def test_gpu_half_internal_states_leave_o_bit_identical(K, V, n_h):
     """Without boundary states asked for, the kernel keeps them in bf16 (the output kernel rounds them to bf16 for
-    its product anyway): the final state is bit-identical to the call that returns fp32 states, and o equal up to
-    its last bf16 bit (the same bf16 products; since the output kernel loops over key blocks, the two variants
-    compile to different fp32 accumulation orders: bit-equal o failed at n_h = 1 on an H200)."""
+    its product anyway): the final state and o are bit-identical to the call that returns fp32 states. This test
+    caught the pipelined key-block loop's miscompile (o off by 50-90% at n_h = 1; LaunchConfig.out_stages)."""
     from kernels.triton_chunk import triton_delta_product
 
     q, k, v, beta, g, s0 = _inputs(2, 1000, 4, K, V, n_h, True, True, "cuda")
@@ -206,9 +205,7 @@ def test_gpu_half_internal_states_leave_o_to_bf16_rounding(K, V, n_h):
     o1, fin1, bnd1 = triton_delta_product(*args, initial_state=s0, normalize_qk=True)
     o2, fin2, bnd2 = triton_delta_product(*args, initial_state=s0, normalize_qk=True, output_boundary_states=False)
     assert bnd1.dtype == torch.float32 and bnd2 is None
-    assert torch.equal(fin1, fin2)
-    a, b = o1.float(), o2.float()
-    assert ((a - b).abs() <= 2**-7 * a.abs() + 1e-6 * a.abs().max()).all()
+    assert torch.equal(fin1, fin2) and torch.equal(o1, o2)
 
 
 @gpu
