@@ -65,18 +65,17 @@ def _trailing_half(h, DT: tl.constexpr):
 def _svdvals_kernel(
     h_ptr,
     work_ptr,
-    out_ptr,
     K,
     V,
     stride_b,
     stride_k,
     stride_v,
     D: tl.constexpr,
-    N_ITER: tl.constexpr,
 ):
-    """One matrix per program. Once the first DT/2 columns and rows of a [DT, DT] tile are reduced, only its
-    trailing [DT/2, DT/2] block changes (the reflectors that follow touch nothing else), so the steps continue on
-    that block: 64 steps on [128, 128], 32 on [64, 64], 32 on [32, 32] (0.56x the element work of 128 full steps)."""
+    """Golub-Kahan bidiagonalisation, one matrix per program. Once the first DT/2 columns and rows of a [DT, DT]
+    tile are reduced, only its trailing [DT/2, DT/2] block changes (the reflectors that follow touch nothing
+    else), so the steps continue on that block: 64 steps on [128, 128], 32 on [64, 64], 32 on [32, 32] (0.56x
+    the element work of 128 full steps)."""
     pid = tl.program_id(0).to(tl.int64)
     r = tl.arange(0, D)
     rows = r[:, None]
@@ -90,7 +89,7 @@ def _svdvals_kernel(
     scale = tl.where(scale > 0, scale, 1.0)
     h = h / scale
     fro = tl.sqrt(tl.sum(tl.sum(h * h, axis=1), axis=0))
-    work = work_ptr + pid * (2 * D)
+    work = work_ptr + pid * (2 * D + 2)  # d_j^2, e_j^2 for j < D, then ||H||_F and the scale (for `_bisect_kernel`)
     if D >= 128:
         h = _trailing_half(_bidiag_steps(h, work, D, D // 2), D)
         h = _trailing_half(_bidiag_steps(h, work + D, D // 2, D // 4), D // 2)
@@ -100,11 +99,22 @@ def _svdvals_kernel(
         _bidiag_steps(h, work + D, D // 2, D // 2)
     else:
         _bidiag_steps(h, work, D, D)
-    tl.debug_barrier()
-    # Bisection on sigma: #(sigma < x) is the number of negative pivots of B^T B - x^2 I = L+ D+ L+^T, taken
-    # from B's squared entries by the differential stationary qd transform (n steps, one division each, and
-    # relatively accurate for small sigma like the 2n-step count on the Golub-Kahan matrix [[0, B^T], [B, 0]]):
-    # p_i = d_i^2 + s_i, s_{i+1} = (e_i^2 / p_i) s_i - x^2, s_0 = -x^2. Lane k converges to the k-th smallest.
+    tl.store(work_ptr + pid * (2 * D + 2) + 2 * D, fro)
+    tl.store(work_ptr + pid * (2 * D + 2) + 2 * D + 1, scale)
+
+
+@triton.jit
+def _bisect_kernel(work_ptr, out_ptr, D: tl.constexpr, N_ITER: tl.constexpr):
+    """Bisection on sigma, one matrix per program (a separate kernel: few registers, so many programs share an SM
+    and hide the latency of the division chains). #(sigma < x) is the number of negative pivots of
+    B^T B - x^2 I = L+ D+ L+^T, taken from B's squared entries by the differential stationary qd transform (n steps,
+    one division each, relatively accurate for small sigma like the 2n-step count on the Golub-Kahan matrix
+    [[0, B^T], [B, 0]]): p_i = d_i^2 + s_i, s_{i+1} = (e_i^2 / p_i) s_i - x^2, s_0 = -x^2. Lane k converges to the
+    k-th smallest."""
+    pid = tl.program_id(0).to(tl.int64)
+    r = tl.arange(0, D)
+    work = work_ptr + pid * (2 * D + 2)
+    fro = tl.load(work + 2 * D)
     lo = tl.zeros([D], dtype=tl.float32)
     hi = tl.zeros([D], dtype=tl.float32) + fro * 1.0001 + 1e-30
     pivmin = 1e-30
@@ -121,11 +131,14 @@ def _svdvals_kernel(
         up = count <= r  # sigma_r >= mid
         lo = tl.where(up, mid, lo)
         hi = tl.where(up, hi, mid)
-    tl.store(out_ptr + pid * D + r, 0.5 * (lo + hi) * scale)
+    tl.store(out_ptr + pid * D + r, 0.5 * (lo + hi) * tl.load(work + 2 * D + 1))
 
 
-def svdvals(states: torch.Tensor, n_iter: int = N_BISECT, num_warps: int | None = None) -> torch.Tensor:
-    """Singular values [..., min(K, V)] (ascending) of states [..., K, V], computed in float32."""
+def svdvals(
+    states: torch.Tensor, n_iter: int = N_BISECT, num_warps: int | None = None, bisect_warps: int = 1
+) -> torch.Tensor:
+    """Singular values [..., min(K, V)] (ascending) of states [..., K, V], computed in float32 by two kernels:
+    the bidiagonalisation (num_warps) and the bisection (bisect_warps)."""
     K, V = states.shape[-2:]
     lead = states.shape[:-2]
     flat = states.reshape(-1, K, V)
@@ -134,18 +147,18 @@ def svdvals(states: torch.Tensor, n_iter: int = N_BISECT, num_warps: int | None 
     out = torch.empty(N, D, dtype=torch.float32, device=states.device)
     if N == 0:
         return out[:, D - min(K, V) :].reshape(*lead, min(K, V))
-    work = torch.empty(N, 2 * D, dtype=torch.float32, device=states.device)
+    work = torch.empty(N, 2 * D + 2, dtype=torch.float32, device=states.device)
     _svdvals_kernel[(N,)](
         flat,
         work,
-        out,
         K,
         V,
         flat.stride(0),
         flat.stride(1),
         flat.stride(2),
         D=D,
-        N_ITER=n_iter,
         num_warps=num_warps or 4,  # H200, 32768 matrices of 128 x 128: 4 warps 2.8e5/s, 8 1.5e5/s, 16 1.1e5/s
     )
+    if n_iter > 0:
+        _bisect_kernel[(N,)](work, out, D=D, N_ITER=n_iter, num_warps=bisect_warps)
     return out[:, D - min(K, V) :].reshape(*lead, min(K, V))
