@@ -22,5 +22,6 @@ def main() -> None:
         err = ((svdvals(h[:64], **kw).double().flip(-1) - ref).abs().amax(-1) / ref[:, 0]).amax().item()
         print(f"{warps:>5} {bisect_warps:>6} {n_iter:>6} {ms:8.2f} {n / ms * 1e3:11.3g} {err:20.2e}", flush=True)
 
+
 if __name__ == "__main__":
     main()
