@@ -163,35 +163,198 @@ def _subblock_rows(
     tl.store(A_blk + ri[:, None] * 64 + o_r[None, :], b_Akk * b_bI[:, None], mask=m_out)
     tl.store(Aqk_blk + ri[:, None] * 64 + o_r[None, :], b_Aqk.to(Aqk_blk.dtype.element_ty), mask=m_out)
     if n_own == 0:
-        b_Ad = tl.zeros([16, 16], dtype=tl.float32)
-        b_Qd = tl.zeros([16, 16], dtype=tl.float32)
-        # pairs within the sub-block, column by column from the last: P_i = e^{g_{j+1} + ... + g_i} (i > j)
-        # is P_i for column j + 1 times e^{g_{j+1}}, one [dk] exponential per column (16 x fewer than
-        # exponentials of sums, no scan); a product of factors <= 1 rounds like the sum, ~(i - j) ulps. Key
-        # channels in blocks of BKW (a loop, not unrolled), whose sums add up (BKW = BK: one block, 0 + sum)
-        for cw in range(BK // BKW):
-            o_w = cw * BKW + tl.arange(0, BKW)
-            m_rw = m_ri[:, None] & (o_w < K)[None, :]
-            b_kI = tl.load(k_base + (t0 + ri)[:, None] * (HK * K) + o_w[None, :], mask=m_rw, other=0.0).to(tl.float32)
-            b_qI = tl.load(q_base + (t0 + ri)[:, None] * (HK * K) + o_w[None, :], mask=m_rw, other=0.0).to(tl.float32)
-            b_P = tl.full([16, BKW], 1.0, dtype=tl.float32)
-            for s in range(16):
-                jj = 15 - s
-                j = r + jj
-                m_kj = o_w < tl.where(t0 + j < Tn, K, 0)  # (a scalar & a vector mask trips the interpreter)
-                b_kj = tl.load(k_base + (t0 + j) * (HK * K) + o_w, mask=m_kj, other=0.0).to(tl.float32)
-                m_ij = o_i >= jj
-                m_g1 = o_w < tl.where((jj < 15) & (t0 + j + 1 < Tn), K, 0)
-                b_e1 = tl.exp(tl.load(g_base + (t0 + j + 1) * (HV * K) + o_w, mask=m_g1, other=0.0).to(tl.float32))
-                b_P = tl.where(o_i[:, None] > jj, b_P * b_e1[None, :], 1.0)
-                b_ke = b_kj[None, :] * b_P
-                b_kk = tl.sum(b_kI * b_ke, 1)
-                b_qk = tl.sum(b_qI * b_ke, 1)
-                sel = o_i[None, :] == jj
-                b_Ad = tl.where(sel & (o_i > jj)[:, None], b_Ad + b_kk[:, None], b_Ad)
-                b_Qd = tl.where(sel & m_ij[:, None], b_Qd + b_qk[:, None], b_Qd)
+        b_Ad, b_Qd = _own_pairs_by_channel(r, q_base, k_base, g_base, t0, Tn, HK, HV, K, BK, BKW)
         tl.store(A_blk + ri[:, None] * 64 + ri[None, :], b_Ad * b_bI[:, None])
         tl.store(Aqk_blk + ri[:, None] * 64 + ri[None, :], b_Qd.to(Aqk_blk.dtype.element_ty))
+
+
+@triton.jit
+def _own_pairs_by_channel(r, q_base, k_base, g_base, t0, Tn, HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr,
+                          BK: tl.constexpr, BKW: tl.constexpr):  # fmt: skip
+    """The 16 x 16 pairs of the sub-block starting at chunk row r, channel by channel: (Akk strictly lower, without
+    beta; Aqk lower with the diagonal). Column by column from the last: P_i = e^{g_{j+1} + ... + g_i} (i > j) is
+    P_i for column j + 1 times e^{g_{j+1}}, one [dk] exponential per column (no scan); a product of factors <= 1
+    rounds like the sum, ~(i - j) ulps, whatever the decays. Key channels in blocks of BKW (a loop, not unrolled)."""
+    o_i = tl.arange(0, 16)
+    ri = r + o_i
+    m_ri = (t0 + ri) < Tn
+    b_Ad = tl.zeros([16, 16], dtype=tl.float32)
+    b_Qd = tl.zeros([16, 16], dtype=tl.float32)
+    for cw in range(BK // BKW):
+        o_w = cw * BKW + tl.arange(0, BKW)
+        m_rw = m_ri[:, None] & (o_w < K)[None, :]
+        b_kI = tl.load(k_base + (t0 + ri)[:, None] * (HK * K) + o_w[None, :], mask=m_rw, other=0.0).to(tl.float32)
+        b_qI = tl.load(q_base + (t0 + ri)[:, None] * (HK * K) + o_w[None, :], mask=m_rw, other=0.0).to(tl.float32)
+        b_P = tl.full([16, BKW], 1.0, dtype=tl.float32)
+        for s in range(16):
+            jj = 15 - s
+            j = r + jj
+            m_kj = o_w < tl.where(t0 + j < Tn, K, 0)  # (a scalar & a vector mask trips the interpreter)
+            b_kj = tl.load(k_base + (t0 + j) * (HK * K) + o_w, mask=m_kj, other=0.0).to(tl.float32)
+            m_g1 = o_w < tl.where((jj < 15) & (t0 + j + 1 < Tn), K, 0)
+            b_e1 = tl.exp(tl.load(g_base + (t0 + j + 1) * (HV * K) + o_w, mask=m_g1, other=0.0).to(tl.float32))
+            b_P = tl.where(o_i[:, None] > jj, b_P * b_e1[None, :], 1.0)
+            b_ke = b_kj[None, :] * b_P
+            b_kk = tl.sum(b_kI * b_ke, 1)
+            b_qk = tl.sum(b_qI * b_ke, 1)
+            sel = o_i[None, :] == jj
+            b_Ad = tl.where(sel & (o_i > jj)[:, None], b_Ad + b_kk[:, None], b_Ad)
+            b_Qd = tl.where(sel & (o_i >= jj)[:, None], b_Qd + b_qk[:, None], b_Qd)
+    return b_Ad, b_Qd
+
+
+@triton.jit
+def _sub_tiles(I: tl.constexpr, o_c, m_c, q_base, k_base, g_base, t0, Tn, HK: tl.constexpr, HV: tl.constexpr,
+               K: tl.constexpr, BOUND: tl.constexpr, F32: tl.constexpr):  # fmt: skip
+    """Key channels o_c of sub-block I (chunk rows r = 16 I .. r + 15), every exponent a sum of the gates it spans:
+    X = e^{G_i - G_r} k_i and Q = e^{G_i - G_r} q_i (rows), Z = e^{-(G_j - G_r)} k_j clamped at e^BOUND (its own
+    columns), Y = e^{G_{r+16} - G_j} k_j (columns for later sub-blocks), tot = G_{r+16} - G_r per channel, and low,
+    the smallest G_{r+15} - G_r over the channels (Z is exact when low >= -BOUND)."""
+    o_i = tl.arange(0, 16)
+    t = t0 + 16 * I + o_i
+    m = (t < Tn)[:, None] & m_c
+    p = t[:, None] * (HK * K) + o_c[None, :]
+    b_g = tl.load(g_base + t[:, None] * (HV * K) + o_c[None, :], mask=m, other=0.0).to(tl.float32)
+    b_rc = tl.cumsum(tl.where(o_i[:, None] > 0, b_g, 0.0), 0)  # G_i - G_r
+    b_k = tl.load(k_base + p, mask=m, other=0.0).to(tl.float32)
+    b_q = tl.load(q_base + p, mask=m, other=0.0).to(tl.float32)
+    b_r = tl.exp(b_rc)
+    low = tl.min(tl.sum(tl.where(o_i[:, None] > 0, b_g, 0.0), 0), 0)
+    b_z = _dot_in(b_k * tl.exp(tl.minimum(-b_rc, BOUND)), k_base, F32)
+    if I < 3:  # g_{j+1}: the gates shifted up a row (row 15 is the next sub-block's first token)
+        m_s = ((t + 1) < Tn)[:, None] & m_c
+        b_gs = tl.load(g_base + (t + 1)[:, None] * (HV * K) + o_c[None, :], mask=m_s, other=0.0).to(tl.float32)
+        b_y = b_k * tl.exp(tl.cumsum(b_gs, 0, reverse=True))
+        tot = tl.sum(b_gs, 0)
+    else:
+        b_y = b_k
+        tot = tl.sum(b_g, 0)
+    return _dot_in(b_k * b_r, k_base, F32), _dot_in(b_q * b_r, k_base, F32), b_z, b_y, tot, low
+
+
+@triton.jit
+def _store_pair(A_blk, Aqk_blk, I: tl.constexpr, J: tl.constexpr, b_akk, b_aqk, b_b):
+    """Block (I, J) of the chunk's A = diag(b) Akk (fp32) and Aqk."""
+    o_i = tl.arange(0, 16)
+    p = (16 * I + o_i)[:, None] * 64 + 16 * J + o_i[None, :]
+    tl.store(A_blk + p, b_akk * b_b[:, None])
+    tl.store(Aqk_blk + p, b_aqk.to(Aqk_blk.dtype.element_ty))
+
+
+@triton.jit
+def _store_own(A_blk, Aqk_blk, I: tl.constexpr, b_akk, b_aqk, low, b_b, q_base, k_base, g_base, t0, Tn,
+               HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BK: tl.constexpr, BKW: tl.constexpr,
+               BOUND: tl.constexpr):  # fmt: skip
+    """Sub-block I's own 16 x 16 block: the products (masked to the lower triangle) where they were exact, else
+    channel by channel (`_own_pairs_by_channel`)."""
+    o_i = tl.arange(0, 16)
+    if low >= -BOUND:
+        b_akk = tl.where(o_i[:, None] > o_i[None, :], b_akk, 0.0)
+        b_aqk = tl.where(o_i[:, None] >= o_i[None, :], b_aqk, 0.0)
+        _store_pair(A_blk, Aqk_blk, I, I, b_akk, b_aqk, b_b)
+    else:
+        b_ad, b_qd = _own_pairs_by_channel(16 * I, q_base, k_base, g_base, t0, Tn, HK, HV, K, BK, BKW)
+        _store_pair(A_blk, Aqk_blk, I, I, b_ad, b_qd, b_b)
+
+
+@triton.jit
+def _intra_chunk_kernel(
+    q,
+    k,
+    beta,
+    g,
+    A,
+    Aqk,
+    T,
+    cu,
+    cidx,
+    coff,
+    NCT,
+    HK: tl.constexpr,
+    HV: tl.constexpr,
+    K: tl.constexpr,
+    BK: tl.constexpr,
+    BKC: tl.constexpr,
+    BKW: tl.constexpr,
+    IS_VARLEN: tl.constexpr,
+    F32: tl.constexpr,
+    PREC: tl.constexpr,
+    BOUND: tl.constexpr,
+):
+    """Split prep, first kernel, one program per (global chunk, value head): the chunk's A (fp32, into the
+    temporary A) and Aqk as 4 x 4 blocks of 16 x 16 tokens. Block (I, J < I) factors through the sub-block
+    boundaries r_I and r_{J+1}: e^{G_i - G_j} = e^{G_i - G_{r_I}} e^{G_{r_I} - G_{r_{J+1}}} e^{G_{r_{J+1}} - G_j},
+    every factor <= 1 and summed from the gates it spans (`_sub_tiles`); the own blocks (I, I) factor through r_I
+    when the sub-block's decays allow (as `_subblock_rows`), else go channel by channel. Each key-channel block
+    loads a sub-block's q, k and g once (the per-sub-block kernel re-read the earlier rows for each later one)."""
+    gc, i_h = tl.program_id(0), tl.program_id(1)
+    bos, Tn, t0, k_base, q_base, g_base, blk = _chunk_bases(i_h, gc, q, k, g, T, cu, cidx, coff, NCT, HK, HV, K,
+                                                            IS_VARLEN)  # fmt: skip
+    A_blk = A + blk * (64 * 64)
+    Aqk_blk = Aqk + blk * (64 * 64)
+    z = tl.zeros([16, 16], dtype=tl.float32)
+    a00, a11, a22, a33, a10, a21, a32, a20, a31, a30 = z, z, z, z, z, z, z, z, z, z
+    q00, q11, q22, q33, q10, q21, q32, q20, q31, q30 = z, z, z, z, z, z, z, z, z, z
+    low0, low1, low2, low3 = 0.0, 0.0, 0.0, 0.0
+    for cb in range(BK // BKC):
+        o_c = cb * BKC + tl.arange(0, BKC)
+        m_c = (o_c < K)[None, :]
+        x0, p0, z0, y0, t0_, l0 = _sub_tiles(0, o_c, m_c, q_base, k_base, g_base, t0, Tn, HK, HV, K, BOUND, F32)
+        x1, p1, z1, y1, t1_, l1 = _sub_tiles(1, o_c, m_c, q_base, k_base, g_base, t0, Tn, HK, HV, K, BOUND, F32)
+        x2, p2, z2, y2, t2_, l2 = _sub_tiles(2, o_c, m_c, q_base, k_base, g_base, t0, Tn, HK, HV, K, BOUND, F32)
+        x3, p3, z3, y3, t3_, l3 = _sub_tiles(3, o_c, m_c, q_base, k_base, g_base, t0, Tn, HK, HV, K, BOUND, F32)
+        low0, low1 = tl.minimum(low0, l0), tl.minimum(low1, l1)
+        low2, low3 = tl.minimum(low2, l2), tl.minimum(low3, l3)
+        e1 = tl.exp(t1_)[None, :]  # G_{r_2} - G_{r_1}
+        e2 = tl.exp(t2_)[None, :]  # G_{r_3} - G_{r_2}
+        y0b = y0 * e1  # columns of sub-block 0 seen from r_2
+        y0c = _dot_in(y0b * e2, k_base, F32)  # ... from r_3
+        y1b = _dot_in(y1 * e2, k_base, F32)  # sub-block 1 from r_3
+        y0b = _dot_in(y0b, k_base, F32)
+        y0 = _dot_in(y0, k_base, F32)
+        y1 = _dot_in(y1, k_base, F32)
+        y2 = _dot_in(y2, k_base, F32)
+        a00 += tl.dot(x0, tl.trans(z0), input_precision=PREC)
+        a11 += tl.dot(x1, tl.trans(z1), input_precision=PREC)
+        a22 += tl.dot(x2, tl.trans(z2), input_precision=PREC)
+        a33 += tl.dot(x3, tl.trans(z3), input_precision=PREC)
+        a10 += tl.dot(x1, tl.trans(y0), input_precision=PREC)
+        a21 += tl.dot(x2, tl.trans(y1), input_precision=PREC)
+        a32 += tl.dot(x3, tl.trans(y2), input_precision=PREC)
+        a20 += tl.dot(x2, tl.trans(y0b), input_precision=PREC)
+        a31 += tl.dot(x3, tl.trans(y1b), input_precision=PREC)
+        a30 += tl.dot(x3, tl.trans(y0c), input_precision=PREC)
+        q00 += tl.dot(p0, tl.trans(z0), input_precision=PREC)
+        q11 += tl.dot(p1, tl.trans(z1), input_precision=PREC)
+        q22 += tl.dot(p2, tl.trans(z2), input_precision=PREC)
+        q33 += tl.dot(p3, tl.trans(z3), input_precision=PREC)
+        q10 += tl.dot(p1, tl.trans(y0), input_precision=PREC)
+        q21 += tl.dot(p2, tl.trans(y1), input_precision=PREC)
+        q32 += tl.dot(p3, tl.trans(y2), input_precision=PREC)
+        q20 += tl.dot(p2, tl.trans(y0b), input_precision=PREC)
+        q31 += tl.dot(p3, tl.trans(y1b), input_precision=PREC)
+        q30 += tl.dot(p3, tl.trans(y0c), input_precision=PREC)
+    o_i = tl.arange(0, 16)
+    b0 = tl.load(beta + (bos + t0 + o_i) * HV + i_h, mask=(t0 + o_i) < Tn, other=0.0).to(tl.float32)
+    b1 = tl.load(beta + (bos + t0 + 16 + o_i) * HV + i_h, mask=(t0 + 16 + o_i) < Tn, other=0.0).to(tl.float32)
+    b2 = tl.load(beta + (bos + t0 + 32 + o_i) * HV + i_h, mask=(t0 + 32 + o_i) < Tn, other=0.0).to(tl.float32)
+    b3 = tl.load(beta + (bos + t0 + 48 + o_i) * HV + i_h, mask=(t0 + 48 + o_i) < Tn, other=0.0).to(tl.float32)
+    _store_pair(A_blk, Aqk_blk, 1, 0, a10, q10, b1)
+    _store_pair(A_blk, Aqk_blk, 2, 1, a21, q21, b2)
+    _store_pair(A_blk, Aqk_blk, 3, 2, a32, q32, b3)
+    _store_pair(A_blk, Aqk_blk, 2, 0, a20, q20, b2)
+    _store_pair(A_blk, Aqk_blk, 3, 1, a31, q31, b3)
+    _store_pair(A_blk, Aqk_blk, 3, 0, a30, q30, b3)
+    _store_pair(A_blk, Aqk_blk, 0, 1, z, z, b0)  # zeros above the block diagonal (the output kernel reads them)
+    _store_pair(A_blk, Aqk_blk, 0, 2, z, z, b0)
+    _store_pair(A_blk, Aqk_blk, 0, 3, z, z, b0)
+    _store_pair(A_blk, Aqk_blk, 1, 2, z, z, b1)
+    _store_pair(A_blk, Aqk_blk, 1, 3, z, z, b1)
+    _store_pair(A_blk, Aqk_blk, 2, 3, z, z, b2)
+    _store_own(A_blk, Aqk_blk, 0, a00, q00, low0, b0, q_base, k_base, g_base, t0, Tn, HK, HV, K, BK, BKW, BOUND)
+    _store_own(A_blk, Aqk_blk, 1, a11, q11, low1, b1, q_base, k_base, g_base, t0, Tn, HK, HV, K, BK, BKW, BOUND)
+    _store_own(A_blk, Aqk_blk, 2, a22, q22, low2, b2, q_base, k_base, g_base, t0, Tn, HK, HV, K, BK, BKW, BOUND)
+    _store_own(A_blk, Aqk_blk, 3, a33, q33, low3, b3, q_base, k_base, g_base, t0, Tn, HK, HV, K, BK, BKW, BOUND)
 
 
 @triton.jit
@@ -537,6 +700,9 @@ class KdaConfig:
     intra_bk: int = 32  # split prep: key-channel block of the within-sub-block pairs (the persistent kernel: dk)
     intra_maxnreg: int | None = 128  # split prep: register cap of `_intra_kernel` (ptxas sm_90: 127, no spills)
     intra_bkc: int = 16  # split prep: key-channel block of the cross-sub-block products
+    intra_per_chunk: bool = True  # split prep: `_intra_chunk_kernel` (a chunk a program) for `_intra_kernel`
+    intra_chunk_bk: int = 16  # its key-channel block (ptxas sm_90, 4 warps: 80 bytes of spills; 32: 448)
+    intra_chunk_warps: int = 4
     wy_warps: int = 4  # split prep: warps of `_wy_kernel` (one chunk a program; prep_bk and prep_bv as the prep's)
     state_warps: int = 4
     state_stages: int = 2
@@ -645,12 +811,19 @@ def triton_kda(
     BKC, BVP = min(_pow2(cfg.prep_bk), BK), min(cfg.prep_bv, BVF)
     if NCT > 0 and cfg.split_prep:
         A = torch.empty(HV, rows, CHUNK_SIZE, dtype=f32, device=dev)  # diag(b) Akk, then T in place
-        _intra_kernel[(4 * NCT, HV)](
-            q, k, beta, g, A, Aqk, *seq_args, HK=HK, K=K, HV=HV, BK=BK, BKC=min(_pow2(cfg.intra_bkc), BK),
-            BKW=min(_pow2(cfg.intra_bk), BK), IS_VARLEN=varlen, F32=F32, PREC=PREC, BOUND=bound,
-            num_warps=cfg.intra_warps,
-            **({} if cfg.intra_maxnreg is None or interp else dict(maxnreg=cfg.intra_maxnreg)),
-        )  # fmt: skip
+        if cfg.intra_per_chunk:
+            _intra_chunk_kernel[(NCT, HV)](
+                q, k, beta, g, A, Aqk, *seq_args, HK=HK, K=K, HV=HV, BK=BK, BKC=min(_pow2(cfg.intra_chunk_bk), BK),
+                BKW=min(_pow2(cfg.intra_bk), BK), IS_VARLEN=varlen, F32=F32, PREC=PREC, BOUND=bound,
+                num_warps=cfg.intra_chunk_warps,
+            )  # fmt: skip
+        else:
+            _intra_kernel[(4 * NCT, HV)](
+                q, k, beta, g, A, Aqk, *seq_args, HK=HK, K=K, HV=HV, BK=BK, BKC=min(_pow2(cfg.intra_bkc), BK),
+                BKW=min(_pow2(cfg.intra_bk), BK), IS_VARLEN=varlen, F32=F32, PREC=PREC, BOUND=bound,
+                num_warps=cfg.intra_warps,
+                **({} if cfg.intra_maxnreg is None or interp else dict(maxnreg=cfg.intra_maxnreg)),
+            )  # fmt: skip
         _wy_kernel[(NCT, HV)](
             q, k, v, beta, g, A, W, U, Kd, Qd, glast, *seq_args, HK=HK, BK=BK, BKC=BKC, BV=BVP,
             num_warps=cfg.wy_warps, **common,

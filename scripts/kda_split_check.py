@@ -16,11 +16,13 @@ from kernels.triton_kda import KdaConfig, triton_kda
 
 SWEEP = {
     "default": {},
-    "cross bkc 32": dict(intra_bkc=32),
-    "intra 8 warps, cap 80": dict(intra_warps=8, intra_maxnreg=80),
-    "intra uncapped": dict(intra_maxnreg=None),
-    "wy 8 warps": dict(wy_warps=8),
+    "intra per sub-block": dict(intra_per_chunk=False),
+    "per chunk, 8 warps": dict(intra_chunk_warps=8),
+    "per chunk, bk 32": dict(intra_chunk_bk=32),
+    "per chunk, 2 warps": dict(intra_chunk_warps=2),
     "wy key block 32": dict(prep_bk=32),
+    "wy 8 warps, bk 32": dict(prep_bk=32, wy_warps=8),
+    "out 3 stages": dict(out_stages=3),
 }
 
 

@@ -140,14 +140,14 @@ def test_split_prep_is_the_persistent_arithmetic():
     lengths = [70, 9, 130]
     q, k, v, beta, g, s0 = _inputs(1, sum(lengths), 1, 2, 32, 48, strength=20.0, n_seq=3, seed=6)
     cu = _cu(lengths)
-    base = KdaConfig(prep_bv=16)
+    base = KdaConfig(prep_bv=16, split_prep=False)
     want = triton_kda(q, k, v, beta, g, initial_state=s0, cu_seqlens=cu, config=base)
     same = triton_kda(q, k, v, beta, g, initial_state=s0, cu_seqlens=cu,
-                      config=KdaConfig(prep_bv=16, split_prep=True, intra_bk=32))  # fmt: skip
+                      config=KdaConfig(prep_bv=16, split_prep=True, intra_bk=32, intra_per_chunk=False))  # fmt: skip
     for a, b in zip(same, want):
         assert torch.equal(a, b)
     near = triton_kda(q, k, v, beta, g, initial_state=s0, cu_seqlens=cu,
-                      config=KdaConfig(prep_bv=16, split_prep=True, intra_bk=16))  # fmt: skip
+                      config=KdaConfig(prep_bv=16, split_prep=True, intra_bk=16, intra_per_chunk=False))  # fmt: skip
     for a, b in zip(near, want):
         assert _rel(a, b) < 1e-6
 
@@ -172,6 +172,27 @@ def test_own_pairs_by_products_or_channel_by_channel(split):
         assert _rel(a, r) < TOL[torch.float32] and _rel(b, r) < TOL[torch.float32]
         assert _rel(a, b) < 1e-6
     assert not torch.equal(both[0], slow[0])
+
+
+@cpu_only
+@pytest.mark.parametrize("strength", [0.5, 3.0], ids=["mild decays", "decays past the fp32 own-pairs bound"])
+def test_intra_per_chunk_matches_per_sub_block(strength):
+    """The per-chunk intra kernel (4 x 4 blocks, cross factors through the sub-block boundaries) against the
+    per-sub-block one and float64: packed (a sequence shorter than a sub-block, one ending mid-sub-block), grouped
+    heads, dk = 40 in key blocks of 16 (a masked last block), dv = 24."""
+    from kernels.triton_kda import KdaConfig, triton_kda
+
+    lengths = [70, 9, 0, 150]
+    q, k, v, beta, g, s0 = _inputs(1, sum(lengths), 2, 4, 40, 24, strength=strength, n_seq=4, seed=8)
+    cu = _cu(lengths)
+    ref = _reference(q, k, v, beta, g, s0, cu)
+    per_chunk = triton_kda(q, k, v, beta, g, initial_state=s0, cu_seqlens=cu,
+                           config=KdaConfig(intra_per_chunk=True, intra_chunk_bk=16, intra_bk=16))  # fmt: skip
+    per_sub = triton_kda(q, k, v, beta, g, initial_state=s0, cu_seqlens=cu,
+                         config=KdaConfig(intra_per_chunk=False, intra_bk=16))  # fmt: skip
+    for a, b, r in zip(per_chunk, per_sub, ref):
+        assert _rel(a, r) < TOL[torch.float32] and _rel(a, b) < 1e-6
+    assert not torch.equal(per_chunk[0], per_sub[0])  # the two kernels did run different arithmetic
 
 
 @cpu_only
