@@ -68,6 +68,7 @@ SWEEP_REAL = [
     {}, dict(resident_per_sm=None, state_stages=2), dict(resident_per_sm=1, state_stages=2),
     dict(resident_per_sm=1, state_stages=3), dict(resident_per_sm=2, state_stages=2), dict(state_warps=8),
     dict(state_bv=32), dict(state_bv=64), dict(out_bv=64), dict(out_bk=128), dict(out_bk=256),
+    dict(out_bk=128, out_stages=3), dict(out_bk=256, out_stages=3), dict(out_bk=128, out_stages=2),
 ]  # fmt: skip
 SWEEP_REAL_VARLEN = [
     {}, dict(resident_per_sm=None, state_stages=2), dict(resident_per_sm=1, state_stages=2),
@@ -185,13 +186,19 @@ def bench_real(bw: float, peak: float, log, rows: list, dump, only: str = "", sw
                 r["sweep"] = {}
                 lean = partial(ours, output_boundary_states=False)
                 base = default_config(len(lengths) if varlen else B, Hv, V, n_h, K)  # each choice: a change of it
+                want = ours()[0].float()  # each choice's o against the default's (a miscompile shows here)
+                r["sweep_err"] = {}
                 for kw in SWEEP_REAL if not varlen else SWEEP_REAL_VARLEN:
+                    fn = partial(lean, config=dataclasses.replace(base, **kw))
                     try:
-                        r["sweep"][repr(kw)] = timeit(partial(lean, config=dataclasses.replace(base, **kw)))
+                        r["sweep"][repr(kw)] = timeit(fn)
+                        got = fn()[0].float()
+                        r["sweep_err"][repr(kw)] = float((got - want).abs().max() / want.abs().max())
                     except Exception as exc:  # noqa: BLE001 - a config that does not fit is a result
                         r["sweep"][repr(kw)] = float("inf")
                         log(f"      config {kw} failed: {type(exc).__name__}: {str(exc)[:100]}")
-                log("      sweep (o+fin): " + ", ".join(f"{k} {v:.3f}" for k, v in r["sweep"].items()))
+                log("      sweep (o+fin ms, o's max rel difference from the default's): " + ", ".join(
+                    f"{k} {v:.3f} ({r['sweep_err'].get(k, float('nan')):.0e})" for k, v in r["sweep"].items()))
             rows.append(r)
             dump()
             log(
