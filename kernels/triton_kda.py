@@ -702,8 +702,9 @@ class KdaConfig:
     intra_bkc: int = 16  # split prep: key-channel block of the cross-sub-block products
     intra_per_chunk: bool = True  # split prep: `_intra_chunk_kernel` (a chunk a program) for `_intra_kernel`
     intra_chunk_bk: int = 16  # its key-channel block (ptxas sm_90, 4 warps: 80 bytes of spills; 32: 448)
-    intra_chunk_warps: int = 4
-    wy_warps: int = 4  # split prep: warps of `_wy_kernel` (one chunk a program; prep_bk and prep_bv as the prep's)
+    intra_chunk_warps: int = 2  # H200, B=8 T=8192 H=32 (scripts/kda_split_check.py): 2 warps 10.68 ms, 4 12.29, 8 15.17
+    wy_warps: int = 4  # split prep: warps of `_wy_kernel` (one chunk a program; prep_bv as the prep's)
+    wy_bk: int = 32  # split prep: its key-column block (H200, B=8 T=8192 H=32: 32 11.77 ms, 16 12.29)
     state_warps: int = 4
     state_stages: int = 2
     out_warps: int = 4
@@ -825,7 +826,7 @@ def triton_kda(
                 **({} if cfg.intra_maxnreg is None or interp else dict(maxnreg=cfg.intra_maxnreg)),
             )  # fmt: skip
         _wy_kernel[(NCT, HV)](
-            q, k, v, beta, g, A, W, U, Kd, Qd, glast, *seq_args, HK=HK, BK=BK, BKC=BKC, BV=BVP,
+            q, k, v, beta, g, A, W, U, Kd, Qd, glast, *seq_args, HK=HK, BK=BK, BKC=min(_pow2(cfg.wy_bk), BK), BV=BVP,
             num_warps=cfg.wy_warps, **common,
         )  # fmt: skip
         del A

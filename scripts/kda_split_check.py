@@ -17,12 +17,11 @@ from kernels.triton_kda import KdaConfig, triton_kda
 SWEEP = {
     "default": {},
     "intra per sub-block": dict(intra_per_chunk=False),
-    "per chunk, 8 warps": dict(intra_chunk_warps=8),
-    "per chunk, bk 32": dict(intra_chunk_bk=32),
-    "per chunk, 2 warps": dict(intra_chunk_warps=2),
-    "wy key block 32": dict(prep_bk=32),
-    "wy 8 warps, bk 32": dict(prep_bk=32, wy_warps=8),
-    "out 3 stages": dict(out_stages=3),
+    "per chunk, 1 warp": dict(intra_chunk_warps=1),
+    "per chunk, 2 warps, bk 32": dict(intra_chunk_bk=32),
+    "wy key block 16": dict(wy_bk=16),
+    "wy key block 64": dict(wy_bk=64),
+    "wy 2 warps": dict(wy_warps=2),
 }
 
 
