@@ -87,13 +87,16 @@ def report(
     state_bv = min(cfg.state_bv or (64 if dk <= 128 else 32), BVF)
     torch_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype]
     bound = tk.OWN_PAIRS_BOUND[torch_dtype] if cfg.own_pairs_bound is None else cfg.own_pairs_bound
-    wy_consts = dict(common, HK=8, BK=BK, BKC=min(cfg.wy_bk, BK), BV=min(cfg.prep_bv, BVF))
-    prep_consts = dict(wy_consts, BKC=min(cfg.prep_bk, BK), BOUND=bound)
+    inverted = cfg.intra_per_chunk and cfg.intra_inverts
+    if inverted and not F32:  # T from the intra kernel, in the inputs' type
+        ptrs = {**ptrs, "A": "*" + t}
+    wy_consts = dict(common, HK=8, BK=BK, BKC=min(cfg.wy_bk, BK), BV=min(cfg.wy_bv, BVF), INVERTED=inverted)
+    prep_consts = dict(common, HK=8, BK=BK, BKC=min(cfg.prep_bk, BK), BV=min(cfg.prep_bv, BVF), BOUND=bound)
     split = {}
     if cfg.split_prep:
         intra_consts = {n: prep_consts[n] for n in ("HK", "HV", "K", "BK", "IS_VARLEN", "F32", "PREC", "BOUND")}
         intra_consts.update(BKC=min(cfg.intra_bkc, BK), BKW=min(cfg.intra_bk, BK))
-        chunk_consts = dict(intra_consts, BKC=min(cfg.intra_chunk_bk, BK))
+        chunk_consts = dict(intra_consts, BKC=min(cfg.intra_chunk_bk, BK), INVERT=cfg.intra_inverts)
         split = {
             "intra": resources(tk._intra_chunk_kernel, ptrs, chunk_consts, cfg.intra_chunk_warps, arch=arch)
             if cfg.intra_per_chunk

@@ -572,12 +572,16 @@ def default_config(B: int, H: int, V: int, n_h: int = 1, K: int = 128) -> Launch
     bv = 32
     if K <= 128 and B * H * triton.cdiv(V, 64) >= (0.9 if n_h <= 2 else 2.0) * n_sm:
         bv = 64
-    if K > 128:  # H200, GDN default (dk, dv = 256, 512), o + final, stages sized for one program a SM: three at
-        # 1x32768 (1.885 -> 1.816 ms) and 8x4096 (1.793 -> 1.582), two for a packed batch's 3,072 short programs
-        # (2.492 -> 2.244; three measured 2.604 in another run)
-        stages = 3 if B * H * triton.cdiv(V, bv) <= 8 * n_sm else 2
-        return LaunchConfig(state_bv=min(bv, _pow2(V)), fuse_output=False, resident_per_sm=1, state_stages=stages)
-    return LaunchConfig(state_bv=min(bv, _pow2(V)), fuse_output=False)
+    # Pipeline stages of the sequential kernel sized for one program a SM: three while the programs number at most
+    # 8 a SM, else two. H200, o + final: GDN default (dk, dv = 256, 512) 1x32768 1.885 -> 1.816 ms, 8x4096 1.793 ->
+    # 1.582, packed (3,072 short programs, two stages) 2.492 -> 2.244; Qwen3-Next (16/32 heads of 128) 1x32768 2.511
+    # -> 2.238, 8x4096 2.189 -> 2.050, packed 2.264 -> 2.135 (benchmarks.kernels --sweep, sixth session)
+    stages = 3 if B * H * triton.cdiv(V, bv) <= 8 * n_sm else 2
+    # dk <= 128: the output kernel takes dk in one key block (no loop: Qwen3-Next 2.511 -> 2.452 ms at 1x32768)
+    out_bk = _pow2(K) if K <= 128 else LaunchConfig.out_bk
+    return LaunchConfig(
+        state_bv=min(bv, _pow2(V)), fuse_output=False, resident_per_sm=1, state_stages=stages, out_bk=out_bk
+    )
 
 
 def unsupported_reason(q: torch.Tensor, v: torch.Tensor, chunk_size: int = CHUNK_SIZE) -> str | None:

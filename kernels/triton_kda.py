@@ -233,28 +233,54 @@ def _sub_tiles(I: tl.constexpr, o_c, m_c, q_base, k_base, g_base, t0, Tn, HK: tl
 
 
 @triton.jit
-def _store_pair(A_blk, Aqk_blk, I: tl.constexpr, J: tl.constexpr, b_akk, b_aqk, b_b):
-    """Block (I, J) of the chunk's A = diag(b) Akk (fp32) and Aqk."""
+def _store_block(ptr, I: tl.constexpr, J: tl.constexpr, b_x):
+    """Block (I, J) of 16 x 16 of a chunk's [64, 64] matrix at ptr (row stride 64)."""
     o_i = tl.arange(0, 16)
-    p = (16 * I + o_i)[:, None] * 64 + 16 * J + o_i[None, :]
-    tl.store(A_blk + p, b_akk * b_b[:, None])
-    tl.store(Aqk_blk + p, b_aqk.to(Aqk_blk.dtype.element_ty))
+    tl.store(ptr + (16 * I + o_i)[:, None] * 64 + 16 * J + o_i[None, :], b_x.to(ptr.dtype.element_ty))
 
 
 @triton.jit
-def _store_own(A_blk, Aqk_blk, I: tl.constexpr, b_akk, b_aqk, low, b_b, q_base, k_base, g_base, t0, Tn,
-               HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BK: tl.constexpr, BKW: tl.constexpr,
+def _store_upper_zeros(ptr):
+    """Zeros in the six 16 x 16 blocks above the block diagonal (the output kernel reads whole Aqk rows)."""
+    z = tl.zeros([16, 16], dtype=tl.float32)
+    _store_block(ptr, 0, 1, z)
+    _store_block(ptr, 0, 2, z)
+    _store_block(ptr, 0, 3, z)
+    _store_block(ptr, 1, 2, z)
+    _store_block(ptr, 1, 3, z)
+    _store_block(ptr, 2, 3, z)
+
+
+@triton.jit
+def _own_block(b_akk, b_aqk, I: tl.constexpr, low, q_base, k_base, g_base, t0, Tn, HK: tl.constexpr,
+               HV: tl.constexpr, K: tl.constexpr, BK: tl.constexpr, BKW: tl.constexpr,
                BOUND: tl.constexpr):  # fmt: skip
-    """Sub-block I's own 16 x 16 block: the products (masked to the lower triangle) where they were exact, else
-    channel by channel (`_own_pairs_by_channel`)."""
+    """Sub-block I's own 16 x 16 blocks (Akk strictly lower, without beta; Aqk lower): the products, masked to
+    the triangle, where they were exact, else channel by channel (`_own_pairs_by_channel`)."""
     o_i = tl.arange(0, 16)
     if low >= -BOUND:
         b_akk = tl.where(o_i[:, None] > o_i[None, :], b_akk, 0.0)
         b_aqk = tl.where(o_i[:, None] >= o_i[None, :], b_aqk, 0.0)
-        _store_pair(A_blk, Aqk_blk, I, I, b_akk, b_aqk, b_b)
     else:
-        b_ad, b_qd = _own_pairs_by_channel(16 * I, q_base, k_base, g_base, t0, Tn, HK, HV, K, BK, BKW)
-        _store_pair(A_blk, Aqk_blk, I, I, b_ad, b_qd, b_b)
+        b_akk, b_aqk = _own_pairs_by_channel(16 * I, q_base, k_base, g_base, t0, Tn, HK, HV, K, BK, BKW)
+    return b_akk, b_aqk
+
+
+@triton.jit
+def _unit_lower_inverse16(b_a):
+    """(I + A)^-1 of a strictly lower [16, 16] fp32 tile, by forward substitution in registers: row i of the
+    inverse is e_i - sum_{j < i} A_ij (row j of the inverse)."""
+    o_i = tl.arange(0, 16)
+    b_t = tl.where(o_i[:, None] == o_i[None, :], 1.0, 0.0)
+    for i in range(1, 16):
+        b_ai = tl.sum(tl.where(o_i[:, None] == i, b_a, 0.0), 0)  # row i of A, over j
+        b_t -= tl.where(o_i[:, None] == i, tl.sum(b_ai[:, None] * b_t, 0)[None, :], 0.0)
+    return b_t
+
+
+@triton.jit
+def _mm(a, b, PREC: tl.constexpr):
+    return tl.dot(a, b, input_precision=PREC)
 
 
 @triton.jit
@@ -280,10 +306,13 @@ def _intra_chunk_kernel(
     F32: tl.constexpr,
     PREC: tl.constexpr,
     BOUND: tl.constexpr,
+    INVERT: tl.constexpr,
 ):
-    """Split prep, first kernel, one program per (global chunk, value head): the chunk's A (fp32, into the
-    temporary A) and Aqk as 4 x 4 blocks of 16 x 16 tokens. Block (I, J < I) factors through the sub-block
-    boundaries r_I and r_{J+1}: e^{G_i - G_j} = e^{G_i - G_{r_I}} e^{G_{r_I} - G_{r_{J+1}}} e^{G_{r_{J+1}} - G_j},
+    """Split prep, first kernel, one program per (global chunk, value head): the chunk's Aqk and A = diag(b) Akk
+    as 4 x 4 blocks of 16 x 16 tokens, and with INVERT T = (I + A)^-1 from those blocks in registers (diagonal ones
+    by forward substitution, the rest by block rows), stored fp32 in the temporary A instead of A. Block
+    (I, J < I) factors through the sub-block boundaries r_I and r_{J+1}:
+    e^{G_i - G_j} = e^{G_i - G_{r_I}} e^{G_{r_I} - G_{r_{J+1}}} e^{G_{r_{J+1}} - G_j},
     every factor <= 1 and summed from the gates it spans (`_sub_tiles`); the own blocks (I, I) factor through r_I
     when the sub-block's decays allow (as `_subblock_rows`), else go channel by channel. Each key-channel block
     loads a sub-block's q, k and g once (the per-sub-block kernel re-read the earlier rows for each later one)."""
@@ -339,22 +368,48 @@ def _intra_chunk_kernel(
     b1 = tl.load(beta + (bos + t0 + 16 + o_i) * HV + i_h, mask=(t0 + 16 + o_i) < Tn, other=0.0).to(tl.float32)
     b2 = tl.load(beta + (bos + t0 + 32 + o_i) * HV + i_h, mask=(t0 + 32 + o_i) < Tn, other=0.0).to(tl.float32)
     b3 = tl.load(beta + (bos + t0 + 48 + o_i) * HV + i_h, mask=(t0 + 48 + o_i) < Tn, other=0.0).to(tl.float32)
-    _store_pair(A_blk, Aqk_blk, 1, 0, a10, q10, b1)
-    _store_pair(A_blk, Aqk_blk, 2, 1, a21, q21, b2)
-    _store_pair(A_blk, Aqk_blk, 3, 2, a32, q32, b3)
-    _store_pair(A_blk, Aqk_blk, 2, 0, a20, q20, b2)
-    _store_pair(A_blk, Aqk_blk, 3, 1, a31, q31, b3)
-    _store_pair(A_blk, Aqk_blk, 3, 0, a30, q30, b3)
-    _store_pair(A_blk, Aqk_blk, 0, 1, z, z, b0)  # zeros above the block diagonal (the output kernel reads them)
-    _store_pair(A_blk, Aqk_blk, 0, 2, z, z, b0)
-    _store_pair(A_blk, Aqk_blk, 0, 3, z, z, b0)
-    _store_pair(A_blk, Aqk_blk, 1, 2, z, z, b1)
-    _store_pair(A_blk, Aqk_blk, 1, 3, z, z, b1)
-    _store_pair(A_blk, Aqk_blk, 2, 3, z, z, b2)
-    _store_own(A_blk, Aqk_blk, 0, a00, q00, low0, b0, q_base, k_base, g_base, t0, Tn, HK, HV, K, BK, BKW, BOUND)
-    _store_own(A_blk, Aqk_blk, 1, a11, q11, low1, b1, q_base, k_base, g_base, t0, Tn, HK, HV, K, BK, BKW, BOUND)
-    _store_own(A_blk, Aqk_blk, 2, a22, q22, low2, b2, q_base, k_base, g_base, t0, Tn, HK, HV, K, BK, BKW, BOUND)
-    _store_own(A_blk, Aqk_blk, 3, a33, q33, low3, b3, q_base, k_base, g_base, t0, Tn, HK, HV, K, BK, BKW, BOUND)
+    a00, q00 = _own_block(a00, q00, 0, low0, q_base, k_base, g_base, t0, Tn, HK, HV, K, BK, BKW, BOUND)
+    a11, q11 = _own_block(a11, q11, 1, low1, q_base, k_base, g_base, t0, Tn, HK, HV, K, BK, BKW, BOUND)
+    a22, q22 = _own_block(a22, q22, 2, low2, q_base, k_base, g_base, t0, Tn, HK, HV, K, BK, BKW, BOUND)
+    a33, q33 = _own_block(a33, q33, 3, low3, q_base, k_base, g_base, t0, Tn, HK, HV, K, BK, BKW, BOUND)
+    _store_block(Aqk_blk, 0, 0, q00)
+    _store_block(Aqk_blk, 1, 1, q11)
+    _store_block(Aqk_blk, 2, 2, q22)
+    _store_block(Aqk_blk, 3, 3, q33)
+    _store_block(Aqk_blk, 1, 0, q10)
+    _store_block(Aqk_blk, 2, 1, q21)
+    _store_block(Aqk_blk, 3, 2, q32)
+    _store_block(Aqk_blk, 2, 0, q20)
+    _store_block(Aqk_blk, 3, 1, q31)
+    _store_block(Aqk_blk, 3, 0, q30)
+    _store_upper_zeros(Aqk_blk)
+    # diag(b) Akk, block row by block row
+    a00, a11, a22, a33 = a00 * b0[:, None], a11 * b1[:, None], a22 * b2[:, None], a33 * b3[:, None]
+    a10, a20, a30 = a10 * b1[:, None], a20 * b2[:, None], a30 * b3[:, None]
+    a21, a31, a32 = a21 * b2[:, None], a31 * b3[:, None], a32 * b3[:, None]
+    if INVERT:  # T = (I + A)^-1 by blocks: T_II by forward substitution, T_IJ = -T_II sum_{J <= M < I} A_IM T_MJ
+        t00 = _unit_lower_inverse16(a00)
+        t11 = _unit_lower_inverse16(a11)
+        t22 = _unit_lower_inverse16(a22)
+        t33 = _unit_lower_inverse16(a33)
+        t10 = -_mm(t11, _mm(a10, t00, PREC), PREC)
+        t21 = -_mm(t22, _mm(a21, t11, PREC), PREC)
+        t32 = -_mm(t33, _mm(a32, t22, PREC), PREC)
+        t20 = -_mm(t22, _mm(a20, t00, PREC) + _mm(a21, t10, PREC), PREC)
+        t31 = -_mm(t33, _mm(a31, t11, PREC) + _mm(a32, t21, PREC), PREC)
+        t30 = -_mm(t33, _mm(a30, t00, PREC) + _mm(a31, t10, PREC) + _mm(a32, t20, PREC), PREC)
+        a00, a11, a22, a33, a10, a21, a32, a20, a31, a30 = t00, t11, t22, t33, t10, t21, t32, t20, t31, t30
+    _store_block(A_blk, 0, 0, a00)
+    _store_block(A_blk, 1, 1, a11)
+    _store_block(A_blk, 2, 2, a22)
+    _store_block(A_blk, 3, 3, a33)
+    _store_block(A_blk, 1, 0, a10)
+    _store_block(A_blk, 2, 1, a21)
+    _store_block(A_blk, 3, 2, a32)
+    _store_block(A_blk, 2, 0, a20)
+    _store_block(A_blk, 3, 1, a31)
+    _store_block(A_blk, 3, 0, a30)
+    _store_upper_zeros(A_blk)
 
 
 @triton.jit
@@ -533,13 +588,19 @@ def _wy_kernel(
     IS_VARLEN: tl.constexpr,
     F32: tl.constexpr,
     PREC: tl.constexpr,
+    INVERTED: tl.constexpr,
 ):
     """Split prep, second kernel: one program per (global chunk, value head): T = (I + A)^-1 in place in the
-    chunk's block of A (written by `_intra_kernel`), then W, U, Kd, Qd and Gamma_last."""
+    chunk's block of A (written by `_intra_kernel`; INVERTED: T itself, from `_intra_chunk_kernel`), then W, U,
+    Kd, Qd and Gamma_last."""
     gc, i_h = tl.program_id(0), tl.program_id(1)
     bos, Tn, t0, k_base, q_base, g_base, blk = _chunk_bases(i_h, gc, q, k, g, T, cu, cidx, coff, NCT, HK, HV, K,
                                                             IS_VARLEN)  # fmt: skip
-    b_Ti = _dot_in(_invert_in_place(A + blk * (64 * 64), PREC), k, F32)
+    if INVERTED:
+        o_r = tl.arange(0, 64)
+        b_Ti = _dot_in(tl.load(A + blk * (64 * 64) + o_r[:, None] * 64 + o_r[None, :]), k, F32)
+    else:
+        b_Ti = _dot_in(_invert_in_place(A + blk * (64 * 64), PREC), k, F32)
     _wy_rows(b_Ti, q_base, k_base, g_base, v, beta, W, U, Kd, Qd, glast, bos, Tn, t0, i_h, blk,
              HK, HV, K, V, BK, BKC, BV, F32, PREC)  # fmt: skip
 
@@ -701,10 +762,13 @@ class KdaConfig:
     intra_maxnreg: int | None = 128  # split prep: register cap of `_intra_kernel` (ptxas sm_90: 127, no spills)
     intra_bkc: int = 16  # split prep: key-channel block of the cross-sub-block products
     intra_per_chunk: bool = True  # split prep: `_intra_chunk_kernel` (a chunk a program) for `_intra_kernel`
+    intra_inverts: bool = True  # the per-chunk kernel also inverts (I + A) in registers (the WY kernel then does not)
     intra_chunk_bk: int = 16  # its key-channel block (ptxas sm_90, 4 warps: 80 bytes of spills; 32: 448)
     intra_chunk_warps: int = 2  # H200, B=8 T=8192 H=32 (scripts/kda_split_check.py): 2 warps 10.68 ms, 4 12.29, 8 15.17
     wy_warps: int = 4  # split prep: warps of `_wy_kernel` (one chunk a program; prep_bv as the prep's)
-    wy_bk: int = 32  # split prep: its key-column block (H200, B=8 T=8192 H=32: 32 11.77 ms, 16 12.29)
+    wy_bk: int = 16  # split prep: its key-column block (H200, B=8 T=8192 H=32, inverse in it: 32 11.77 ms, 16 12.29)
+    wy_bv: int = 32  # its value tile of U (ptxas sm_90, T given, 4 warps: 16/32 167 registers and no spills, 32/64 728
+    # bytes of spills)
     state_warps: int = 4
     state_stages: int = 2
     out_warps: int = 4
@@ -810,13 +874,15 @@ def triton_kda(
     ht = torch.empty(N, HV, K, V, dtype=f32, device=dev) if output_final_state else None
     o = torch.empty(B, T, HV, V, dtype=dtype, device=dev)
     BKC, BVP = min(_pow2(cfg.prep_bk), BK), min(cfg.prep_bv, BVF)
+    BVW = min(_pow2(cfg.wy_bv), BVF)
     if NCT > 0 and cfg.split_prep:
-        A = torch.empty(HV, rows, CHUNK_SIZE, dtype=f32, device=dev)  # diag(b) Akk, then T in place
+        inverted = cfg.intra_per_chunk and cfg.intra_inverts  # T from the intra kernel, in the dot operand type
+        A = torch.empty(HV, rows, CHUNK_SIZE, dtype=dtype if inverted and not F32 else f32, device=dev)
         if cfg.intra_per_chunk:
             _intra_chunk_kernel[(NCT, HV)](
                 q, k, beta, g, A, Aqk, *seq_args, HK=HK, K=K, HV=HV, BK=BK, BKC=min(_pow2(cfg.intra_chunk_bk), BK),
                 BKW=min(_pow2(cfg.intra_bk), BK), IS_VARLEN=varlen, F32=F32, PREC=PREC, BOUND=bound,
-                num_warps=cfg.intra_chunk_warps,
+                INVERT=cfg.intra_inverts, num_warps=cfg.intra_chunk_warps,
             )  # fmt: skip
         else:
             _intra_kernel[(4 * NCT, HV)](
@@ -826,7 +892,8 @@ def triton_kda(
                 **({} if cfg.intra_maxnreg is None or interp else dict(maxnreg=cfg.intra_maxnreg)),
             )  # fmt: skip
         _wy_kernel[(NCT, HV)](
-            q, k, v, beta, g, A, W, U, Kd, Qd, glast, *seq_args, HK=HK, BK=BK, BKC=min(_pow2(cfg.wy_bk), BK), BV=BVP,
+            q, k, v, beta, g, A, W, U, Kd, Qd, glast, *seq_args, HK=HK, BK=BK, BKC=min(_pow2(cfg.wy_bk), BK), BV=BVW,
+            INVERTED=inverted,
             num_warps=cfg.wy_warps, **common,
         )  # fmt: skip
         del A

@@ -16,12 +16,14 @@ from kernels.triton_kda import KdaConfig, triton_kda
 
 SWEEP = {
     "default": {},
-    "intra per sub-block": dict(intra_per_chunk=False),
-    "per chunk, 1 warp": dict(intra_chunk_warps=1),
-    "per chunk, 2 warps, bk 32": dict(intra_chunk_bk=32),
-    "wy key block 16": dict(wy_bk=16),
-    "wy key block 64": dict(wy_bk=64),
+    "intra 1 warp": dict(intra_chunk_warps=1),
+    "intra 4 warps": dict(intra_chunk_warps=4),
+    "inverse in wy (before)": dict(intra_inverts=False, wy_bk=32, wy_bv=64),
+    "inverse in wy, 1+2 warps": dict(intra_inverts=False, intra_chunk_warps=1, wy_warps=2, wy_bk=32, wy_bv=64),
     "wy 2 warps": dict(wy_warps=2),
+    "wy bk 32, bv 64": dict(wy_bk=32, wy_bv=64),
+    "wy bk 16, bv 64": dict(wy_bk=16, wy_bv=64),
+    "intra 1 warp, wy 2 warps": dict(intra_chunk_warps=1, wy_warps=2),
 }
 
 

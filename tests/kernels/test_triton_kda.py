@@ -11,6 +11,7 @@ difference from the gates it spans (a difference of two cumulative sums near -60
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import warnings
 
@@ -141,13 +142,14 @@ def test_split_prep_is_the_persistent_arithmetic():
     q, k, v, beta, g, s0 = _inputs(1, sum(lengths), 1, 2, 32, 48, strength=20.0, n_seq=3, seed=6)
     cu = _cu(lengths)
     base = KdaConfig(prep_bv=16, split_prep=False)
+    split_sub = KdaConfig(prep_bv=16, wy_bv=16, split_prep=True, intra_per_chunk=False)
     want = triton_kda(q, k, v, beta, g, initial_state=s0, cu_seqlens=cu, config=base)
-    same = triton_kda(q, k, v, beta, g, initial_state=s0, cu_seqlens=cu,
-                      config=KdaConfig(prep_bv=16, split_prep=True, intra_bk=32, intra_per_chunk=False))  # fmt: skip
+    same = triton_kda(q, k, v, beta, g, initial_state=s0, cu_seqlens=cu, config=dataclasses.replace(
+        split_sub, intra_bk=32))  # fmt: skip
     for a, b in zip(same, want):
         assert torch.equal(a, b)
-    near = triton_kda(q, k, v, beta, g, initial_state=s0, cu_seqlens=cu,
-                      config=KdaConfig(prep_bv=16, split_prep=True, intra_bk=16, intra_per_chunk=False))  # fmt: skip
+    near = triton_kda(q, k, v, beta, g, initial_state=s0, cu_seqlens=cu, config=dataclasses.replace(
+        split_sub, intra_bk=16))  # fmt: skip
     for a, b in zip(near, want):
         assert _rel(a, b) < 1e-6
 
