@@ -764,7 +764,7 @@ class KdaConfig:
     intra_per_chunk: bool = True  # split prep: `_intra_chunk_kernel` (a chunk a program) for `_intra_kernel`
     intra_inverts: bool = True  # the per-chunk kernel also inverts (I + A) in registers (the WY kernel then does not)
     intra_chunk_bk: int = 16  # its key-channel block (ptxas sm_90, 4 warps: 80 bytes of spills; 32: 448)
-    intra_chunk_warps: int = 2  # H200, B=8 T=8192 H=32 (scripts/kda_split_check.py): 2 warps 10.68 ms, 4 12.29, 8 15.17
+    intra_chunk_warps: int = 1  # H200, B=8 T=8192 H=32, inverting (kda_split_check): 1 warp 8.46 ms, 2 10.49, 4 13.68
     wy_warps: int = 4  # split prep: warps of `_wy_kernel` (one chunk a program; prep_bv as the prep's)
     wy_bk: int = 16  # split prep: its key-column block (H200, B=8 T=8192 H=32, inverse in it: 32 11.77 ms, 16 12.29)
     wy_bv: int = 32  # its value tile of U (ptxas sm_90, T given, 4 warps: 16/32 167 registers and no spills, 32/64 728
