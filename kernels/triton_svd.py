@@ -65,8 +65,8 @@ def _bidiag_steps_paired(h, work, DT: tl.constexpr, N_STEPS: tl.constexpr):
     H's row j (both over rows; row j after the left reflector is then H_j - tau u_j (u^T H)), H z with H's column
     j + 1 (both over columns; the next step's column is then H_{:,j+1} - tau2 z_{j+1} H z), and each reflector's
     x_j with ||x||^2. ||u||^2 = 2 ||x|| (||x|| + |x_j|) needs no reduction (no cancellation). Four reduction
-    rounds a step instead of ten, but two [DT, DT] temporaries live at once (ptxas sm_90, 4 warps: 1048 bytes of
-    spills against 600)."""
+    rounds a step instead of ten, though two [DT, DT] temporaries live at once (ptxas sm_90, 4 warps: 1048 bytes
+    of spills against 600): the bidiagonalisation of 32768 matrices of 128 x 128 took 40.2 ms against 48.0 (H200)."""
     r = tl.arange(0, DT)
     rows = r[:, None]
     cols = r[None, :]
@@ -187,11 +187,11 @@ def svdvals(
     n_iter: int = N_BISECT,
     num_warps: int | None = None,
     bisect_warps: int = 1,
-    paired: bool = False,
+    paired: bool = True,
 ) -> torch.Tensor:
     """Singular values [..., min(K, V)] (ascending) of states [..., K, V], computed in float32 by two kernels:
-    the bidiagonalisation (num_warps; paired: its reductions paired, `_bidiag_steps_paired`, not yet timed on a
-    GPU) and the bisection (bisect_warps)."""
+    the bidiagonalisation (num_warps; paired: its reductions paired, `_bidiag_steps_paired`: H200, 32768 matrices
+    of 128 x 128, 6.22e5 a second against 5.42e5) and the bisection (bisect_warps)."""
     K, V = states.shape[-2:]
     lead = states.shape[:-2]
     flat = states.reshape(-1, K, V)
