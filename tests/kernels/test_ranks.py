@@ -122,8 +122,9 @@ def test_triton_svdvals_interpreted(shape, paired):
     s = svdvals(h, paired=paired)
     assert s.shape == (3, min(shape))
     assert ((s.double() - ref).abs().amax(-1) <= 1e-6 * ref.amax(-1).clamp(min=1)).all()
-    m, r = state_metrics(h[:2], method="triton"), state_metrics(h[:2].double(), method="svd64")
-    assert max(max_rel_error(m, r).values()) < TOL
+    if max(shape) <= 16:  # the metrics through the default kernel (the interpreter is slow at larger tiles)
+        m, r = state_metrics(h[:2], method="triton"), state_metrics(h[:2].double(), method="svd64")
+        assert max(max_rel_error(m, r).values()) < TOL
 
 
 def test_dict_helper_and_attributes():
