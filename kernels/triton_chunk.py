@@ -576,6 +576,11 @@ def default_config(B: int, H: int, V: int, n_h: int = 1, K: int = 128) -> Launch
     # 8 a SM, else two. H200, o + final: GDN default (dk, dv = 256, 512) 1x32768 1.885 -> 1.816 ms, 8x4096 1.793 ->
     # 1.582, packed (3,072 short programs, two stages) 2.492 -> 2.244; Qwen3-Next (16/32 heads of 128) 1x32768 2.511
     # -> 2.238, 8x4096 2.189 -> 2.050, packed 2.264 -> 2.135 (benchmarks.kernels --sweep, sixth session)
+    # dk <= 128 with n_h > 1 keeps stages sized for all programs and the 64-wide output key loop: at B=1 T=2048 H=8
+    # n_h=3 this rule measured 0.890 / 0.572 ms (gate off / on) against 0.439 / 0.211 (scripts/grid_ab.py, H200;
+    # B=8 T=8192 3.408 vs 3.350), while at n_h = 1 it measured 0.193 / 0.463 against 0.387 / 0.440
+    if K <= 128 and n_h > 1:
+        return LaunchConfig(state_bv=min(bv, _pow2(V)), fuse_output=False)
     stages = 3 if B * H * triton.cdiv(V, bv) <= 8 * n_sm else 2
     # dk <= 128: the output kernel takes dk in one key block (no loop: Qwen3-Next 2.511 -> 2.452 ms at 1x32768)
     out_bk = _pow2(K) if K <= 128 else LaunchConfig.out_bk
