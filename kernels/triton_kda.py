@@ -44,10 +44,12 @@ from kernels.triton_chunk import (
     _chunk_seq,
     _dot_in,
     _interpreting,
+    _invert_blocks,
     _invert_in_place,
     _launch,
     _num_sms,
     _pow2,
+    _store_block,
     _varlen_tables,
     default_config,
 )
@@ -233,13 +235,6 @@ def _sub_tiles(I: tl.constexpr, o_c, m_c, q_base, k_base, g_base, t0, Tn, HK: tl
 
 
 @triton.jit
-def _store_block(ptr, I: tl.constexpr, J: tl.constexpr, b_x):
-    """Block (I, J) of 16 x 16 of a chunk's [64, 64] matrix at ptr (row stride 64)."""
-    o_i = tl.arange(0, 16)
-    tl.store(ptr + (16 * I + o_i)[:, None] * 64 + 16 * J + o_i[None, :], b_x.to(ptr.dtype.element_ty))
-
-
-@triton.jit
 def _store_upper_zeros(ptr):
     """Zeros in the six 16 x 16 blocks above the block diagonal (the output kernel reads whole Aqk rows)."""
     z = tl.zeros([16, 16], dtype=tl.float32)
@@ -264,23 +259,6 @@ def _own_block(b_akk, b_aqk, I: tl.constexpr, low, q_base, k_base, g_base, t0, T
     else:
         b_akk, b_aqk = _own_pairs_by_channel(16 * I, q_base, k_base, g_base, t0, Tn, HK, HV, K, BK, BKW)
     return b_akk, b_aqk
-
-
-@triton.jit
-def _unit_lower_inverse16(b_a):
-    """(I + A)^-1 of a strictly lower [16, 16] fp32 tile, by forward substitution in registers: row i of the
-    inverse is e_i - sum_{j < i} A_ij (row j of the inverse)."""
-    o_i = tl.arange(0, 16)
-    b_t = tl.where(o_i[:, None] == o_i[None, :], 1.0, 0.0)
-    for i in range(1, 16):
-        b_ai = tl.sum(tl.where(o_i[:, None] == i, b_a, 0.0), 0)  # row i of A, over j
-        b_t -= tl.where(o_i[:, None] == i, tl.sum(b_ai[:, None] * b_t, 0)[None, :], 0.0)
-    return b_t
-
-
-@triton.jit
-def _mm(a, b, PREC: tl.constexpr):
-    return tl.dot(a, b, input_precision=PREC)
 
 
 @triton.jit
@@ -387,18 +365,9 @@ def _intra_chunk_kernel(
     a00, a11, a22, a33 = a00 * b0[:, None], a11 * b1[:, None], a22 * b2[:, None], a33 * b3[:, None]
     a10, a20, a30 = a10 * b1[:, None], a20 * b2[:, None], a30 * b3[:, None]
     a21, a31, a32 = a21 * b2[:, None], a31 * b3[:, None], a32 * b3[:, None]
-    if INVERT:  # T = (I + A)^-1 by blocks: T_II by forward substitution, T_IJ = -T_II sum_{J <= M < I} A_IM T_MJ
-        t00 = _unit_lower_inverse16(a00)
-        t11 = _unit_lower_inverse16(a11)
-        t22 = _unit_lower_inverse16(a22)
-        t33 = _unit_lower_inverse16(a33)
-        t10 = -_mm(t11, _mm(a10, t00, PREC), PREC)
-        t21 = -_mm(t22, _mm(a21, t11, PREC), PREC)
-        t32 = -_mm(t33, _mm(a32, t22, PREC), PREC)
-        t20 = -_mm(t22, _mm(a20, t00, PREC) + _mm(a21, t10, PREC), PREC)
-        t31 = -_mm(t33, _mm(a31, t11, PREC) + _mm(a32, t21, PREC), PREC)
-        t30 = -_mm(t33, _mm(a30, t00, PREC) + _mm(a31, t10, PREC) + _mm(a32, t20, PREC), PREC)
-        a00, a11, a22, a33, a10, a21, a32, a20, a31, a30 = t00, t11, t22, t33, t10, t21, t32, t20, t31, t30
+    if INVERT:  # T = (I + A)^-1 from the blocks (`_invert_blocks`)
+        a00, a11, a22, a33, a10, a21, a32, a20, a31, a30 = _invert_blocks(a00, a11, a22, a33, a10, a21, a32, a20, a31,
+                                                                            a30, PREC)  # fmt: skip
     _store_block(A_blk, 0, 0, a00)
     _store_block(A_blk, 1, 1, a11)
     _store_block(A_blk, 2, 2, a22)
