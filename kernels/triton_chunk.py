@@ -280,7 +280,8 @@ def _tri_blocks_kernel(
 ):
     """One program per (64-sub-step block, value head): key norms and T = (I + A)^-1 of the block, as
     `_tri_kernel` computes them, but k k^T accumulated as ten 16 x 16 blocks over key-column blocks of BKC and
-    inverted in registers (`_invert_blocks`): no scratch round trips and no barriers."""
+    inverted in registers (`_invert_blocks`): no scratch round trips and no barriers, yet 1.1-1.4x slower than
+    `_tri_kernel` over whole forwards on an H200 (`LaunchConfig.tri_blocks`), so not the default."""
     gb, i_h = tl.program_id(0), tl.program_id(1)
     gc, a = gb // NH, gb % NH
     i_n, c, bos, Tn = _chunk_seq(gc, T, cu, cidx, coff, IS_VARLEN)
@@ -724,7 +725,10 @@ class LaunchConfig:
     # states too at 2 stages, dk/dv = 256/512); 1 stage, or one key block, is bit-identical across both dtypes
     out_stages: int = 1
     tri_programs_per_sm: int = 8
-    tri_blocks: bool = True  # `_tri_blocks_kernel` (16 x 16 blocks inverted in registers) for `_tri_kernel`
+    # `_tri_blocks_kernel` (16 x 16 blocks inverted in registers) for `_tri_kernel`: slower on an H200 (o+fin, ms,
+    # scripts/tri_ab.py): Qwen3-Next 8x4096 2.778 vs 1.995, 1x32768 2.962 vs 2.171, GDN default 8x4096 1.925 vs
+    # 1.745, grid B=8 T=8192 n_h=3 4.515 vs 3.248, n_h=1 1.411 vs 1.011; an option, not the default
+    tri_blocks: bool = False
     tri_bk: int = 32  # its key-column block
     tri_blocks_warps: int = 4  # its warps (ptxas sm_90, dk 128: 4 warps 247 registers and no spills, 2 spill 88 bytes)
     fuse_output: bool | None = None  # the state kernel writes o (no output kernel); None: default_config's
