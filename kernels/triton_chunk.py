@@ -144,6 +144,21 @@ def _store_block(ptr, I: tl.constexpr, J: tl.constexpr, b_x):
 
 
 @triton.jit
+def _store_lower_blocks(ptr, b00, b11, b22, b33, b10, b21, b32, b20, b31, b30):
+    """The ten 16 x 16 blocks on and below the block diagonal of a [64, 64] matrix at ptr (row stride 64)."""
+    _store_block(ptr, 0, 0, b00)
+    _store_block(ptr, 1, 1, b11)
+    _store_block(ptr, 2, 2, b22)
+    _store_block(ptr, 3, 3, b33)
+    _store_block(ptr, 1, 0, b10)
+    _store_block(ptr, 2, 1, b21)
+    _store_block(ptr, 3, 2, b32)
+    _store_block(ptr, 2, 0, b20)
+    _store_block(ptr, 3, 1, b31)
+    _store_block(ptr, 3, 0, b30)
+
+
+@triton.jit
 def _tri_kernel(
     k,
     beta,
@@ -212,149 +227,6 @@ def _tri_kernel(
         tl.debug_barrier()
         b_Ti = _invert_in_place(S, PREC)  # T = (I + A)^-1
         tl.store(Ti + rows[:, None] * 64 + o_r[None, :], b_Ti.to(Ti.dtype.element_ty))
-
-
-@triton.jit
-def _sub_keys(I: tl.constexpr, kb, k, bos, s0, Tn, i_hk, HK: tl.constexpr, NH: tl.constexpr, K: tl.constexpr,
-              BKC: tl.constexpr):  # fmt: skip
-    """Key columns kb * BKC .. of sub-steps 16 I .. 16 I + 15 of the 64-sub-step block starting at sub-step s0."""
-    o_i = tl.arange(0, 16)
-    o_k = kb * BKC + tl.arange(0, BKC)
-    s = s0 + 16 * I + o_i
-    p_k = k + (bos * NH + s)[:, None] * (HK * K) + i_hk * K + o_k[None, :]
-    return tl.load(p_k, mask=(s < Tn * NH)[:, None] & (o_k < K)[None, :], other=0.0)
-
-
-@triton.jit
-def _sub_gates(I: tl.constexpr, beta, g, bos, s0, Tn, i_h, HV: tl.constexpr, NH: tl.constexpr, USE_G: tl.constexpr):
-    """Beta and log decays (a token's gate at its first sub-step, else 0) of sub-steps 16 I .. 16 I + 15."""
-    o_i = tl.arange(0, 16)
-    s = s0 + 16 * I + o_i
-    m_s = s < Tn * NH
-    b_b = tl.load(beta + (bos * NH + s) * HV + i_h, mask=m_s, other=0.0).to(tl.float32)
-    if USE_G:
-        b_g = tl.load(g + (bos + s // NH) * HV + i_h, mask=m_s & (s % NH == 0), other=0.0).to(tl.float32)
-    else:
-        b_g = tl.zeros([16], dtype=tl.float32)
-    return b_b, b_g
-
-
-@triton.jit
-def _scale_block(b_a, b_i, rs_i, rs_j, G_i, G_j, OWN: tl.constexpr, USE_G: tl.constexpr):
-    """k_i.k_j -> A_ij = beta_i e^{G_i - G_j} k_i.k_j / (|k_i| |k_j|) for a block of 16 x 16 sub-steps (strictly
-    lower if OWN, a group with itself)."""
-    o_i = tl.arange(0, 16)
-    b_a = b_a * (b_i * rs_i)[:, None] * rs_j[None, :]
-    if USE_G:
-        if OWN:
-            b_a *= tl.exp(tl.where(o_i[:, None] > o_i[None, :], G_i[:, None] - G_j[None, :], 0.0))
-        else:
-            b_a *= tl.exp(G_i[:, None] - G_j[None, :])
-    if OWN:
-        b_a = tl.where(o_i[:, None] > o_i[None, :], b_a, 0.0)
-    return b_a
-
-
-@triton.jit
-def _tri_blocks_kernel(
-    k,
-    beta,
-    g,
-    Ti,
-    rstd,
-    T,
-    cu,
-    cidx,
-    coff,
-    NCT,
-    HK: tl.constexpr,
-    HV: tl.constexpr,
-    NH: tl.constexpr,
-    K: tl.constexpr,
-    BKC: tl.constexpr,
-    USE_G: tl.constexpr,
-    NORM: tl.constexpr,
-    IS_VARLEN: tl.constexpr,
-    F32: tl.constexpr,
-    PREC: tl.constexpr,
-):
-    """One program per (64-sub-step block, value head): key norms and T = (I + A)^-1 of the block, as
-    `_tri_kernel` computes them, but k k^T accumulated as ten 16 x 16 blocks over key-column blocks of BKC and
-    inverted in registers (`_invert_blocks`): no scratch round trips and no barriers, yet 1.1-1.4x slower than
-    `_tri_kernel` over whole forwards on an H200 (`LaunchConfig.tri_blocks`), so not the default."""
-    gb, i_h = tl.program_id(0), tl.program_id(1)
-    gc, a = gb // NH, gb % NH
-    i_n, c, bos, Tn = _chunk_seq(gc, T, cu, cidx, coff, IS_VARLEN)
-    i_hk = i_h // (HV // HK)
-    L: tl.constexpr = 64 * NH
-    s0 = c * L + a * 64
-    z = tl.zeros([16, 16], dtype=tl.float32)
-    a00, a11, a22, a33, a10, a21, a32, a20, a31, a30 = z, z, z, z, z, z, z, z, z, z
-    zv = tl.zeros([16], dtype=tl.float32)
-    q0, q1, q2, q3 = zv, zv, zv, zv  # squared key norms
-    for kb in range(tl.cdiv(K, BKC)):
-        k0 = _sub_keys(0, kb, k, bos, s0, Tn, i_hk, HK, NH, K, BKC)
-        k1 = _sub_keys(1, kb, k, bos, s0, Tn, i_hk, HK, NH, K, BKC)
-        k2 = _sub_keys(2, kb, k, bos, s0, Tn, i_hk, HK, NH, K, BKC)
-        k3 = _sub_keys(3, kb, k, bos, s0, Tn, i_hk, HK, NH, K, BKC)
-        if NORM:
-            q0 += tl.sum(k0.to(tl.float32) * k0.to(tl.float32), 1)
-            q1 += tl.sum(k1.to(tl.float32) * k1.to(tl.float32), 1)
-            q2 += tl.sum(k2.to(tl.float32) * k2.to(tl.float32), 1)
-            q3 += tl.sum(k3.to(tl.float32) * k3.to(tl.float32), 1)
-        k0, k1, k2, k3 = _dot_in(k0, k, F32), _dot_in(k1, k, F32), _dot_in(k2, k, F32), _dot_in(k3, k, F32)
-        a00 += tl.dot(k0, tl.trans(k0), input_precision=PREC)
-        a11 += tl.dot(k1, tl.trans(k1), input_precision=PREC)
-        a22 += tl.dot(k2, tl.trans(k2), input_precision=PREC)
-        a33 += tl.dot(k3, tl.trans(k3), input_precision=PREC)
-        a10 += tl.dot(k1, tl.trans(k0), input_precision=PREC)
-        a21 += tl.dot(k2, tl.trans(k1), input_precision=PREC)
-        a32 += tl.dot(k3, tl.trans(k2), input_precision=PREC)
-        a20 += tl.dot(k2, tl.trans(k0), input_precision=PREC)
-        a31 += tl.dot(k3, tl.trans(k1), input_precision=PREC)
-        a30 += tl.dot(k3, tl.trans(k0), input_precision=PREC)
-    if NORM:
-        r0, r1 = 1.0 / tl.sqrt(q0 + 1e-6), 1.0 / tl.sqrt(q1 + 1e-6)
-        r2, r3 = 1.0 / tl.sqrt(q2 + 1e-6), 1.0 / tl.sqrt(q3 + 1e-6)
-    else:
-        r0, r1, r2, r3 = zv + 1.0, zv + 1.0, zv + 1.0, zv + 1.0
-    b0, g0 = _sub_gates(0, beta, g, bos, s0, Tn, i_h, HV, NH, USE_G)
-    b1, g1 = _sub_gates(1, beta, g, bos, s0, Tn, i_h, HV, NH, USE_G)
-    b2, g2 = _sub_gates(2, beta, g, bos, s0, Tn, i_h, HV, NH, USE_G)
-    b3, g3 = _sub_gates(3, beta, g, bos, s0, Tn, i_h, HV, NH, USE_G)
-    G0 = tl.cumsum(g0, 0)  # log decay from the block's start, as `_tri_kernel`'s cumulative sum
-    G1 = tl.cumsum(g1, 0) + tl.sum(g0, 0)
-    G2 = tl.cumsum(g2, 0) + (tl.sum(g0, 0) + tl.sum(g1, 0))
-    G3 = tl.cumsum(g3, 0) + (tl.sum(g0, 0) + tl.sum(g1, 0) + tl.sum(g2, 0))
-    rows = (i_h.to(tl.int64) * NCT + gc) * L + a * 64
-    o_i = tl.arange(0, 16)
-    tl.store(rstd + rows + o_i, r0)
-    tl.store(rstd + rows + 16 + o_i, r1)
-    tl.store(rstd + rows + 32 + o_i, r2)
-    tl.store(rstd + rows + 48 + o_i, r3)
-    a00 = _scale_block(a00, b0, r0, r0, G0, G0, True, USE_G)
-    a11 = _scale_block(a11, b1, r1, r1, G1, G1, True, USE_G)
-    a22 = _scale_block(a22, b2, r2, r2, G2, G2, True, USE_G)
-    a33 = _scale_block(a33, b3, r3, r3, G3, G3, True, USE_G)
-    a10 = _scale_block(a10, b1, r1, r0, G1, G0, False, USE_G)
-    a21 = _scale_block(a21, b2, r2, r1, G2, G1, False, USE_G)
-    a32 = _scale_block(a32, b3, r3, r2, G3, G2, False, USE_G)
-    a20 = _scale_block(a20, b2, r2, r0, G2, G0, False, USE_G)
-    a31 = _scale_block(a31, b3, r3, r1, G3, G1, False, USE_G)
-    a30 = _scale_block(a30, b3, r3, r0, G3, G0, False, USE_G)
-    t00, t11, t22, t33, t10, t21, t32, t20, t31, t30 = _invert_blocks(a00, a11, a22, a33, a10, a21, a32, a20, a31,
-                                                                      a30, PREC)  # fmt: skip
-    T_blk = Ti + rows * 64  # the consumer reads the lower triangle only
-    _store_block(T_blk, 0, 0, t00)
-    _store_block(T_blk, 1, 1, t11)
-    _store_block(T_blk, 2, 2, t22)
-    _store_block(T_blk, 3, 3, t33)
-    _store_block(T_blk, 1, 0, t10)
-    _store_block(T_blk, 2, 1, t21)
-    _store_block(T_blk, 3, 2, t32)
-    _store_block(T_blk, 2, 0, t20)
-    _store_block(T_blk, 3, 1, t31)
-    _store_block(T_blk, 3, 0, t30)
 
 
 @triton.jit
@@ -725,12 +597,6 @@ class LaunchConfig:
     # states too at 2 stages, dk/dv = 256/512); 1 stage, or one key block, is bit-identical across both dtypes
     out_stages: int = 1
     tri_programs_per_sm: int = 8
-    # `_tri_blocks_kernel` (16 x 16 blocks inverted in registers) for `_tri_kernel`: slower on an H200 (o+fin, ms,
-    # scripts/tri_ab.py): Qwen3-Next 8x4096 2.778 vs 1.995, 1x32768 2.962 vs 2.171, GDN default 8x4096 1.925 vs
-    # 1.745, grid B=8 T=8192 n_h=3 4.515 vs 3.248, n_h=1 1.411 vs 1.011; an option, not the default
-    tri_blocks: bool = False
-    tri_bk: int = 32  # its key-column block
-    tri_blocks_warps: int = 4  # its warps (ptxas sm_90, dk 128: 4 warps 247 registers and no spills, 2 spill 88 bytes)
     fuse_output: bool | None = None  # the state kernel writes o (no output kernel); None: default_config's
     # programs of the sequential kernel that share an SM's shared memory when its pipeline stages are sized; None:
     # all of them, ceil(programs / SMs), which gives packed batches of many short documents one stage (experiment)
@@ -909,20 +775,13 @@ def triton_delta_product(
     ht = torch.empty(N, HV, K, V, dtype=f32, device=dev) if output_final_state else None
     o = torch.empty(B, T, HV, V, dtype=dtype, device=dev)
     if NCT > 0:
-        if cfg.tri_blocks:
-            _tri_blocks_kernel[(NCT * n_h, HV)](
-                k, beta, g, Ti, rstd, *seq_args,
-                BKC=min(_pow2(cfg.tri_bk), BK), USE_G=g is not None, NORM=normalize_qk,
-                num_warps=cfg.tri_blocks_warps, **common,
-            )  # fmt: skip
-        else:
-            n_jobs = HV * NCT * n_h
-            n_prog = min(n_jobs, 3 if interp else _num_sms() * cfg.tri_programs_per_sm)
-            scratch = torch.empty(n_prog, BLOCK, BLOCK, dtype=f32, device=dev)
-            _tri_kernel[(n_prog,)](
-                k, beta, g, Ti, rstd, scratch, *seq_args, n_jobs,
-                BK=BK, USE_G=g is not None, NORM=normalize_qk, num_warps=cfg.tri_warps, **common,
-            )  # fmt: skip
+        n_jobs = HV * NCT * n_h
+        n_prog = min(n_jobs, 3 if interp else _num_sms() * cfg.tri_programs_per_sm)
+        scratch = torch.empty(n_prog, BLOCK, BLOCK, dtype=f32, device=dev)
+        _tri_kernel[(n_prog,)](
+            k, beta, g, Ti, rstd, scratch, *seq_args, n_jobs,
+            BK=BK, USE_G=g is not None, NORM=normalize_qk, num_warps=cfg.tri_warps, **common,
+        )  # fmt: skip
         _wu_kernel[(NCT, HV)](
             q, k, v, beta, g, Ti, W, U, Aqk, gcum, rstd, *seq_args,
             V=V, BK=BK, BV=min(cfg.wu_bv, BVF), USE_G=g is not None, NORM=normalize_qk, FUSE_O=fuse,

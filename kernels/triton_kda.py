@@ -50,6 +50,7 @@ from kernels.triton_chunk import (
     _num_sms,
     _pow2,
     _store_block,
+    _store_lower_blocks,
     _varlen_tables,
     default_config,
 )
@@ -350,16 +351,7 @@ def _intra_chunk_kernel(
     a11, q11 = _own_block(a11, q11, 1, low1, q_base, k_base, g_base, t0, Tn, HK, HV, K, BK, BKW, BOUND)
     a22, q22 = _own_block(a22, q22, 2, low2, q_base, k_base, g_base, t0, Tn, HK, HV, K, BK, BKW, BOUND)
     a33, q33 = _own_block(a33, q33, 3, low3, q_base, k_base, g_base, t0, Tn, HK, HV, K, BK, BKW, BOUND)
-    _store_block(Aqk_blk, 0, 0, q00)
-    _store_block(Aqk_blk, 1, 1, q11)
-    _store_block(Aqk_blk, 2, 2, q22)
-    _store_block(Aqk_blk, 3, 3, q33)
-    _store_block(Aqk_blk, 1, 0, q10)
-    _store_block(Aqk_blk, 2, 1, q21)
-    _store_block(Aqk_blk, 3, 2, q32)
-    _store_block(Aqk_blk, 2, 0, q20)
-    _store_block(Aqk_blk, 3, 1, q31)
-    _store_block(Aqk_blk, 3, 0, q30)
+    _store_lower_blocks(Aqk_blk, q00, q11, q22, q33, q10, q21, q32, q20, q31, q30)
     _store_upper_zeros(Aqk_blk)
     # diag(b) Akk, block row by block row
     a00, a11, a22, a33 = a00 * b0[:, None], a11 * b1[:, None], a22 * b2[:, None], a33 * b3[:, None]
@@ -368,16 +360,7 @@ def _intra_chunk_kernel(
     if INVERT:  # T = (I + A)^-1 from the blocks (`_invert_blocks`)
         a00, a11, a22, a33, a10, a21, a32, a20, a31, a30 = _invert_blocks(a00, a11, a22, a33, a10, a21, a32, a20, a31,
                                                                             a30, PREC)  # fmt: skip
-    _store_block(A_blk, 0, 0, a00)
-    _store_block(A_blk, 1, 1, a11)
-    _store_block(A_blk, 2, 2, a22)
-    _store_block(A_blk, 3, 3, a33)
-    _store_block(A_blk, 1, 0, a10)
-    _store_block(A_blk, 2, 1, a21)
-    _store_block(A_blk, 3, 2, a32)
-    _store_block(A_blk, 2, 0, a20)
-    _store_block(A_blk, 3, 1, a31)
-    _store_block(A_blk, 3, 0, a30)
+    _store_lower_blocks(A_blk, a00, a11, a22, a33, a10, a21, a32, a20, a31, a30)
     _store_upper_zeros(A_blk)
 
 

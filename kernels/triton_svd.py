@@ -22,51 +22,17 @@ def _add2(a0, b0, a1, b1):
 
 
 @triton.jit
-def _bidiag_steps(h, work, DT: tl.constexpr, N_STEPS: tl.constexpr, PAIRED: tl.constexpr):
+def _bidiag_steps(h, work, DT: tl.constexpr, N_STEPS: tl.constexpr):
     """N_STEPS Golub-Kahan steps on the [DT, DT] tile h (columns and rows 0, 1, ... in turn); d_j^2 and e_j^2 go
-    to work[2 j], work[2 j + 1]. Returns the tile after them. PAIRED: `_bidiag_steps_paired`."""
-    if PAIRED:
-        h = _bidiag_steps_paired(h, work, DT, N_STEPS)
-    else:
-        r = tl.arange(0, DT)
-        rows = r[:, None]
-        cols = r[None, :]
-        for j in range(N_STEPS):
-            # Left reflector: zero column j below the diagonal. u = x - alpha e_j, H -= (2/|u|^2) u (u^T H).
-            x = tl.sum(tl.where(cols == j, h, 0.0), axis=1)
-            x = tl.where(r >= j, x, 0.0)
-            xj = tl.sum(tl.where(r == j, x, 0.0), axis=0)
-            nx = tl.sqrt(tl.sum(x * x, axis=0))
-            alpha = tl.where(xj >= 0, -nx, nx)
-            u = x - tl.where(r == j, alpha, 0.0)
-            uu = tl.sum(u * u, axis=0)
-            tau = tl.where(uu > 0, 2.0 / tl.where(uu > 0, uu, 1.0), 0.0)
-            w = tl.sum(u[:, None] * h, axis=0)
-            h = h - (tau * u)[:, None] * w[None, :]
-            # Right reflector: zero row j right of the superdiagonal.
-            y = tl.sum(tl.where(rows == j, h, 0.0), axis=0)
-            y = tl.where(r > j, y, 0.0)
-            yj = tl.sum(tl.where(r == j + 1, y, 0.0), axis=0)
-            ny = tl.sqrt(tl.sum(y * y, axis=0))
-            beta = tl.where(yj >= 0, -ny, ny)
-            z = y - tl.where(r == j + 1, beta, 0.0)
-            zz = tl.sum(z * z, axis=0)
-            tau2 = tl.where(zz > 0, 2.0 / tl.where(zz > 0, zz, 1.0), 0.0)
-            w2 = tl.sum(h * z[None, :], axis=1)
-            h = h - w2[:, None] * (tau2 * z)[None, :]
-            tl.store(work + 2 * j, alpha * alpha)
-            tl.store(work + 2 * j + 1, beta * beta)
-    return h
+    to work[2 j], work[2 j + 1]. Returns the tile after them.
 
-
-@triton.jit
-def _bidiag_steps_paired(h, work, DT: tl.constexpr, N_STEPS: tl.constexpr):
-    """`_bidiag_steps` with its cross-warp reductions paired (the step is latency-bound on them): u^T H with
-    H's row j (both over rows; row j after the left reflector is then H_j - tau u_j (u^T H)), H z with H's column
-    j + 1 (both over columns; the next step's column is then H_{:,j+1} - tau2 z_{j+1} H z), and each reflector's
-    x_j with ||x||^2. ||u||^2 = 2 ||x|| (||x|| + |x_j|) needs no reduction (no cancellation). Four reduction
-    rounds a step instead of ten, though two [DT, DT] temporaries live at once (ptxas sm_90, 4 warps: 1048 bytes
-    of spills against 600): the bidiagonalisation of 32768 matrices of 128 x 128 took 40.2 ms against 48.0 (H200)."""
+    The cross-warp reductions are paired (the step is latency-bound on them): u^T H with H's row j (both over
+    rows; row j after the left reflector is then H_j - tau u_j (u^T H)), H z with H's column j + 1 (both over
+    columns; the next step's column is then H_{:,j+1} - tau2 z_{j+1} H z), and each reflector's x_j with ||x||^2.
+    ||u||^2 = 2 ||x|| (||x|| + |x_j|) needs no reduction (no cancellation). Four reduction rounds a step instead of
+    ten, though two [DT, DT] temporaries live at once (ptxas sm_90, 4 warps: 1048 bytes of spills against 600):
+    the bidiagonalisation of 32768 matrices of 128 x 128 took 40.2 ms against 48.0 unpaired (H200; the unpaired
+    step is in commit 85712fb)."""
     r = tl.arange(0, DT)
     rows = r[:, None]
     cols = r[None, :]
@@ -118,7 +84,6 @@ def _svdvals_kernel(
     stride_k,
     stride_v,
     D: tl.constexpr,
-    PAIRED: tl.constexpr,
 ):
     """Golub-Kahan bidiagonalisation, one matrix per program. Once the first DT/2 columns and rows of a [DT, DT]
     tile are reduced, only its trailing [DT/2, DT/2] block changes (the reflectors that follow touch nothing
@@ -139,14 +104,14 @@ def _svdvals_kernel(
     fro = tl.sqrt(tl.sum(tl.sum(h * h, axis=1), axis=0))
     work = work_ptr + pid * (2 * D + 2)  # d_j^2, e_j^2 for j < D, then ||H||_F and the scale (for `_bisect_kernel`)
     if D >= 128:
-        h = _trailing_half(_bidiag_steps(h, work, D, D // 2, PAIRED), D)
-        h = _trailing_half(_bidiag_steps(h, work + D, D // 2, D // 4, PAIRED), D // 2)
-        _bidiag_steps(h, work + D + D // 2, D // 4, D // 4, PAIRED)
+        h = _trailing_half(_bidiag_steps(h, work, D, D // 2), D)
+        h = _trailing_half(_bidiag_steps(h, work + D, D // 2, D // 4), D // 2)
+        _bidiag_steps(h, work + D + D // 2, D // 4, D // 4)
     elif D >= 64:
-        h = _trailing_half(_bidiag_steps(h, work, D, D // 2, PAIRED), D)
-        _bidiag_steps(h, work + D, D // 2, D // 2, PAIRED)
+        h = _trailing_half(_bidiag_steps(h, work, D, D // 2), D)
+        _bidiag_steps(h, work + D, D // 2, D // 2)
     else:
-        _bidiag_steps(h, work, D, D, PAIRED)
+        _bidiag_steps(h, work, D, D)
     tl.store(work_ptr + pid * (2 * D + 2) + 2 * D, fro)
     tl.store(work_ptr + pid * (2 * D + 2) + 2 * D + 1, scale)
 
@@ -187,11 +152,10 @@ def svdvals(
     n_iter: int = N_BISECT,
     num_warps: int | None = None,
     bisect_warps: int = 1,
-    paired: bool = True,
 ) -> torch.Tensor:
     """Singular values [..., min(K, V)] (ascending) of states [..., K, V], computed in float32 by two kernels:
-    the bidiagonalisation (num_warps; paired: its reductions paired, `_bidiag_steps_paired`: H200, 32768 matrices
-    of 128 x 128, 6.22e5 a second against 5.42e5) and the bisection (bisect_warps)."""
+    the bidiagonalisation (num_warps) and the bisection (bisect_warps). H200, 32768 matrices of 128 x 128: 6.22e5
+    a second."""
     K, V = states.shape[-2:]
     lead = states.shape[:-2]
     flat = states.reshape(-1, K, V)
@@ -210,7 +174,6 @@ def svdvals(
         flat.stride(1),
         flat.stride(2),
         D=D,
-        PAIRED=paired,
         num_warps=num_warps or 4,  # H200, 32768 matrices of 128 x 128: 4 warps 2.8e5/s, 8 1.5e5/s, 16 1.1e5/s
     )
     if n_iter > 0:

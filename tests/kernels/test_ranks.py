@@ -109,17 +109,17 @@ def test_singular_value_methods_agree():
 
 
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="Triton on the CPU needs TRITON_INTERPRET=1")
-@pytest.mark.parametrize("shape, paired", [((16, 12), False), ((16, 12), True), ((70, 40), False), ((40, 24), True)])
-def test_triton_svdvals_interpreted(shape, paired):
-    """Full rank, rank 2 and zero; 70 x 40 pads to 128 and runs the trailing-half phases (128 -> 64 -> 32), 40 x 24
-    to 64 (64 -> 32; the paired reductions are slow in the interpreter)."""
+@pytest.mark.parametrize("shape", [(16, 12), (40, 24)])
+def test_triton_svdvals_interpreted(shape):
+    """Full rank, rank 2 and zero; 40 x 24 pads to 64 and runs the trailing-half phase (64 -> 32; the 128 -> 64 -> 32
+    phases are the same helpers, and the interpreter's paired reductions take minutes at 128)."""
     from kernels.triton_svd import svdvals
 
     h = torch.randn(3, *shape)
     h[1] = torch.randn(shape[0], 2) @ torch.randn(2, shape[1])  # rank 2
     h[2] = 0
     ref = torch.linalg.svdvals(h.double()).flip(-1)
-    s = svdvals(h, paired=paired)
+    s = svdvals(h)
     assert s.shape == (3, min(shape))
     assert ((s.double() - ref).abs().amax(-1) <= 1e-6 * ref.amax(-1).clamp(min=1)).all()
     if max(shape) <= 16:  # the metrics through the default kernel (the interpreter is slow at larger tiles)

@@ -334,14 +334,19 @@ def test_gpu_dk256_dv512_vs_float64():
 
 @gpu
 @needs_cuda
-@pytest.mark.parametrize("intra_warps", [4, 8])
-def test_gpu_split_prep_vs_float64(intra_warps):
-    """The split prep (`KdaConfig.split_prep`: `_intra_kernel` + `_wy_kernel`) at dk = dv = 128, bf16: full
-    batches (B = 2, T = 1000 with a partial chunk, H = 16), then grouped heads, g down to -20 per token and packed
-    sequences not multiples of 64 (one of a single token); fp32 on the first shape."""
+@pytest.mark.parametrize(
+    "intra",
+    [{}, dict(intra_inverts=False), dict(intra_per_chunk=False)],
+    ids=["per chunk, inverting", "per chunk, WY inverts", "per sub-block"],
+)
+def test_gpu_split_prep_vs_float64(intra):
+    """The split prep (`KdaConfig.split_prep`) with each intra kernel (`_intra_chunk_kernel` inverting (I + A)
+    itself or leaving it to `_wy_kernel`, or `_intra_kernel`) at dk = dv = 128, bf16: full batches (B = 2,
+    T = 1000 with a partial chunk, H = 16), then grouped heads, g down to -20 per token and packed sequences not
+    multiples of 64 (one of a single token); fp32 on the first shape."""
     from kernels.triton_kda import KdaConfig
 
-    cfg = KdaConfig(split_prep=True, intra_warps=intra_warps, intra_maxnreg=128 if intra_warps == 4 else 80)
+    cfg = KdaConfig(split_prep=True, **intra)
     _check(2, 1000, 16, 16, 128, 128, dtype=torch.bfloat16, device="cuda", config=cfg)
     _check(2, 1000, 16, 16, 128, 128, dtype=torch.float32, device="cuda", config=cfg)
     _check(1, None, 8, 16, 128, 128, dtype=torch.bfloat16, strength=20.0, lengths=[700, 37, 64, 1500, 1, 300],
