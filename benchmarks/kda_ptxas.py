@@ -90,7 +90,9 @@ def report(
     inverted = cfg.intra_per_chunk and cfg.intra_inverts
     if inverted and not F32:  # T from the intra kernel, in the inputs' type
         ptrs = {**ptrs, "A": "*" + t}
-    wy_consts = dict(common, HK=8, BK=BK, BKC=min(cfg.wy_bk, BK), BV=min(cfg.wy_bv, BVF), INVERTED=inverted)
+    wy_consts = dict(common, HK=8, BK=BK, BKC=min(cfg.wy_bk, BK), BV=min(cfg.wy_bv, BVF), INVERTED=inverted,
+                     KD_DIFF=cfg.wy_kd_by_difference and not F32,
+                     BLOCKS=cfg.wy_blocks and inverted)
     prep_consts = dict(common, HK=8, BK=BK, BKC=min(cfg.prep_bk, BK), BV=min(cfg.prep_bv, BVF), BOUND=bound)
     split = {}
     if cfg.split_prep:
@@ -101,7 +103,7 @@ def report(
             "intra": resources(tk._intra_chunk_kernel, ptrs, chunk_consts, cfg.intra_chunk_warps, arch=arch)
             if cfg.intra_per_chunk
             else resources(tk._intra_kernel, ptrs, intra_consts, cfg.intra_warps, arch=arch, maxnreg=cfg.intra_maxnreg),
-            "wy": resources(tk._wy_kernel, ptrs, wy_consts, cfg.wy_warps, arch=arch),
+            "wy": resources(tk._wy_kernel, ptrs, wy_consts, cfg.wy_warps, cfg.wy_stages or LAUNCH_STAGES, arch=arch),
         }
     return {
         "prep": resources(tk._prep_kernel, ptrs, prep_consts, cfg.prep_warps, arch=arch),
@@ -135,6 +137,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--intra-maxnreg", type=int, default=tk.KdaConfig.intra_maxnreg, help="0: no cap")
     p.add_argument("--intra-bkc", type=int, default=tk.KdaConfig.intra_bkc)
     p.add_argument("--wy-warps", type=int, default=tk.KdaConfig.wy_warps)
+    p.add_argument("--wy-bk", type=int, default=tk.KdaConfig.wy_bk)
+    p.add_argument("--wy-bv", type=int, default=tk.KdaConfig.wy_bv)
+    p.add_argument("--wy-kd-by-difference", action="store_true", help="Kd's factors from the cumulative sums")
     args = p.parse_args(argv)
     if os.environ.get("TRITON_INTERPRET", "0") == "1":
         raise SystemExit("benchmarks.kda_ptxas compiles for the GPU: run it without TRITON_INTERPRET=1")
@@ -148,6 +153,9 @@ def main(argv: list[str] | None = None) -> None:
         intra_maxnreg=args.intra_maxnreg or None,
         intra_bkc=args.intra_bkc,
         wy_warps=args.wy_warps,
+        wy_bk=args.wy_bk,
+        wy_bv=args.wy_bv,
+        wy_kd_by_difference=args.wy_kd_by_difference,
     )
     print(f"Triton {triton.__version__}, sm_{args.arch}, {args.dtype}, dk={args.dk}, dv={args.dv}, {cfg}")
     print(f"{'kernel':>8} {'regs':>5} {'spill B':>8} {'smem B':>8}")

@@ -365,6 +365,51 @@ def _intra_chunk_kernel(
 
 
 @triton.jit
+def _wy_key_block(
+    cb, b_Ti, b_b, q_base, k_base, g_base, W, Kd, Qd, glast, t, m_t, Tn, rows, blk,
+    HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BKC: tl.constexpr, F32: tl.constexpr, PREC: tl.constexpr,
+    KD_DIFF: tl.constexpr,
+):  # fmt: skip
+    """Key columns cb * BKC + [0, BKC) of the chunk's W = T diag(b) (e^Gamma * K), Kd = e^{Gamma_last - Gamma} * K,
+    Qd = e^Gamma * q and Gamma_last: W is separable by key columns."""
+    o_c = cb * BKC + tl.arange(0, BKC)
+    m_c = (o_c < K)[None, :]
+    p_gc = g_base + t[:, None] * (HV * K) + o_c[None, :]
+    b_g = tl.load(p_gc, mask=m_t[:, None] & m_c, other=0.0).to(tl.float32)
+    b_Gl = tl.sum(b_g, 0)
+    b_G = tl.cumsum(b_g, 0)
+    b_eG = tl.exp(b_G)  # e^{Gamma_i}
+    p_c = t[:, None] * (HK * K) + o_c[None, :]
+    b_k = tl.load(k_base + p_c, mask=m_t[:, None] & m_c, other=0.0).to(tl.float32)
+    b_q = tl.load(q_base + p_c, mask=m_t[:, None] & m_c, other=0.0).to(tl.float32)
+    tl.store(Qd + rows[:, None] * K + o_c[None, :], (b_q * b_eG).to(Qd.dtype.element_ty), mask=m_c)
+    if KD_DIFF:  # e^{Gamma_last - Gamma_j} k_j from the cumulative sums: no second load, no second scan
+        b_kd = b_k * tl.exp(b_Gl[None, :] - b_G)
+    else:
+        o_r = tl.arange(0, 64)
+        b_gs = tl.load(p_gc + HV * K, mask=((o_r < 63) & (t + 1 < Tn))[:, None] & m_c, other=0.0).to(tl.float32)
+        b_kd = b_k * tl.exp(tl.cumsum(b_gs, 0, reverse=True))  # e^{g_{j+1} + ... + g_last} k_j
+    tl.store(Kd + rows[:, None] * K + o_c[None, :], b_kd.to(Kd.dtype.element_ty), mask=m_c)
+    tl.store(glast + blk * K + o_c, b_Gl, mask=o_c < K)
+    b_X = _dot_in(b_k * b_eG * b_b[:, None], k_base, F32)  # last, so that G, k and q are dead during the product
+    b_W = tl.dot(b_Ti, b_X, input_precision=PREC)
+    tl.store(W + rows[:, None] * K + o_c[None, :], b_W.to(W.dtype.element_ty), mask=m_c)
+
+
+@triton.jit
+def _wy_value_tile(
+    iv, b_Ti, b_b, v_base, U, t, m_t, rows, k_base,
+    HV: tl.constexpr, V: tl.constexpr, BV: tl.constexpr, F32: tl.constexpr, PREC: tl.constexpr,
+):  # fmt: skip
+    """Value columns iv * BV + [0, BV) of the chunk's U = T diag(b) V."""
+    o_v = iv * BV + tl.arange(0, BV)
+    m_v = o_v < V
+    b_v = tl.load(v_base + t[:, None] * (HV * V) + o_v[None, :], mask=m_t[:, None] & m_v[None, :], other=0.0)
+    b_U = tl.dot(b_Ti, _dot_in(b_v.to(tl.float32) * b_b[:, None], k_base, F32), input_precision=PREC)
+    tl.store(U + rows[:, None] * V + o_v[None, :], b_U.to(U.dtype.element_ty), mask=m_v[None, :])
+
+
+@triton.jit
 def _wy_rows(
     b_Ti,
     q_base,
@@ -391,39 +436,30 @@ def _wy_rows(
     BV: tl.constexpr,
     F32: tl.constexpr,
     PREC: tl.constexpr,
+    KD_DIFF: tl.constexpr,
+    PART: tl.constexpr,
+    part,
 ):
-    """Given T (b_Ti, in dot operand precision), the chunk's W = T diag(b) (e^Gamma * K), U = T diag(b) V,
-    Kd = e^{Gamma_last - Gamma} * K, Qd = e^Gamma * q and Gamma_last (stored at block blk)."""
+    """Given T (b_Ti, in dot operand precision), the chunk's W, U, Kd, Qd and Gamma_last (stored at block blk):
+    every key block and value tile in turn (PART -1), or only block `part` (PART 0: key blocks then value tiles)."""
     o_r = tl.arange(0, 64)
     t = t0 + o_r
     m_t = t < Tn
     rows = blk * 64 + o_r
     b_b = tl.load(beta + (bos + t) * HV + i_h, mask=m_t, other=0.0).to(tl.float32)
-    for cb in range(BK // BKC):  # W = T diag(b) (e^G k) is separable by key columns
-        o_c = cb * BKC + tl.arange(0, BKC)
-        m_c = (o_c < K)[None, :]
-        p_gc = g_base + t[:, None] * (HV * K) + o_c[None, :]
-        b_g = tl.load(p_gc, mask=m_t[:, None] & m_c, other=0.0).to(tl.float32)
-        b_Gl = tl.sum(b_g, 0)
-        b_eG = tl.exp(tl.cumsum(b_g, 0))  # e^{Gamma_i}
-        p_c = t[:, None] * (HK * K) + o_c[None, :]
-        b_k = tl.load(k_base + p_c, mask=m_t[:, None] & m_c, other=0.0).to(tl.float32)
-        b_q = tl.load(q_base + p_c, mask=m_t[:, None] & m_c, other=0.0).to(tl.float32)
-        tl.store(Qd + rows[:, None] * K + o_c[None, :], (b_q * b_eG).to(Qd.dtype.element_ty), mask=m_c)
-        b_gs = tl.load(p_gc + HV * K, mask=((o_r < 63) & (t + 1 < Tn))[:, None] & m_c, other=0.0).to(tl.float32)
-        b_kd = b_k * tl.exp(tl.cumsum(b_gs, 0, reverse=True))  # e^{g_{j+1} + ... + g_last} k_j
-        tl.store(Kd + rows[:, None] * K + o_c[None, :], b_kd.to(Kd.dtype.element_ty), mask=m_c)
-        tl.store(glast + blk * K + o_c, b_Gl, mask=o_c < K)
-        b_X = _dot_in(b_k * b_eG * b_b[:, None], k_base, F32)  # last, so that G, k and q are dead during the product
-        b_W = tl.dot(b_Ti, b_X, input_precision=PREC)
-        tl.store(W + rows[:, None] * K + o_c[None, :], b_W.to(W.dtype.element_ty), mask=m_c)
     v_base = v + bos * (HV * V) + i_h * V
-    for iv in range((V + BV - 1) // BV):  # a loop, not unrolled
-        o_v = iv * BV + tl.arange(0, BV)
-        m_v = o_v < V
-        b_v = tl.load(v_base + t[:, None] * (HV * V) + o_v[None, :], mask=m_t[:, None] & m_v[None, :], other=0.0)
-        b_U = tl.dot(b_Ti, _dot_in(b_v.to(tl.float32) * b_b[:, None], k_base, F32), input_precision=PREC)
-        tl.store(U + rows[:, None] * V + o_v[None, :], b_U.to(U.dtype.element_ty), mask=m_v[None, :])
+    NKB: tl.constexpr = BK // BKC
+    if PART < 0:
+        for cb in range(NKB):
+            _wy_key_block(cb, b_Ti, b_b, q_base, k_base, g_base, W, Kd, Qd, glast, t, m_t, Tn, rows, blk,
+                          HK, HV, K, BKC, F32, PREC, KD_DIFF)  # fmt: skip
+        for iv in range((V + BV - 1) // BV):  # a loop, not unrolled
+            _wy_value_tile(iv, b_Ti, b_b, v_base, U, t, m_t, rows, k_base, HV, V, BV, F32, PREC)
+    elif part < NKB:
+        _wy_key_block(part, b_Ti, b_b, q_base, k_base, g_base, W, Kd, Qd, glast, t, m_t, Tn, rows, blk,
+                      HK, HV, K, BKC, F32, PREC, KD_DIFF)  # fmt: skip
+    else:
+        _wy_value_tile(part - NKB, b_Ti, b_b, v_base, U, t, m_t, rows, k_base, HV, V, BV, F32, PREC)
 
 
 @triton.jit
@@ -475,7 +511,7 @@ def _prep_kernel(
         tl.debug_barrier()
         b_Ti = _dot_in(_invert_in_place(S, PREC), k, F32)
         _wy_rows(b_Ti, q_base, k_base, g_base, v, beta, W, U, Kd, Qd, glast, bos, Tn, t0, i_h, blk,
-                 HK, HV, K, V, BK, BKC, BV, F32, PREC)  # fmt: skip
+                 HK, HV, K, V, BK, BKC, BV, F32, PREC, False, -1, 0)  # fmt: skip
 
 
 @triton.jit
@@ -541,11 +577,17 @@ def _wy_kernel(
     F32: tl.constexpr,
     PREC: tl.constexpr,
     INVERTED: tl.constexpr,
+    KD_DIFF: tl.constexpr,
+    BLOCKS: tl.constexpr,
 ):
     """Split prep, second kernel: one program per (global chunk, value head): T = (I + A)^-1 in place in the
     chunk's block of A (written by `_intra_kernel`; INVERTED: T itself, from `_intra_chunk_kernel`), then W, U,
-    Kd, Qd and Gamma_last."""
-    gc, i_h = tl.program_id(0), tl.program_id(1)
+    Kd, Qd and Gamma_last. BLOCKS (needs INVERTED): one program per (key block or value tile, chunk, value head),
+    each loading T, for more loads in flight than one program's sequence of blocks."""
+    if BLOCKS:
+        part, gc, i_h = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    else:
+        part, gc, i_h = 0, tl.program_id(0), tl.program_id(1)
     bos, Tn, t0, k_base, q_base, g_base, blk = _chunk_bases(i_h, gc, q, k, g, T, cu, cidx, coff, NCT, HK, HV, K,
                                                             IS_VARLEN)  # fmt: skip
     if INVERTED:
@@ -554,7 +596,7 @@ def _wy_kernel(
     else:
         b_Ti = _dot_in(_invert_in_place(A + blk * (64 * 64), PREC), k, F32)
     _wy_rows(b_Ti, q_base, k_base, g_base, v, beta, W, U, Kd, Qd, glast, bos, Tn, t0, i_h, blk,
-             HK, HV, K, V, BK, BKC, BV, F32, PREC)  # fmt: skip
+             HK, HV, K, V, BK, BKC, BV, F32, PREC, KD_DIFF, 0 if BLOCKS else -1, part)  # fmt: skip
 
 
 @triton.jit
@@ -718,9 +760,13 @@ class KdaConfig:
     intra_chunk_bk: int = 16  # its key-channel block (ptxas sm_90, 4 warps: 80 bytes of spills; 32: 448)
     intra_chunk_warps: int = 1  # H200, B=8 T=8192 H=32, inverting (kda_split_check): 1 warp 8.46 ms, 2 10.49, 4 13.68
     wy_warps: int = 4  # split prep: warps of `_wy_kernel` (one chunk a program; prep_bv as the prep's)
-    wy_bk: int = 16  # split prep: its key-column block (H200, B=8 T=8192 H=32, inverse in it: 32 11.77 ms, 16 12.29)
-    wy_bv: int = 32  # its value tile of U (ptxas sm_90, T given, 4 warps: 16/32 167 registers and no spills, 32/64 728
-    # bytes of spills)
+    wy_bk: int = 32  # split prep: its key-column block (H100, B=8 T=8192 H=32, a program a block: 16 2.20 ms, 32 1.91)
+    wy_bv: int = 32  # its value tile of U (ptxas sm_90, a program a block, 4 warps, 32/32: 128 registers, no spills)
+    wy_kd_by_difference: bool = True  # Kd's factors e^{Gamma_last - Gamma_j} from the cumulative sums (half dtypes)
+    # instead of a second gate load and a reverse scan
+    wy_blocks: bool = True  # one WY program per (key block or value tile, chunk, head) when T comes inverted:
+    # H100, B=8 T=8192 H=32: the WY kernel 2.90 -> 1.91 ms (scripts/kda_split_check.py; with Kd by difference)
+    wy_stages: int | None = None  # pipeline stages of its key-block loop (None: Triton's default)
     state_warps: int = 4
     state_stages: int = 2
     out_warps: int = 4
@@ -843,10 +889,13 @@ def triton_kda(
                 num_warps=cfg.intra_warps,
                 **({} if cfg.intra_maxnreg is None or interp else dict(maxnreg=cfg.intra_maxnreg)),
             )  # fmt: skip
-        _wy_kernel[(NCT, HV)](
-            q, k, v, beta, g, A, W, U, Kd, Qd, glast, *seq_args, HK=HK, BK=BK, BKC=min(_pow2(cfg.wy_bk), BK), BV=BVW,
-            INVERTED=inverted,
-            num_warps=cfg.wy_warps, **common,
+        BKW = min(_pow2(cfg.wy_bk), BK)
+        blocks = cfg.wy_blocks and inverted
+        grid = (BK // BKW + triton.cdiv(V, BVW), NCT, HV) if blocks else (NCT, HV)
+        _wy_kernel[grid](
+            q, k, v, beta, g, A, W, U, Kd, Qd, glast, *seq_args, HK=HK, BK=BK, BKC=BKW, BV=BVW,
+            INVERTED=inverted, KD_DIFF=cfg.wy_kd_by_difference and dtype != torch.float32, BLOCKS=blocks,
+            num_warps=cfg.wy_warps, **({} if cfg.wy_stages is None else dict(num_stages=cfg.wy_stages)), **common,
         )  # fmt: skip
         del A
     elif NCT > 0:

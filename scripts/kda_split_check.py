@@ -16,14 +16,14 @@ from kernels.triton_kda import KdaConfig, triton_kda
 
 SWEEP = {
     "default": {},
-    "intra 1 warp": dict(intra_chunk_warps=1),
-    "intra 4 warps": dict(intra_chunk_warps=4),
-    "inverse in wy (before)": dict(intra_inverts=False, wy_bk=32, wy_bv=64),
-    "inverse in wy, 1+2 warps": dict(intra_inverts=False, intra_chunk_warps=1, wy_warps=2, wy_bk=32, wy_bv=64),
-    "wy 2 warps": dict(wy_warps=2),
-    "wy bk 32, bv 64": dict(wy_bk=32, wy_bv=64),
-    "wy bk 16, bv 64": dict(wy_bk=16, wy_bv=64),
-    "intra 1 warp, wy 2 warps": dict(intra_chunk_warps=1, wy_warps=2),
+    "wy kd diff 8w 32/64": dict(wy_kd_by_difference=True, wy_warps=8, wy_bk=32, wy_bv=64),
+    "wy blocks 4w 16/32": dict(wy_kd_by_difference=True, wy_blocks=True),
+    "wy blocks 4w 32/32": dict(wy_kd_by_difference=True, wy_blocks=True, wy_bk=32),
+    "wy blocks 4w 32/64": dict(wy_kd_by_difference=True, wy_blocks=True, wy_bk=32, wy_bv=64),
+    "wy blocks 2w 16/32": dict(wy_kd_by_difference=True, wy_blocks=True, wy_warps=2),
+    "wy blocks 4w 16/16": dict(wy_kd_by_difference=True, wy_blocks=True, wy_bv=16),
+    "wy blocks 4w 16/32 st1": dict(wy_kd_by_difference=True, wy_blocks=True, wy_stages=1),
+    "wy blocks 4w 16/32 no kd": dict(wy_blocks=True),
 }
 
 
@@ -54,7 +54,17 @@ def main() -> None:
                 print(f"B={B} T={T} H={H} {name:>22}: failed {type(exc).__name__}: {str(exc)[:100]}", flush=True)
                 continue
             err = float((out[0].float() - ref).abs().max() / scale)
-            print(f"B={B} T={T} H={H} {name:>22}: {ms:7.2f} ms  first {first:5.1f} s  err {err:.1e}", flush=True)
+            split = ""
+            if B == 8:  # where the time goes, each config
+                with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+                    run(x, cfg)
+                    torch.cuda.synchronize()
+                split = "  " + ", ".join(
+                    f"{e.key.strip('_').replace('_kernel', '')} {e.self_device_time_total / 1e3:.2f}"
+                    for e in prof.key_averages() if e.key.startswith("_")
+                )
+            print(f"B={B} T={T} H={H} {name:>22}: {ms:7.2f} ms  first {first:5.1f} s  err {err:.1e}{split}",
+                  flush=True)
         if fla is not None:
             first, ms, (o_f, _) = timed(lambda x=x: fla(x[0], x[1], x[2], x[4], x[3], scale=K**-0.5))
             print(f"B={B} T={T} H={H} {'fla':>22}: {ms:7.2f} ms  first {first:5.1f} s  "

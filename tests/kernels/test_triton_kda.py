@@ -123,6 +123,33 @@ def test_half_inputs_match_float64_reference(dtype, split):
 
 
 @cpu_only
+@pytest.mark.parametrize("blocks", [False, True], ids=["a program a chunk", "a program a block"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_wy_variants_match_float64_reference(dtype, blocks):
+    """The WY kernel's Kd factors e^{Gamma_last - Gamma_j} from the cumulative sums (`wy_kd_by_difference`), at
+    strong decays (g down to -20 a token, so Gamma reaches -1280 within a chunk), in 8-wide key blocks and
+    16-wide value tiles, looped in one program a chunk or one program each (`wy_blocks`)."""
+    from kernels.triton_kda import KdaConfig
+
+    cfg = KdaConfig(wy_kd_by_difference=True, wy_bk=8, wy_bv=16, wy_blocks=blocks)
+    _check(1, None, 1, 2, 16, 32, dtype=dtype, lengths=[100, 30], strength=20.0, config=cfg)
+
+
+@cpu_only
+def test_wy_blocks_are_the_looped_arithmetic():
+    """A program a WY block computes what the looped kernel does, bit for bit (fp32, packed, grouped heads)."""
+    from kernels.triton_kda import KdaConfig, triton_kda
+
+    q, k, v, beta, g, s0 = _inputs(1, 150, 2, 4, 24, 40, 1.0, 2, "cpu", 3)
+    cu = _cu([100, 50], "cpu")
+    looped = triton_kda(q, k, v, beta, g, initial_state=s0, cu_seqlens=cu, config=KdaConfig(wy_bk=16, wy_bv=16))
+    blocks = triton_kda(q, k, v, beta, g, initial_state=s0, cu_seqlens=cu,
+                        config=KdaConfig(wy_bk=16, wy_bv=16, wy_blocks=True))  # fmt: skip
+    for a, b in zip(looped, blocks, strict=True):
+        assert torch.equal(a, b)
+
+
+@cpu_only
 @pytest.mark.parametrize("split", [False, True], ids=["persistent prep", "split prep"])
 def test_key_halves_at_dk_256(split):
     """dk > 128: the state kernel holds the key rows in two halves (as triton_chunk)."""
@@ -336,8 +363,11 @@ def test_gpu_dk256_dv512_vs_float64():
 @needs_cuda
 @pytest.mark.parametrize(
     "intra",
-    [{}, dict(intra_inverts=False), dict(intra_per_chunk=False)],
-    ids=["per chunk, inverting", "per chunk, WY inverts", "per sub-block"],
+    [{}, dict(intra_inverts=False), dict(intra_per_chunk=False),
+     dict(wy_kd_by_difference=True, wy_warps=8, wy_bk=32, wy_bv=64),
+     dict(wy_kd_by_difference=True, wy_blocks=True, wy_bk=32, wy_bv=32)],
+    ids=["per chunk, inverting", "per chunk, WY inverts", "per sub-block", "WY 8 warps, Kd by difference",
+         "WY a program a block"],
 )
 def test_gpu_split_prep_vs_float64(intra):
     """The split prep (`KdaConfig.split_prep`) with each intra kernel (`_intra_chunk_kernel` inverting (I + A)
