@@ -7,7 +7,9 @@ is 64 tokens, i.e. L = 64 * n_h Householder sub-steps, split into n_h blocks of 
 
 1. `_tri_kernel` (persistent, parallel over blocks): T_aa = (I + A_aa)^-1 of each 64-sub-step block,
    A_ij = beta_i e^{Gamma_i - Gamma_j} k_i.k_j (j < i), from four 16x16 forward substitutions merged
-   by block rows; also the reciprocal key norms.
+   by block rows; also the reciprocal key norms. With `LaunchConfig.tri_split` (off by default; any n_h) two
+   kernels instead, as fla splits it: `_kkt_kernel` (A in fp32, one program per block and value head) and
+   `_tri_inverse_kernel` (16x16 diagonal inverses merged by 16x16 block products), writing the same T.
 2. `_wu_kernel` (parallel over chunks): each block's WY factors W_a = T_aa X_a, U_a = T_aa Y_a,
    X = diag(beta e^{Gamma - Gamma_a}) K, Y = diag(beta) V (Gamma_a: the log-decay at the block start).
 3. `_state_kernel` (sequential over chunks and their blocks, parallel over sequence * head * value tiles):
@@ -127,6 +129,13 @@ def _invert_blocks(a00, a11, a22, a33, a10, a21, a32, a20, a31, a30, PREC: tl.co
     t11 = _unit_lower_inverse16(a11)
     t22 = _unit_lower_inverse16(a22)
     t33 = _unit_lower_inverse16(a33)
+    return _merge_blocks(t00, t11, t22, t33, a10, a21, a32, a20, a31, a30, PREC)
+
+
+@triton.jit
+def _merge_blocks(t00, t11, t22, t33, a10, a21, a32, a20, a31, a30, PREC: tl.constexpr):
+    """The off-diagonal 16 x 16 blocks of T = (I + A)^-1 from its diagonal ones T_II and A's blocks below the
+    diagonal: T_IJ = -T_II sum_{J <= M < I} A_IM T_MJ (block forward substitution); returns all ten of T."""
     t10 = -_mm(t11, _mm(a10, t00, PREC), PREC)
     t21 = -_mm(t22, _mm(a21, t11, PREC), PREC)
     t32 = -_mm(t33, _mm(a32, t22, PREC), PREC)
@@ -227,6 +236,108 @@ def _tri_kernel(
         tl.debug_barrier()
         b_Ti = _invert_in_place(S, PREC)  # T = (I + A)^-1
         tl.store(Ti + rows[:, None] * 64 + o_r[None, :], b_Ti.to(Ti.dtype.element_ty))
+
+
+@triton.jit
+def _kkt_kernel(
+    k,
+    beta,
+    g,
+    A,
+    rstd,
+    T,
+    cu,
+    cidx,
+    coff,
+    NCT,
+    HK: tl.constexpr,
+    HV: tl.constexpr,
+    NH: tl.constexpr,
+    K: tl.constexpr,
+    BK: tl.constexpr,
+    BKC: tl.constexpr,
+    USE_G: tl.constexpr,
+    NORM: tl.constexpr,
+    IS_VARLEN: tl.constexpr,
+    F32: tl.constexpr,
+    PREC: tl.constexpr,
+):
+    """Split T, step 1 (`LaunchConfig.tri_split`): one program per (64-sub-step block, value head), value heads
+    adjacent so that a group's programs share its key block in L2. A_ij = beta_i e^{Gamma_i - Gamma_j} r_i r_j
+    k_i.k_j (j < i) by [64, BKC] x [BKC, 64] products over key blocks, stored fp32 (only the ten 16 x 16 blocks
+    on and below the diagonal: the inverse reads no others); also the reciprocal key norms r."""
+    job = tl.program_id(0)
+    i_h, gb = job % HV, job // HV
+    gc, a = gb // NH, gb % NH
+    i_n, c, bos, Tn = _chunk_seq(gc, T, cu, cidx, coff, IS_VARLEN)
+    i_hk = i_h // (HV // HK)
+    L: tl.constexpr = 64 * NH
+    o_r = tl.arange(0, 64)
+    s = c * L + a * 64 + o_r  # sub-step index in the sequence
+    m_s = s < Tn * NH
+    p_k = k + (bos * NH + s)[:, None] * (HK * K) + i_hk * K
+    b_kk = tl.zeros([64, 64], dtype=tl.float32)
+    for kb in range(0, BK, BKC):
+        o_k = kb + tl.arange(0, BKC)
+        b_k = tl.load(p_k + o_k[None, :], mask=m_s[:, None] & (o_k < K)[None, :], other=0.0)
+        b_kd = _dot_in(b_k, k, F32)
+        b_kk += tl.dot(b_kd, tl.trans(b_kd), input_precision=PREC)
+    m_low = o_r[:, None] > o_r[None, :]
+    if NORM:  # |k_i|^2 is K K^T's diagonal (exact bf16 products, fp32 sums): no second pass over the keys
+        b_rs = 1.0 / tl.sqrt(tl.sum(tl.where(o_r[:, None] == o_r[None, :], b_kk, 0.0), 1) + 1e-6)
+    else:
+        b_rs = tl.full([64], 1.0, dtype=tl.float32)
+    rows = (i_h.to(tl.int64) * NCT + gc) * L + a * 64 + o_r
+    tl.store(rstd + rows, b_rs)
+    b_beta = tl.load(beta + (bos * NH + s) * HV + i_h, mask=m_s, other=0.0).to(tl.float32)
+    if USE_G:
+        m_g = m_s & (s % NH == 0)
+        b_G = tl.cumsum(tl.load(g + (bos + s // NH) * HV + i_h, mask=m_g, other=0.0).to(tl.float32), 0)
+        b_A = b_kk * tl.exp(tl.where(m_low, b_G[:, None] - b_G[None, :], 0.0))
+    else:
+        b_A = b_kk
+    b_A = tl.where(m_low, b_A * (b_beta * b_rs)[:, None] * b_rs[None, :], 0.0)
+    m_blk = (o_r[:, None] // 16) >= (o_r[None, :] // 16)
+    tl.store(A + rows[:, None] * 64 + o_r[None, :], b_A, mask=m_blk)
+
+
+@triton.jit
+def _subst_row(pa, P: tl.constexpr, i: tl.constexpr, b_t):
+    """Row i of the inverse of (I + A_PP), A_PP the P-th 16 x 16 diagonal block at pa (row stride 64), b_t the
+    inverse so far (rows < i final, the others identity rows): t_i = e_i - sum_{j < i} a_ij t_j."""
+    o_i = tl.arange(0, 16)
+    b_a = tl.load(pa + (16 * P + i) * 64 + 16 * P + o_i, mask=o_i < i, other=0.0)
+    return tl.where(o_i[:, None] == i, b_t - tl.sum(b_a[:, None] * b_t, 0)[None, :], b_t)
+
+
+@triton.jit
+def _load_block(pa, I: tl.constexpr, J: tl.constexpr):
+    """Block (I, J) of 16 x 16 of the fp32 [64, 64] matrix at pa (row stride 64)."""
+    o_i = tl.arange(0, 16)
+    return tl.load(pa + (16 * I + o_i)[:, None] * 64 + 16 * J + o_i[None, :])
+
+
+@triton.jit
+def _tri_inverse_kernel(A, Ti, PREC: tl.constexpr):
+    """Split T, step 2: one program per 64-sub-step block (the same rows in A and Ti): T = (I + A)^-1 from the
+    four 16 x 16 diagonal inverses (forward substitution, the four chains interleaved in one unrolled loop so
+    their row loads and reductions overlap) merged by 16 x 16 block products (`_merge_blocks`); T to Ti in its
+    dtype, only the blocks on and below the diagonal (the WY kernel reads T's lower triangle)."""
+    base = tl.program_id(0).to(tl.int64) * 64 * 64
+    pa, pt = A + base, Ti + base
+    o_i = tl.arange(0, 16)
+    eye = tl.where(o_i[:, None] == o_i[None, :], 1.0, 0.0)
+    t00, t11, t22, t33 = eye, eye, eye, eye
+    for i in tl.static_range(1, 16):
+        t00 = _subst_row(pa, 0, i, t00)
+        t11 = _subst_row(pa, 1, i, t11)
+        t22 = _subst_row(pa, 2, i, t22)
+        t33 = _subst_row(pa, 3, i, t33)
+    t00, t11, t22, t33, t10, t21, t32, t20, t31, t30 = _merge_blocks(
+        t00, t11, t22, t33, _load_block(pa, 1, 0), _load_block(pa, 2, 1), _load_block(pa, 3, 2),
+        _load_block(pa, 2, 0), _load_block(pa, 3, 1), _load_block(pa, 3, 0), PREC,
+    )  # fmt: skip
+    _store_lower_blocks(pt, t00, t11, t22, t33, t10, t21, t32, t20, t31, t30)
 
 
 @triton.jit
@@ -601,6 +712,14 @@ class LaunchConfig:
     # programs of the sequential kernel that share an SM's shared memory when its pipeline stages are sized; None:
     # all of them, ceil(programs / SMs), which gives packed batches of many short documents one stage (experiment)
     resident_per_sm: int | None = None
+    # T = (I + A)^-1 by two kernels, as fla splits it: `_kkt_kernel` (A, fp32, one program per block and value head,
+    # key blocks of kkt_bk) then `_tri_inverse_kernel` (16 x 16 diagonal inverses merged by block products), instead
+    # of the persistent `_tri_kernel`; every n_h. Off until timed on a GPU (scripts/tri_split_ab.py)
+    tri_split: bool = False
+    kkt_warps: int = 4
+    kkt_bk: int = 64
+    kkt_stages: int = 2
+    inv_warps: int = 2
 
 
 MAX_K, MAX_V = 256, 512  # head dims the Triton path takes (dispatch falls back beyond)
@@ -776,12 +895,21 @@ def triton_delta_product(
     o = torch.empty(B, T, HV, V, dtype=dtype, device=dev)
     if NCT > 0:
         n_jobs = HV * NCT * n_h
-        n_prog = min(n_jobs, 3 if interp else _num_sms() * cfg.tri_programs_per_sm)
-        scratch = torch.empty(n_prog, BLOCK, BLOCK, dtype=f32, device=dev)
-        _tri_kernel[(n_prog,)](
-            k, beta, g, Ti, rstd, scratch, *seq_args, n_jobs,
-            BK=BK, USE_G=g is not None, NORM=normalize_qk, num_warps=cfg.tri_warps, **common,
-        )  # fmt: skip
+        if cfg.tri_split:  # A (fp32: T is as exact as the one-kernel path's), then its inverse
+            A = torch.empty(HV, rows, BLOCK, dtype=f32, device=dev)
+            _kkt_kernel[(n_jobs,)](
+                k, beta, g, A, rstd, *seq_args,
+                BK=BK, BKC=min(_pow2(cfg.kkt_bk), BK), USE_G=g is not None, NORM=normalize_qk,
+                num_warps=cfg.kkt_warps, num_stages=cfg.kkt_stages, **common,
+            )  # fmt: skip
+            _tri_inverse_kernel[(n_jobs,)](A, Ti, PREC=PREC, num_warps=cfg.inv_warps)
+        else:
+            n_prog = min(n_jobs, 3 if interp else _num_sms() * cfg.tri_programs_per_sm)
+            scratch = torch.empty(n_prog, BLOCK, BLOCK, dtype=f32, device=dev)
+            _tri_kernel[(n_prog,)](
+                k, beta, g, Ti, rstd, scratch, *seq_args, n_jobs,
+                BK=BK, USE_G=g is not None, NORM=normalize_qk, num_warps=cfg.tri_warps, **common,
+            )  # fmt: skip
         _wu_kernel[(NCT, HV)](
             q, k, v, beta, g, Ti, W, U, Aqk, gcum, rstd, *seq_args,
             V=V, BK=BK, BV=min(cfg.wu_bv, BVF), USE_G=g is not None, NORM=normalize_qk, FUSE_O=fuse,
