@@ -714,12 +714,14 @@ class LaunchConfig:
     resident_per_sm: int | None = None
     # T = (I + A)^-1 by two kernels, as fla splits it: `_kkt_kernel` (A, fp32, one program per block and value head,
     # key blocks of kkt_bk) then `_tri_inverse_kernel` (16 x 16 diagonal inverses merged by block products), instead
-    # of the persistent `_tri_kernel`; every n_h. Off until timed on a GPU (scripts/tri_split_ab.py)
-    tri_split: bool = False
+    # of the persistent `_tri_kernel`; every n_h. H100 (scripts/tri_split_ab.py, inverse at 1 warp): GDN default
+    # 1x32768 kkt 0.060 + inverse 0.024 ms against _tri_kernel's 0.178, Qwen3-Next 0.202 + 0.118 against 0.709
+    tri_split: bool = True
     kkt_warps: int = 4
     kkt_bk: int = 64
     kkt_stages: int = 2
-    inv_warps: int = 2
+    inv_warps: int = 1  # the inverse's 16 x 16 tiles in one warp: no cross-warp reductions (2 warps: 0.095 / 0.505 ms
+    # at the shapes above, 4 warps 0.18 / 0.99); fp32 inputs take 2 (ptxas sm_90: 824 bytes of spills at 1)
 
 
 MAX_K, MAX_V = 256, 512  # head dims the Triton path takes (dispatch falls back beyond)
@@ -902,7 +904,8 @@ def triton_delta_product(
                 BK=BK, BKC=min(_pow2(cfg.kkt_bk), BK), USE_G=g is not None, NORM=normalize_qk,
                 num_warps=cfg.kkt_warps, num_stages=cfg.kkt_stages, **common,
             )  # fmt: skip
-            _tri_inverse_kernel[(n_jobs,)](A, Ti, PREC=PREC, num_warps=cfg.inv_warps)
+            inv_warps = max(cfg.inv_warps, 2) if dtype == torch.float32 else cfg.inv_warps
+            _tri_inverse_kernel[(n_jobs,)](A, Ti, PREC=PREC, num_warps=inv_warps)
         else:
             n_prog = min(n_jobs, 3 if interp else _num_sms() * cfg.tri_programs_per_sm)
             scratch = torch.empty(n_prog, BLOCK, BLOCK, dtype=f32, device=dev)
