@@ -51,6 +51,7 @@ from kernels.triton_chunk import (
     _pow2,
     _store_block,
     _store_lower_blocks,
+    _tri_inverse_kernel,
     _varlen_tables,
     default_config,
 )
@@ -592,7 +593,8 @@ def _wy_kernel(
                                                             IS_VARLEN)  # fmt: skip
     if INVERTED:
         o_r = tl.arange(0, 64)
-        b_Ti = _dot_in(tl.load(A + blk * (64 * 64) + o_r[:, None] * 64 + o_r[None, :]), k, F32)
+        m_low = o_r[:, None] >= o_r[None, :]  # the inverse kernel leaves the blocks above the diagonal unwritten
+        b_Ti = _dot_in(tl.load(A + blk * (64 * 64) + o_r[:, None] * 64 + o_r[None, :], mask=m_low, other=0.0), k, F32)
     else:
         b_Ti = _dot_in(_invert_in_place(A + blk * (64 * 64), PREC), k, F32)
     _wy_rows(b_Ti, q_base, k_base, g_base, v, beta, W, U, Kd, Qd, glast, bos, Tn, t0, i_h, blk,
@@ -759,6 +761,9 @@ class KdaConfig:
     intra_inverts: bool = True  # the per-chunk kernel also inverts (I + A) in registers (the WY kernel then does not)
     intra_chunk_bk: int = 16  # its key-channel block (ptxas sm_90, 4 warps: 80 bytes of spills; 32: 448)
     intra_chunk_warps: int = 1  # H200, B=8 T=8192 H=32, inverting (kda_split_check): 1 warp 8.46 ms, 2 10.49, 4 13.68
+    inverse_kernel: bool = False  # split prep: T = (I + A)^-1 by triton_chunk's `_tri_inverse_kernel` (a block a
+    # program) between the intra kernel (then not inverting) and the WY kernel
+    inverse_warps: int = 1
     wy_warps: int = 4  # split prep: warps of `_wy_kernel` (one chunk a program; prep_bv as the prep's)
     wy_bk: int = 32  # split prep: its key-column block (H100, B=8 T=8192 H=32, a program a block: 16 2.20 ms, 32 1.91)
     wy_bv: int = 32  # its value tile of U (ptxas sm_90, a program a block, 4 warps, 32/32: 128 registers, no spills)
@@ -874,13 +879,14 @@ def triton_kda(
     BKC, BVP = min(_pow2(cfg.prep_bk), BK), min(cfg.prep_bv, BVF)
     BVW = min(_pow2(cfg.wy_bv), BVF)
     if NCT > 0 and cfg.split_prep:
-        inverted = cfg.intra_per_chunk and cfg.intra_inverts  # T from the intra kernel, in the dot operand type
-        A = torch.empty(HV, rows, CHUNK_SIZE, dtype=dtype if inverted and not F32 else f32, device=dev)
+        in_intra = cfg.intra_per_chunk and cfg.intra_inverts and not cfg.inverse_kernel  # T from the intra kernel
+        inverted = in_intra or cfg.inverse_kernel  # T given to the WY kernel, in the dot operand type
+        A = torch.empty(HV, rows, CHUNK_SIZE, dtype=dtype if in_intra and not F32 else f32, device=dev)
         if cfg.intra_per_chunk:
             _intra_chunk_kernel[(NCT, HV)](
                 q, k, beta, g, A, Aqk, *seq_args, HK=HK, K=K, HV=HV, BK=BK, BKC=min(_pow2(cfg.intra_chunk_bk), BK),
                 BKW=min(_pow2(cfg.intra_bk), BK), IS_VARLEN=varlen, F32=F32, PREC=PREC, BOUND=bound,
-                INVERT=cfg.intra_inverts, num_warps=cfg.intra_chunk_warps,
+                INVERT=in_intra, num_warps=cfg.intra_chunk_warps,
             )  # fmt: skip
         else:
             _intra_kernel[(4 * NCT, HV)](
@@ -889,6 +895,10 @@ def triton_kda(
                 num_warps=cfg.intra_warps,
                 **({} if cfg.intra_maxnreg is None or interp else dict(maxnreg=cfg.intra_maxnreg)),
             )  # fmt: skip
+        if cfg.inverse_kernel:  # A (fp32) -> T in the inputs' type, a block a program (triton_chunk's)
+            Ti = torch.empty(HV, rows, CHUNK_SIZE, dtype=f32 if F32 else dtype, device=dev)
+            _tri_inverse_kernel[(HV * NCT,)](A, Ti, PREC=PREC, num_warps=2 if F32 else cfg.inverse_warps)
+            A = Ti
         BKW = min(_pow2(cfg.wy_bk), BK)
         blocks = cfg.wy_blocks and inverted
         grid = (BK // BKW + triton.cdiv(V, BVW), NCT, HV) if blocks else (NCT, HV)

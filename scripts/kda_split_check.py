@@ -16,14 +16,16 @@ from kernels.triton_kda import KdaConfig, triton_kda
 
 SWEEP = {
     "default": {},
-    "wy kd diff 8w 32/64": dict(wy_kd_by_difference=True, wy_warps=8, wy_bk=32, wy_bv=64),
-    "wy blocks 4w 16/32": dict(wy_kd_by_difference=True, wy_blocks=True),
-    "wy blocks 4w 32/32": dict(wy_kd_by_difference=True, wy_blocks=True, wy_bk=32),
-    "wy blocks 4w 32/64": dict(wy_kd_by_difference=True, wy_blocks=True, wy_bk=32, wy_bv=64),
-    "wy blocks 2w 16/32": dict(wy_kd_by_difference=True, wy_blocks=True, wy_warps=2),
-    "wy blocks 4w 16/16": dict(wy_kd_by_difference=True, wy_blocks=True, wy_bv=16),
-    "wy blocks 4w 16/32 st1": dict(wy_kd_by_difference=True, wy_blocks=True, wy_stages=1),
-    "wy blocks 4w 16/32 no kd": dict(wy_blocks=True),
+    "inverse kernel": dict(inverse_kernel=True),
+    "inverse kernel 2w": dict(inverse_kernel=True, inverse_warps=2),
+    "sub-block 2w + inverse": dict(inverse_kernel=True, intra_per_chunk=False, intra_warps=2, intra_maxnreg=None),
+    "sub-block 4w + inverse": dict(inverse_kernel=True, intra_per_chunk=False, intra_warps=4),
+    "sub-block 4w nocap + inverse": dict(inverse_kernel=True, intra_per_chunk=False, intra_warps=4,
+                                         intra_maxnreg=None),
+    "sub-block 2w bk16 + inverse": dict(inverse_kernel=True, intra_per_chunk=False, intra_warps=2, intra_bk=16,
+                                        intra_maxnreg=None),
+    "per chunk 2w + inverse": dict(inverse_kernel=True, intra_chunk_warps=2),
+    "wy blocks 4w 32/64": dict(wy_bv=64),
 }
 
 

@@ -136,6 +136,18 @@ def test_wy_variants_match_float64_reference(dtype, blocks):
 
 
 @cpu_only
+@pytest.mark.parametrize("per_chunk", [True, False], ids=["per chunk", "per sub-block"])
+def test_inverse_kernel_matches_float64_reference(per_chunk):
+    """T by the separate one-warp inverse kernel (`inverse_kernel`) after either intra kernel (packed, grouped
+    heads, strong decays), fp32 and bf16."""
+    from kernels.triton_kda import KdaConfig
+
+    cfg = KdaConfig(inverse_kernel=True, intra_per_chunk=per_chunk, intra_bk=16)
+    _check(1, None, 2, 4, 16, 16, lengths=[70, 9, 0, 130], strength=20.0, config=cfg)
+    _check(1, None, 1, 2, 16, 32, dtype=torch.bfloat16, lengths=[100, 30], strength=3.0, config=cfg)
+
+
+@cpu_only
 def test_wy_blocks_are_the_looped_arithmetic():
     """A program a WY block computes what the looped kernel does, bit for bit (fp32, packed, grouped heads)."""
     from kernels.triton_kda import KdaConfig, triton_kda
@@ -365,9 +377,10 @@ def test_gpu_dk256_dv512_vs_float64():
     "intra",
     [{}, dict(intra_inverts=False), dict(intra_per_chunk=False),
      dict(wy_kd_by_difference=True, wy_warps=8, wy_bk=32, wy_bv=64),
-     dict(wy_kd_by_difference=True, wy_blocks=True, wy_bk=32, wy_bv=32)],
+     dict(wy_kd_by_difference=True, wy_blocks=True, wy_bk=32, wy_bv=32), dict(inverse_kernel=True),
+     dict(inverse_kernel=True, intra_per_chunk=False)],
     ids=["per chunk, inverting", "per chunk, WY inverts", "per sub-block", "WY 8 warps, Kd by difference",
-         "WY a program a block"],
+         "WY a program a block", "inverse kernel", "per sub-block, inverse kernel"],
 )
 def test_gpu_split_prep_vs_float64(intra):
     """The split prep (`KdaConfig.split_prep`) with each intra kernel (`_intra_chunk_kernel` inverting (I + A)
