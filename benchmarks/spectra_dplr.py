@@ -59,11 +59,18 @@ def row(dk: int, batch: int, torch_batch: int, dense_batch: int, device: torch.d
     exact = torch.linalg.eigvalsh(torch.diag_embed(d[sub]) - beta[sub, None, None] * w[:, :, None] * w[:, None, :])
     out: dict[str, Any] = {"dk": dk, "batch": batch}
     if triton:
+        # the float32 path's inputs: what a bf16/fp16/fp32 model gives (float32); its solver error is measured
+        # against the float64 solver of those same rounded inputs, its total error against `exact`
+        d32, k32, b32 = d.float(), k.float(), beta.float()
+        ref32 = dplr_eigvals(d32.double(), k32.double(), b32.double(), method="triton")
         t_tri, tri = _timed(lambda: dplr_eigvals(d, k, beta, method="triton"), device)
         w_all = d.sqrt() * k
         t_mix, mix = _timed(lambda: secular_eigvals(d, w_all, beta, mixed=True), device)
+        t_f32, f32 = _timed(lambda: dplr_eigvals(d32, k32, b32, method="triton", precision="float32"), device)
         out.update(triton_per_s=batch / t_tri, err_triton=float((tri[sub] - exact).abs().max()),
-                   mixed_per_s=batch / t_mix, err_mixed=float((mix[sub] - exact).abs().max()))
+                   mixed_per_s=batch / t_mix, err_mixed=float((mix[sub] - exact).abs().max()),
+                   f32_per_s=batch / t_f32, err_f32=float((f32[sub].double() - exact).abs().max()),
+                   err_f32_solver=float((f32.double() - ref32).abs().max()))
     ts = slice(0, min(torch_batch, batch))
     t_torch, ours = _timed(lambda: dplr_eigvals(d[ts], k[ts], beta[ts], block=block, method="torch"), device)
     t_dense, dense = _timed(lambda: dplr_eigvals_dense(d[sub], k[sub], beta[sub]), device, repeat=1)
@@ -84,7 +91,8 @@ def main(argv: list[str] | None = None) -> None:
                    help="matrices per torch-solver block (memory O(block dk^2); default 4096 GPU, 128 CPU)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--sweep", action="store_true",
-                   help="also the Triton solver's launch choices (roots per program, warps, one sum per evaluation)")
+                   help="also the Triton solver's launch choices (roots per program, warps, one sum per evaluation; "
+                   "float32 path: lanes, programs per matrix, stop test, FMA contraction)")
     args = p.parse_args(argv)
     device = torch.device(args.device)
     cuda = device.type == "cuda"
@@ -96,16 +104,20 @@ def main(argv: list[str] | None = None) -> None:
     name = torch.cuda.get_device_name(device) if cuda else "CPU"
     print(f"diagonal-plus-rank-one spectra on {name}: Triton and torch secular solvers vs dense torch.linalg.eigvals"
           + ("" if triton else " (Triton skipped: CPU without TRITON_INTERPRET=1)"))
-    print(f"{'dk':>5} {'triton/s':>10} {'mixed/s':>10} {'torch/s':>10} {'dense/s':>10} {'tri/dense':>10} "
-          f"{'tri/torch':>10} {'err triton':>11} {'err mixed':>10} {'err torch':>10} {'torch-dense':>12}"
-          "   (token-heads/s; errors max|.| vs eigvalsh; mixed: float32 steps seed float64 ones)")
+    print(f"{'dk':>5} {'triton/s':>10} {'mixed/s':>10} {'f32/s':>10} {'torch/s':>10} {'dense/s':>10} "
+          f"{'tri/dense':>10} {'f32/dense':>10} {'f32/tri':>8} {'tri/torch':>10} {'err triton':>11} {'err mixed':>10} "
+          f"{'err f32':>9} {'f32-f64':>9} {'err torch':>10} {'torch-dense':>12}"
+          "   (token-heads/s; errors max|.| vs eigvalsh; mixed: float32 steps seed float64 ones; f32: the float32 "
+          "path on float32-rounded inputs, f32-f64: vs the float64 solver of those inputs, all batch matrices)")
     for dk in args.dk:
         r = row(dk, batch, torch_batch, dense_batch, device, args.block, triton)
         nan = float("nan")
-        tri, mix = r.get("triton_per_s", nan), r.get("mixed_per_s", nan)
-        print(f"{r['dk']:>5} {tri:>10.3e} {mix:>10.3e} {r['torch_per_s']:>10.3e} {r['dense_per_s']:>10.3e} "
-              f"{tri / r['dense_per_s']:>9.0f}x {tri / r['torch_per_s']:>9.1f}x {r.get('err_triton', nan):>11.1e} "
-              f"{r.get('err_mixed', nan):>10.1e} {r['err_torch']:>10.1e} {r['err_dense']:>12.1e}", flush=True)
+        tri, mix, f32 = r.get("triton_per_s", nan), r.get("mixed_per_s", nan), r.get("f32_per_s", nan)
+        print(f"{r['dk']:>5} {tri:>10.3e} {mix:>10.3e} {f32:>10.3e} {r['torch_per_s']:>10.3e} "
+              f"{r['dense_per_s']:>10.3e} {tri / r['dense_per_s']:>9.0f}x {f32 / r['dense_per_s']:>9.0f}x "
+              f"{f32 / tri:>7.2f}x {tri / r['torch_per_s']:>9.1f}x {r.get('err_triton', nan):>11.1e} "
+              f"{r.get('err_mixed', nan):>10.1e} {r.get('err_f32', nan):>9.1e} {r.get('err_f32_solver', nan):>9.1e} "
+              f"{r['err_torch']:>10.1e} {r['err_dense']:>12.1e}", flush=True)
     if args.sweep and triton:
         for dk in args.dk:
             sweep(dk, batch, device)
@@ -122,6 +134,21 @@ def sweep(dk: int, batch: int, device: torch.device) -> None:
                                                                                one_sum=o), device)
         print(f"   roots/program {block_r:>2}  warps {warps}  one sum {one_sum!s:>5}: {batch / t:.3e}  "
               f"{float((lam - base).abs().max()):.1e}", flush=True)
+    d32, w32, b32 = d.float(), d.float().sqrt() * k.float(), beta.float()
+    print(f"float32 path at dk = {dk} (token-heads/s of secular_eigvals(precision='float32'); max |difference| from "
+          "the float64 default; mean steps per root, mean and max passes per program)")
+    for lanes, programs, err_stop, fusion in itertools.product((32, 64, 128), (1, 2), (True, False), (False, True)):
+        if (lanes > 32 or programs > 1) and lanes * programs > dk:
+            continue
+        kw = dict(precision="float32", lanes=lanes, programs=programs, err_stop=err_stop, fp_fusion=fusion)
+        t, lam = _timed(lambda kw=kw: secular_eigvals(d32, w32, b32, **kw), device)
+        steps: list[torch.Tensor] = []
+        secular_eigvals(d32, w32, b32, steps=steps, **kw)
+        counts, passes = steps[0][0].float(), steps[0][1][:, :programs].float()
+        print(f"   lanes {lanes:>3}  programs/matrix {programs}  f-level stop {err_stop!s:>5}  fma {fusion!s:>5}: "
+              f"{batch / t:.3e}  {float((lam.double() - base).abs().max()):.1e}  "
+              f"steps {counts.sum() / (counts > 0).sum():.2f}  passes {passes.mean():.1f} / {passes.max():.0f}",
+              flush=True)
 
 
 if __name__ == "__main__":

@@ -42,21 +42,27 @@ falls back to bisection, and 64 halvings pin any root to the last bit, so the bo
 
 
 def dplr_eigvals(d: torch.Tensor, k: torch.Tensor, beta: torch.Tensor, block: int | None = None,
-                 method: str = "auto") -> torch.Tensor:
+                 method: str = "auto", precision: str = "float64") -> torch.Tensor:
     """Eigenvalues (ascending, float64) of (I - beta k k^T) diag(d) for d, k [..., n] and beta [...].
 
     `d` are the per-channel decays exp(g) (positive); `k` need not be normalised. `method`: "auto" runs the
     Triton solver (`kernels.triton_secular`) on CUDA tensors (unless DELTALAB_SECULAR=torch), else the torch one;
     "torch" and "triton" force one (Triton on CPU tensors needs TRITON_INTERPRET=1). The torch solver works in
     blocks of `block` matrices (memory O(block n^2)); the Triton one needs O(n) memory per matrix, no `block`.
+    `precision="float32"` (for transitions of bf16/fp16/fp32 models): inputs rounded to float32 and, with the Triton
+    solver, everything in float32 (float32 eigenvalues within a few eps32 of the spectral scale; the torch solver
+    stays float64 and its result is rounded).
     """
     if d.shape != k.shape or beta.shape != d.shape[:-1]:
         raise ValueError(f"dplr_eigvals: d {tuple(d.shape)} and k {tuple(k.shape)} must match and beta "
                          f"{tuple(beta.shape)} must be their leading dims")
     if bool((d <= 0).any()):
         raise ValueError("dplr_eigvals: decays d must be positive (d = exp(g))")
+    if precision not in ("float64", "float32"):
+        raise ValueError(f"dplr_eigvals: precision {precision!r} must be 'float64' or 'float32'")
     lead, n = d.shape[:-1], d.shape[-1]
-    d2, k2, b2 = d.reshape(-1, n).double(), k.reshape(-1, n).double(), beta.reshape(-1).double()
+    dt = torch.float64 if precision == "float64" else torch.float32
+    d2, k2, b2 = d.reshape(-1, n).to(dt), k.reshape(-1, n).to(dt), beta.reshape(-1).to(dt)
     return _blocked(d2, d2.sqrt() * k2, b2.clamp(min=0.0), block, method).reshape(*lead, n)
 
 
@@ -93,15 +99,19 @@ def dplr_eigvals_general(d: torch.Tensor, a: torch.Tensor, b: torch.Tensor, bloc
 
 def _blocked(d: torch.Tensor, w: torch.Tensor, rho: torch.Tensor, block: int | None,
              method: str = "torch") -> torch.Tensor:
-    """Ascending eigenvalues of D - rho w w^T for [N, n] float64 d, w and [N] rho >= 0: the Triton solver for
-    `method` "triton" (or "auto" on CUDA unless DELTALAB_SECULAR=torch),
+    """Ascending eigenvalues of D - rho w w^T for [N, n] float64 (or float32: the float32 path) d, w and [N]
+    rho >= 0: the Triton solver for `method` "triton" (or "auto" on CUDA unless DELTALAB_SECULAR=torch),
     else the torch one `block` matrices at a time (memory O(block n^2))."""
     if method not in ("auto", "torch", "triton"):
         raise ValueError(f"dplr_eigvals: method {method!r} must be 'auto', 'torch' or 'triton'")
     if method == "triton" or (method == "auto" and d.is_cuda and os.environ.get(TRITON_ENV) != "torch"):
         from kernels.triton_secular import secular_eigvals  # imports triton; the CPU path does not need it
 
-        return _trace_checked(secular_eigvals(d.contiguous(), w.contiguous(), rho.contiguous()), d, w, rho)
+        precision = "float32" if d.dtype == torch.float32 else "float64"
+        lam = secular_eigvals(d.contiguous(), w.contiguous(), rho.contiguous(), precision=precision)
+        return _trace_checked(lam, d, w, rho)
+    if d.dtype != torch.float64:
+        return _blocked(d.double(), w.double(), rho.double(), block, method).to(d.dtype)
     block = block or (4096 if d.is_cuda else 128)
     out = torch.empty_like(d)
     for lo in range(0, d.shape[0], block):
@@ -111,8 +121,9 @@ def _blocked(d: torch.Tensor, w: torch.Tensor, rho: torch.Tensor, block: int | N
 
 
 TRACE_TOL = 16
-"""A matrix's eigenvalues must sum to its trace within TRACE_TOL * n * eps * (max |d| + rho ||w||^2): a check
-that costs O(n) per matrix and catches any grossly wrong root (such as the one an H200 returned once)."""
+"""A matrix's eigenvalues must sum to its trace within TRACE_TOL * n * eps * (max |d| + rho ||w||^2), eps of the
+solver's precision (float32: 2.4e-4 of the scale at n = 128, while a float32 root is off by a few eps32 at most):
+a check that costs O(n) per matrix and catches any grossly wrong root (such as the one an H200 returned once)."""
 
 
 def _trace_checked(lam: torch.Tensor, d: torch.Tensor, w: torch.Tensor, rho: torch.Tensor) -> torch.Tensor:
@@ -127,7 +138,7 @@ def _trace_checked(lam: torch.Tensor, d: torch.Tensor, w: torch.Tensor, rho: tor
         warnings.warn(f"dplr_eigvals: the Triton secular solver's eigenvalues of {rows.numel()} of {d.shape[0]} "
                       "matrices missed their trace; re-solved them with the torch solver", stacklevel=3)
         lam = lam.clone()
-        lam[rows] = _solve(d[rows], w[rows], rho[rows])
+        lam[rows] = _solve(d[rows].double(), w[rows].double(), rho[rows].double()).to(lam.dtype)
     return lam
 
 

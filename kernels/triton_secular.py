@@ -25,11 +25,12 @@ from kernels.constants import SECULAR_ITERATIONS as ITERATIONS
 
 EPS = float(torch.finfo(torch.float64).eps)
 EPS32 = float(torch.finfo(torch.float32).eps)
-BLOCK_R, BLOCK_P, NUM_WARPS = 16, 32, 4
-"""Roots per program, poles per streamed chunk, warps of the root kernel: 96 registers and no spills on sm_90 at
-dk = 128 (`python -m benchmarks.secular_ptxas`; 32 roots take 164, 64-wide tiles or unrolled pole loops 250+ or
-spill). A program iterates until its slowest root converges: on KDA-like inputs (dk = 64) a root takes 4.25
-steps on average but a block of 32 roots 7.4, of 16 roots 6.7."""
+BLOCK_R, BLOCK_P, NUM_WARPS, ONE_SUM = 8, 32, 2, True
+"""Roots per program, poles per streamed chunk, warps and one cross-lane sum per evaluation of the float64 root
+kernel: H100 (`python -m benchmarks.spectra_dplr --dk 64 128 --sweep`, 262,144 matrices) 1.91e6 token-heads/s at
+dk = 128 and 5.52e6 at dk = 64, against 1.05e6 / 3.78e6 for 16 roots, 4 warps and a sum per pole chunk (the
+earlier default). A program iterates until its slowest root converges: on KDA-like inputs (dk = 64) a root takes
+4.25 steps on average but a block of 16 roots 6.7, of 8 roots 6.1."""
 
 
 @triton.jit
@@ -262,11 +263,246 @@ def _roots_kernel(DP, Z, KEPT, RHO, LAM, STEPS, n, ITERS, BLOCK_R: tl.constexpr,
     tl.store(STEPS + row * n + ir, count64, mask=mr)
     tl.store(STEPS + (tl.num_programs(0) + row) * n + ir, count32, mask=mr)
 
+# ---------------------------------------------------------------------------------------------------------------
+# float32 path (`secular_eigvals(..., precision="float32")`): for transitions from bf16/fp16/fp32 models, whose
+# inputs carry float32 precision at most. Every (root, pole) operation is float32; see `_roots32_kernel`.
+
+LANES32 = 32
+"""Roots in flight per float32 program (one lane each, LANES32 / 32 warps); a lane that finishes its root takes the
+program's next one, so a program's cost is the largest per-lane sum of evaluations, not roots x slowest root."""
+
+
+@triton.jit
+def _deflate32_kernel(DP, Z, RHO, PK, LAM, NK, RW, n, BLOCK: tl.constexpr, EPS_C: tl.constexpr):
+    """`_deflate_kernel` in float32 (tolerance 8 eps32 scale) that also compacts: kept (pole, squared weight) pairs
+    to PK[:nk] ([N, n, 2], one 64-bit load a pole for the root kernel), deflated poles (their own eigenvalues) to
+    LAM[nk:], nk to NK and rho ||z||^2 to RW, so the root kernel loops over kept poles only."""
+    row = tl.program_id(0).to(tl.int64)
+    idx = tl.arange(0, BLOCK)
+    m = idx < n
+    dp = tl.load(DP + row * n + idx, mask=m, other=0.0)
+    z = tl.load(Z + row * n + idx, mask=m, other=0.0)
+    rho = tl.load(RHO + row)
+    znorm2 = tl.sum(z * z, 0)
+    rhohat = rho * znorm2
+    scale = tl.maximum(tl.max(tl.abs(dp), 0), rhohat)
+    tol = 8 * EPS_C * scale
+    inv_norm = 1.0 / tl.sqrt(tl.maximum(znorm2, 1e-30))
+    kept = m & (rhohat * tl.abs(z) * inv_norm > tol)
+    z = tl.where(kept, z, 0.0)
+    prev = tl.full((), -1, tl.int32)
+    dprev = tl.full((), 0.0, tl.float32)
+    zprev = tl.full((), 0.0, tl.float32)
+    for j in range(0, n):  # dlaed2's merge chain, as in `_deflate_kernel`
+        dj = tl.load(DP + row * n + j)
+        zj0 = tl.load(Z + row * n + j)
+        kj = rhohat * tl.abs(zj0) * inv_norm > tol
+        zj = tl.where(kj, zj0, 0.0)
+        tau = tl.sqrt(zprev * zprev + zj * zj)
+        pos = tau > 0
+        c = tl.where(pos, zj / tl.where(pos, tau, 1.0), 1.0)
+        s = tl.where(pos, -zprev / tl.where(pos, tau, 1.0), 0.0)
+        gap = dj - dprev
+        merge = kj & (prev >= 0) & (tl.abs(gap * c * s) <= tol)
+        new_prev = dprev * c * c + dj * s * s
+        new_j = dprev * s * s + dj * c * c
+        mi = merge.to(tl.int32)
+        at_p = ((idx == prev).to(tl.int32) * mi) != 0
+        at_j = ((idx == j).to(tl.int32) * mi) != 0
+        dp = tl.where(at_p, new_prev, tl.where(at_j, new_j, dp))
+        z = tl.where(at_p, 0.0, tl.where(at_j, tau, z))
+        kept = kept & (~at_p)
+        prev = tl.where(kj, j, prev)
+        dprev = tl.where(kj, tl.where(merge, new_j, dj), dprev)
+        zprev = tl.where(kj, tl.where(merge, tau, zj), zprev)
+    k32 = kept.to(tl.int32)
+    pos = tl.cumsum(k32, 0) - 1  # rank among the kept poles (ascending, as D' is)
+    nk = tl.sum(k32, 0)
+    tl.store(PK + (row * n + pos) * 2, dp, mask=kept)
+    tl.store(PK + (row * n + pos) * 2 + 1, z * z, mask=kept)
+    tl.store(LAM + row * n + nk + idx - pos - 1, dp, mask=m & (k32 == 0))  # idx - pos - 1 deflated poles before idx
+    tl.store(NK + row, nk)
+    tl.store(RW + row, rho * tl.sum(z * z, 0))
+
+
+@triton.jit
+def _unpack32(v):
+    """The (pole, squared weight) float32 pair packed in int64 `v` (little-endian: pole in the low half)."""
+    return v.to(tl.int32).to(tl.float32, bitcast=True), (v >> 32).to(tl.int32).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _eval32(PK, base, nk, origin, x, ERR_STOP: tl.constexpr, FAST_RCP: tl.constexpr):
+    """f - 1/rho, psi', phi' and sum |terms| (ERR_STOP, else 0) at origin + x for each lane's root, in float32:
+    d'_q - origin first (exact for the near poles), then - x; one approximate reciprocal per (root, pole)
+    (FAST_RCP: rcp.approx.ftz, one MUFU op; else an approximate division, what the interpreter runs). A pole
+    belongs to psi (at or below the root's own) exactly when its denominator is negative, so no index test.
+    No guard for a zero denominator: an inf or NaN f fails the step's bracket test, so that step bisects."""
+    f = tl.zeros_like(x)
+    dpsi = tl.zeros_like(x)
+    dphi = tl.zeros_like(x)
+    fabs = tl.zeros_like(x)
+    for q in range(0, nk):  # one uniform 64-bit load a pole (every lane reads pole q), served by L1
+        dq, wq = _unpack32(tl.load(PK + base + q))
+        den = (dq - origin) - x
+        if FAST_RCP:
+            r = tl.inline_asm_elementwise("rcp.approx.ftz.f32 $0, $1;", "=r,r", [den], dtype=tl.float32,
+                                          is_pure=True, pack=1)
+        else:
+            r = tl.math.fdiv(1.0, den, approx=True)
+        t = wq * r
+        dt = t * r
+        f += t
+        if ERR_STOP:
+            fabs += tl.abs(t)
+        low = r < 0
+        dpsi = tl.where(low, dpsi + dt, dpsi)
+        dphi = tl.where(low, dphi, dphi + dt)
+    return f, dpsi, dphi, fabs
+
+
+@triton.jit
+def _root32_data(PK, base, nk, rw, p, take):
+    """Own pole, next kept pole, bracket width, squared weights of both and `last` for root p (lanes `take`)."""
+    pole, zi2 = _unpack32(tl.load(PK + base + p, mask=take, other=0))
+    has_next = take & (p + 1 < nk)
+    d_next, zn2 = _unpack32(tl.load(PK + base + p + 1, mask=has_next, other=0))
+    last = ~has_next
+    width = tl.where(last, rw, d_next - pole)
+    return pole, d_next, width, zi2, zn2, last
+
+
+@triton.jit
+def _roots32_kernel(PK, NK, RW, RHO, LAM, STEPS, n, ITERS, LANES: tl.constexpr, EPS_C: tl.constexpr,
+                    GUESS: tl.constexpr, ERR_STOP: tl.constexpr = True, FAST_RCP: tl.constexpr = False):
+    """Kept roots of D' + rho z z^T (compacted by `_deflate32_kernel`) in float32, one lane per root: root p of
+    program (row, j) is p = j * LANES + lane, then + LANES * programs when it converges, so lanes stay busy until
+    the program's roots run out. Each pass evaluates every lane's secular function once: a fresh root's at its
+    bracket's middle (which picks its origin pole and dlaed4's two-pole start), then middle-way steps safeguarded
+    by bisection (the float64 kernel's `_step`), stopped at |eta| <= 4 eps32 |x| or (ERR_STOP) at |f| <= 2 eps32
+    (sum |terms| + 1/rho), f's rounding level (dlaed4's test; cuts the tail of 6-12-step roots). STEPS[0] gets
+    each root's steps, STEPS[1][row, j] the program's passes."""
+    row = tl.program_id(0).to(tl.int64)
+    base = row * n
+    nk = tl.load(NK + row)
+    rw = tl.load(RW + row)
+    inv_rho = 1.0 / tl.maximum(tl.load(RHO + row), 1e-30)
+    stride = tl.num_programs(1) * LANES
+    p = tl.program_id(1) * LANES + tl.arange(0, LANES)
+    live = (p < nk).to(tl.int32)
+    pole, d_next, width, zi2, zn2, last = _root32_data(PK, base, nk, rw, p, live != 0)
+    origin = pole
+    x = width / 2
+    fresh = live  # 1: this pass evaluates f at the middle of the root's bracket (origin = own pole)
+    zero = tl.zeros_like(x)
+    lo, hi, d_lo, d_hi = zero, zero, zero, zero
+    count = tl.zeros((LANES,), tl.int32)
+    passes = 0
+    while tl.max(live, 0) > 0:
+        f, dpsi, dphi, fabs = _eval32(PK, base, nk, origin, x, ERR_STOP, FAST_RCP)
+        f += inv_rho
+        # fresh roots: the nearer pole becomes the origin (f at the middle decides), the bracket and the start
+        mid = width / 2
+        lower = last | (f >= 0)
+        o_i = tl.where(lower, pole, d_next)  # the next pole itself, not pole + width (no rounding of the origin)
+        lo_i = tl.where(lower, zero, mid - width)
+        hi_i = tl.where(lower, tl.where(last, width, mid), zero)
+        dlo_i = tl.where(lower, zero, -width)
+        dhi_i = tl.where(lower, tl.where(last, 2 * width, width), zero)  # last root: a virtual pole (see `_step`)
+        x_i = (lo_i + hi_i) / 2
+        if GUESS:  # the two-pole model through f at the middle, as `_roots_kernel`
+            x_mid = tl.where(lower, mid, mid - width)
+            cm = f - zi2 / (dlo_i - x_mid) - tl.where(last, 0.0, zn2 / (dhi_i - x_mid))
+            bq = cm * (dlo_i + dhi_i) + zi2 + zn2
+            cq = zi2 * dhi_i + zn2 * dlo_i
+            sq = bq + tl.where(bq >= 0, 1.0, -1.0) * tl.sqrt(tl.maximum(bq * bq - 4 * cm * cq, 0.0))
+            x_small = 2 * cq / sq
+            x_big = sq / (2 * cm)
+            in_small = (x_small > lo_i) & (x_small < hi_i)
+            in_big = (x_big > lo_i) & (x_big < hi_i)
+            x_i = tl.where(in_small, x_small, tl.where(in_big, x_big, x_i))
+        # stepping roots: one middle-way step safeguarded by the bracket
+        lo_s = tl.where(f < 0, x, lo)
+        hi_s = tl.where(f > 0, x, hi)
+        a_lo = d_lo - x
+        a_hi = d_hi - x
+        s_lo = a_lo * a_lo * dpsi
+        s_hi = a_hi * a_hi * dphi
+        cc = f - a_lo * dpsi - a_hi * dphi
+        qa = (a_lo + a_hi) * cc + s_lo + s_hi
+        qb = a_lo * a_hi * cc + s_lo * a_hi + s_hi * a_lo
+        disc = tl.sqrt(tl.maximum(qa * qa - 4 * cc * qb, 0.0))
+        eta = 2 * qb / tl.where(qa >= 0, qa + disc, qa - disc)
+        step = x + eta
+        ok = (step == step) & (tl.abs(step) < float("inf")) & (step > lo_s) & (step < hi_s)
+        conv = (f == 0) | (tl.abs(eta) <= 4 * EPS_C * tl.abs(x)) | \
+            (hi_s - lo_s <= 2 * EPS_C * tl.maximum(tl.abs(lo_s), tl.abs(hi_s)))
+        if ERR_STOP:
+            conv = conv | (tl.abs(f) <= 2 * EPS_C * (fabs + inv_rho))
+        x_s = tl.where(conv, x, tl.where(ok, step, (lo_s + hi_s) / 2))
+        count = count + 1 - fresh
+        st = live * (1 - fresh)
+        done = (st * ((conv | (count >= ITERS)).to(tl.int32))) != 0
+        tl.store(LAM + base + p, origin + x_s, mask=done)
+        tl.store(STEPS + base + p, count, mask=done)
+        nf = fresh != 0
+        origin = tl.where(nf, o_i, origin)
+        x = tl.where(nf, x_i, x_s)
+        lo = tl.where(nf, lo_i, lo_s)
+        hi = tl.where(nf, hi_i, hi_s)
+        d_lo = tl.where(nf, dlo_i, d_lo)
+        d_hi = tl.where(nf, dhi_i, d_hi)
+        # converged lanes take their next root
+        p = tl.where(done, p + stride, p)
+        take = done & (p < nk)
+        live = tl.where(done, take.to(tl.int32), live)
+        fresh = take.to(tl.int32)
+        count = tl.where(done, 0, count)
+        pole_n, dnext_n, width_n, zi2_n, zn2_n, last_n = _root32_data(PK, base, nk, rw, p, take)
+        pole = tl.where(take, pole_n, pole)
+        d_next = tl.where(take, dnext_n, d_next)
+        width = tl.where(take, width_n, width)
+        zi2 = tl.where(take, zi2_n, zi2)
+        zn2 = tl.where(take, zn2_n, zn2)
+        last = tl.where(take, last_n, last)
+        origin = tl.where(take, pole, origin)
+        x = tl.where(take, width / 2, x)
+        passes += 1
+    tl.store(STEPS + (tl.num_programs(0) + row) * n + tl.program_id(1), passes)
+
+
+def _secular_eigvals32(d: torch.Tensor, w: torch.Tensor, rho: torch.Tensor, lanes: int, programs: int,
+                       guess: bool, steps: list[torch.Tensor] | None, fp_fusion: bool, err_stop: bool,
+                       fast_rcp: bool | None) -> torch.Tensor:
+    """`secular_eigvals(precision="float32")`: float32 sort, deflation and roots (see `_roots32_kernel`)."""
+    d, w, rho = d.float(), w.float(), rho.float().contiguous()
+    N, n = d.shape
+    dp, order = torch.sort(-d, dim=-1)
+    z = torch.gather(w, 1, order).contiguous()
+    dp = dp.contiguous()
+    packed = torch.empty(N, n, 2, dtype=torch.float32, device=d.device)  # kept (pole, weight^2) pairs
+    lam = torch.empty_like(dp)
+    nk = torch.empty(N, dtype=torch.int32, device=d.device)
+    rw = torch.empty(N, dtype=torch.float32, device=d.device)
+    fusion = {"enable_fp_fusion": fp_fusion}
+    _deflate32_kernel[(N,)](dp, z, rho, packed, lam, nk, rw, n, BLOCK=triton.next_power_of_2(n), EPS_C=EPS32,
+                            num_warps=1, **fusion)
+    programs = max(1, min(programs, triton.cdiv(n, lanes)))
+    its = torch.zeros(2, N, n, dtype=torch.int32, device=d.device)
+    fast = d.is_cuda and torch.version.hip is None if fast_rcp is None else fast_rcp
+    _roots32_kernel[(N, programs)](packed.view(torch.int64), nk, rw, rho, lam, its, n, ITERATIONS, LANES=lanes,
+                                   EPS_C=EPS32, GUESS=guess, ERR_STOP=err_stop, FAST_RCP=fast,
+                                   num_warps=max(1, lanes // 32), **fusion)
+    if steps is not None:
+        steps.append(its)
+    return torch.sort(-lam, dim=-1).values
 
 def secular_eigvals(d: torch.Tensor, w: torch.Tensor, rho: torch.Tensor, *, block_r: int = BLOCK_R,
                     block_p: int = BLOCK_P, num_warps: int = NUM_WARPS, guess: bool = True, mixed: bool = False,
                     steps: list[torch.Tensor] | None = None, for_loop: bool = False,
-                    fp_fusion: bool = False, one_sum: bool = False) -> torch.Tensor:
+                    fp_fusion: bool = False, one_sum: bool = ONE_SUM, precision: str = "float64",
+                    lanes: int = LANES32, programs: int = 1, err_stop: bool = True,
+                    fast_rcp: bool | None = None) -> torch.Tensor:
     """Ascending eigenvalues of D - rho w w^T for [N, n] float64 d, w and [N] float64 rho >= 0, on the device of
     the inputs (CUDA, or CPU under TRITON_INTERPRET=1). `guess`: start each root from the two-pole model (else
     the bracket's middle); `mixed`: float32 steps seed the float64 ones (same accuracy, fewer
@@ -275,8 +511,23 @@ def secular_eigvals(d: torch.Tensor, w: torch.Tensor, rho: torch.Tensor, *, bloc
     `fp_fusion`: let the compiler contract multiply-adds into FMAs. Off by default: with FMAs an H100 and an H200
     returned wrong roots for about 1 matrix in 2,000 (the same ones every run), without them none (kernels/NOTES.md).
     `one_sum`: each evaluation's pole chunks add into [roots, poles] tiles reduced once instead of one cross-lane
-    sum per chunk (the same roots up to the order of the additions; 154 registers instead of 96 at dk = 128, so
-    fewer programs per SM: not yet timed, `python -m benchmarks.spectra_dplr --sweep`)."""
+    sum per chunk (the same roots up to the order of the additions; the default, see ONE_SUM).
+    `precision="float32"`: everything in float32 (inputs float32 or float64, rounded; float32 result, accurate to
+    a few eps32 of the spectral scale, for transitions of bf16/fp16/fp32 models): `lanes` roots in flight per
+    program, `programs` programs per matrix, `err_stop` also stops a root once |f| is at its rounding level,
+    `fast_rcp` (default: on CUDA) one rcp.approx.ftz per (root, pole); `block_r`, `block_p`, `num_warps`, `mixed`,
+    `for_loop` and `one_sum` are float64 choices and are ignored there."""
+    if precision not in ("float64", "float32"):
+        raise ValueError(f"secular_eigvals: precision {precision!r} must be 'float64' or 'float32'")
+    if precision == "float32":
+        if any(t.dtype not in (torch.float32, torch.float64) for t in (d, w, rho)):
+            raise ValueError("secular_eigvals: d, w and rho must be float32 or float64")
+        if d.ndim != 2 or w.shape != d.shape or rho.shape != d.shape[:1]:
+            raise ValueError(f"secular_eigvals: d {tuple(d.shape)} and w {tuple(w.shape)} must be [N, n] and rho "
+                             f"{tuple(rho.shape)} [N]")
+        if d.shape[0] == 0 or d.shape[1] == 0:
+            return d.float().clone()
+        return _secular_eigvals32(d, w, rho, lanes, programs, guess, steps, fp_fusion, err_stop, fast_rcp)
     if d.dtype != torch.float64 or w.dtype != torch.float64 or rho.dtype != torch.float64:
         raise ValueError("secular_eigvals: d, w and rho must be float64 (convert with .double())")
     if d.ndim != 2 or w.shape != d.shape or rho.shape != d.shape[:1]:

@@ -162,3 +162,97 @@ def test_gpu_matches_eigvalsh_and_torch(n):
     assert (mixed - ref).abs().max() < 1e-13
     counted = secular_eigvals(d.to(dev), w, beta.clamp(min=0).to(dev), for_loop=True).cpu()
     assert (counted - ref).abs().max() < 1e-13
+
+
+EPS32 = float(torch.finfo(torch.float32).eps)
+F32_BOUND = 16
+"""float32 path: max |error| <= F32_BOUND eps32 (max |d| + beta ||w||^2) per matrix against float64 references of the
+float32-rounded inputs. The math allows a few eps32 of that scale: the inputs' float32 w = sqrt(d) k (an eps32
+relative change of each term of rho w w^T), deflation's 8 eps32 scale tolerance, and a root found to f's rounding
+level (measured <= 3.6 on these cases); a root in a wrong bracket is off by an eigenvalue gap, ~1e-2 here."""
+
+
+def _rounded(d, k, beta):
+    """The float32 inputs a bf16/fp16/fp32 model gives, back in float64 (the 'same matrices' of the references)."""
+    return d.float().double(), k.float().double(), beta.float().double()
+
+
+def _f32_error(got, d, k, beta):
+    """Max over matrices of |got - eigvals(M)| / (eps32 scale), M = (I - beta k k^T) diag(d) formed in float64."""
+    m = torch.diag_embed(d) - beta[:, None, None] * k[:, :, None] * (k * d)[:, None, :]
+    ref = torch.sort(torch.linalg.eigvals(m).real, dim=-1).values
+    scale = d.abs().amax(-1) + beta.clamp(min=0) * (d * k * k).sum(-1)
+    return float(((got.double() - ref).abs().amax(-1) / (EPS32 * scale)).max())
+
+
+@needs_interpreter
+@pytest.mark.parametrize("n", [6, 24, 40])
+def test_float32_path_matches_dense_eigvals(n):
+    """precision="float32" on random (beta in (0, 2)) and hard cases, dk not a power of two."""
+    d, k, beta = random_inputs(16, n, seed=500 + n)
+    hd, hk, hb = hard_cases(n)  # near-repeated and equal decays, zero key components, beta 1 and near 2, ...
+    d, k, beta = _rounded(torch.cat([d, hd]), torch.cat([k, hk]), torch.cat([beta, hb]))
+    assert bool((beta > 1).any()) and bool(((beta > 0) & (beta < 1)).any())
+    steps: list[torch.Tensor] = []
+    got = secular_eigvals(d, d.sqrt() * k, beta.clamp(min=0), precision="float32", steps=steps)
+    assert got.dtype == torch.float32
+    err = _f32_error(got, d, k, beta)
+    assert err < F32_BOUND, err
+    assert 0 < int(steps[0][0].max()) < ITERATIONS  # every root stopped on its own test
+    via = dplr_eigvals(d, k, beta, method="triton", precision="float32")  # with the float32 trace check
+    assert via.dtype == torch.float32 and _f32_error(via, d, k, beta) < F32_BOUND
+
+
+@needs_interpreter
+def test_float32_launch_choices_agree():
+    """More lanes or programs per matrix, and the stop test without f's rounding level, give the same roots up to
+    float32 rounding; a wrong root would differ by an eigenvalue gap."""
+    d, k, beta = _rounded(*random_inputs(8, 40, seed=41))
+    d[0, 3] = d[0, 2]  # an exactly repeated decay: deflated
+    k[1, ::3] = 0.0    # zero key components: deflated
+    w, rho = d.sqrt() * k, beta
+    for lanes, programs, err_stop in ((32, 1, True), (64, 1, True), (32, 2, False)):
+        got = secular_eigvals(d, w, rho, precision="float32", lanes=lanes, programs=programs, err_stop=err_stop)
+        assert _f32_error(got, d, k, beta) < F32_BOUND
+
+
+def test_float32_trace_check_re_solves_a_wrong_root(monkeypatch):
+    """The trace check works at float32's tolerance: a root off by 1e-3 is caught and re-solved (float64, then
+    rounded), and the correct matrices pass untouched."""
+    import kernels.triton_secular as ts
+
+    d, k, beta = _rounded(*random_inputs(6, 32, seed=4))
+    exact = dplr_eigvals(d, k, beta, method="torch").float()
+
+    def faulty(d_, w_, rho_, **kw):
+        assert kw.get("precision") == "float32" and d_.dtype == torch.float32
+        lam = exact.clone()
+        lam[2, 5] += 1e-3
+        return lam
+
+    monkeypatch.setattr(ts, "secular_eigvals", faulty)
+    with pytest.warns(UserWarning, match="1 of 6 matrices missed their trace"):
+        got = dplr_eigvals(d, k, beta, method="triton", precision="float32")
+    assert got.dtype == torch.float32 and _f32_error(got, d, k, beta) < F32_BOUND
+    assert torch.equal(got[:2], exact[:2]) and torch.equal(got[3:], exact[3:])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n", [64, 128])
+def test_gpu_float32_path_matches_the_float64_solver(n):
+    """262,144 float32-rounded matrices: the float32 path (compiled: rcp.approx, and with FMA contraction on too)
+    against the float64 solver of the same inputs, and through dplr_eigvals' trace check (a miss is an error)."""
+    dev = torch.device("cuda")
+    d, k, beta = random_inputs(262144 - 12, n, seed=600 + n)
+    hd, hk, hb = hard_cases(n)
+    d, k, beta = (torch.cat(p).float().to(dev) for p in ((d, hd), (k, hk), (beta, hb)))
+    w = d.sqrt() * k  # float32, as the float32 path forms it
+    rho = beta.clamp(min=0)
+    ref = secular_eigvals(d.double(), w.double(), rho.double())
+    scale = d.abs().amax(-1).double() + rho.double() * (w.double() ** 2).sum(-1)
+    for fusion in (False, True):
+        got = secular_eigvals(d, w, rho, precision="float32", fp_fusion=fusion)
+        err = float(((got.double() - ref).abs().amax(-1) / (EPS32 * scale)).max())
+        assert err < F32_BOUND, (fusion, err)
+    via = dplr_eigvals(d, k, beta, precision="float32")  # "auto": Triton on CUDA, float32 trace check
+    assert float(((via.double() - ref).abs().amax(-1) / (EPS32 * scale)).max()) < F32_BOUND
