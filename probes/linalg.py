@@ -82,19 +82,19 @@ def token_spectra(k: np.ndarray, beta: np.ndarray, g: np.ndarray | None = None, 
 
 
 def channel_gate_spectra(k: np.ndarray, beta: np.ndarray, g: np.ndarray, *, window: int = 1, stride: int = 1,
-                         device: str = "cpu") -> np.ndarray:
+                         device: str = "cpu", precision: str = "float64") -> np.ndarray:
     """All dk eigenvalues of each token's (window's) per-channel-gated transition, A_t = P_t diag(exp g_t):
     k [B,T,n_h,H,K], beta [B,T,n_h,H], g [B,T,H,K] -> complex [B,T',H,K].
 
     One token with n_h = 1: real values, ascending, exact by the secular equation (`kernels.spectra_dplr`).
     Otherwise the transitions are multiplied out in float64 and solved densely (`kernels.spectra_channel`),
-    sorted by angle, then modulus."""
+    sorted by angle, then modulus. `precision` "float32": the secular solve in float32 (one token, n_h = 1)."""
     if window == 1 and k.shape[2] == 1:
         from kernels.spectra_dplr import dplr_eigvals
 
         kk, bb = _t(k[:, :, 0], device, torch.float64), _t(beta[:, :, 0], device, torch.float64)
         d = _t(g, device, torch.float64).exp()
-        return _out(k, dplr_eigvals(d, kk, bb), torch.complex64)
+        return _out(k, dplr_eigvals(d, kk, bb, precision=precision), torch.complex64)
     from kernels.spectra_channel import channel_spectra
 
     spec = channel_spectra(_t(k, device, torch.float64), _t(beta, device, torch.float64),

@@ -166,10 +166,16 @@ def test_gpu_matches_eigvalsh_and_torch(n):
 
 EPS32 = float(torch.finfo(torch.float32).eps)
 F32_BOUND = 16
-"""float32 path: max |error| <= F32_BOUND eps32 (max |d| + beta ||w||^2) per matrix against float64 references of the
-float32-rounded inputs. The math allows a few eps32 of that scale: the inputs' float32 w = sqrt(d) k (an eps32
+"""float32 path: max |error| <= f32_bound(n) eps32 (max |d| + beta ||w||^2) per matrix against float64 references of
+the float32-rounded inputs. The math allows a few eps32 of that scale: the inputs' float32 w = sqrt(d) k (an eps32
 relative change of each term of rho w w^T), deflation's 8 eps32 scale tolerance, and a root found to f's rounding
-level (measured <= 3.6 on these cases); a root in a wrong bracket is off by an eigenvalue gap, ~1e-2 here."""
+level, a sum of n terms (so the bound grows with n: n / 4 from n = 64). Measured <= 3.6 on the interpreter's cases
+(n <= 40) and 20.7 on an H100 over 262,144 matrices at n = 128 (rcp.approx); a root in a wrong bracket is off by
+an eigenvalue gap, ~1e-2 here, 1e4 times the bound."""
+
+
+def f32_bound(n: int) -> float:
+    return max(F32_BOUND, n / 4)
 
 
 def _rounded(d, k, beta):
@@ -197,10 +203,10 @@ def test_float32_path_matches_dense_eigvals(n):
     got = secular_eigvals(d, d.sqrt() * k, beta.clamp(min=0), precision="float32", steps=steps)
     assert got.dtype == torch.float32
     err = _f32_error(got, d, k, beta)
-    assert err < F32_BOUND, err
+    assert err < f32_bound(d.shape[-1]), err
     assert 0 < int(steps[0][0].max()) < ITERATIONS  # every root stopped on its own test
     via = dplr_eigvals(d, k, beta, method="triton", precision="float32")  # with the float32 trace check
-    assert via.dtype == torch.float32 and _f32_error(via, d, k, beta) < F32_BOUND
+    assert via.dtype == torch.float32 and _f32_error(via, d, k, beta) < f32_bound(d.shape[-1])
 
 
 @needs_interpreter
@@ -213,7 +219,7 @@ def test_float32_launch_choices_agree():
     w, rho = d.sqrt() * k, beta
     for lanes, programs, err_stop in ((32, 1, True), (64, 1, True), (32, 2, False)):
         got = secular_eigvals(d, w, rho, precision="float32", lanes=lanes, programs=programs, err_stop=err_stop)
-        assert _f32_error(got, d, k, beta) < F32_BOUND
+        assert _f32_error(got, d, k, beta) < f32_bound(d.shape[-1])
 
 
 def test_float32_trace_check_re_solves_a_wrong_root(monkeypatch):
@@ -233,7 +239,7 @@ def test_float32_trace_check_re_solves_a_wrong_root(monkeypatch):
     monkeypatch.setattr(ts, "secular_eigvals", faulty)
     with pytest.warns(UserWarning, match="1 of 6 matrices missed their trace"):
         got = dplr_eigvals(d, k, beta, method="triton", precision="float32")
-    assert got.dtype == torch.float32 and _f32_error(got, d, k, beta) < F32_BOUND
+    assert got.dtype == torch.float32 and _f32_error(got, d, k, beta) < f32_bound(d.shape[-1])
     assert torch.equal(got[:2], exact[:2]) and torch.equal(got[3:], exact[3:])
 
 
@@ -253,6 +259,6 @@ def test_gpu_float32_path_matches_the_float64_solver(n):
     for fusion in (False, True):
         got = secular_eigvals(d, w, rho, precision="float32", fp_fusion=fusion)
         err = float(((got.double() - ref).abs().amax(-1) / (EPS32 * scale)).max())
-        assert err < F32_BOUND, (fusion, err)
+        assert err < f32_bound(n), (fusion, err)
     via = dplr_eigvals(d, k, beta, precision="float32")  # "auto": Triton on CUDA, float32 trace check
-    assert float(((via.double() - ref).abs().amax(-1) / (EPS32 * scale)).max()) < F32_BOUND
+    assert float(((via.double() - ref).abs().amax(-1) / (EPS32 * scale)).max()) < f32_bound(n)

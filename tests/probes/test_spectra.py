@@ -117,3 +117,20 @@ def test_per_channel_gate_windows_are_the_recurrence_products(store):
     plain = spectra.run(ds, window=4).dataset
     assert "window_eig_A" not in plain and not plain.attrs["channel_windows"]
     np.testing.assert_array_equal(plain["eig_A"].values, out["eig_A"].values)
+
+
+def test_float32_precision_of_per_channel_gates(store):
+    """--precision float32 (one token, n_h = 1): eig_A within the float32 solver's bound of the float64 values,
+    the choice kept in the result's attributes; an unknown precision is one ProbeError line."""
+    from probes.base import ProbeError
+
+    ds = _channel_gated(store).isel(step=slice(0, 1))
+    exact = spectra.run(ds, window=2).dataset
+    fast = spectra.run(ds, window=2, precision="float32").dataset
+    assert exact.attrs["precision"] == "float64" and fast.attrs["precision"] == "float32"
+    got, want = fast["eig_A"].values, exact["eig_A"].values
+    scale = np.abs(want).max()
+    assert np.abs(got - want).max() <= 32 * np.finfo(np.float32).eps * scale
+    assert got.shape == want.shape and got.dtype == want.dtype == np.complex64
+    with pytest.raises(ProbeError, match="--precision 'float16' is not one of float64, float32"):
+        spectra.run(ds, window=2, precision="float16")
