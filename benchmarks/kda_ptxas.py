@@ -87,9 +87,11 @@ def report(
     state_bv = min(cfg.state_bv or (64 if dk <= 128 else 32), BVF)
     torch_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype]
     bound = tk.OWN_PAIRS_BOUND[torch_dtype] if cfg.own_pairs_bound is None else cfg.own_pairs_bound
-    inverted = cfg.intra_per_chunk and cfg.intra_inverts
-    if inverted and not F32:  # T from the intra kernel, in the inputs' type
-        ptrs = {**ptrs, "A": "*" + t}
+    in_intra = cfg.intra_per_chunk and cfg.intra_inverts and not cfg.inverse_kernel  # as triton_kda's launch
+    inverted = in_intra or cfg.inverse_kernel
+    half_t = "*fp32" if F32 else "*" + t  # T from the intra or inverse kernel is in the inputs' type
+    intra_ptrs = {**ptrs, "A": half_t} if in_intra else ptrs
+    wy_ptrs = {**ptrs, "A": half_t} if inverted else ptrs
     wy_consts = dict(common, HK=8, BK=BK, BKC=min(cfg.wy_bk, BK), BV=min(cfg.wy_bv, BVF), INVERTED=inverted,
                      KD_DIFF=cfg.wy_kd_by_difference and not F32,
                      BLOCKS=cfg.wy_blocks and inverted)
@@ -98,13 +100,17 @@ def report(
     if cfg.split_prep:
         intra_consts = {n: prep_consts[n] for n in ("HK", "HV", "K", "BK", "IS_VARLEN", "F32", "PREC", "BOUND")}
         intra_consts.update(BKC=min(cfg.intra_bkc, BK), BKW=min(cfg.intra_bk, BK))
-        chunk_consts = dict(intra_consts, BKC=min(cfg.intra_chunk_bk, BK), INVERT=cfg.intra_inverts)
+        chunk_consts = dict(intra_consts, BKC=min(cfg.intra_chunk_bk, BK), INVERT=in_intra)
         split = {
-            "intra": resources(tk._intra_chunk_kernel, ptrs, chunk_consts, cfg.intra_chunk_warps, arch=arch)
+            "intra": resources(tk._intra_chunk_kernel, intra_ptrs, chunk_consts, cfg.intra_chunk_warps, arch=arch)
             if cfg.intra_per_chunk
             else resources(tk._intra_kernel, ptrs, intra_consts, cfg.intra_warps, arch=arch, maxnreg=cfg.intra_maxnreg),
-            "wy": resources(tk._wy_kernel, ptrs, wy_consts, cfg.wy_warps, cfg.wy_stages or LAUNCH_STAGES, arch=arch),
+            "wy": resources(tk._wy_kernel, wy_ptrs, wy_consts, cfg.wy_warps, cfg.wy_stages or LAUNCH_STAGES, arch=arch),
         }
+        if cfg.inverse_kernel:
+            split["inverse"] = resources(tk._tri_inverse_kernel, {"A": "*fp32", "Ti": half_t},
+                                         {"PREC": common["PREC"], "UPPER_ZEROS": True},
+                                         2 if F32 else cfg.inverse_warps, arch=arch)
     return {
         "prep": resources(tk._prep_kernel, ptrs, prep_consts, cfg.prep_warps, arch=arch),
         **split,

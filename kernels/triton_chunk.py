@@ -153,6 +153,19 @@ def _store_block(ptr, I: tl.constexpr, J: tl.constexpr, b_x):
 
 
 @triton.jit
+def _store_upper_zeros(ptr):
+    """Zeros in the six 16 x 16 blocks above the block diagonal of a [64, 64] matrix at ptr (for readers of whole
+    rows)."""
+    z = tl.zeros([16, 16], dtype=tl.float32)
+    _store_block(ptr, 0, 1, z)
+    _store_block(ptr, 0, 2, z)
+    _store_block(ptr, 0, 3, z)
+    _store_block(ptr, 1, 2, z)
+    _store_block(ptr, 1, 3, z)
+    _store_block(ptr, 2, 3, z)
+
+
+@triton.jit
 def _store_lower_blocks(ptr, b00, b11, b22, b33, b10, b21, b32, b20, b31, b30):
     """The ten 16 x 16 blocks on and below the block diagonal of a [64, 64] matrix at ptr (row stride 64)."""
     _store_block(ptr, 0, 0, b00)
@@ -318,11 +331,12 @@ def _load_block(pa, I: tl.constexpr, J: tl.constexpr):
 
 
 @triton.jit
-def _tri_inverse_kernel(A, Ti, PREC: tl.constexpr):
+def _tri_inverse_kernel(A, Ti, PREC: tl.constexpr, UPPER_ZEROS: tl.constexpr):
     """Split T, step 2: one program per 64-sub-step block (the same rows in A and Ti): T = (I + A)^-1 from the
     four 16 x 16 diagonal inverses (forward substitution, the four chains interleaved in one unrolled loop so
     their row loads and reductions overlap) merged by 16 x 16 block products (`_merge_blocks`); T to Ti in its
-    dtype, only the blocks on and below the diagonal (the WY kernel reads T's lower triangle)."""
+    dtype, only the blocks on and below the diagonal (the WY kernel reads T's lower triangle), and with UPPER_ZEROS
+    zeros above them (for the KDA WY kernel, which reads whole rows)."""
     base = tl.program_id(0).to(tl.int64) * 64 * 64
     pa, pt = A + base, Ti + base
     o_i = tl.arange(0, 16)
@@ -338,6 +352,8 @@ def _tri_inverse_kernel(A, Ti, PREC: tl.constexpr):
         _load_block(pa, 2, 0), _load_block(pa, 3, 1), _load_block(pa, 3, 0), PREC,
     )  # fmt: skip
     _store_lower_blocks(pt, t00, t11, t22, t33, t10, t21, t32, t20, t31, t30)
+    if UPPER_ZEROS:
+        _store_upper_zeros(pt)
 
 
 @triton.jit
@@ -905,7 +921,7 @@ def triton_delta_product(
                 num_warps=cfg.kkt_warps, num_stages=cfg.kkt_stages, **common,
             )  # fmt: skip
             inv_warps = max(cfg.inv_warps, 2) if dtype == torch.float32 else cfg.inv_warps
-            _tri_inverse_kernel[(n_jobs,)](A, Ti, PREC=PREC, num_warps=inv_warps)
+            _tri_inverse_kernel[(n_jobs,)](A, Ti, PREC=PREC, UPPER_ZEROS=False, num_warps=inv_warps)
         else:
             n_prog = min(n_jobs, 3 if interp else _num_sms() * cfg.tri_programs_per_sm)
             scratch = torch.empty(n_prog, BLOCK, BLOCK, dtype=f32, device=dev)

@@ -49,8 +49,8 @@ from kernels.triton_chunk import (
     _launch,
     _num_sms,
     _pow2,
-    _store_block,
     _store_lower_blocks,
+    _store_upper_zeros,
     _tri_inverse_kernel,
     _varlen_tables,
     default_config,
@@ -234,18 +234,6 @@ def _sub_tiles(I: tl.constexpr, o_c, m_c, q_base, k_base, g_base, t0, Tn, HK: tl
         b_y = b_k
         tot = tl.sum(b_g, 0)
     return _dot_in(b_k * b_r, k_base, F32), _dot_in(b_q * b_r, k_base, F32), b_z, b_y, tot, low
-
-
-@triton.jit
-def _store_upper_zeros(ptr):
-    """Zeros in the six 16 x 16 blocks above the block diagonal (the output kernel reads whole Aqk rows)."""
-    z = tl.zeros([16, 16], dtype=tl.float32)
-    _store_block(ptr, 0, 1, z)
-    _store_block(ptr, 0, 2, z)
-    _store_block(ptr, 0, 3, z)
-    _store_block(ptr, 1, 2, z)
-    _store_block(ptr, 1, 3, z)
-    _store_block(ptr, 2, 3, z)
 
 
 @triton.jit
@@ -593,8 +581,7 @@ def _wy_kernel(
                                                             IS_VARLEN)  # fmt: skip
     if INVERTED:
         o_r = tl.arange(0, 64)
-        m_low = o_r[:, None] >= o_r[None, :]  # the inverse kernel leaves the blocks above the diagonal unwritten
-        b_Ti = _dot_in(tl.load(A + blk * (64 * 64) + o_r[:, None] * 64 + o_r[None, :], mask=m_low, other=0.0), k, F32)
+        b_Ti = _dot_in(tl.load(A + blk * (64 * 64) + o_r[:, None] * 64 + o_r[None, :]), k, F32)
     else:
         b_Ti = _dot_in(_invert_in_place(A + blk * (64 * 64), PREC), k, F32)
     _wy_rows(b_Ti, q_base, k_base, g_base, v, beta, W, U, Kd, Qd, glast, bos, Tn, t0, i_h, blk,
@@ -761,8 +748,9 @@ class KdaConfig:
     intra_inverts: bool = True  # the per-chunk kernel also inverts (I + A) in registers (the WY kernel then does not)
     intra_chunk_bk: int = 16  # its key-channel block (ptxas sm_90, 4 warps: 80 bytes of spills; 32: 448)
     intra_chunk_warps: int = 1  # H200, B=8 T=8192 H=32, inverting (kda_split_check): 1 warp 8.46 ms, 2 10.49, 4 13.68
-    inverse_kernel: bool = False  # split prep: T = (I + A)^-1 by triton_chunk's `_tri_inverse_kernel` (a block a
-    # program) between the intra kernel (then not inverting) and the WY kernel
+    inverse_kernel: bool = True  # split prep: T = (I + A)^-1 by triton_chunk's `_tri_inverse_kernel` (a block a
+    # program) between the intra kernel (then not inverting) and the WY kernel. H100, B=8 T=8192 H=32: 8.10 ms against
+    # 8.55 inverting in the intra kernel (intra 3.24 + inverse 0.23 against 3.73; scripts/kda_split_check.py)
     inverse_warps: int = 1
     wy_warps: int = 4  # split prep: warps of `_wy_kernel` (one chunk a program; prep_bv as the prep's)
     wy_bk: int = 32  # split prep: its key-column block (H100, B=8 T=8192 H=32, a program a block: 16 2.20 ms, 32 1.91)
@@ -897,7 +885,8 @@ def triton_kda(
             )  # fmt: skip
         if cfg.inverse_kernel:  # A (fp32) -> T in the inputs' type, a block a program (triton_chunk's)
             Ti = torch.empty(HV, rows, CHUNK_SIZE, dtype=f32 if F32 else dtype, device=dev)
-            _tri_inverse_kernel[(HV * NCT,)](A, Ti, PREC=PREC, num_warps=2 if F32 else cfg.inverse_warps)
+            inv_warps = 2 if F32 else cfg.inverse_warps  # fp32: 824 bytes of spills at one warp (ptxas sm_90)
+            _tri_inverse_kernel[(HV * NCT,)](A, Ti, PREC=PREC, UPPER_ZEROS=True, num_warps=inv_warps)
             A = Ti
         BKW = min(_pow2(cfg.wy_bk), BK)
         blocks = cfg.wy_blocks and inverted

@@ -181,7 +181,7 @@ def test_split_prep_is_the_persistent_arithmetic():
     q, k, v, beta, g, s0 = _inputs(1, sum(lengths), 1, 2, 32, 48, strength=20.0, n_seq=3, seed=6)
     cu = _cu(lengths)
     base = KdaConfig(prep_bv=16, split_prep=False)
-    split_sub = KdaConfig(prep_bv=16, wy_bv=16, split_prep=True, intra_per_chunk=False)
+    split_sub = KdaConfig(prep_bv=16, wy_bv=16, split_prep=True, intra_per_chunk=False, inverse_kernel=False)
     want = triton_kda(q, k, v, beta, g, initial_state=s0, cu_seqlens=cu, config=base)
     same = triton_kda(q, k, v, beta, g, initial_state=s0, cu_seqlens=cu, config=dataclasses.replace(
         split_sub, intra_bk=32))  # fmt: skip
@@ -218,9 +218,10 @@ def test_own_pairs_by_products_or_channel_by_channel(split):
 @cpu_only
 @pytest.mark.parametrize("strength", [0.5, 3.0], ids=["mild decays", "decays past the fp32 own-pairs bound"])
 def test_intra_per_chunk_matches_per_sub_block(strength):
-    """The per-chunk intra kernel (4 x 4 blocks, cross factors through the sub-block boundaries) against the
-    per-sub-block one and float64: packed (a sequence shorter than a sub-block, one ending mid-sub-block), grouped
-    heads, dk = 40 in key blocks of 16 (a masked last block), dv = 24."""
+    """The per-chunk intra kernel (4 x 4 blocks, cross factors through the sub-block boundaries, inverting in
+    registers) against the per-sub-block one (then the inverse kernel) and float64: packed (a sequence shorter
+    than a sub-block, one ending mid-sub-block), grouped heads, dk = 40 in key blocks of 16 (a masked last block),
+    dv = 24."""
     from kernels.triton_kda import KdaConfig, triton_kda
 
     lengths = [70, 9, 0, 150]
@@ -228,7 +229,8 @@ def test_intra_per_chunk_matches_per_sub_block(strength):
     cu = _cu(lengths)
     ref = _reference(q, k, v, beta, g, s0, cu)
     per_chunk = triton_kda(q, k, v, beta, g, initial_state=s0, cu_seqlens=cu,
-                           config=KdaConfig(intra_per_chunk=True, intra_chunk_bk=16, intra_bk=16))  # fmt: skip
+                           config=KdaConfig(intra_per_chunk=True, intra_chunk_bk=16, intra_bk=16,
+                                            inverse_kernel=False))  # fmt: skip
     per_sub = triton_kda(q, k, v, beta, g, initial_state=s0, cu_seqlens=cu,
                          config=KdaConfig(intra_per_chunk=False, intra_bk=16))  # fmt: skip
     for a, b, r in zip(per_chunk, per_sub, ref):
@@ -375,16 +377,16 @@ def test_gpu_dk256_dv512_vs_float64():
 @needs_cuda
 @pytest.mark.parametrize(
     "intra",
-    [{}, dict(intra_inverts=False), dict(intra_per_chunk=False),
-     dict(wy_kd_by_difference=True, wy_warps=8, wy_bk=32, wy_bv=64),
-     dict(wy_kd_by_difference=True, wy_blocks=True, wy_bk=32, wy_bv=32), dict(inverse_kernel=True),
-     dict(inverse_kernel=True, intra_per_chunk=False)],
-    ids=["per chunk, inverting", "per chunk, WY inverts", "per sub-block", "WY 8 warps, Kd by difference",
-         "WY a program a block", "inverse kernel", "per sub-block, inverse kernel"],
+    [{}, dict(inverse_kernel=False), dict(inverse_kernel=False, intra_inverts=False), dict(intra_per_chunk=False),
+     dict(inverse_kernel=False, intra_per_chunk=False), dict(wy_blocks=False, wy_warps=8, wy_bk=32, wy_bv=64),
+     dict(wy_kd_by_difference=False)],
+    ids=["default: per chunk, inverse kernel, WY blocks", "per chunk, inverting", "per chunk, WY inverts",
+         "per sub-block, inverse kernel", "per sub-block, WY inverts", "WY looped, 8 warps", "Kd by a second scan"],
 )
 def test_gpu_split_prep_vs_float64(intra):
-    """The split prep (`KdaConfig.split_prep`) with each intra kernel (`_intra_chunk_kernel` inverting (I + A)
-    itself or leaving it to `_wy_kernel`, or `_intra_kernel`) at dk = dv = 128, bf16: full batches (B = 2,
+    """The split prep (`KdaConfig.split_prep`) with each intra kernel (`_intra_chunk_kernel` or `_intra_kernel`),
+    (I + A) inverted by the inverse kernel, in the intra kernel or in `_wy_kernel`, and the WY variants at
+    dk = dv = 128, bf16: full batches (B = 2,
     T = 1000 with a partial chunk, H = 16), then grouped heads, g down to -20 per token and packed sequences not
     multiples of 64 (one of a single token); fp32 on the first shape."""
     from kernels.triton_kda import KdaConfig
