@@ -3,7 +3,8 @@
 Rows: B in {1, 8}, T in {2048, 8192}, H in {16, 32}, dk = dv = 128, bf16 inputs, unit keys, beta in (0, 1),
 log decays g in (-0.5, 0) per channel. Ours is `kernels.dispatch.delta_product_forward`, which runs the Triton
 KDA forward (`kernels.triton_kda`) on CUDA. Each row: our ms, fla's ms, fla/ours, the first call of each side, and
-the max error of each against the PyTorch chunked form in float32 (`kernels.chunk`, an independent path) relative
+the same two by triton's do_bench (median of back-to-back calls: host time hidden), the max error of each against
+the PyTorch chunked form in float32 (`kernels.chunk`, an independent path) relative
 to the output's max. `--budget S` starts no new row after S seconds (fla autotunes at each new shape);
 `--profile` prints our per-kernel CUDA times at the last row measured, `--sweep` our times there for each
 prep-kernel launch choice, persistent (`_prep_kernel`) and split (`KdaConfig.split_prep`: `_intra_kernel` +
@@ -47,6 +48,13 @@ def timed(fn: Callable[[], Any], repeat: int = 3) -> tuple[float, float, Any]:
         _sync()
         best = min(best, time.perf_counter() - t0)
     return first, best * 1e3, out
+
+
+def bench(fn: Callable[[], Any]) -> float:
+    """Median GPU milliseconds of back-to-back calls (triton's do_bench, as `benchmarks.kernels`)."""
+    from triton.testing import do_bench
+
+    return float(do_bench(fn, warmup=25, rep=100, return_mode="median"))
 
 
 def inputs(B: int, T: int, H: int, device: str, dtype=torch.bfloat16, seed: int = 0) -> tuple[torch.Tensor, ...]:
@@ -109,8 +117,10 @@ def main(argv: list[str] | None = None) -> None:
     print(f"Kimi Delta Attention forward on {name}: ours vs fla 0.6.0 chunk_kda (bf16, dk = dv = 128)")
     if fla is None:
         print(f"   fla column empty: {why}")
-    print(f"{'B':>3} {'T':>6} {'H':>3} {'ours ms':>9} {'fla ms':>9} {'fla/ours':>9} {'first s ours/fla':>17} "
-          f"{'err ours':>9} {'err fla':>9}")
+    print("   ms: best of 3 wall-clock calls, each synchronised (host time included); bench: median GPU ms of "
+          "back-to-back calls (triton do_bench, L2 flushed: host time hidden when the GPU is the bottleneck)")
+    print(f"{'B':>3} {'T':>6} {'H':>3} {'ours ms':>9} {'fla ms':>9} {'fla/ours':>9} {'ours bench':>11} "
+          f"{'fla bench':>10} {'fla/ours':>9} {'first s ours/fla':>17} {'err ours':>9} {'err fla':>9}")
     grid = dict(B=(1,), T=(2048,), H=GRID["H"]) if args.quick else GRID
     rows = list(itertools.product(grid["B"], grid["T"], grid["H"]))
     x = None
@@ -123,12 +133,15 @@ def main(argv: list[str] | None = None) -> None:
         ref = reference(*x)
         scale = ref.abs().max()
         err_o = float((o.float() - ref).abs().max() / scale)
-        ms_f = first_f = err_f = float("nan")
+        ms_f = first_f = err_f = bench_f = float("nan")
+        cuda = args.device.startswith("cuda")
+        bench_o = bench(lambda x=x: ours(*x)) if cuda else float("nan")
         if fla is not None:
             first_f, ms_f, (o_f, _) = timed(lambda x=x: fla(x[0], x[1], x[2], x[4], x[3], scale=K**-0.5))
             err_f = float((o_f.float() - ref).abs().max() / scale)
-        print(f"{B:>3} {T:>6} {H:>3} {ms_o:>9.2f} {ms_f:>9.2f} {ms_f / ms_o:>8.2f}x {first_o:>8.1f}/{first_f:<8.1f} "
-              f"{err_o:>9.1e} {err_f:>9.1e}", flush=True)
+            bench_f = bench(lambda x=x: fla(x[0], x[1], x[2], x[4], x[3], scale=K**-0.5)) if cuda else float("nan")
+        print(f"{B:>3} {T:>6} {H:>3} {ms_o:>9.2f} {ms_f:>9.2f} {ms_f / ms_o:>8.2f}x {bench_o:>11.3f} {bench_f:>10.3f} "
+              f"{bench_f / bench_o:>8.2f}x {first_o:>8.1f}/{first_f:<8.1f} {err_o:>9.1e} {err_f:>9.1e}", flush=True)
         del ref, o
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
