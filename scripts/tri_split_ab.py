@@ -3,7 +3,8 @@ the one-kernel `_tri_kernel` at real-model shapes on the GPU: whole-forward o+fi
 o+fin column times) for split off / on and fla 0.6.0 in the same run, o's max abs difference between off and on, a
 per-kernel CUDA profile of the split forward, and the split kernels' own times under a few launch choices.
 
-`python scripts/tri_split_ab.py [--no-fla]` (about a minute on an H200 with fla's autotune cache)."""
+`python scripts/tri_split_ab.py [--no-fla] [--no-sweep]` (86 s on an H100 with fla's autotune cache; the sweep
+compiles 16 launch variants, and fla autotunes each shape it has no cache for for about a minute)."""
 
 from __future__ import annotations
 
@@ -39,6 +40,7 @@ def _kernel_ms(fn, names: tuple[str, ...]) -> dict[str, float]:
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--no-fla", action="store_true", help="skip fla (its first call at a shape autotunes)")
+    p.add_argument("--no-sweep", action="store_true", help="skip the split kernels' launch choices")
     args = p.parse_args(argv)
     bk.NO_FLA = args.no_fla
     fla, why = load_fla()
@@ -53,8 +55,8 @@ def main(argv: list[str] | None = None) -> None:
             varlen = B == "varlen"
             x = make_real_inputs(1 if varlen else B, T, Hk, Hv, K, V, 1)
             cu = torch.tensor([0, *itertools.accumulate(lengths)], device="cuda") if varlen else None
-            base = default_config(len(lengths) if varlen else B, Hv, V, 1, K)
-            split = dataclasses.replace(base, tri_split=True)
+            split = default_config(len(lengths) if varlen else B, Hv, V, 1, K)  # the split is the default
+            base = dataclasses.replace(split, tri_split=False)
             lean = partial(triton_delta_product, *x, normalize_qk=True, cu_seqlens=cu, output_boundary_states=False)
             o_off, o_on = lean(config=base)[0].float(), lean(config=split)[0].float()  # compiles both
             t_off, t_on = timeit(partial(lean, config=base)), timeit(partial(lean, config=split))
@@ -74,7 +76,7 @@ def main(argv: list[str] | None = None) -> None:
                     evs = bk._profile(partial(lean, config=cfg))
                     print(f"   profile {label} {name} {size} (ms/call): "
                           + ", ".join(f"{k[:26]} {ms:.3f}" for k, ms in evs[:8]), flush=True)  # fmt: skip
-            if i == 0:  # the split kernels' launch choices, kernel by kernel
+            if i == 0 and not args.no_sweep:  # the split kernels' launch choices, kernel by kernel
                 row = []
                 for kw in SWEEP:
                     try:
