@@ -148,9 +148,12 @@ class CaptureReductions:
     `finish` once at the end."""
 
     def __init__(self, names: list[str], *, device: str = "cpu", command_line: list[str] | None = None,
-                 budget: int = 1 << 30, rank_every: int | None = 1) -> None:
+                 budget: int = 1 << 30, rank_every: int | None = 1, spectra_precision: str = "float64") -> None:
         if rank_every is not None and rank_every < 1:
             raise ValueError(f"--rank-every {rank_every}: pass a positive number of tokens")
+        if spectra_precision not in spectra.PRECISIONS:
+            raise ValueError(f"--spectra-precision {spectra_precision}: pass one of {', '.join(spectra.PRECISIONS)}")
+        self.spectra_precision = spectra_precision  # of per-channel gates' secular solves
         self.names = list(names)
         self.rank_every = rank_every  # None: `auto_rank_every` of the captured model, set by `check`
         warm_up(device)  # before capture's writer thread or dask's threads call the kernels
@@ -251,6 +254,8 @@ class CaptureReductions:
         module = REDUCTIONS[name]
         if module is erank:
             return erank.plan(ds, device=self.device, every=self.rank_every, picked=picked)
+        if module is spectra:
+            return spectra.plan(ds, device=self.device, precision=self.spectra_precision)
         return module.plan(ds, device=self.device)
 
     def _per_token(self, name: str, ds: xr.Dataset) -> xr.Dataset:
@@ -327,6 +332,8 @@ class CaptureReductions:
         params = {"reduced_during_capture": True, "device": self.device}
         if probe == erank.NAME:
             params["every"] = self.rank_every
+        if probe == spectra.NAME:
+            params["precision"] = self.spectra_precision
         return {"probe": probe, "params": params,
                 "deltalab_version": deltalab_version(),
                 "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),

@@ -112,3 +112,22 @@ def test_reductions_during_capture_equal_the_probes_on_per_channel_gates(kimi_st
         probe = open_results(kimi_store, name)
         reduced = open_results(out, name)
         _assert_same(reduced, probe, rtol=1e-4, skip="reconstruction_error")  # needs o, which reductions skip
+
+
+def test_float32_spectra_during_capture_equal_the_probe_in_float32(kimi_store, tmp_path):
+    """--reduce spectra --spectra-precision float32 writes what `deltalab probe spectra --precision float32` gives
+    on the store, and records the precision with the result."""
+    from probes import spectra
+
+    out = tmp_path / "r.zarr"
+    res = CliRunner().invoke(app, ["capture", str(kimi_store.parent / "kimi"), "--data",
+                                   "S4:length=70,samples=4,seed=0", "--out", str(out), "--reduce", "spectra",
+                                   "--spectra-precision", "float32", "--no-progress"])  # fmt: skip
+    assert res.exit_code == 0, res.output
+    reduced = open_results(out, "spectra")
+    probe = spectra.run(store.open(kimi_store), window=4, precision="float32").dataset
+    assert reduced.attrs["precision"] == "float32" and reduced.attrs["complete"]
+    assert "eig_A" in probe and set(probe.data_vars) <= set(reduced.data_vars)
+    for v in probe.data_vars:
+        np.testing.assert_allclose(np.asarray(reduced[v].values), np.asarray(probe[v].values), rtol=1e-4, atol=1e-6,
+                                   equal_nan=True, err_msg=v)

@@ -155,6 +155,8 @@ def test_state_every_keeps_every_nth_boundary(tmp_path):
     (["--reduce", "ranks", "--rank-every", "0"], "--rank-every 0: pass a positive number of tokens"),
     (["--reduce", "ranks", "--keep", "keys"], "--keep keys: unknown"),
     (["--state-every", "2", "--hooks", "k,v,beta"], "--state-every 2 but no states are captured"),
+    (["--reduce", "spectra", "--spectra-precision", "float16"], "--spectra-precision float16: pass one of float64"),
+    (["--spectra-precision", "float32"], "--spectra-precision only applies with --reduce spectra"),
 ])
 def test_bad_reduce_flags_fail_in_one_line_and_write_nothing(tmp_path, flags, message):
     out = tmp_path / "s.zarr"
