@@ -34,27 +34,14 @@ earlier default). A program iterates until its slowest root converges: on KDA-li
 
 
 @triton.jit
-def _deflate_kernel(DP, Z, RHO, DPO, ZO, KEPT, n, BLOCK: tl.constexpr, EPS_C: tl.constexpr):
-    """dlaed2-style deflation of D' + rho z z^T (D' ascending) for one matrix: rotated poles DPO, weights ZO and
-    the kept mask KEPT (int8)."""
-    row = tl.program_id(0).to(tl.int64)
-    idx = tl.arange(0, BLOCK)
-    m = idx < n
-    dp = tl.load(DP + row * n + idx, mask=m, other=0.0)
-    z = tl.load(Z + row * n + idx, mask=m, other=0.0)
-    rho = tl.load(RHO + row)
-    znorm2 = tl.sum(z * z, 0)
-    rhohat = rho * znorm2
-    scale = tl.maximum(tl.max(tl.abs(dp), 0), rhohat)
-    tol = 8 * EPS_C * scale
-    inv_norm = 1.0 / tl.sqrt(tl.maximum(znorm2, 1e-300))
-    kept = m & (rhohat * tl.abs(z) * inv_norm > tol)  # rho ||z||^2 = 0 keeps nothing (tol >= 0)
-    z = tl.where(kept, z, 0.0)
-    # the previous kept pole (index, position, weight) is carried as scalars; pole j is read from the input, which
-    # no earlier step has changed (step j only writes positions <= j)
+def _merge_chain(DP, Z, row, n, idx, dp, z, kept, rhohat, inv_norm, tol):
+    """dlaed2's merge chain over one matrix's n channels (D' ascending), in dp's float type: tiny weights dropped,
+    near-equal kept neighbours merged by a Givens rotation; returns the rotated poles, weights and kept mask. The
+    previous kept pole (index, position, weight) is carried as scalars; pole j is read from the input, which no
+    earlier step has changed (step j only writes positions <= j)."""
     prev = tl.full((), -1, tl.int32)
-    dprev = tl.full((), 0.0, tl.float64)
-    zprev = tl.full((), 0.0, tl.float64)
+    dprev = tl.full((), 0.0, dp.dtype)
+    zprev = tl.full((), 0.0, dp.dtype)
     for j in range(0, n):
         dj = tl.load(DP + row * n + j)
         zj0 = tl.load(Z + row * n + j)
@@ -77,6 +64,27 @@ def _deflate_kernel(DP, Z, RHO, DPO, ZO, KEPT, n, BLOCK: tl.constexpr, EPS_C: tl
         prev = tl.where(kj, j, prev)
         dprev = tl.where(kj, tl.where(merge, new_j, dj), dprev)
         zprev = tl.where(kj, tl.where(merge, tau, zj), zprev)
+    return dp, z, kept
+
+
+@triton.jit
+def _deflate_kernel(DP, Z, RHO, DPO, ZO, KEPT, n, BLOCK: tl.constexpr, EPS_C: tl.constexpr):
+    """dlaed2-style deflation of D' + rho z z^T (D' ascending) for one matrix: rotated poles DPO, weights ZO and
+    the kept mask KEPT (int8)."""
+    row = tl.program_id(0).to(tl.int64)
+    idx = tl.arange(0, BLOCK)
+    m = idx < n
+    dp = tl.load(DP + row * n + idx, mask=m, other=0.0)
+    z = tl.load(Z + row * n + idx, mask=m, other=0.0)
+    rho = tl.load(RHO + row)
+    znorm2 = tl.sum(z * z, 0)
+    rhohat = rho * znorm2
+    scale = tl.maximum(tl.max(tl.abs(dp), 0), rhohat)
+    tol = 8 * EPS_C * scale
+    inv_norm = 1.0 / tl.sqrt(tl.maximum(znorm2, 1e-300))
+    kept = m & (rhohat * tl.abs(z) * inv_norm > tol)  # rho ||z||^2 = 0 keeps nothing (tol >= 0)
+    z = tl.where(kept, z, 0.0)
+    dp, z, kept = _merge_chain(DP, Z, row, n, idx, dp, z, kept, rhohat, inv_norm, tol)
     tl.store(DPO + row * n + idx, dp, mask=m)
     tl.store(ZO + row * n + idx, z, mask=m)
     tl.store(KEPT + row * n + idx, kept.to(tl.int8), mask=m)
@@ -290,31 +298,7 @@ def _deflate32_kernel(DP, Z, RHO, PK, LAM, NK, RW, n, BLOCK: tl.constexpr, EPS_C
     inv_norm = 1.0 / tl.sqrt(tl.maximum(znorm2, 1e-30))
     kept = m & (rhohat * tl.abs(z) * inv_norm > tol)
     z = tl.where(kept, z, 0.0)
-    prev = tl.full((), -1, tl.int32)
-    dprev = tl.full((), 0.0, tl.float32)
-    zprev = tl.full((), 0.0, tl.float32)
-    for j in range(0, n):  # dlaed2's merge chain, as in `_deflate_kernel`
-        dj = tl.load(DP + row * n + j)
-        zj0 = tl.load(Z + row * n + j)
-        kj = rhohat * tl.abs(zj0) * inv_norm > tol
-        zj = tl.where(kj, zj0, 0.0)
-        tau = tl.sqrt(zprev * zprev + zj * zj)
-        pos = tau > 0
-        c = tl.where(pos, zj / tl.where(pos, tau, 1.0), 1.0)
-        s = tl.where(pos, -zprev / tl.where(pos, tau, 1.0), 0.0)
-        gap = dj - dprev
-        merge = kj & (prev >= 0) & (tl.abs(gap * c * s) <= tol)
-        new_prev = dprev * c * c + dj * s * s
-        new_j = dprev * s * s + dj * c * c
-        mi = merge.to(tl.int32)
-        at_p = ((idx == prev).to(tl.int32) * mi) != 0
-        at_j = ((idx == j).to(tl.int32) * mi) != 0
-        dp = tl.where(at_p, new_prev, tl.where(at_j, new_j, dp))
-        z = tl.where(at_p, 0.0, tl.where(at_j, tau, z))
-        kept = kept & (~at_p)
-        prev = tl.where(kj, j, prev)
-        dprev = tl.where(kj, tl.where(merge, new_j, dj), dprev)
-        zprev = tl.where(kj, tl.where(merge, tau, zj), zprev)
+    dp, z, kept = _merge_chain(DP, Z, row, n, idx, dp, z, kept, rhohat, inv_norm, tol)
     k32 = kept.to(tl.int32)
     pos = tl.cumsum(k32, 0) - 1  # rank among the kept poles (ascending, as D' is)
     nk = tl.sum(k32, 0)
