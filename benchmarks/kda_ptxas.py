@@ -24,6 +24,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
+import kernels.triton_chunk as tc
 import kernels.triton_kda as tk
 
 PTR_DTYPES = {"bf16": "bf16", "fp16": "fp16", "fp32": "fp32"}
@@ -105,10 +106,10 @@ def report(
             "intra": resources(tk._intra_chunk_kernel, intra_ptrs, chunk_consts, cfg.intra_chunk_warps, arch=arch)
             if cfg.intra_per_chunk
             else resources(tk._intra_kernel, ptrs, intra_consts, cfg.intra_warps, arch=arch, maxnreg=cfg.intra_maxnreg),
-            "wy": resources(tk._wy_kernel, wy_ptrs, wy_consts, cfg.wy_warps, cfg.wy_stages or LAUNCH_STAGES, arch=arch),
+            "wy": resources(tk._wy_kernel, wy_ptrs, wy_consts, cfg.wy_warps, arch=arch),
         }
         if cfg.inverse_kernel:
-            split["inverse"] = resources(tk._tri_inverse_kernel, {"A": "*fp32", "Ti": half_t},
+            split["inverse"] = resources(tc._tri_inverse_kernel, {"A": "*fp32", "Ti": half_t},
                                          {"PREC": common["PREC"], "UPPER_ZEROS": True},
                                          2 if F32 else cfg.inverse_warps, arch=arch)
     return {
@@ -145,7 +146,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--wy-warps", type=int, default=tk.KdaConfig.wy_warps)
     p.add_argument("--wy-bk", type=int, default=tk.KdaConfig.wy_bk)
     p.add_argument("--wy-bv", type=int, default=tk.KdaConfig.wy_bv)
-    p.add_argument("--wy-kd-by-difference", action="store_true", help="Kd's factors from the cumulative sums")
+    p.add_argument("--wy-kd-by-difference", action=argparse.BooleanOptionalAction,
+                   default=tk.KdaConfig.wy_kd_by_difference, help="Kd's factors from the cumulative sums")
     args = p.parse_args(argv)
     if os.environ.get("TRITON_INTERPRET", "0") == "1":
         raise SystemExit("benchmarks.kda_ptxas compiles for the GPU: run it without TRITON_INTERPRET=1")

@@ -28,7 +28,7 @@ import warnings
 
 import torch
 
-from kernels.constants import SECULAR_ITERATIONS
+from kernels.constants import SECULAR_ITERATIONS, SECULAR_PRECISIONS
 
 TRITON_ENV = "DELTALAB_SECULAR"
 """"auto" runs the Triton solver on CUDA tensors (checked on an H100: 262,144 random matrices per dk, errors
@@ -58,7 +58,7 @@ def dplr_eigvals(d: torch.Tensor, k: torch.Tensor, beta: torch.Tensor, block: in
                          f"{tuple(beta.shape)} must be their leading dims")
     if bool((d <= 0).any()):
         raise ValueError("dplr_eigvals: decays d must be positive (d = exp(g))")
-    if precision not in ("float64", "float32"):
+    if precision not in SECULAR_PRECISIONS:
         raise ValueError(f"dplr_eigvals: precision {precision!r} must be 'float64' or 'float32'")
     lead, n = d.shape[:-1], d.shape[-1]
     dt = torch.float64 if precision == "float64" else torch.float32

@@ -7,7 +7,7 @@ is 64 tokens, i.e. L = 64 * n_h Householder sub-steps, split into n_h blocks of 
 
 1. `_tri_kernel` (persistent, parallel over blocks): T_aa = (I + A_aa)^-1 of each 64-sub-step block,
    A_ij = beta_i e^{Gamma_i - Gamma_j} k_i.k_j (j < i), from four 16x16 forward substitutions merged
-   by block rows; also the reciprocal key norms. With `LaunchConfig.tri_split` (off by default; any n_h) two
+   by block rows; also the reciprocal key norms. With `LaunchConfig.tri_split` (the default; any n_h) two
    kernels instead, as fla splits it: `_kkt_kernel` (A in fp32, one program per block and value head) and
    `_tri_inverse_kernel` (16x16 diagonal inverses merged by 16x16 block products), writing the same T.
 2. `_wu_kernel` (parallel over chunks): each block's WY factors W_a = T_aa X_a, U_a = T_aa Y_a,
@@ -354,6 +354,14 @@ def _tri_inverse_kernel(A, Ti, PREC: tl.constexpr, UPPER_ZEROS: tl.constexpr):
     _store_lower_blocks(pt, t00, t11, t22, t33, t10, t21, t32, t20, t31, t30)
     if UPPER_ZEROS:
         _store_upper_zeros(pt)
+
+
+def launch_inverse(A: torch.Tensor, Ti: torch.Tensor, n_blocks: int, warps: int, prec: str,
+                   upper_zeros: bool = False) -> None:
+    """T = (I + A)^-1 for each of `n_blocks` [64, 64] blocks (fp32 A, strictly lower) into Ti, a block a program
+    (`_tri_inverse_kernel`); an fp32 Ti takes at least 2 warps (ptxas sm_90: 824 bytes of spills at one)."""
+    warps = max(warps, 2) if Ti.dtype == torch.float32 else warps
+    _tri_inverse_kernel[(n_blocks,)](A, Ti, PREC=prec, UPPER_ZEROS=upper_zeros, num_warps=warps)
 
 
 @triton.jit
@@ -920,8 +928,7 @@ def triton_delta_product(
                 BK=BK, BKC=min(_pow2(cfg.kkt_bk), BK), USE_G=g is not None, NORM=normalize_qk,
                 num_warps=cfg.kkt_warps, num_stages=cfg.kkt_stages, **common,
             )  # fmt: skip
-            inv_warps = max(cfg.inv_warps, 2) if dtype == torch.float32 else cfg.inv_warps
-            _tri_inverse_kernel[(n_jobs,)](A, Ti, PREC=PREC, UPPER_ZEROS=False, num_warps=inv_warps)
+            launch_inverse(A, Ti, n_jobs, cfg.inv_warps, PREC)
         else:
             n_prog = min(n_jobs, 3 if interp else _num_sms() * cfg.tri_programs_per_sm)
             scratch = torch.empty(n_prog, BLOCK, BLOCK, dtype=f32, device=dev)

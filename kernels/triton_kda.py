@@ -51,9 +51,9 @@ from kernels.triton_chunk import (
     _pow2,
     _store_lower_blocks,
     _store_upper_zeros,
-    _tri_inverse_kernel,
     _varlen_tables,
     default_config,
+    launch_inverse,
 )
 
 MAX_K, MAX_V = 256, 512  # head dims this path takes (the dispatcher falls back beyond)
@@ -426,11 +426,11 @@ def _wy_rows(
     F32: tl.constexpr,
     PREC: tl.constexpr,
     KD_DIFF: tl.constexpr,
-    PART: tl.constexpr,
+    ONE: tl.constexpr,
     part,
 ):
     """Given T (b_Ti, in dot operand precision), the chunk's W, U, Kd, Qd and Gamma_last (stored at block blk):
-    every key block and value tile in turn (PART -1), or only block `part` (PART 0: key blocks then value tiles)."""
+    every key block and value tile in turn, or with ONE only block `part` (key blocks, then value tiles)."""
     o_r = tl.arange(0, 64)
     t = t0 + o_r
     m_t = t < Tn
@@ -438,7 +438,7 @@ def _wy_rows(
     b_b = tl.load(beta + (bos + t) * HV + i_h, mask=m_t, other=0.0).to(tl.float32)
     v_base = v + bos * (HV * V) + i_h * V
     NKB: tl.constexpr = BK // BKC
-    if PART < 0:
+    if not ONE:
         for cb in range(NKB):
             _wy_key_block(cb, b_Ti, b_b, q_base, k_base, g_base, W, Kd, Qd, glast, t, m_t, Tn, rows, blk,
                           HK, HV, K, BKC, F32, PREC, KD_DIFF)  # fmt: skip
@@ -500,7 +500,7 @@ def _prep_kernel(
         tl.debug_barrier()
         b_Ti = _dot_in(_invert_in_place(S, PREC), k, F32)
         _wy_rows(b_Ti, q_base, k_base, g_base, v, beta, W, U, Kd, Qd, glast, bos, Tn, t0, i_h, blk,
-                 HK, HV, K, V, BK, BKC, BV, F32, PREC, False, -1, 0)  # fmt: skip
+                 HK, HV, K, V, BK, BKC, BV, F32, PREC, False, False, 0)  # fmt: skip
 
 
 @triton.jit
@@ -570,7 +570,8 @@ def _wy_kernel(
     BLOCKS: tl.constexpr,
 ):
     """Split prep, second kernel: one program per (global chunk, value head): T = (I + A)^-1 in place in the
-    chunk's block of A (written by `_intra_kernel`; INVERTED: T itself, from `_intra_chunk_kernel`), then W, U,
+    chunk's block of A (written by an intra kernel; INVERTED: T itself, from `_tri_inverse_kernel` or the inverting
+    `_intra_chunk_kernel`), then W, U,
     Kd, Qd and Gamma_last. BLOCKS (needs INVERTED): one program per (key block or value tile, chunk, value head),
     each loading T, for more loads in flight than one program's sequence of blocks."""
     if BLOCKS:
@@ -585,7 +586,7 @@ def _wy_kernel(
     else:
         b_Ti = _dot_in(_invert_in_place(A + blk * (64 * 64), PREC), k, F32)
     _wy_rows(b_Ti, q_base, k_base, g_base, v, beta, W, U, Kd, Qd, glast, bos, Tn, t0, i_h, blk,
-             HK, HV, K, V, BK, BKC, BV, F32, PREC, KD_DIFF, 0 if BLOCKS else -1, part)  # fmt: skip
+             HK, HV, K, V, BK, BKC, BV, F32, PREC, KD_DIFF, BLOCKS, part)  # fmt: skip
 
 
 @triton.jit
@@ -759,7 +760,6 @@ class KdaConfig:
     # instead of a second gate load and a reverse scan
     wy_blocks: bool = True  # one WY program per (key block or value tile, chunk, head) when T comes inverted:
     # H100, B=8 T=8192 H=32: the WY kernel 2.90 -> 1.91 ms (scripts/kda_split_check.py; with Kd by difference)
-    wy_stages: int | None = None  # pipeline stages of its key-block loop (None: Triton's default)
     state_warps: int = 4
     state_stages: int = 2
     out_warps: int = 4
@@ -885,8 +885,7 @@ def triton_kda(
             )  # fmt: skip
         if cfg.inverse_kernel:  # A (fp32) -> T in the inputs' type, a block a program (triton_chunk's)
             Ti = torch.empty(HV, rows, CHUNK_SIZE, dtype=f32 if F32 else dtype, device=dev)
-            inv_warps = 2 if F32 else cfg.inverse_warps  # fp32: 824 bytes of spills at one warp (ptxas sm_90)
-            _tri_inverse_kernel[(HV * NCT,)](A, Ti, PREC=PREC, UPPER_ZEROS=True, num_warps=inv_warps)
+            launch_inverse(A, Ti, HV * NCT, cfg.inverse_warps, PREC, upper_zeros=True)
             A = Ti
         BKW = min(_pow2(cfg.wy_bk), BK)
         blocks = cfg.wy_blocks and inverted
@@ -894,7 +893,7 @@ def triton_kda(
         _wy_kernel[grid](
             q, k, v, beta, g, A, W, U, Kd, Qd, glast, *seq_args, HK=HK, BK=BK, BKC=BKW, BV=BVW,
             INVERTED=inverted, KD_DIFF=cfg.wy_kd_by_difference and dtype != torch.float32, BLOCKS=blocks,
-            num_warps=cfg.wy_warps, **({} if cfg.wy_stages is None else dict(num_stages=cfg.wy_stages)), **common,
+            num_warps=cfg.wy_warps, **common,
         )  # fmt: skip
         del A
     elif NCT > 0:

@@ -22,6 +22,7 @@ import triton
 import triton.language as tl
 
 from kernels.constants import SECULAR_ITERATIONS as ITERATIONS
+from kernels.constants import SECULAR_PRECISIONS
 
 EPS = float(torch.finfo(torch.float64).eps)
 EPS32 = float(torch.finfo(torch.float32).eps)
@@ -501,7 +502,7 @@ def secular_eigvals(d: torch.Tensor, w: torch.Tensor, rho: torch.Tensor, *, bloc
     program, `programs` programs per matrix, `err_stop` also stops a root once |f| is at its rounding level,
     `fast_rcp` (default: on CUDA) one rcp.approx.ftz per (root, pole); `block_r`, `block_p`, `num_warps`, `mixed`,
     `for_loop` and `one_sum` are float64 choices and are ignored there."""
-    if precision not in ("float64", "float32"):
+    if precision not in SECULAR_PRECISIONS:
         raise ValueError(f"secular_eigvals: precision {precision!r} must be 'float64' or 'float32'")
     if precision == "float32":
         if any(t.dtype not in (torch.float32, torch.float64) for t in (d, w, rho)):

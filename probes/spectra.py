@@ -18,12 +18,13 @@ import numpy as np
 import torch
 import xarray as xr
 
+from kernels.constants import SECULAR_PRECISIONS
 from probes import data, linalg
 from probes.base import ProbeError, ProbeResult, exit_main
 from probes.lazy import LayerPlan
 
 NAME = "spectra"
-PRECISIONS = ("float64", "float32")  # of the per-channel-gate secular solves
+PRECISIONS = SECULAR_PRECISIONS  # of the per-channel-gate secular solves
 ANGLE_BINS = 36  # 5 degree bins over [0, 180]
 SUMMARY_KEYS = ["layer", "head", "frac_complex", "frac_unit_modulus", "frac_rotation", "rotation",
                 "median_angle_deg", "mean_modulus"]
