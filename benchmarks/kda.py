@@ -8,7 +8,7 @@ the PyTorch chunked form in float32 (`kernels.chunk`, an independent path) relat
 to the output's max. `--budget S` starts no new row after S seconds (fla autotunes at each new shape);
 `--profile` prints our per-kernel CUDA times at the last row measured, `--sweep` our times there for each
 prep-kernel launch choice, persistent (`_prep_kernel`) and split (`KdaConfig.split_prep`: `_intra_kernel` +
-`_wy_kernel`). `python -m benchmarks.kda [--quick] [--budget S] [--profile] [--sweep]`.
+`_wy_kernel`). `python -m benchmarks.kda [--quick] [--shape B,T,H ...] [--budget S] [--profile] [--sweep]`.
 """
 
 from __future__ import annotations
@@ -74,6 +74,16 @@ def ours(q, k, v, beta, g) -> torch.Tensor:
                                      scale=K**-0.5)[0]
 
 
+def ours_lean(q, k, v, beta, g) -> torch.Tensor:
+    """Ours returning what fla returns (o and the final state): the Triton KDA forward without boundary states,
+    which it then keeps in bf16 for its own output kernel (o bit-identical, tests/kernels/test_triton_kda.py)."""
+    from kernels.triton_kda import triton_kda
+
+    with torch.no_grad():
+        return triton_kda(q, k.unsqueeze(2), v.unsqueeze(2), beta.unsqueeze(2).float(), g, scale=K**-0.5,
+                          output_boundary_states=False)[0]
+
+
 def reference(q, k, v, beta, g) -> torch.Tensor:
     """The chunked PyTorch form in float32 on the same (bf16-rounded) inputs."""
     with torch.no_grad():
@@ -102,9 +112,21 @@ def load_fla() -> tuple[Any, str]:
     return chunk_kda, ""
 
 
+def _shape(text: str) -> tuple[int, int, int]:
+    try:
+        B, T, H = (int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: give B,T,H as three integers, e.g. 1,8192,32") from None
+    if min(B, T, H) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: B, T and H must be positive")
+    return B, T, H
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m benchmarks.kda", description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="B=1 and T=2048 only")
+    p.add_argument("--shape", type=_shape, action="append", metavar="B,T,H",
+                   help="measure only this row (repeatable), e.g. --shape 1,8192,32")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--budget", type=float, default=float("inf"), help="start no new row after this many seconds")
     p.add_argument("--profile", action="store_true", help="per-kernel CUDA times of ours at the last row")
@@ -119,10 +141,12 @@ def main(argv: list[str] | None = None) -> None:
         print(f"   fla column empty: {why}")
     print("   ms: best of 3 wall-clock calls, each synchronised (host time included); bench: median GPU ms of "
           "back-to-back calls (triton do_bench, L2 flushed: host time hidden when the GPU is the bottleneck)")
+    print("   o+fin: ours returning what fla returns (o, final state; no fp32 boundary states), by do_bench")
     print(f"{'B':>3} {'T':>6} {'H':>3} {'ours ms':>9} {'fla ms':>9} {'fla/ours':>9} {'ours bench':>11} "
-          f"{'fla bench':>10} {'fla/ours':>9} {'first s ours/fla':>17} {'err ours':>9} {'err fla':>9}")
+          f"{'fla bench':>10} {'fla/ours':>9} {'o+fin bench':>12} {'fla/o+fin':>10} {'first s ours/fla':>17} "
+          f"{'err ours':>9} {'err fla':>9}")
     grid = dict(B=(1,), T=(2048,), H=GRID["H"]) if args.quick else GRID
-    rows = list(itertools.product(grid["B"], grid["T"], grid["H"]))
+    rows = args.shape or list(itertools.product(grid["B"], grid["T"], grid["H"]))
     x = None
     for i, (B, T, H) in enumerate(rows):
         if time.perf_counter() - start > args.budget:
@@ -136,12 +160,14 @@ def main(argv: list[str] | None = None) -> None:
         ms_f = first_f = err_f = bench_f = float("nan")
         cuda = args.device.startswith("cuda")
         bench_o = bench(lambda x=x: ours(*x)) if cuda else float("nan")
+        bench_l = bench(lambda x=x: ours_lean(*x)) if cuda else float("nan")
         if fla is not None:
             first_f, ms_f, (o_f, _) = timed(lambda x=x: fla(x[0], x[1], x[2], x[4], x[3], scale=K**-0.5))
             err_f = float((o_f.float() - ref).abs().max() / scale)
             bench_f = bench(lambda x=x: fla(x[0], x[1], x[2], x[4], x[3], scale=K**-0.5)) if cuda else float("nan")
         print(f"{B:>3} {T:>6} {H:>3} {ms_o:>9.2f} {ms_f:>9.2f} {ms_f / ms_o:>8.2f}x {bench_o:>11.3f} {bench_f:>10.3f} "
-              f"{bench_f / bench_o:>8.2f}x {first_o:>8.1f}/{first_f:<8.1f} {err_o:>9.1e} {err_f:>9.1e}", flush=True)
+              f"{bench_f / bench_o:>8.2f}x {bench_l:>12.3f} {bench_f / bench_l:>9.2f}x {first_o:>8.1f}/{first_f:<8.1f} "
+              f"{err_o:>9.1e} {err_f:>9.1e}", flush=True)
         del ref, o
         if torch.cuda.is_available():
             torch.cuda.empty_cache()

@@ -761,7 +761,9 @@ class KdaConfig:
     wy_blocks: bool = True  # one WY program per (key block or value tile, chunk, head) when T comes inverted:
     # H100, B=8 T=8192 H=32: the WY kernel 2.90 -> 1.91 ms (scripts/kda_split_check.py; with Kd by difference)
     state_warps: int = 4
-    state_stages: int = 2
+    state_stages: int = 3  # at most: `_launch` gives fewer where more programs share an SM (one stage at 8 an SM).
+    # H100, B=1 T=8192 H=32 (128 programs, one an SM): the state kernel 0.29 -> 0.23 ms at 3 stages against 2
+    # (scripts/kda_split_check.py); o, final and boundary states bit-identical to one stage (GPU test)
     out_warps: int = 4
     out_bv: int = 128
     out_bk: int = 64  # key block of the output kernel's loop

@@ -17,3 +17,17 @@ def test_rows_print_and_budget_stops(monkeypatch, capsys):
     kda.main(["--device", "cpu", "--budget", "0"])
     out = capsys.readouterr().out
     assert "rows not run: [(1, 70, 2), (1, 70, 3)]" in out
+
+
+def test_shape_picks_rows_and_bad_shape_is_one_line(monkeypatch, capsys):
+    import pytest
+
+    monkeypatch.setattr(kda, "K", 16)
+    monkeypatch.setattr(kda, "V", 16)
+    kda.main(["--device", "cpu", "--shape", "1,40,2"])
+    rows = [line.split() for line in capsys.readouterr().out.splitlines() if line.split()[:2] == ["1", "40"]]
+    assert [r[2] for r in rows] == ["2"]
+    with pytest.raises(SystemExit):
+        kda.main(["--device", "cpu", "--shape", "1,40"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert "give B,T,H as three integers" in err[-1]

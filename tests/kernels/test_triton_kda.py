@@ -419,6 +419,33 @@ def test_gpu_long_batch_vs_chunked_float64(state_bv):
 
 @gpu
 @needs_cuda
+@pytest.mark.parametrize(
+    "B,T,H", [(1, 8192, 32), (2, 4096, 32), (1, 2048, 16)], ids=["1 an SM", "2 an SM", "64 programs"]
+)
+def test_gpu_pipelined_state_kernel_is_bit_identical_to_one_stage(B, T, H):
+    """The sequential kernel's pipeline stages (`KdaConfig.state_stages`, 3 by default where one or two programs
+    share an SM) change when loads are issued, never the arithmetic: o, final and boundary states bit-identical to
+    one stage, at the shapes where `_launch` grants 3 and 2 stages (a pipelined loop of the delta-rule output kernel
+    once miscompiled, see kernels/NOTES.md); and within the bf16 bound of the float64 chunked form."""
+    from kernels.chunk import chunk_delta_product
+    from kernels.triton_kda import KdaConfig, triton_kda
+
+    q, k, v, beta, g, s0 = _inputs(B, T, H, H, 128, 128, device="cuda", seed=3)
+    q, k, v = q.bfloat16(), k.bfloat16(), v.bfloat16()
+    outs = {s: triton_kda(q, k, v, beta, g, initial_state=s0, config=KdaConfig(state_stages=s)) for s in (1, 2, 3)}
+    for s in (2, 3):
+        for name, a, b in zip(("o", "final", "boundary"), outs[s], outs[1]):
+            assert torch.equal(a, b), f"{s} stages: {name} differs from one stage by {_rel(a, b):.1e}"
+    default = triton_kda(q, k, v, beta, g, initial_state=s0)
+    assert all(torch.equal(a, b) for a, b in zip(default, outs[3])), "the default is not the 3-stage launch"
+    d = torch.float64
+    want = chunk_delta_product(*(x.to(d) for x in (q, k, v, beta, g)), initial_state=s0.to(d))
+    errs = [_rel(a, b) for a, b in zip(outs[3], want)]
+    assert max(errs) < TOL[torch.bfloat16], errs
+
+
+@gpu
+@needs_cuda
 def test_gpu_dispatch_runs_triton_kda_without_warning():
     from kernels.dispatch import delta_product_forward
     from kernels.triton_kda import triton_kda
