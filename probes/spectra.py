@@ -76,7 +76,17 @@ def plan(ds: xr.Dataset, *, window: int = 4, stride: int | None = None, device: 
 
     def fn(a: dict[str, Any]) -> dict[str, np.ndarray]:
         k, beta = a["k"], a["beta"]
-        out = {"eig_P": linalg.token_spectra(k, beta, device=device),
+        # a capture's CUDA tensors with one key per token: eig_P (and a scalar gate's eig_A) in one Triton pass
+        fused = isinstance(k, torch.Tensor) and k.shape[2] == 1 and torch.device(device).type == "cuda"
+        if fused:
+            from kernels.triton_token_spectra import token_eigenvalues
+
+            with torch.profiler.record_function("deltalab.linalg.spectra_w1_fused"):
+                gate = a["g"].to(device) if gated and not channel else None
+                eig_p, eig_a = token_eigenvalues(k.to(device), beta.to(device), gate)
+        else:
+            eig_p = linalg.token_spectra(k, beta, device=device)
+        out = {"eig_P": eig_p,
                "window_eig_P": linalg.token_spectra(k, beta, window=window, stride=stride, device=device)}
         if channel:
             out["eig_A"] = linalg.channel_gate_spectra(k, beta, a["g"], device=device, precision=precision)
@@ -85,7 +95,7 @@ def plan(ds: xr.Dataset, *, window: int = 4, stride: int | None = None, device: 
                                                                   device=device)
         elif gated and isinstance(k, torch.Tensor):  # a capture's tensors: stay on their device
             g = a["g"].to(torch.float64)
-            out["eig_A"] = out["eig_P"].to(torch.complex128) * g.exp()[..., None]
+            out["eig_A"] = eig_a if fused else out["eig_P"].to(torch.complex128) * g.exp()[..., None]
             gw = g.unfold(1, window, stride).sum(-1)  # [B, n_win, H]
             out["window_eig_A"] = out["window_eig_P"].to(torch.complex128) * gw.exp()[..., None]
         elif gated:

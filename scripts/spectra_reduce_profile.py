@@ -62,14 +62,38 @@ def main(argv: list[str] | None = None) -> None:
     print(f"{torch.cuda.get_device_name(0)}: spectra reduction of {L} layers of B={B} T={T} H={H} dk={K} (bf16)")
     whole = _timed(lambda: [fn(x) for x in layers])
     print(f"  plan fn, all layers: {whole:.1f} ms ({whole / L:.2f} a layer)")
+    from kernels.triton_token_spectra import token_eigenvalues
+
     parts = {
-        "eig_P (window 1)": lambda x: linalg.token_spectra(x["k"], x["beta"], device="cuda"),
+        "eig_P (window 1), householder_spectra": lambda x: linalg.token_spectra(x["k"], x["beta"], device="cuda"),
+        "eig_P and eig_A (window 1), fused kernel": lambda x: token_eigenvalues(x["k"], x["beta"], x["g"]),
         "window_eig_P (window 4)": lambda x: linalg.token_spectra(x["k"], x["beta"], window=4, stride=4,
                                                                   device="cuda"),
     }
     for name, part in parts.items():
+        part(layers[0])  # compile
         ms = _timed(lambda part=part: [part(x) for x in layers])
         print(f"  {name}: {ms:.1f} ms")
+    import kernels.spectra as ks
+    from kernels.spectra import window_keys
+    from kernels.triton_eig import householder_eigvals, window_householder_eigvals
+
+    ks.STRIDED_WINDOWS = False
+    fn(layers[0])  # compile
+    ms = _timed(lambda: [fn(x) for x in layers])
+    ks.STRIDED_WINDOWS = True
+    print(f"  plan fn, all layers, window keys copied to float64 (STRIDED_WINDOWS = False): {ms:.1f} ms")
+    x = layers[0]
+    keys, betas = window_keys(x["k"], x["beta"], 4, 4)
+    keys64, betas64 = keys.reshape(-1, 4, K).double(), betas.reshape(-1, 4).double()
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    print(f"  window-4 kernels on one layer ({keys64.shape[0]} windows), ms by programs a SM:")
+    householder_eigvals(keys64, betas64)  # compile
+    for per_sm in (4, 8, 9, 10, 12, 16, 24, 32):
+        a = _timed(lambda per_sm=per_sm: householder_eigvals(keys64, betas64, programs=sms * per_sm), repeat=3)
+        b = _timed(lambda per_sm=per_sm: window_householder_eigvals(x["k"], x["beta"], 4, 4, programs=sms * per_sm),
+                   repeat=3)
+        print(f"    {per_sm:>3}: contiguous float64 {a:.2f}, in place bf16 {b:.2f}", flush=True)
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
