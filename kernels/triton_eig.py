@@ -312,6 +312,19 @@ def triton_eigvals(a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.complex(re, im), ok.bool()
 
 
+def _persistent_launch(
+    n: int, dk: int, N: int, device: torch.device, programs: int | None
+) -> tuple[int, int, int, torch.Tensor]:
+    """(NP, DK, programs, per-program [NP, NP] float64 scratch) of the persistent Householder eigen kernels: 16
+    programs an SM on CUDA unless `programs` is given (4 in the interpreter), never more than the N jobs."""
+    NP = max(4, triton.next_power_of_2(n))
+    DK = max(NP, triton.next_power_of_2(dk))
+    if programs is None:
+        programs = 4 if device.type == "cpu" else torch.cuda.get_device_properties(device).multi_processor_count * 16
+    programs = min(N, programs)
+    return NP, DK, programs, torch.empty(programs, NP, NP, dtype=torch.float64, device=device)
+
+
 def householder_eigvals(keys: torch.Tensor, betas: torch.Tensor, programs: int | None = None,
                         fallback: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None) -> torch.Tensor:
     """keys [N, n, dk] (unit rows), betas [N, n] -> the n non-trivial eigenvalues [N, n] (complex128) of
@@ -330,14 +343,7 @@ def householder_eigvals(keys: torch.Tensor, betas: torch.Tensor, programs: int |
     ok = torch.empty(N, dtype=torch.int8, device=keys.device)
     if N == 0:
         return torch.complex(re, im)
-    NP = max(4, triton.next_power_of_2(n))
-    DK = max(NP, triton.next_power_of_2(dk))
-    if programs is None:
-        programs = (
-            4 if keys.device.type == "cpu" else torch.cuda.get_device_properties(keys.device).multi_processor_count * 16
-        )
-    programs = min(N, programs)
-    scratch = torch.empty(programs, NP, NP, dtype=torch.float64, device=keys.device)
+    NP, DK, programs, scratch = _persistent_launch(n, dk, N, keys.device, programs)
     _householder_eig_kernel[(programs,)](
         keys, betas, scratch, re, im, ok, N, n, dk, NP=NP, DK=DK, MAX_SWEEPS=30 * n, num_warps=2 if DK <= 128 else 4
     )
@@ -378,14 +384,7 @@ def window_householder_eigvals(
     ok = torch.empty(B, Tw, H, dtype=torch.int8, device=k.device)
     if N == 0:
         return torch.complex(re, im)
-    NP = max(4, triton.next_power_of_2(n))
-    DK = max(NP, triton.next_power_of_2(dk))
-    if programs is None:
-        programs = (
-            4 if k.device.type == "cpu" else torch.cuda.get_device_properties(k.device).multi_processor_count * 16
-        )
-    programs = min(N, programs)
-    scratch = torch.empty(programs, NP, NP, dtype=torch.float64, device=k.device)
+    NP, DK, programs, scratch = _persistent_launch(n, dk, N, k.device, programs)
     _window_householder_eig_kernel[(programs,)](
         k, beta, scratch, re, im, ok, N, Tw, H, n_h, stride, n, dk, *k.stride(), *beta.stride(),
         NP=NP, DK=DK, MAX_SWEEPS=30 * n, num_warps=2 if DK <= 128 else 4,
