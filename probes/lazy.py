@@ -125,6 +125,7 @@ class LayerPlan:
     factor: float = 4.0
     attrs: dict[str, Any] = field(default_factory=dict)
     descriptions: dict[str, str] = field(default_factory=dict)
+    batch_layers: bool = False  # fn treats every (seq, layer) alike: a batch's layers may go through it at once
 
     def lazy(self, ds: xr.Dataset, budget: int) -> xr.Dataset:
         """The per-token results over every (seq block, layer) of the store `ds` (map_seq_layer)."""
@@ -133,17 +134,27 @@ class LayerPlan:
         return self._dress(out)
 
     def on_layers(self, layers: list[dict[str, Any]], seq: np.ndarray, layer: np.ndarray,
-                  missing: np.ndarray | None) -> xr.Dataset:
+                  missing: np.ndarray | None, stacked: dict[str, torch.Tensor] | None = None) -> xr.Dataset:
         """The per-token results of one batch whose per-layer inputs are given (in memory), as `lazy` lays them
-        out; `missing` [seq, pos] marks padding (inputs already zero there)."""
-        values: dict[str, list[Any]] = {name: [] for name in self.outputs}
-        for inputs in layers:
-            result = self.fn(inputs)
-            for name in self.outputs:
-                values[name].append(result[name])
+        out; `missing` [seq, pos] marks padding (inputs already zero there). `stacked`: the same inputs as tensors
+        [layer, seq, ...]; a `batch_layers` plan runs fn once on them (a launch of each kernel, not one a layer)."""
+        if self.batch_layers and stacked is not None and all(n in stacked for n in self.names if n in layers[0]):
+            values = self._on_stacked(stacked, len(layers))
+        else:
+            values = {name: [] for name in self.outputs}
+            for inputs in layers:
+                result = self.fn(inputs)
+                for name in self.outputs:
+                    values[name].append(result[name])
         data = {name: (dims, _stack_layers(values[name], dims, dtype, missing))
                 for name, (dims, dtype) in self.outputs.items()}
         return self._dress(xr.Dataset(data, coords={"seq": seq, "layer": layer, **(self.coords or {})}))
+
+    def _on_stacked(self, stacked: dict[str, torch.Tensor], n_layers: int) -> dict[str, list[Any]]:
+        """fn once over [layer, seq, ...] inputs folded to [layer * seq, ...], its outputs cut back per layer."""
+        result = self.fn({name: x.flatten(0, 1) for name, x in stacked.items() if name in self.names})
+        return {name: list(torch.as_tensor(result[name]).unflatten(0, (n_layers, -1)).unbind(0))
+                for name in self.outputs}
 
     def _dress(self, out: xr.Dataset) -> xr.Dataset:
         for name, text in self.descriptions.items():

@@ -107,7 +107,9 @@ def plan(ds: xr.Dataset, *, window: int = 4, stride: int | None = None, device: 
 
     sizes = {"pos": T, "head": H, "eig": n_h, "window": n_win, "weig": window * n_h, "aeig": ds.sizes["dk"]}
     coords = {"window_start": ("window", np.arange(n_win) * stride)}
-    return LayerPlan(["k", "beta", "g"], fn, outputs, sizes, coords=coords,
+    # every (seq, layer) alike: capture may pass all a batch's layers at once (one launch of each kernel instead of one
+    # a layer); not per-channel gates, whose float64 decays [seq, pos, head, dk] would then be held for every layer
+    return LayerPlan(["k", "beta", "g"], fn, outputs, sizes, coords=coords, batch_layers=not channel,
                      attrs={"window": window, "stride": stride, "gated": gated, "channel_gate": channel,
                             "channel_windows": channel and channel_windows, "precision": precision})
 

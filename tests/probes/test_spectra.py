@@ -134,3 +134,30 @@ def test_float32_precision_of_per_channel_gates(store):
     assert got.shape == want.shape and got.dtype == want.dtype == np.complex64
     with pytest.raises(ProbeError, match="--precision 'float16' is not one of float64, float32"):
         spectra.run(ds, window=2, precision="float16")
+
+
+@pytest.mark.parametrize("gated", [False, True])
+def test_a_batch_of_layers_at_once_equals_layer_by_layer(store, tmp_path, gated):
+    """Capture hands a batch's layers to the spectra plan at once (`LayerPlan.batch_layers`: one launch of each kernel
+    instead of one a layer): the same per-token results as layer by layer, gates and windows included."""
+    if gated:
+        store = write_synthetic_store(tmp_path / "g.zarr", gated=True, n_seq=3, length=70, seed=5)
+    ds = data.open_store(store)
+    assert ds.sizes["layer"] > 1 and ("g" in ds) == gated
+    plan = spectra.plan(ds, window=4)
+    assert plan.batch_layers
+    stacked = {v: torch.from_numpy(np.moveaxis(ds[v].values, 1, 0).copy()) for v in plan.names if v in ds}
+    layers = [{v: x[i] for v, x in stacked.items()} for i in range(ds.sizes["layer"])]
+    seq, layer = np.arange(ds.sizes["seq"]), np.arange(ds.sizes["layer"])
+    calls = []
+    fn = plan.fn
+    plan.fn = lambda a: calls.append(a["k"].shape[0]) or fn(a)
+    one = plan.on_layers(layers, seq, layer, None)
+    assert calls == [ds.sizes["seq"]] * ds.sizes["layer"]
+    calls.clear()
+    both = plan.on_layers(layers, seq, layer, None, stacked)
+    assert calls == [ds.sizes["seq"] * ds.sizes["layer"]]
+    assert set(one.data_vars) == set(both.data_vars)
+    for v in one.data_vars:
+        assert one[v].dims == both[v].dims
+        np.testing.assert_array_equal(one[v].values, both[v].values, err_msg=v)
