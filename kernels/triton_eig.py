@@ -276,12 +276,12 @@ def _window_householder_eig_kernel(
     step = r % n_h
     for job in range(tl.program_id(0), N, tl.num_programs(0)):
         base = job + tl.zeros([], dtype=tl.int64)
-        h = base % H
-        w = (base // H) % Tw
-        bb = base // (H * Tw)
-        t = w * stride + tok
-        k_row = bb * skB + t * skT + step * skS + h * skH  # [NP] int64
-        b_off = bb * sbB + t * sbT + step * sbS + h * sbH
+        h = job % H  # int32 (N < 2^31, checked on the host): int64 division is a subroutine call on the GPU
+        w = (job // H) % Tw
+        bb = (job // (H * Tw)).to(tl.int64)
+        t = (w * stride + tok).to(tl.int64)
+        k_row = bb * skB + t * skT + step * skS + h.to(tl.int64) * skH  # [NP] int64
+        b_off = bb * sbB + t * sbT + step * sbS + h.to(tl.int64) * sbH
         K = tl.load(
             k_ptr + k_row[:, None] + o_d[None, :].to(tl.int64) * skK,
             mask=(rows < n) & (o_d[None, :] < dk),
@@ -379,6 +379,8 @@ def window_householder_eigvals(
         raise ValueError(f"window_householder_eigvals handles n <= {MAX_N} factors, got {n}")
     Tw = (T - window) // stride + 1
     N = B * Tw * H
+    if N >= 2**31:
+        raise ValueError(f"window_householder_eigvals: {N} windows x heads exceed 2^31; pass fewer sequences at once")
     re = torch.empty(B, Tw, H, n, dtype=torch.float64, device=k.device)
     im = torch.empty_like(re)
     ok = torch.empty(B, Tw, H, dtype=torch.int8, device=k.device)
