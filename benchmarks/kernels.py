@@ -73,7 +73,7 @@ SWEEP_REAL = [
 ]  # fmt: skip
 SWEEP_REAL_VARLEN = [
     {}, dict(resident_per_sm=None, state_stages=2), dict(resident_per_sm=1, state_stages=2),
-    dict(resident_per_sm=1, state_stages=3),
+    dict(resident_per_sm=1, state_stages=3), dict(pair_chunks=True), dict(pair_chunks=True, state_warps=8),
 ]  # fmt: skip
 
 
