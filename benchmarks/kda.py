@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import math
 import time
 import warnings
 from collections.abc import Callable
@@ -169,7 +170,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{B:>3} {T:>6} {H:>3} {ms_o:>9.2f} {ms_f:>9.2f} {ms_f / ms_o:>8.2f}x {bench_o:>11.3f} {bench_f:>10.3f} "
               f"{bench_f / bench_o:>8.2f}x {bench_l:>12.3f} {bench_f / bench_l:>9.2f}x {first_o:>8.1f}/{first_f:<8.1f} "
               f"{err_o:>9.1e} {err_f:>9.1e}", flush=True)
-        if bench_f == bench_f and bench_l == bench_l:  # both timed (not NaN)
+        if not (math.isnan(bench_f) or math.isnan(bench_l)):  # both timed
             ratios.append((bench_f / bench_l, (B, T, H)))
         del ref, o
         if torch.cuda.is_available():

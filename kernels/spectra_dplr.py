@@ -59,7 +59,7 @@ def dplr_eigvals(d: torch.Tensor, k: torch.Tensor, beta: torch.Tensor, block: in
     if bool((d <= 0).any()):
         raise ValueError("dplr_eigvals: decays d must be positive (d = exp(g))")
     if precision not in SECULAR_PRECISIONS:
-        raise ValueError(f"dplr_eigvals: precision {precision!r} must be 'float64' or 'float32'")
+        raise ValueError(f"dplr_eigvals: precision {precision!r} must be one of {', '.join(SECULAR_PRECISIONS)}")
     lead, n = d.shape[:-1], d.shape[-1]
     dt = torch.float64 if precision == "float64" else torch.float32
     d2, k2, b2 = d.reshape(-1, n).to(dt), k.reshape(-1, n).to(dt), beta.reshape(-1).to(dt)

@@ -69,12 +69,9 @@ def _merge_chain(DP, Z, row, n, idx, dp, z, kept, rhohat, inv_norm, tol):
 
 
 @triton.jit
-def _deflate_kernel(DP, Z, RHO, DPO, ZO, KEPT, n, BLOCK: tl.constexpr, EPS_C: tl.constexpr):
-    """dlaed2-style deflation of D' + rho z z^T (D' ascending) for one matrix: rotated poles DPO, weights ZO and
-    the kept mask KEPT (int8)."""
-    row = tl.program_id(0).to(tl.int64)
-    idx = tl.arange(0, BLOCK)
-    m = idx < n
+def _deflate_row(DP, Z, RHO, row, n, idx, m, EPS_C: tl.constexpr, FLOOR: tl.constexpr):
+    """Matrix `row`'s deflation in its inputs' float type: weights below 8 eps scale dropped, then `_merge_chain`;
+    returns the rotated poles, weights, kept mask and rho. FLOOR keeps 1 / ||z|| finite (tiny in the float type)."""
     dp = tl.load(DP + row * n + idx, mask=m, other=0.0)
     z = tl.load(Z + row * n + idx, mask=m, other=0.0)
     rho = tl.load(RHO + row)
@@ -82,10 +79,21 @@ def _deflate_kernel(DP, Z, RHO, DPO, ZO, KEPT, n, BLOCK: tl.constexpr, EPS_C: tl
     rhohat = rho * znorm2
     scale = tl.maximum(tl.max(tl.abs(dp), 0), rhohat)
     tol = 8 * EPS_C * scale
-    inv_norm = 1.0 / tl.sqrt(tl.maximum(znorm2, 1e-300))
+    inv_norm = 1.0 / tl.sqrt(tl.maximum(znorm2, FLOOR))
     kept = m & (rhohat * tl.abs(z) * inv_norm > tol)  # rho ||z||^2 = 0 keeps nothing (tol >= 0)
     z = tl.where(kept, z, 0.0)
     dp, z, kept = _merge_chain(DP, Z, row, n, idx, dp, z, kept, rhohat, inv_norm, tol)
+    return dp, z, kept, rho
+
+
+@triton.jit
+def _deflate_kernel(DP, Z, RHO, DPO, ZO, KEPT, n, BLOCK: tl.constexpr, EPS_C: tl.constexpr):
+    """dlaed2-style deflation of D' + rho z z^T (D' ascending) for one matrix: rotated poles DPO, weights ZO and
+    the kept mask KEPT (int8)."""
+    row = tl.program_id(0).to(tl.int64)
+    idx = tl.arange(0, BLOCK)
+    m = idx < n
+    dp, z, kept, rho = _deflate_row(DP, Z, RHO, row, n, idx, m, EPS_C, 1e-300)
     tl.store(DPO + row * n + idx, dp, mask=m)
     tl.store(ZO + row * n + idx, z, mask=m)
     tl.store(KEPT + row * n + idx, kept.to(tl.int8), mask=m)
@@ -289,17 +297,7 @@ def _deflate32_kernel(DP, Z, RHO, PK, LAM, NK, RW, n, BLOCK: tl.constexpr, EPS_C
     row = tl.program_id(0).to(tl.int64)
     idx = tl.arange(0, BLOCK)
     m = idx < n
-    dp = tl.load(DP + row * n + idx, mask=m, other=0.0)
-    z = tl.load(Z + row * n + idx, mask=m, other=0.0)
-    rho = tl.load(RHO + row)
-    znorm2 = tl.sum(z * z, 0)
-    rhohat = rho * znorm2
-    scale = tl.maximum(tl.max(tl.abs(dp), 0), rhohat)
-    tol = 8 * EPS_C * scale
-    inv_norm = 1.0 / tl.sqrt(tl.maximum(znorm2, 1e-30))
-    kept = m & (rhohat * tl.abs(z) * inv_norm > tol)
-    z = tl.where(kept, z, 0.0)
-    dp, z, kept = _merge_chain(DP, Z, row, n, idx, dp, z, kept, rhohat, inv_norm, tol)
+    dp, z, kept, rho = _deflate_row(DP, Z, RHO, row, n, idx, m, EPS_C, 1e-30)
     k32 = kept.to(tl.int32)
     pos = tl.cumsum(k32, 0) - 1  # rank among the kept poles (ascending, as D' is)
     nk = tl.sum(k32, 0)

@@ -137,8 +137,9 @@ class LayerPlan:
                   missing: np.ndarray | None, stacked: dict[str, torch.Tensor] | None = None) -> xr.Dataset:
         """The per-token results of one batch whose per-layer inputs are given (in memory), as `lazy` lays them
         out; `missing` [seq, pos] marks padding (inputs already zero there). `stacked`: the same inputs as tensors
-        [layer, seq, ...]; a `batch_layers` plan runs fn once on them (a launch of each kernel, not one a layer)."""
-        if self.batch_layers and stacked is not None and all(n in stacked for n in self.names if n in layers[0]):
+        [layer, seq, ...] (`layers` are views of it); a `batch_layers` plan runs fn once on them (a launch of each
+        kernel, not one a layer)."""
+        if self.batch_layers and stacked is not None:
             values = self._on_stacked(stacked, len(layers))
         else:
             values = {name: [] for name in self.outputs}

@@ -106,16 +106,13 @@ def _template(attrs: dict[str, Any], n: int, names: list[str]) -> xr.Dataset:
 
 
 def _layer_inputs(attrs: dict[str, Any], tensors: dict[str, torch.Tensor], missing: np.ndarray | None,
-                  state_chunks: list[int] | None = None
-                  ) -> tuple[list[dict[str, torch.Tensor]], dict[str, torch.Tensor]]:
-    """Per layer, {var: tensor [seq, ...]} as probes.lazy hands a layer to a plan: q and k per value head
+                  state_chunks: list[int] | None = None) -> dict[str, torch.Tensor]:
+    """{var: tensor [layer, seq, ...]} laid out as probes.lazy hands a layer to a plan: q and k per value head
     (`key_head_of`), float inputs zero at padding, states zero past a sequence's first padded token
-    (`state_chunks`: the boundaries the states are, when the capture kept only those); and the same as
-    {var: tensor [layer, seq, ...]} (the per-layer tensors are views of these)."""
+    (`state_chunks`: the boundaries the states are, when the capture kept only those)."""
     from store import schema
 
     sizes = attrs["sizes"]
-    out: list[dict[str, torch.Tensor]] = [{} for _ in attrs["layers"]]
     stacked: dict[str, torch.Tensor] = {}
     for var, x in tensors.items():
         if var not in INPUTS:
@@ -136,9 +133,7 @@ def _layer_inputs(attrs: dict[str, Any], tensors: dict[str, torch.Tensor], missi
             past = torch.as_tensor(chunk_pos[None, :] > first[:, None], device=x.device)  # [seq, chunk]
             x = x.masked_fill(past[None, :, :, None, None, None], 0)
         stacked[var] = x
-        for i in range(len(out)):
-            out[i][var] = x[i]
-    return out, stacked
+    return stacked
 
 
 def _fill(dtype: np.dtype) -> Any:
@@ -232,12 +227,12 @@ class CaptureReductions:
         missing = pad if pad.any() else None
         with record_function("deltalab.reduce.inputs"):
             template = _template(attrs, n, [v for v in tensors if v in INPUTS])
-            per_layer, stacked = _layer_inputs(attrs, tensors, missing, self.states_picked)
+            stacked = _layer_inputs(attrs, tensors, missing, self.states_picked)
         out = {}
         for name in self.names:
             with record_function(f"deltalab.reduce.{name}"):
                 plan = self._plan(name, template, picked=self.states_picked is not None)
-                inputs = [{k: a[k] for k in plan.names if k in a} for a in per_layer]
+                inputs = [{k: x[i] for k, x in stacked.items() if k in plan.names} for i in range(len(attrs["layers"]))]
                 tok = plan.on_layers(inputs, np.arange(n, dtype=np.int64), np.asarray(attrs["layers"], np.int64),
                                      missing, stacked)
             if REDUCTIONS[name] is erank and "doc_start" in host:

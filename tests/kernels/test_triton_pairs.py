@@ -2,72 +2,25 @@
 against the float64 token loop and against the chunk-by-chunk kernel.
 
 CPU: TRITON_INTERPRET=1 on small shapes (odd and even chunk counts, partial last chunks, packed sequences, grouped
-heads, dk = 256 in key halves, gate off, bf16); GPU tests are marked. Errors are max |ours - ref| / max |ref| with
-the tolerances of tests/kernels/test_triton_shapes.py.
+heads, dk = 256 in key halves, gate off, bf16); GPU tests are marked. Checks and tolerances: `delta_rule_cases`.
 """
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 
-from kernels.naive import naive_delta_product
+from tests.kernels.delta_rule_cases import check_choice, cpu_only, needs_cuda
 
-INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
-ON_GPU = torch.cuda.is_available() and not INTERPRET
-TOL = {torch.float32: 1e-4, torch.bfloat16: 3e-2, torch.float16: 8e-3}
-
-cpu_only = pytest.mark.skipif(not INTERPRET, reason="CPU tests of the Triton kernels need TRITON_INTERPRET=1")
-needs_cuda = pytest.mark.skipif(not ON_GPU, reason="needs a CUDA GPU without TRITON_INTERPRET")
 gpu = pytest.mark.gpu
-
-
-def _inputs(B, T, Hk, Hv, K, V, gate, n_seq=None, device="cpu", seed=0):
-    """Random inputs with one key a token, beta in (0, 2), log decays in (-0.05, 0); an initial state per sequence."""
-    gen = torch.Generator(device="cpu").manual_seed(seed)
-    q = torch.randn(B, T, Hk, K, generator=gen)
-    k = torch.randn(B, T, 1, Hk, K, generator=gen)
-    v = torch.randn(B, T, 1, Hv, V, generator=gen)
-    beta = torch.rand(B, T, 1, Hv, generator=gen) * 2
-    g = -torch.rand(B, T, Hv, generator=gen) * 0.05 if gate else None  # weak: states carry across chunks
-    s0 = torch.randn(n_seq or B, Hv, K, V, generator=gen) * 0.3
-    return [x.to(device) if x is not None else None for x in (q, k, v, beta, g, s0)]
-
-
-def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    return ((a.double() - b.double()).abs().max() / b.double().abs().max().clamp_min(1e-30)).item()
-
-
-def _cu(lengths: list[int], device: str = "cpu") -> torch.Tensor:
-    return torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32, device=device)
+WEAK = 0.05  # log decays in (-0.05, 0) a token: states carry across chunks, so an error in a carried state shows
 
 
 def _check(case: tuple, dtype: torch.dtype, device: str = "cpu") -> tuple[float, ...]:
-    """Pairs on against float64 (o, final, boundary states) and against pairs off (o, final, boundary)."""
-    from kernels.triton_chunk import LaunchConfig, triton_delta_product
-
+    """Pairs on against float64 and against chunk by chunk (o, final, boundary states)."""
     B, T, Hk, Hv, K, V, gate, lengths = case
-    T = sum(lengths) if lengths else T
-    N = len(lengths) if lengths else B
-    q, k, v, beta, g, s0 = _inputs(B, T, Hk, Hv, K, V, gate, n_seq=N, device=device)
-    q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
-    cu = _cu(lengths, device) if lengths else None
-    run = dict(initial_state=s0, normalize_qk=True, cu_seqlens=cu)
-    o, fin, bnd = triton_delta_product(q, k, v, beta, g, config=LaunchConfig(pair_chunks=True), **run)
-    o0, fin0, bnd0 = triton_delta_product(q, k, v, beta, g, config=LaunchConfig(pair_chunks=False), **run)
-    d = torch.float64
-    ro, rfin, rbnd = naive_delta_product(
-        q.to(d), k.to(d), v.to(d), beta.to(d), None if g is None else g.to(d), initial_state=s0.to(d),
-        normalize_qk=True, cu_seqlens=None if cu is None else cu.cpu(),
-    )  # fmt: skip
-    assert o.shape == (B, T, Hv, V) and o.dtype == dtype and fin.shape == (N, Hv, K, V) and bnd.shape == rbnd.shape
-    errs = _rel(o, ro), _rel(fin, rfin), _rel(bnd, rbnd)
-    assert max(errs) < TOL[dtype], f"{case} {dtype}: rel errors o/final/boundary vs float64 {errs}"
-    diff = _rel(o, o0), _rel(fin, fin0), _rel(bnd, bnd0)  # the two paths differ by rounding only
-    assert max(diff) < TOL[dtype] / 2, f"{case} {dtype}: rel differences o/final/boundary from pairs off {diff}"
-    return (*errs, *diff)
+    return check_choice((B, T, Hk, Hv, K, V, 1, gate, lengths), dtype, dict(pair_chunks=True),
+                        dict(pair_chunks=False), device=device, decay=WEAK)
 
 
 # ---------------------------------------------------------------- interpreter

@@ -7,79 +7,18 @@ tolerances are those of tests/kernels/test_triton_shapes.py.
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 
-from kernels.naive import naive_delta_product
+from tests.kernels.delta_rule_cases import TOL, check_choice, cpu_only, inputs, needs_cuda, rel
 
-INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
-ON_GPU = torch.cuda.is_available() and not INTERPRET
-TOL = {torch.float32: 1e-4, torch.bfloat16: 3e-2, torch.float16: 8e-3}
-
-cpu_only = pytest.mark.skipif(not INTERPRET, reason="CPU tests of the Triton kernels need TRITON_INTERPRET=1")
-needs_cuda = pytest.mark.skipif(not ON_GPU, reason="needs a CUDA GPU without TRITON_INTERPRET")
 gpu = pytest.mark.gpu
 
 
-def _inputs(
-    B: int,
-    T: int,
-    Hk: int,
-    Hv: int,
-    K: int,
-    V: int,
-    n_h: int,
-    gate: bool,
-    n_seq: int | None = None,
-    device: str = "cpu",
-    seed: int = 0,
-) -> list[torch.Tensor | None]:
-    """Random inputs, beta in (0, 2); n_seq initial states (packed sequences), else one per batch row."""
-    gen = torch.Generator(device="cpu").manual_seed(seed)
-    q = torch.randn(B, T, Hk, K, generator=gen)
-    k = torch.randn(B, T, n_h, Hk, K, generator=gen)
-    v = torch.randn(B, T, n_h, Hv, V, generator=gen)
-    beta = torch.rand(B, T, n_h, Hv, generator=gen) * 2
-    g = -torch.rand(B, T, Hv, generator=gen) * 0.7 if gate else None
-    s0 = torch.randn(n_seq or B, Hv, K, V, generator=gen) * 0.3
-    return [x.to(device) if x is not None else None for x in (q, k, v, beta, g, s0)]
-
-
-def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    return ((a.double() - b.double()).abs().max() / b.double().abs().max().clamp_min(1e-30)).item()
-
-
-def _cu(lengths: list[int], device: str = "cpu") -> torch.Tensor:
-    return torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32, device=device)
-
-
 def _check(case: tuple, dtype: torch.dtype, device: str = "cpu", cfg: dict | None = None) -> tuple[float, ...]:
-    """Split on against float64 (o, final, boundary states) and against split off (o, final); returns the errors."""
-    from kernels.triton_chunk import LaunchConfig, triton_delta_product
-
-    B, T, Hk, Hv, K, V, n_h, gate, lengths = case
-    T = sum(lengths) if lengths else T
-    N = len(lengths) if lengths else B
-    q, k, v, beta, g, s0 = _inputs(B, T, Hk, Hv, K, V, n_h, gate, n_seq=N, device=device)
-    q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
-    cu = _cu(lengths, device) if lengths else None
+    """Split on against float64 and against the one-kernel path (`tri_split=False`); returns the errors."""
     cfg = cfg or {}
-    run = dict(initial_state=s0, normalize_qk=True, cu_seqlens=cu)
-    o, fin, bnd = triton_delta_product(q, k, v, beta, g, config=LaunchConfig(tri_split=True, **cfg), **run)
-    o0, fin0, _ = triton_delta_product(q, k, v, beta, g, config=LaunchConfig(**cfg), **run)
-    d = torch.float64
-    ro, rfin, rbnd = naive_delta_product(
-        q.to(d), k.to(d), v.to(d), beta.to(d), None if g is None else g.to(d), initial_state=s0.to(d),
-        normalize_qk=True, cu_seqlens=None if cu is None else cu.cpu(),
-    )  # fmt: skip
-    assert o.shape == (B, T, Hv, V) and o.dtype == dtype and fin.shape == (N, Hv, K, V)
-    errs = _rel(o, ro), _rel(fin, rfin), _rel(bnd, rbnd)
-    assert max(errs) < TOL[dtype], f"{case} {dtype}: rel errors o/final/boundary vs float64 {errs}"
-    diff = _rel(o, o0), _rel(fin, fin0)  # the two paths differ by rounding only
-    assert max(diff) < TOL[dtype] / 2, f"{case} {dtype}: rel differences o/final from split off {diff}"
-    return (*errs, *diff)
+    return check_choice(case, dtype, dict(tri_split=True, **cfg), dict(tri_split=False, **cfg), device=device)
 
 
 # ---------------------------------------------------------------- interpreter
@@ -120,7 +59,7 @@ def test_split_T_is_the_inverse_of_I_plus_A(gate):
     from kernels.triton_chunk import _kkt_kernel, _tri_inverse_kernel
 
     B, T, Hk, Hv, K = 2, 100, 1, 2, 32
-    q, k, v, beta, g, _ = _inputs(B, T, Hk, Hv, K, 16, 1, gate, seed=3)
+    q, k, v, beta, g, _ = inputs(B, T, Hk, Hv, K, 16, 1, gate, seed=3)
     NCT = B * 2
     A = torch.full((Hv, NCT * 64, 64), float("nan"))
     Ti = torch.zeros(Hv, NCT * 64, 64)
@@ -144,8 +83,8 @@ def test_split_T_is_the_inverse_of_I_plus_A(gate):
                 Aref = torch.tril(bt[b, sl, h, None] * (Gc[:, None] - Gc[None, :]).exp() * (kc @ kc.T), -1)
                 rows = slice((b * 2 + c) * 64, (b * 2 + c) * 64 + 64)
                 Tref = torch.linalg.inv(torch.eye(64, dtype=d) + Aref)
-                assert _rel(torch.tril(A[h, rows]), Aref) < 1e-5
-                assert _rel(torch.tril(Ti[h, rows]), Tref) < 1e-5, (h, b, c)
+                assert rel(torch.tril(A[h, rows]), Aref) < 1e-5
+                assert rel(torch.tril(Ti[h, rows]), Tref) < 1e-5, (h, b, c)
 
 
 # ---------------------------------------------------------------- GPU (run on the device)
@@ -177,7 +116,7 @@ def test_gpu_split_long_sequences_vs_chunked_float64(K, V):
     from kernels.chunk import chunk_delta_product
     from kernels.triton_chunk import LaunchConfig, triton_delta_product
 
-    q, k, v, beta, g, s0 = _inputs(8, 2048, 4, 8, K, V, 1, True, device="cuda")
+    q, k, v, beta, g, s0 = inputs(8, 2048, 4, 8, K, V, 1, True, device="cuda")
     qb, kb, vb = q.bfloat16(), k.bfloat16(), v.bfloat16()
     o, fin, _ = triton_delta_product(
         qb, kb, vb, beta, g, initial_state=s0, normalize_qk=True, output_boundary_states=False,
@@ -187,5 +126,5 @@ def test_gpu_split_long_sequences_vs_chunked_float64(K, V):
     ro, rfin, _ = chunk_delta_product(
         qb.to(d), kb.to(d), vb.to(d), beta.to(d), g.to(d), initial_state=s0.to(d), normalize_qk=True
     )
-    errs = _rel(o, ro), _rel(fin, rfin)
+    errs = rel(o, ro), rel(fin, rfin)
     assert max(errs) < TOL[torch.bfloat16], errs

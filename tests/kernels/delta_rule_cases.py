@@ -1,0 +1,70 @@
+"""Shared by the delta-rule forward's A/B tests (`test_triton_tri_split.py`, `test_triton_pairs.py`): random inputs
+and one check of a launch choice against the float64 token loop and against the path it replaces.
+
+Errors are max |ours - ref| / max |ref| with the tolerances of tests/kernels/test_triton_shapes.py.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from kernels.naive import naive_delta_product
+
+INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+ON_GPU = torch.cuda.is_available() and not INTERPRET
+TOL = {torch.float32: 1e-4, torch.bfloat16: 3e-2, torch.float16: 8e-3}
+
+cpu_only = pytest.mark.skipif(not INTERPRET, reason="CPU tests of the Triton kernels need TRITON_INTERPRET=1")
+needs_cuda = pytest.mark.skipif(not ON_GPU, reason="needs a CUDA GPU without TRITON_INTERPRET")
+
+
+def inputs(B, T, Hk, Hv, K, V, n_h, gate, n_seq=None, device="cpu", seed=0, decay=0.7):
+    """Random inputs, beta in (0, 2), log decays in (-decay, 0); n_seq initial states (packed sequences), else one
+    per batch row."""
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    q = torch.randn(B, T, Hk, K, generator=gen)
+    k = torch.randn(B, T, n_h, Hk, K, generator=gen)
+    v = torch.randn(B, T, n_h, Hv, V, generator=gen)
+    beta = torch.rand(B, T, n_h, Hv, generator=gen) * 2
+    g = -torch.rand(B, T, Hv, generator=gen) * decay if gate else None
+    s0 = torch.randn(n_seq or B, Hv, K, V, generator=gen) * 0.3
+    return [x.to(device) if x is not None else None for x in (q, k, v, beta, g, s0)]
+
+
+def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a.double() - b.double()).abs().max() / b.double().abs().max().clamp_min(1e-30)).item()
+
+
+def cu_seqlens(lengths: list[int], device: str = "cpu") -> torch.Tensor:
+    return torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32, device=device)
+
+
+def check_choice(case: tuple, dtype: torch.dtype, on: dict, off: dict, device: str = "cpu",
+                 decay: float = 0.7) -> tuple[float, ...]:
+    """`LaunchConfig(**on)` against float64 (o, final, boundary states) and against `LaunchConfig(**off)` (the same
+    three: the paths differ by rounding only). case: (B, T or None, Hk, Hv, K, V, n_h, gate, lengths or None)."""
+    from kernels.triton_chunk import LaunchConfig, triton_delta_product
+
+    B, T, Hk, Hv, K, V, n_h, gate, lengths = case
+    T = sum(lengths) if lengths else T
+    N = len(lengths) if lengths else B
+    q, k, v, beta, g, s0 = inputs(B, T, Hk, Hv, K, V, n_h, gate, n_seq=N, device=device, decay=decay)
+    q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
+    cu = cu_seqlens(lengths, device) if lengths else None
+    run = dict(initial_state=s0, normalize_qk=True, cu_seqlens=cu)
+    o, fin, bnd = triton_delta_product(q, k, v, beta, g, config=LaunchConfig(**on), **run)
+    o0, fin0, bnd0 = triton_delta_product(q, k, v, beta, g, config=LaunchConfig(**off), **run)
+    d = torch.float64
+    ro, rfin, rbnd = naive_delta_product(
+        q.to(d), k.to(d), v.to(d), beta.to(d), None if g is None else g.to(d), initial_state=s0.to(d),
+        normalize_qk=True, cu_seqlens=None if cu is None else cu.cpu(),
+    )  # fmt: skip
+    assert o.shape == (B, T, Hv, V) and o.dtype == dtype and fin.shape == (N, Hv, K, V) and bnd.shape == rbnd.shape
+    errs = rel(o, ro), rel(fin, rfin), rel(bnd, rbnd)
+    assert max(errs) < TOL[dtype], f"{case} {dtype} {on}: rel errors o/final/boundary vs float64 {errs}"
+    diff = rel(o, o0), rel(fin, fin0), rel(bnd, bnd0)
+    assert max(diff) < TOL[dtype] / 2, f"{case} {dtype}: rel differences o/final/boundary, {on} vs {off}: {diff}"
+    return (*errs, *diff)
