@@ -469,74 +469,41 @@ def _wu_kernel(
 
 
 @triton.jit
-def _rows_tile(base, rows, m_rows, stride, o_c, m_c):
-    """[64, C] tile of rows `rows` (masked by m_rows) and columns o_c (masked by m_c) of a row-major array."""
-    return tl.load(base + rows[:, None] * stride + o_c[None, :], mask=m_rows[:, None] & m_c[None, :], other=0.0)
-
-
-@triton.jit
-def _state_pair(
-    k_base, W, U, D, gcum, rstd, bnd_base, b_h1, b_h2, aux, c, Tn, o_r, o_k1, o_k2, m_k1, m_k2, o_v, m_v, p_h1, p_h2,
-    m_h1, m_h2, HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, SPLIT: tl.constexpr,
-    STORE_BND: tl.constexpr, F32: tl.constexpr, PREC: tl.constexpr,
+def _state_block(
+    k, k_base, W, U, D, gcum, rstd, aux0, Tn, o_r, o_k1, o_k2, m_k1, m_k2, o_v, m_v, b_h1, b_h2, blk,
+    HK: tl.constexpr, NH: tl.constexpr, K: tl.constexpr, V: tl.constexpr, SPLIT: tl.constexpr, F32: tl.constexpr,
+    PREC: tl.constexpr, STORE_D: tl.constexpr,
 ):
-    """Chunks c and c + 1 (n_h = 1) from the state S at c's start: X = W S for both (independent products),
-    D_c = U_c - X_c, D_{c+1} = U_{c+1} - e^{G_c} X_{c+1} - P D_c with P = W_{c+1} (K_c * s_c)^T (64 x 64, no S in it;
-    s: each row's key scale and decay to the chunk end, G_c: chunk c's log decay), since W_{c+1} S_{c+1} =
-    e^{G_c} X_{c+1} + P D_c. Then S_{c+1} = e^{G_c} S + K_c^T (s_c D_c) (stored; off the chain) and S_{c+2} =
-    e^{G_{c+1}} S_{c+1} + K_{c+1}^T (s_{c+1} D_{c+1}). The chain from S to S_{c+2} is three products, one 64 x 64,
-    against four [64, dk]-sized ones chunk by chunk. Key tiles are loaded where used (again for the second use, from
-    cache) to keep fewer of them in registers. Returns the state halves at c + 2."""
-    if STORE_BND:
-        tl.store(bnd_base + c * (HV * K * V) + p_h1, b_h1, mask=m_h1)
-        if SPLIT:
-            tl.store(bnd_base + c * (HV * K * V) + p_h2, b_h2, mask=m_h2)
-    rows0 = aux + o_r
-    rows1 = rows0 + 64
-    s0 = c * 64 + o_r
-    s1 = s0 + 64
-    m_s0 = s0 < Tn
-    m_s1 = s1 < Tn
-    every = o_r >= 0
-    b_Ga = tl.load(gcum + aux + 63)  # log decay over chunk c (gcum restarts at each chunk)
-    b_Gb = tl.load(gcum + aux + 127)
-    b_w1 = _rows_tile(W, rows1, every, K, o_k1, m_k1)
-    b_x0 = tl.dot(_dot_in(_rows_tile(W, rows0, every, K, o_k1, m_k1), k_base, F32), _dot_in(b_h1, k_base, F32),
-                  input_precision=PREC)
-    b_x1 = tl.dot(_dot_in(b_w1, k_base, F32), _dot_in(b_h1, k_base, F32), input_precision=PREC)
-    b_wk = tl.dot(_dot_in(b_w1, k_base, F32), tl.trans(_dot_in(_rows_tile(k_base, s0, m_s0, HK * K, o_k1, m_k1),
-                                                                 k_base, F32)), input_precision=PREC)
+    """One 64-row block `blk` of a sequence (block blk % NH of chunk blk // NH): D = U - W S and
+    S' = e^{G'} S + sum_s e^{G' - G_s} k_s d_s^T (G' the log decay to the block's end, from the chunk's start;
+    `gcum` restarts each chunk, so the block's own decay is G' - G at the previous block's end). Returns S' and D
+    (also stored with STORE_D, as soon as it is known: fewer registers live across the state update)."""
+    rows = aux0 + blk * 64 + o_r
+    s = blk * 64 + o_r
+    m_s = s < Tn * NH
+    if NH == 1:
+        b_G0 = 0.0
+    else:  # the chunk's log decay before this block: 0 at its first block
+        b_G0 = tl.load(gcum + aux0 + blk * 64 - 1, mask=blk % NH > 0, other=0.0)
+    b_G1 = tl.load(gcum + aux0 + blk * 64 + 63)
+    b_u = tl.load(U + rows[:, None] * V + o_v[None, :], mask=m_v[None, :], other=0.0)
+    b_w1 = tl.load(W + rows[:, None] * K + o_k1[None, :], mask=m_k1[None, :], other=0.0)
+    b_wh = tl.dot(_dot_in(b_w1, k, F32), _dot_in(b_h1, k, F32), input_precision=PREC)
     if SPLIT:
-        b_w2 = _rows_tile(W, rows1, every, K, o_k2, m_k2)
-        b_x0 += tl.dot(_dot_in(_rows_tile(W, rows0, every, K, o_k2, m_k2), k_base, F32), _dot_in(b_h2, k_base, F32),
-                       input_precision=PREC)
-        b_x1 += tl.dot(_dot_in(b_w2, k_base, F32), _dot_in(b_h2, k_base, F32), input_precision=PREC)
-        b_wk += tl.dot(_dot_in(b_w2, k_base, F32), tl.trans(_dot_in(_rows_tile(k_base, s0, m_s0, HK * K, o_k2, m_k2),
-                                                                     k_base, F32)), input_precision=PREC)
-    b_sc0 = tl.load(rstd + rows0) * tl.exp(b_Ga - tl.load(gcum + rows0))  # key norm, e^{G_c - G_s}
-    b_sc1 = tl.load(rstd + rows1) * tl.exp(b_Gb - tl.load(gcum + rows1))
-    b_d0 = _rows_tile(U, rows0, every, V, o_v, m_v).to(tl.float32) - b_x0
-    b_p = _dot_in(b_wk * b_sc0[None, :], k_base, F32)
-    b_d1 = _rows_tile(U, rows1, every, V, o_v, m_v).to(tl.float32) - tl.exp(b_Ga) * b_x1
-    b_d1 -= tl.dot(b_p, _dot_in(b_d0, k_base, F32), input_precision=PREC)
-    tl.store(D + rows0[:, None] * V + o_v[None, :], b_d0.to(D.dtype.element_ty), mask=m_v[None, :])
-    tl.store(D + rows1[:, None] * V + o_v[None, :], b_d1.to(D.dtype.element_ty), mask=m_v[None, :])
-    b_ds0 = _dot_in(b_d0 * b_sc0[:, None], k_base, F32)
-    b_ds1 = _dot_in(b_d1 * b_sc1[:, None], k_base, F32)
-    b_k = _dot_in(_rows_tile(k_base, s0, m_s0, HK * K, o_k1, m_k1), k_base, F32)
-    b_m1 = b_h1 * tl.exp(b_Ga) + tl.dot(tl.trans(b_k), b_ds0, input_precision=PREC)
-    if STORE_BND:
-        tl.store(bnd_base + (c + 1) * (HV * K * V) + p_h1, b_m1, mask=m_h1)
-    b_k = _dot_in(_rows_tile(k_base, s1, m_s1, HK * K, o_k1, m_k1), k_base, F32)
-    b_h1 = b_m1 * tl.exp(b_Gb) + tl.dot(tl.trans(b_k), b_ds1, input_precision=PREC)
+        b_w2 = tl.load(W + rows[:, None] * K + o_k2[None, :], mask=m_k2[None, :], other=0.0)
+        b_wh += tl.dot(_dot_in(b_w2, k, F32), _dot_in(b_h2, k, F32), input_precision=PREC)
+    b_d = b_u.to(tl.float32) - b_wh
+    if STORE_D:
+        tl.store(D + rows[:, None] * V + o_v[None, :], b_d.to(D.dtype.element_ty), mask=m_v[None, :])
+    b_scale = tl.load(rstd + rows) * tl.exp(b_G1 - tl.load(gcum + rows))  # key norm, e^{G' - G_s}
+    b_ds = _dot_in(b_d * b_scale[:, None], k, F32)
+    b_k1 = tl.load(k_base + s[:, None] * (HK * K) + o_k1[None, :], mask=m_s[:, None] & m_k1[None, :], other=0.0)
+    b_h1 = b_h1 * tl.exp(b_G1 - b_G0) + tl.dot(tl.trans(_dot_in(b_k1, k, F32)), b_ds, input_precision=PREC)
     if SPLIT:
-        b_k = _dot_in(_rows_tile(k_base, s0, m_s0, HK * K, o_k2, m_k2), k_base, F32)
-        b_m2 = b_h2 * tl.exp(b_Ga) + tl.dot(tl.trans(b_k), b_ds0, input_precision=PREC)
-        if STORE_BND:
-            tl.store(bnd_base + (c + 1) * (HV * K * V) + p_h2, b_m2, mask=m_h2)
-        b_k = _dot_in(_rows_tile(k_base, s1, m_s1, HK * K, o_k2, m_k2), k_base, F32)
-        b_h2 = b_m2 * tl.exp(b_Gb) + tl.dot(tl.trans(b_k), b_ds1, input_precision=PREC)
-    return b_h1, b_h2
+        p_k2 = k_base + s[:, None] * (HK * K) + o_k2[None, :]
+        b_k2 = tl.load(p_k2, mask=m_s[:, None] & m_k2[None, :], other=0.0)
+        b_h2 = b_h2 * tl.exp(b_G1 - b_G0) + tl.dot(tl.trans(_dot_in(b_k2, k, F32)), b_ds, input_precision=PREC)
+    return b_h1, b_h2, b_d
 
 
 @triton.jit
@@ -575,7 +542,6 @@ def _state_kernel(
     IS_VARLEN: tl.constexpr,
     F32: tl.constexpr,
     PREC: tl.constexpr,
-    PAIRS: tl.constexpr = False,
 ):
     """One program per (value tile, sequence * value head), looping over the sequence's chunks and their
     n_h blocks: store S_c (at chunk starts), D_a = U_a - W_a S_a and
@@ -583,9 +549,7 @@ def _state_kernel(
     D is each sub-step's true pseudo-value, whatever the blocking. The state's key rows are held in two
     halves when dk > 128 (SPLIT): one [256, 32] tile miscompiled on an H100 (Triton 3.6), as [128, 16] did.
     FUSE_O: also o = scale (e^G q S_c + A D) for this value tile (A from `_wu_kernel`), so that neither D nor
-    the fp32 boundary states are read back by an output kernel.
-    PAIRS (n_h = 1, not FUSE_O; `LaunchConfig.pair_chunks`): chunks two at a time, a shorter dependent chain
-    (`_state_pair`), then an odd last chunk as usual."""
+    the fp32 boundary states are read back by an output kernel."""
     i_v, i_nh = tl.program_id(0), tl.program_id(1)
     i_n, i_h = i_nh // HV, i_nh % HV
     if IS_VARLEN:  # longest sequences first (`order`), so that they do not start in the last wave
@@ -625,22 +589,14 @@ def _state_kernel(
             b_h2 = tl.load(h0_base + p_h2, mask=m_h2, other=0.0).to(tl.float32)
     else:
         b_h1 = tl.zeros([BKH, BV], dtype=tl.float32)
-    c_first = 0
-    if PAIRS:
-        for c2 in range(NC // 2):
-            b_h1, b_h2 = _state_pair(
-                k_base, W, U, D, gcum, rstd, bnd_base, b_h1, b_h2, aux0 + 2 * c2 * 64, 2 * c2, Tn, o_r, o_k1, o_k2,
-                m_k1, m_k2, o_v, m_v, p_h1, p_h2, m_h1, m_h2,
-                HK=HK, HV=HV, K=K, V=V, SPLIT=SPLIT, STORE_BND=STORE_BND, F32=F32, PREC=PREC,
-            )  # fmt: skip
-        c_first = NC // 2 * 2
-    for c in range(c_first, NC):
-        if STORE_BND:
-            tl.store(bnd_base + c * (HV * K * V) + p_h1, b_h1, mask=m_h1)
-            if SPLIT:
-                tl.store(bnd_base + c * (HV * K * V) + p_h2, b_h2, mask=m_h2)
-        aux = aux0 + c * L
-        if FUSE_O:
+    blocks = (k, k_base, W, U, D, gcum, rstd, aux0, Tn, o_r, o_k1, o_k2, m_k1, m_k2, o_v, m_v)
+    if FUSE_O:
+        for c in range(NC):
+            if STORE_BND:
+                tl.store(bnd_base + c * (HV * K * V) + p_h1, b_h1, mask=m_h1)
+                if SPLIT:
+                    tl.store(bnd_base + c * (HV * K * V) + p_h2, b_h2, mask=m_h2)
+            aux = aux0 + c * L
             t = c * 64 + o_r
             m_t = t < Tn
             b_q1 = tl.load(q_base + t[:, None] * (HK * K) + o_k1[None, :], mask=m_t[:, None] & m_k1[None, :], other=0.0)
@@ -657,38 +613,26 @@ def _state_kernel(
                 b_rq = tl.full([64], 1.0, dtype=tl.float32)
             b_Gq = tl.load(gcum + aux + o_r * NH + NH - 1)
             b_o = b_o * (b_rq * tl.exp(b_Gq))[:, None]
-        for a in tl.static_range(NH):
-            rows = aux + a * 64 + o_r
-            s = c * L + a * 64 + o_r
-            m_s = s < Tn * NH
-            if a == 0:
-                b_G0 = 0.0
-            else:
-                b_G0 = tl.load(gcum + aux + a * 64 - 1)
-            b_G1 = tl.load(gcum + aux + a * 64 + 63)
-            b_u = tl.load(U + rows[:, None] * V + o_v[None, :], mask=m_v[None, :], other=0.0)
-            b_w1 = tl.load(W + rows[:, None] * K + o_k1[None, :], mask=m_k1[None, :], other=0.0)
-            b_wh = tl.dot(_dot_in(b_w1, k, F32), _dot_in(b_h1, k, F32), input_precision=PREC)
-            if SPLIT:
-                b_w2 = tl.load(W + rows[:, None] * K + o_k2[None, :], mask=m_k2[None, :], other=0.0)
-                b_wh += tl.dot(_dot_in(b_w2, k, F32), _dot_in(b_h2, k, F32), input_precision=PREC)
-            b_d = b_u.to(tl.float32) - b_wh
-            if FUSE_O:
+            for a in tl.static_range(NH):
+                b_h1, b_h2, b_d = _state_block(
+                    *blocks, b_h1, b_h2, c * NH + a, HK=HK, NH=NH, K=K, V=V, SPLIT=SPLIT, F32=F32, PREC=PREC,
+                    STORE_D=False,
+                )
                 b_a = tl.load(Aqk + (aux // NH + o_r)[:, None] * L + a * 64 + o_r[None, :])
                 b_o += tl.dot(_dot_in(b_a, k, F32), _dot_in(b_d, k, F32), input_precision=PREC)
-            else:
-                tl.store(D + rows[:, None] * V + o_v[None, :], b_d.to(D.dtype.element_ty), mask=m_v[None, :])
-            b_scale = tl.load(rstd + rows) * tl.exp(b_G1 - tl.load(gcum + rows))  # key norm, e^{G_a' - G_s}
-            b_ds = _dot_in(b_d * b_scale[:, None], k, F32)
-            b_k1 = tl.load(k_base + s[:, None] * (HK * K) + o_k1[None, :], mask=m_s[:, None] & m_k1[None, :], other=0.0)
-            b_h1 = b_h1 * tl.exp(b_G1 - b_G0) + tl.dot(tl.trans(_dot_in(b_k1, k, F32)), b_ds, input_precision=PREC)
-            if SPLIT:
-                p_k2 = k_base + s[:, None] * (HK * K) + o_k2[None, :]
-                b_k2 = tl.load(p_k2, mask=m_s[:, None] & m_k2[None, :], other=0.0)
-                b_h2 = b_h2 * tl.exp(b_G1 - b_G0) + tl.dot(tl.trans(_dot_in(b_k2, k, F32)), b_ds, input_precision=PREC)
-        if FUSE_O:
             p_o = o + (bos + t)[:, None] * (HV * V) + i_h * V + o_v[None, :]
             tl.store(p_o, (b_o * scale).to(o.dtype.element_ty), mask=m_t[:, None] & m_v[None, :])
+    else:  # one flat loop over all blocks (n_h a chunk): one block's code in the loop body at any n_h
+        for blk in range(NC * NH):
+            if STORE_BND:
+                if blk % NH == 0:
+                    c = blk // NH
+                    tl.store(bnd_base + c * (HV * K * V) + p_h1, b_h1, mask=m_h1)
+                    if SPLIT:
+                        tl.store(bnd_base + c * (HV * K * V) + p_h2, b_h2, mask=m_h2)
+            b_h1, b_h2, b_d = _state_block(
+                *blocks, b_h1, b_h2, blk, HK=HK, NH=NH, K=K, V=V, SPLIT=SPLIT, F32=F32, PREC=PREC, STORE_D=True
+            )
     if STORE_BND:
         tl.store(bnd_base + NC * (HV * K * V) + p_h1, b_h1, mask=m_h1)
         if SPLIT:
@@ -829,9 +773,6 @@ class LaunchConfig:
     kkt_stages: int = 2
     inv_warps: int = 1  # the inverse's 16 x 16 tiles in one warp: no cross-warp reductions (2 warps: 0.095 / 0.505 ms
     # at the shapes above, 4 warps 0.18 / 0.99); fp32 inputs take 2 (ptxas sm_90: 824 bytes of spills at 1)
-    # the sequential kernel takes chunks two at a time (n_h = 1, output kernel separate; `_state_pair`): three
-    # dependent products per two chunks instead of four. Experiment, not yet timed on a GPU
-    pair_chunks: bool = False
 
 
 MAX_K, MAX_V = 256, 512  # head dims the Triton path takes (dispatch falls back beyond)
@@ -1030,7 +971,7 @@ def triton_delta_product(
     BKH = BK // 2 if BK > 128 else BK
     state_consts = dict(
         V=V, BKH=BKH, SPLIT=BKH < BK, BV=BV, HAS_H0=h0 is not None, STORE_FINAL=output_final_state,
-        STORE_BND=store_bnd, FUSE_O=fuse, NORM=normalize_qk, PAIRS=cfg.pair_chunks and n_h == 1 and not fuse,
+        STORE_BND=store_bnd, FUSE_O=fuse, NORM=normalize_qk,
         **common,
     )  # fmt: skip
     # one block's W, K and U tiles per pipeline stage (and q and A when fused)

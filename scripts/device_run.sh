@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call's worth of GPU work, by section; logs and JSON go to $OUT (the device tool's folder).
 #   usage (on the device, from the repo root, after the wheel install line of ../shared/device/README.md):
-#     bash scripts/device_run.sh s4 | tests | kernels | kda | analysis | probes | store | dist | attention | rwkv7fix | rwkv7 | verify | reduce | table | secular | spectra19 | pairs17 | devmap [more ...]
+#     bash scripts/device_run.sh s4 | tests | kernels | kda | analysis | probes | store | dist | attention | rwkv7fix | rwkv7 | verify | reduce | table | secular | spectra19 | devmap [more ...]
 # s4:      continue the bundled S4 model (trained up to length 128) at 128, then 256, and evaluate it
 # tests:   the GPU-marked tests (realistic shapes, fla 0.6.0 comparisons)
 # kernels: python -m benchmarks.kernels (forward vs fla, accuracy; ~9 min on an H100, so a call of its own)
@@ -28,7 +28,6 @@
 # verify:  GPU tests of the delta-rule and KDA forwards (both changed shape after their last GPU run) and
 #          scripts/kda_split_check.py (KDA prep: persistent vs split vs fla); carry .triton-autotune for fla
 # spectra19: the eighth session's spectra-reduction changes: their GPU tests, then scripts/spectra_reduce_profile.py
-# pairs17: LaunchConfig.pair_chunks (chunks two at a time in the sequential kernel): GPU tests, the real rows' sweep
 # devmap:  scripts/device_map_check.py same (one GPU vs device_map auto/balanced; DEVMAP_SAME=0 skips it) and big
 #          (Qwen3-Next 80B on the GPUs, --reduce ranks,spectra): on nvidia-h200-x2, about 5 minutes
 # dist:    torchrun capture on every GPU of the machine (NCCL) against one GPU; same values (nvidia-h200-x2)
@@ -169,13 +168,7 @@ for section in "$@"; do
       timeout 200 python3 -m pytest -q -m gpu -rA tests/kernels/test_triton_token_spectra.py \
         tests/kernels/test_window_spectra_strided.py tests/store/test_reduce.py 2>&1 | tail -15 | tee "$OUT/spectra19-tests.log"
       timeout 200 python3 scripts/spectra_reduce_profile.py 2>&1 | grep -v "^ *$" | head -40 | tee "$OUT/spectra19.txt" ;;
-    pairs17)
-      # #17's chunk pairs in the sequential kernel (LaunchConfig.pair_chunks, built without a GPU): their GPU tests,
-      # then the real rows with the launch sweep (pair_chunks at 4 and 8 warps among the entries), fla in the same run
-      timeout 240 python3 -m pytest -q -m gpu -rA tests/kernels/test_triton_pairs.py 2>&1 | tail -12 | tee "$OUT/pairs17-tests.log"
-      timeout 330 python3 -m benchmarks.kernels --skip forward,accuracy,analysis --only "GDN fla default,Qwen3-Next" \
-        --sweep 2>&1 | tee "$OUT/pairs17.txt" ;;
-    *) echo "unknown section $section: use s4, tests, kernels, kda, analysis, probes, store, dist, attention, rwkv7fix, rwkv7, reduce, table, verify, secular, spectra19, pairs17 or devmap" >&2
+    *) echo "unknown section $section: use s4, tests, kernels, kda, analysis, probes, store, dist, attention, rwkv7fix, rwkv7, reduce, table, verify, secular, spectra19 or devmap" >&2
        exit 2 ;;
   esac
 done

@@ -1,4 +1,4 @@
-"""Shared by the delta-rule forward's A/B tests (`test_triton_tri_split.py`, `test_triton_pairs.py`): random inputs
+"""Shared by the delta-rule forward's A/B tests (`test_triton_tri_split.py`): random inputs
 and one check of a launch choice against the float64 token loop and against the path it replaces.
 
 Errors are max |ours - ref| / max |ref| with the tolerances of tests/kernels/test_triton_shapes.py.
