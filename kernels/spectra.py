@@ -47,10 +47,6 @@ import torch
 from kernels.naive import l2_normalize
 
 DEFAULT_BLOCK = 1 << 18  # token-heads per block of work (bounds the memory of the Gram matrices)
-# CUDA wide windows (n > 3, float64): the Triton kernel reading k and beta in place (no block copies of window_keys
-# and float64 keys). Off: on an H100 it took 8.1 ms for a 7B layer's 262,144 windows of 4 bf16 keys against 5.2-5.8
-# ms for the kernel on contiguous float64 copies (scripts/spectra_reduce_profile.py), which cost less than the gap.
-STRIDED_WINDOWS = False
 
 
 class Spectra(NamedTuple):
@@ -352,22 +348,17 @@ def householder_spectra(
     n = window * n_h
     Tw = (T - window) // stride + 1
     complex_dtype = torch.complex128 if dtype == torch.float64 else torch.complex64
-    if STRIDED_WINDOWS and k.is_cuda and n > 3 and dtype == torch.float64:
-        from kernels.triton_eig import window_householder_eigvals  # imports triton; the CPU path does not need it
-
-        out = window_householder_eigvals(k, beta, window, stride, fallback=_wide_eigenvalues_cpu)
-    else:
-        out = torch.empty(B, Tw, H, n, dtype=complex_dtype, device=k.device)
-        per_window = B * H
-        step = max(1, block // per_window)  # windows per block
-        for w0 in range(0, Tw, step):
-            w1 = min(Tw, w0 + step)
-            t0, t1 = w0 * stride, (w1 - 1) * stride + window
-            keys, betas = window_keys(k[:, t0:t1], beta[:, t0:t1], window, stride)
-            if n > 1:  # one contiguous copy in the small problem's dtype, not a window copy and then a dtype one
-                keys = keys.to(dtype, memory_format=torch.contiguous_format)
-            eig = _block_spectra(keys.reshape(-1, n, keys.shape[-1]), betas.reshape(-1, n), dtype)
-            out[:, w0:w1] = eig.reshape(B, w1 - w0, H, n).to(complex_dtype)
+    out = torch.empty(B, Tw, H, n, dtype=complex_dtype, device=k.device)
+    per_window = B * H
+    step = max(1, block // per_window)  # windows per block
+    for w0 in range(0, Tw, step):
+        w1 = min(Tw, w0 + step)
+        t0, t1 = w0 * stride, (w1 - 1) * stride + window
+        keys, betas = window_keys(k[:, t0:t1], beta[:, t0:t1], window, stride)
+        if n > 1:  # one contiguous copy in the small problem's dtype, not a window copy and then a dtype one
+            keys = keys.to(dtype, memory_format=torch.contiguous_format)
+        eig = _block_spectra(keys.reshape(-1, n, keys.shape[-1]), betas.reshape(-1, n), dtype)
+        out[:, w0:w1] = eig.reshape(B, w1 - w0, H, n).to(complex_dtype)
     if g is not None:
         gw = g.to(dtype).unfold(1, window, stride).sum(-1)[:, :Tw]  # [B,T',H]
         out = out * gw.exp()[..., None]

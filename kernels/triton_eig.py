@@ -11,8 +11,6 @@ below n eps ||Z||_F: clusters of equal eigenvalues (dependent keys give many 1s)
 rounding-noise level. Backward stable: each eigenvalue is off by about eps ||Z|| times its condition
 number. A matrix that has not converged after 30 n sweeps is flagged and re-solved on the CPU.
 `triton_eigvals` exposes the same solver for any square matrices; the reference is torch.linalg.eigvals.
-`window_householder_eigvals` runs it over the windows of k [B,T,n_h,H,K] read in place (no window or
-float64 copies of the keys).
 """
 
 from __future__ import annotations
@@ -236,64 +234,6 @@ def _householder_eig_kernel(
         tl.store(ok_ptr + base, ok.to(tl.int8))
 
 
-@triton.jit
-def _window_householder_eig_kernel(
-    k_ptr,
-    b_ptr,
-    scratch,
-    re_ptr,
-    im_ptr,
-    ok_ptr,
-    N,
-    Tw,
-    H,
-    n_h,
-    stride,
-    n,
-    dk,
-    skB,
-    skT,
-    skS,
-    skH,
-    skK,
-    sbB,
-    sbT,
-    sbS,
-    sbH,
-    NP: tl.constexpr,
-    DK: tl.constexpr,
-    MAX_SWEEPS: tl.constexpr,
-):
-    """`_householder_eig_kernel` over the windows of k [B, T, n_h, H, dk], beta [B, T, n_h, H] read in place
-    (any strides and float dtype): job = (b * Tw + w) * H + h; its key j is token w * stride + j // n_h,
-    step j % n_h (`kernels.spectra.window_keys`' order)."""
-    r = tl.arange(0, NP)
-    rows = r[:, None]
-    cols = r[None, :]
-    o_d = tl.arange(0, DK)
-    S = scratch + tl.program_id(0).to(tl.int64) * NP * NP
-    tok = r // n_h  # token of key j within the window
-    step = r % n_h
-    for job in range(tl.program_id(0), N, tl.num_programs(0)):
-        base = job + tl.zeros([], dtype=tl.int64)
-        h = job % H  # int32 (N < 2^31, checked on the host): int64 division is a subroutine call on the GPU
-        w = (job // H) % Tw
-        bb = (job // (H * Tw)).to(tl.int64)
-        t = (w * stride + tok).to(tl.int64)
-        k_row = bb * skB + t * skT + step * skS + h.to(tl.int64) * skH  # [NP] int64
-        b_off = bb * sbB + t * sbT + step * sbS + h.to(tl.int64) * sbH
-        K = tl.load(
-            k_ptr + k_row[:, None] + o_d[None, :].to(tl.int64) * skK,
-            mask=(rows < n) & (o_d[None, :] < dk),
-            other=0.0,
-        ).to(tl.float64)
-        b = tl.load(b_ptr + b_off, mask=r < n, other=0.0).to(tl.float64)
-        ev_re, ev_im, ok = _householder_z_eigvals(K, b, S, n, r, rows, cols, o_d, NP, MAX_SWEEPS)
-        tl.store(re_ptr + base * n + r, ev_re, mask=r < n)
-        tl.store(im_ptr + base * n + r, ev_im, mask=r < n)
-        tl.store(ok_ptr + base, ok.to(tl.int8))
-
-
 def triton_eigvals(a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """a [N, n, n] real -> (eigenvalues [N, n] complex128, converged [N] bool); float64 throughout."""
     if a.dim() != 3 or a.shape[-1] != a.shape[-2]:
@@ -354,53 +294,4 @@ def householder_eigvals(keys: torch.Tensor, betas: torch.Tensor, programs: int |
             raise RuntimeError(f"householder_eigvals: {bad.numel()} of {N} matrices did not converge; pass "
                                "fallback=kernels.spectra.wide_eigenvalues (LAPACK on the CPU)")
         eig[bad] = fallback(keys[bad].cpu(), betas[bad].cpu()).to(eig.device)
-    return eig
-
-
-def window_householder_eigvals(
-    k: torch.Tensor,
-    beta: torch.Tensor,
-    window: int,
-    stride: int,
-    programs: int | None = None,
-    fallback: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
-) -> torch.Tensor:
-    """k [B, T, n_h, H, dk], beta [B, T, n_h, H] (any float dtype and strides) -> eigenvalues [B, T', H, n]
-    (complex128, unsorted) of every window's product, n = window * n_h: `householder_eigvals` of
-    `kernels.spectra.window_keys(k, beta, window, stride)` in float64, without materialising the window keys
-    or a float64 copy (the kernel reads k and beta in place and converts in registers)."""
-    if k.dim() != 5 or beta.shape != k.shape[:4]:
-        raise ValueError(f"expected k [B,T,n_h,H,K] and beta [B,T,n_h,H], got {tuple(k.shape)} and {tuple(beta.shape)}")
-    B, T, n_h, H, dk = k.shape
-    if window < 1 or stride < 1 or window > T:
-        raise ValueError(f"window={window}, stride={stride}: need 1 <= window <= T={T} and stride >= 1")
-    n = window * n_h
-    if n > MAX_N:
-        raise ValueError(f"window_householder_eigvals handles n <= {MAX_N} factors, got {n}")
-    Tw = (T - window) // stride + 1
-    N = B * Tw * H
-    if N >= 2**31:
-        raise ValueError(f"window_householder_eigvals: {N} windows x heads exceed 2^31; pass fewer sequences at once")
-    re = torch.empty(B, Tw, H, n, dtype=torch.float64, device=k.device)
-    im = torch.empty_like(re)
-    ok = torch.empty(B, Tw, H, dtype=torch.int8, device=k.device)
-    if N == 0:
-        return torch.complex(re, im)
-    NP, DK, programs, scratch = _persistent_launch(n, dk, N, k.device, programs)
-    _window_householder_eig_kernel[(programs,)](
-        k, beta, scratch, re, im, ok, N, Tw, H, n_h, stride, n, dk, *k.stride(), *beta.stride(),
-        NP=NP, DK=DK, MAX_SWEEPS=30 * n, num_warps=2 if DK <= 128 else 4,
-    )
-    eig = torch.complex(re, im)
-    bad = (~ok.bool()).nonzero()  # [n_bad, 3]: (b, w, h)
-    if bad.shape[0]:
-        if fallback is None:
-            raise RuntimeError(f"window_householder_eigvals: {bad.shape[0]} of {N} windows did not converge; pass "
-                               "fallback=kernels.spectra.wide_eigenvalues (LAPACK on the CPU)")
-        bi, wi, hi = bad[:, 0, None], bad[:, 1, None], bad[:, 2, None]
-        t = wi * stride + torch.arange(window, device=k.device)  # [n_bad, window]
-        keys = k[bi, t, :, hi].reshape(-1, n, dk)  # [n_bad, window, n_h, dk]: token-major, then step
-        betas = beta[bi, t, :, hi].reshape(-1, n)
-        fixed = fallback(keys.to(torch.float64).cpu(), betas.to(torch.float64).cpu()).to(eig.device)
-        eig[bad[:, 0], bad[:, 1], bad[:, 2]] = fixed
     return eig

@@ -27,7 +27,7 @@
 #          python -m benchmarks.spectra_dplr --dk 64 128 (Triton, torch and dense in one run), all under $OUT
 # verify:  GPU tests of the delta-rule and KDA forwards (both changed shape after their last GPU run) and
 #          scripts/kda_split_check.py (KDA prep: persistent vs split vs fla); carry .triton-autotune for fla
-# spectra19: the eighth session's spectra-reduction changes: their GPU tests, then scripts/spectra_reduce_profile.py
+# spectra19: the spectra reduction's GPU tests, then scripts/spectra_reduce_profile.py
 # devmap:  scripts/device_map_check.py same (one GPU vs device_map auto/balanced; DEVMAP_SAME=0 skips it) and big
 #          (Qwen3-Next 80B on the GPUs, --reduce ranks,spectra): on nvidia-h200-x2, about 5 minutes
 # dist:    torchrun capture on every GPU of the machine (NCCL) against one GPU; same values (nvidia-h200-x2)
@@ -162,11 +162,10 @@ for section in "$@"; do
         --no-summary --json "$OUT/states.json" > "$OUT/states.txt" 2>&1; echo "states exit $? (124: past 300 s)" >> "$OUT/states.txt"
       grep -A3 "x plain" "$OUT/reduce12.txt" "$OUT/states.txt"; tail -n 1 "$OUT/reduce12.txt" "$OUT/states.txt" ;;
     spectra19)
-      # #19's spectra reduction (eighth session's changes, measured together): the GPU tests of the per-token pass,
-      # the in-place window kernel and capture vs probes; then scripts/spectra_reduce_profile.py (both window
-      # kernels by programs an SM, STRIDED_WINDOWS on and off); ~2 minutes. Follow with `reduce` for end to end.
+      # #19's spectra reduction: the GPU tests of the per-token pass and capture vs probes; then
+      # scripts/spectra_reduce_profile.py (the window kernel by programs an SM); ~2 minutes. Follow with `reduce`.
       timeout 200 python3 -m pytest -q -m gpu -rA tests/kernels/test_triton_token_spectra.py \
-        tests/kernels/test_window_spectra_strided.py tests/store/test_reduce.py 2>&1 | tail -15 | tee "$OUT/spectra19-tests.log"
+        tests/store/test_reduce.py 2>&1 | tail -15 | tee "$OUT/spectra19-tests.log"
       timeout 200 python3 scripts/spectra_reduce_profile.py 2>&1 | grep -v "^ *$" | head -40 | tee "$OUT/spectra19.txt" ;;
     *) echo "unknown section $section: use s4, tests, kernels, kda, analysis, probes, store, dist, attention, rwkv7fix, rwkv7, reduce, table, verify, secular, spectra19 or devmap" >&2
        exit 2 ;;

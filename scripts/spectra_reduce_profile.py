@@ -74,26 +74,18 @@ def main(argv: list[str] | None = None) -> None:
         part(layers[0])  # compile
         ms = _timed(lambda part=part: [part(x) for x in layers])
         print(f"  {name}: {ms:.1f} ms")
-    import kernels.spectra as ks
     from kernels.spectra import window_keys
-    from kernels.triton_eig import householder_eigvals, window_householder_eigvals
+    from kernels.triton_eig import householder_eigvals
 
-    ks.STRIDED_WINDOWS = False
-    fn(layers[0])  # compile
-    ms = _timed(lambda: [fn(x) for x in layers])
-    ks.STRIDED_WINDOWS = True
-    print(f"  plan fn, all layers, window keys copied to float64 (STRIDED_WINDOWS = False): {ms:.1f} ms")
     x = layers[0]
     keys, betas = window_keys(x["k"], x["beta"], 4, 4)
     keys64, betas64 = keys.reshape(-1, 4, K).double(), betas.reshape(-1, 4).double()
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    print(f"  window-4 kernels on one layer ({keys64.shape[0]} windows), ms by programs a SM:")
+    print(f"  window-4 kernel on one layer ({keys64.shape[0]} windows), ms by programs a SM:")
     householder_eigvals(keys64, betas64)  # compile
-    for per_sm in (4, 8, 9, 10, 12, 16, 24, 32):
-        a = _timed(lambda per_sm=per_sm: householder_eigvals(keys64, betas64, programs=sms * per_sm), repeat=3)
-        b = _timed(lambda per_sm=per_sm: window_householder_eigvals(x["k"], x["beta"], 4, 4, programs=sms * per_sm),
-                   repeat=3)
-        print(f"    {per_sm:>3}: contiguous float64 {a:.2f}, in place bf16 {b:.2f}", flush=True)
+    for per_sm in (4, 8, 10, 12, 16, 24, 32):
+        ms = _timed(lambda per_sm=per_sm: householder_eigvals(keys64, betas64, programs=sms * per_sm), repeat=3)
+        print(f"    {per_sm:>3}: {ms:.2f}", flush=True)
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
