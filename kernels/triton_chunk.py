@@ -469,6 +469,14 @@ def _wu_kernel(
 
 
 @triton.jit
+def _store_state(base, b_h1, b_h2, p_h1, p_h2, m_h1, m_h2, SPLIT: tl.constexpr):
+    """A state's tile (its key halves with SPLIT) at `base`."""
+    tl.store(base + p_h1, b_h1, mask=m_h1)
+    if SPLIT:
+        tl.store(base + p_h2, b_h2, mask=m_h2)
+
+
+@triton.jit
 def _state_block(
     k, k_base, W, U, D, gcum, rstd, aux0, Tn, o_r, o_k1, o_k2, m_k1, m_k2, o_v, m_v, b_h1, b_h2, blk,
     HK: tl.constexpr, NH: tl.constexpr, K: tl.constexpr, V: tl.constexpr, SPLIT: tl.constexpr, F32: tl.constexpr,
@@ -543,8 +551,8 @@ def _state_kernel(
     F32: tl.constexpr,
     PREC: tl.constexpr,
 ):
-    """One program per (value tile, sequence * value head), looping over the sequence's chunks and their
-    n_h blocks: store S_c (at chunk starts), D_a = U_a - W_a S_a and
+    """One program per (value tile, sequence * value head), looping over the sequence's 64-row blocks (n_h a
+    chunk; `_state_block`, in one flat loop unless FUSE_O): store S_c (at chunk starts), D_a = U_a - W_a S_a and
     S_{a+1} = e^{G_a'} S_a + sum_{s in a} e^{G_a' - G_s} k_s D_s^T, G_a' the log-decay over block a.
     D is each sub-step's true pseudo-value, whatever the blocking. The state's key rows are held in two
     halves when dk > 128 (SPLIT): one [256, 32] tile miscompiled on an H100 (Triton 3.6), as [128, 16] did.
@@ -593,9 +601,7 @@ def _state_kernel(
     if FUSE_O:
         for c in range(NC):
             if STORE_BND:
-                tl.store(bnd_base + c * (HV * K * V) + p_h1, b_h1, mask=m_h1)
-                if SPLIT:
-                    tl.store(bnd_base + c * (HV * K * V) + p_h2, b_h2, mask=m_h2)
+                _store_state(bnd_base + c * (HV * K * V), b_h1, b_h2, p_h1, p_h2, m_h1, m_h2, SPLIT)
             aux = aux0 + c * L
             t = c * 64 + o_r
             m_t = t < Tn
@@ -626,21 +632,14 @@ def _state_kernel(
         for blk in range(NC * NH):
             if STORE_BND:
                 if blk % NH == 0:
-                    c = blk // NH
-                    tl.store(bnd_base + c * (HV * K * V) + p_h1, b_h1, mask=m_h1)
-                    if SPLIT:
-                        tl.store(bnd_base + c * (HV * K * V) + p_h2, b_h2, mask=m_h2)
+                    _store_state(bnd_base + (blk // NH) * (HV * K * V), b_h1, b_h2, p_h1, p_h2, m_h1, m_h2, SPLIT)
             b_h1, b_h2, b_d = _state_block(
                 *blocks, b_h1, b_h2, blk, HK=HK, NH=NH, K=K, V=V, SPLIT=SPLIT, F32=F32, PREC=PREC, STORE_D=True
             )
     if STORE_BND:
-        tl.store(bnd_base + NC * (HV * K * V) + p_h1, b_h1, mask=m_h1)
-        if SPLIT:
-            tl.store(bnd_base + NC * (HV * K * V) + p_h2, b_h2, mask=m_h2)
+        _store_state(bnd_base + NC * (HV * K * V), b_h1, b_h2, p_h1, p_h2, m_h1, m_h2, SPLIT)
     if STORE_FINAL:
-        tl.store(ht + i_nh.to(tl.int64) * K * V + p_h1, b_h1, mask=m_h1)
-        if SPLIT:
-            tl.store(ht + i_nh.to(tl.int64) * K * V + p_h2, b_h2, mask=m_h2)
+        _store_state(ht + i_nh.to(tl.int64) * K * V, b_h1, b_h2, p_h1, p_h2, m_h1, m_h2, SPLIT)
 
 
 @triton.jit
