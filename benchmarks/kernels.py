@@ -69,6 +69,7 @@ SWEEP_REAL = [
     dict(resident_per_sm=1, state_stages=3), dict(resident_per_sm=2, state_stages=2), dict(state_warps=8),
     dict(state_bv=32), dict(state_bv=64), dict(out_bv=64), dict(out_bk=128), dict(out_bk=256),
     dict(out_bk=128, out_stages=3), dict(out_bk=256, out_stages=3), dict(out_bk=128, out_stages=2),
+    dict(state_bv=64, state_warps=8), dict(state_bv=128, state_warps=8),
 ]  # fmt: skip
 SWEEP_REAL_VARLEN = [
     {}, dict(resident_per_sm=None, state_stages=2), dict(resident_per_sm=1, state_stages=2),
