@@ -28,7 +28,8 @@
 # verify:  GPU tests of the delta-rule and KDA forwards (both changed shape after their last GPU run) and
 #          scripts/kda_split_check.py (KDA prep: persistent vs split vs fla); carry .triton-autotune for fla
 # spectra19: the spectra reduction's GPU tests, then scripts/spectra_reduce_profile.py
-# statetile: the sequential kernel with 64/128-wide value tiles at 8 warps vs the default and fla (scripts/config_ab.py)
+# statetile: the sequential kernel with 64/128-wide value tiles at 8-16 warps vs the default and fla (scripts/config_ab.py),
+#          then the output kernel at 2-3 pipeline stages (o's difference from the default shows a miscompile); ~5 minutes
 # devmap:  scripts/device_map_check.py same (one GPU vs device_map auto/balanced; DEVMAP_SAME=0 skips it) and big
 #          (Qwen3-Next 80B on the GPUs, --reduce ranks,spectra): on nvidia-h200-x2, about 5 minutes
 # dist:    torchrun capture on every GPU of the machine (NCCL) against one GPU; same values (nvidia-h200-x2)
@@ -174,9 +175,12 @@ for section in "$@"; do
       # per-kernel profiles; each shape in its own process (a fault ends the CUDA context); ~4 minutes
       for shape in "GDN fla default" "Qwen3-Next grouped" "DeltaProduct n_h=2"; do
         timeout 150 python3 scripts/config_ab.py --shape "$shape" --profile --change state_bv=64,state_warps=8 \
-          --change state_bv=128,state_warps=8 --change state_bv=64,state_warps=8,state_stages=2 2>&1 | grep -v Warn \
-          | tee -a "$OUT/statetile.txt"
-      done ;;
+          --change state_bv=128,state_warps=8 --change state_bv=128,state_warps=16 \
+          --change state_bv=64,state_warps=8,state_stages=2 2>&1 | grep -v Warn | tee -a "$OUT/statetile.txt"
+      done
+      # the output kernel pipelined (miscompiled on Triton 3.9 in the sixth session: o's difference shows it)
+      timeout 100 python3 scripts/config_ab.py --shape "GDN fla default" --sizes 1x32768 --profile \
+        --change out_stages=2 --change out_stages=3 2>&1 | grep -v Warn | tee -a "$OUT/statetile.txt" ;;
     *) echo "unknown section $section: use s4, tests, kernels, kda, analysis, probes, store, dist, attention, rwkv7fix, rwkv7, reduce, table, verify, secular, spectra19, statetile or devmap" >&2
        exit 2 ;;
   esac
