@@ -643,6 +643,43 @@ def _state_kernel(
 
 
 @triton.jit
+def _out_key_block(q_base, h_base, k_base, s0, kb, m_t, m_v, Tn, HK: tl.constexpr, NH: tl.constexpr,
+                   K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr):
+    """Key block kb of the output kernel's operands: q [64, BK], S_c rows [BK, BV] and each WY block's keys [64, BK]
+    (zeros past dk, so a block past the last loads nothing)."""
+    o_k = kb * BK + tl.arange(0, BK)
+    m_k = o_k < K
+    b_q = tl.load(q_base + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.0)
+    b_h = tl.load(h_base + o_k[:, None] * V, mask=m_k[:, None] & m_v[None, :], other=0.0)
+    p_k = k_base + s0[:, None] * (HK * K) + o_k[None, :]
+    b_k0 = tl.load(p_k, mask=(s0 < Tn * NH)[:, None] & m_k[None, :], other=0.0)
+    b_k1 = b_k0  # placeholders where NH has no such block (never read)
+    b_k2 = b_k0
+    if NH > 1:
+        b_k1 = tl.load(p_k + 64 * (HK * K), mask=(s0 + 64 < Tn * NH)[:, None] & m_k[None, :], other=0.0)
+    if NH > 2:
+        b_k2 = tl.load(p_k + 128 * (HK * K), mask=(s0 + 128 < Tn * NH)[:, None] & m_k[None, :], other=0.0)
+    return b_q, b_h, b_k0, b_k1, b_k2
+
+
+@triton.jit
+def _out_key_products(k, b_q, b_h, b_k0, b_k1, b_k2, b_qq, b_o, b_s0, b_s1, b_s2, NH: tl.constexpr,
+                      NORM: tl.constexpr, F32: tl.constexpr, PREC: tl.constexpr):
+    """One key block's share of |q|^2, q S_c and each WY block's q K^T."""
+    if NORM:
+        b_qf = b_q.to(tl.float32)
+        b_qq += tl.sum(b_qf * b_qf, 1)
+    b_qd = _dot_in(b_q, k, F32)
+    b_o += tl.dot(b_qd, _dot_in(b_h, k, F32), input_precision=PREC)
+    b_s0 += tl.dot(b_qd, tl.trans(_dot_in(b_k0, k, F32)), input_precision=PREC)
+    if NH > 1:
+        b_s1 += tl.dot(b_qd, tl.trans(_dot_in(b_k1, k, F32)), input_precision=PREC)
+    if NH > 2:
+        b_s2 += tl.dot(b_qd, tl.trans(_dot_in(b_k2, k, F32)), input_precision=PREC)
+    return b_qq, b_o, b_s0, b_s1, b_s2
+
+
+@triton.jit
 def _output_kernel(
     q,
     k,
@@ -668,6 +705,7 @@ def _output_kernel(
     IS_VARLEN: tl.constexpr,
     F32: tl.constexpr,
     PREC: tl.constexpr,
+    PREFETCH: tl.constexpr = False,
 ):
     """One program per (value tile, global chunk, value head): o = scale (e^G q S_c + (q K^T * decay * mask) D).
     The key dimension runs in blocks of BK (a loop, so that the next block's q, K and S_c rows load during this
@@ -691,25 +729,36 @@ def _output_kernel(
     b_s0 = tl.zeros([64, 64], dtype=tl.float32)
     b_s1 = tl.zeros([64, 64], dtype=tl.float32)
     b_s2 = tl.zeros([64, 64], dtype=tl.float32)
-    for kb in range(tl.cdiv(K, BK)):
-        o_k = kb * BK + tl.arange(0, BK)
-        m_k = o_k < K
-        b_q = tl.load(q_base + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.0)
-        if NORM:
-            b_qf = b_q.to(tl.float32)
-            b_qq += tl.sum(b_qf * b_qf, 1)
-        b_qd = _dot_in(b_q, k, F32)
-        b_h = tl.load(h_base + o_k[:, None] * V, mask=m_k[:, None] & m_v[None, :], other=0.0)
-        b_o += tl.dot(b_qd, _dot_in(b_h, k, F32), input_precision=PREC)
-        p_k = k_base + s0[:, None] * (HK * K) + o_k[None, :]
-        b_k = tl.load(p_k, mask=(s0 < Tn * NH)[:, None] & m_k[None, :], other=0.0)
-        b_s0 += tl.dot(b_qd, tl.trans(_dot_in(b_k, k, F32)), input_precision=PREC)
-        if NH > 1:
-            b_k = tl.load(p_k + 64 * (HK * K), mask=(s0 + 64 < Tn * NH)[:, None] & m_k[None, :], other=0.0)
-            b_s1 += tl.dot(b_qd, tl.trans(_dot_in(b_k, k, F32)), input_precision=PREC)
-        if NH > 2:
-            b_k = tl.load(p_k + 128 * (HK * K), mask=(s0 + 128 < Tn * NH)[:, None] & m_k[None, :], other=0.0)
-            b_s2 += tl.dot(b_qd, tl.trans(_dot_in(b_k, k, F32)), input_precision=PREC)
+    if PREFETCH:  # the next key block's tiles load while this block's products run (a pipeline by hand)
+        b_q, b_h, b_k0, b_k1, b_k2 = _out_key_block(q_base, h_base, k_base, s0, 0, m_t, m_v, Tn, HK, NH, K, V, BK)
+        for kb in range(tl.cdiv(K, BK)):
+            n_q, n_h, n_k0, n_k1, n_k2 = _out_key_block(
+                q_base, h_base, k_base, s0, kb + 1, m_t, m_v, Tn, HK, NH, K, V, BK
+            )  # all masked off after the last block: no memory access
+            b_qq, b_o, b_s0, b_s1, b_s2 = _out_key_products(
+                k, b_q, b_h, b_k0, b_k1, b_k2, b_qq, b_o, b_s0, b_s1, b_s2, NH, NORM, F32, PREC
+            )
+            b_q, b_h, b_k0, b_k1, b_k2 = n_q, n_h, n_k0, n_k1, n_k2
+    else:  # the measured default: each block's loads next to their products
+        for kb in range(tl.cdiv(K, BK)):
+            o_k = kb * BK + tl.arange(0, BK)
+            m_k = o_k < K
+            b_q = tl.load(q_base + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.0)
+            if NORM:
+                b_qf = b_q.to(tl.float32)
+                b_qq += tl.sum(b_qf * b_qf, 1)
+            b_qd = _dot_in(b_q, k, F32)
+            b_h = tl.load(h_base + o_k[:, None] * V, mask=m_k[:, None] & m_v[None, :], other=0.0)
+            b_o += tl.dot(b_qd, _dot_in(b_h, k, F32), input_precision=PREC)
+            p_k = k_base + s0[:, None] * (HK * K) + o_k[None, :]
+            b_k = tl.load(p_k, mask=(s0 < Tn * NH)[:, None] & m_k[None, :], other=0.0)
+            b_s0 += tl.dot(b_qd, tl.trans(_dot_in(b_k, k, F32)), input_precision=PREC)
+            if NH > 1:
+                b_k = tl.load(p_k + 64 * (HK * K), mask=(s0 + 64 < Tn * NH)[:, None] & m_k[None, :], other=0.0)
+                b_s1 += tl.dot(b_qd, tl.trans(_dot_in(b_k, k, F32)), input_precision=PREC)
+            if NH > 2:
+                b_k = tl.load(p_k + 128 * (HK * K), mask=(s0 + 128 < Tn * NH)[:, None] & m_k[None, :], other=0.0)
+                b_s2 += tl.dot(b_qd, tl.trans(_dot_in(b_k, k, F32)), input_precision=PREC)
     if NORM:
         b_rq = 1.0 / tl.sqrt(b_qq + 1e-6)
     else:
@@ -757,6 +806,9 @@ class LaunchConfig:
     # scripts/lean_check.py): at n_h = 1 with bf16 boundary states, 2 or 3 stages gave o off by 50-90% (fp32
     # states too at 2 stages, dk/dv = 256/512); 1 stage, or one key block, is bit-identical across both dtypes
     out_stages: int = 1
+    # the output kernel loads the next key block's tiles before this block's products (a pipeline by hand, in
+    # registers, not the compiler's): an experiment, off until timed (`bash scripts/device_run.sh statetile`)
+    out_prefetch: bool = False
     tri_programs_per_sm: int = 8
     fuse_output: bool | None = None  # the state kernel writes o (no output kernel); None: default_config's
     # programs of the sequential kernel that share an SM's shared memory when its pipeline stages are sized; None:
@@ -988,7 +1040,7 @@ def triton_delta_product(
         _output_kernel[(triton.cdiv(V, obv), NCT, HV)](
             q, k, D, gcum, rstd, bnd, o, *seq_args, scale,
             V=V, BK=min(_pow2(cfg.out_bk), BK), BV=obv, NORM=normalize_qk, num_warps=cfg.out_warps,
-            num_stages=cfg.out_stages, **common,
+            num_stages=cfg.out_stages, PREFETCH=cfg.out_prefetch, **common,
         )  # fmt: skip
     bnd_out = bnd.view(1 if varlen else B, -1, HV, K, V) if output_boundary_states else None
     return o, ht, bnd_out

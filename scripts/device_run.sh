@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call's worth of GPU work, by section; logs and JSON go to $OUT (the device tool's folder).
 #   usage (on the device, from the repo root, after the wheel install line of ../shared/device/README.md):
-#     bash scripts/device_run.sh s4 | tests | kernels | kda | analysis | probes | store | dist | attention | rwkv7fix | rwkv7 | verify | reduce | table | secular | spectra19 | statetile | devmap [more ...]
+#     bash scripts/device_run.sh s4 | tests | kernels | kda | analysis | probes | store | dist | attention | rwkv7fix | rwkv7 | verify | reduce | table | secular | spectra19 | statetile | outload | devmap [more ...]
 # s4:      continue the bundled S4 model (trained up to length 128) at 128, then 256, and evaluate it
 # tests:   the GPU-marked tests (realistic shapes, fla 0.6.0 comparisons)
 # kernels: python -m benchmarks.kernels (forward vs fla, accuracy; ~9 min on an H100, so a call of its own)
@@ -28,8 +28,10 @@
 # verify:  GPU tests of the delta-rule and KDA forwards (both changed shape after their last GPU run) and
 #          scripts/kda_split_check.py (KDA prep: persistent vs split vs fla); carry .triton-autotune for fla
 # spectra19: the spectra reduction's GPU tests, then scripts/spectra_reduce_profile.py
-# statetile: the sequential kernel with 64/128-wide value tiles at 8-16 warps vs the default and fla (scripts/config_ab.py),
-#          then the output kernel at 2-3 pipeline stages (o's difference from the default shows a miscompile); ~5 minutes
+# statetile: the sequential kernel with 64/128-wide value tiles at 8-16 warps vs the default and fla
+#          (scripts/config_ab.py); ~5 minutes
+# outload: the output kernel with its loads a key block ahead (out_prefetch: GPU tests, then vs the default and fla)
+#          and at 2-3 pipeline stages (o's difference from the default shows a miscompile); ~6 minutes
 # devmap:  scripts/device_map_check.py same (one GPU vs device_map auto/balanced; DEVMAP_SAME=0 skips it) and big
 #          (Qwen3-Next 80B on the GPUs, --reduce ranks,spectra): on nvidia-h200-x2, about 5 minutes
 # dist:    torchrun capture on every GPU of the machine (NCCL) against one GPU; same values (nvidia-h200-x2)
@@ -172,16 +174,25 @@ for section in "$@"; do
     statetile)
       # #17: wider value tiles of the sequential kernel at 8 warps (fewer programs re-reading W and K from L2; the
       # default's per-step traffic is ~4.3-5 TB/s at GDN default and Qwen3-Next, kernels/NOTES.md), ours vs fla and
-      # per-kernel profiles; each shape in its own process (a fault ends the CUDA context); ~4 minutes
+      # per-kernel profiles; each shape in its own process (a fault ends the CUDA context); ~5 minutes
       for shape in "GDN fla default" "Qwen3-Next grouped" "DeltaProduct n_h=2"; do
         timeout 150 python3 scripts/config_ab.py --shape "$shape" --profile --change state_bv=64,state_warps=8 \
           --change state_bv=128,state_warps=8 --change state_bv=128,state_warps=16 \
           --change state_bv=64,state_warps=8,state_stages=2 2>&1 | grep -v Warn | tee -a "$OUT/statetile.txt"
+      done ;;
+    outload)
+      # #17: the output kernel with its loads one key block ahead (out_prefetch; GPU tests first), and pipelined by
+      # the compiler (miscompiled on Triton 3.9 in the sixth session: o's difference shows it); ~6 minutes
+      timeout 150 python3 -m pytest -q -m gpu -rA -p no:cacheprovider tests/kernels/test_triton_out_prefetch.py 2>&1 \
+        | tail -8 | tee -a "$OUT/outload.txt"
+      for shape in "GDN fla default" "Qwen3-Next grouped"; do
+        timeout 120 python3 scripts/config_ab.py --shape "$shape" --sizes 1x32768,8x4096 --profile \
+          --change out_prefetch=True --change out_prefetch=True,out_warps=8 --change out_warps=8 2>&1 | grep -v Warn \
+          | tee -a "$OUT/outload.txt"
       done
-      # the output kernel pipelined (miscompiled on Triton 3.9 in the sixth session: o's difference shows it)
       timeout 100 python3 scripts/config_ab.py --shape "GDN fla default" --sizes 1x32768 --profile \
-        --change out_stages=2 --change out_stages=3 2>&1 | grep -v Warn | tee -a "$OUT/statetile.txt" ;;
-    *) echo "unknown section $section: use s4, tests, kernels, kda, analysis, probes, store, dist, attention, rwkv7fix, rwkv7, reduce, table, verify, secular, spectra19, statetile or devmap" >&2
+        --change out_stages=2 --change out_stages=3 2>&1 | grep -v Warn | tee -a "$OUT/outload.txt" ;;
+    *) echo "unknown section $section: use s4, tests, kernels, kda, analysis, probes, store, dist, attention, rwkv7fix, rwkv7, reduce, table, verify, secular, spectra19, statetile, outload or devmap" >&2
        exit 2 ;;
   esac
 done
