@@ -134,6 +134,9 @@ def _task(spec: str) -> Data:
         x, y = task.generate(length, samples, seed, min_length)
     except TaskError as err:
         raise DataError(f"data spec {spec!r}: {err}") from None
+    except MemoryError:
+        raise DataError(f"data spec {spec!r}: {length * samples:,} tokens do not fit in this machine's free memory; "
+                        "use fewer samples (data with another seed can be added later: capture appends it)") from None
     canonical = f"{name}:" + ",".join(f"{k}={v}" for k, v in
                                       (("length", length), ("samples", samples), ("seed", seed),
                                        ("min_length", min_length)) if v is not None)

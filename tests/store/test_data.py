@@ -102,3 +102,24 @@ def test_text_with_an_end_of_document_token_gets_it_after_every_document(tmp_pat
     assert d.tokens.tolist() == [[97, 98, 99, EOS_ID, 100, 101, EOS_ID]]
     assert d.doc_start.tolist() == [[True, False, False, False, True, False, False]]
     assert d.labels[0, 2] == EOS_ID and d.labels[0, 3] < 0  # the boundary is predicted, nothing after it
+
+
+def test_a_task_spec_larger_than_memory_is_refused_before_generating():
+    """length x samples past the machine's physical memory: one line naming the fix, nothing allocated."""
+    with pytest.raises(DataError) as err:
+        load_data("S4:length=1000000,samples=1000000000")
+    msg = str(err.value)
+    assert "\n" not in msg and "need about" in msg and "GB of memory" in msg and "use fewer samples" in msg
+
+
+def test_running_out_of_memory_while_generating_is_one_line(monkeypatch):
+    task = get_task("S4")
+
+    def no_memory(*args, **kwargs):
+        raise MemoryError
+
+    monkeypatch.setattr(type(task), "sample", no_memory)
+    with pytest.raises(DataError) as err:
+        load_data("S4:length=64,samples=8")
+    msg = str(err.value)
+    assert "\n" not in msg and "512 tokens do not fit" in msg and "use fewer samples" in msg

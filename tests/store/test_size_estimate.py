@@ -9,6 +9,7 @@ from collections import namedtuple
 from pathlib import Path
 
 import numpy as np
+import pytest
 from typer.testing import CliRunner
 
 import store
@@ -70,3 +71,30 @@ def test_estimate_counts_the_reductions_results(tmp_path):
         tok = read_results(out, probe)
         logical += sum(int(tok[v].nbytes) for v in tok.data_vars if "seq" in tok[v].dims)
     assert summary["estimated_bytes_per_token"] == logical / (6 * 100)
+
+
+def _tmpfs(path: str) -> bool:
+    try:
+        mounts = Path("/proc/mounts").read_text().splitlines()
+    except OSError:
+        return False
+    return any(line.split()[1] == path and line.split()[2] == "tmpfs" for line in mounts)
+
+
+@pytest.mark.skipif(not _tmpfs("/dev/shm") or shutil.disk_usage("/dev/shm").free > 64e9,
+                    reason="needs /dev/shm as a tmpfs with at most 64 GB free (data sized to exceed it)")
+def test_a_capture_larger_than_a_real_tmpfs_is_refused_before_writing(tmp_path):
+    """The real disk check (no patching): data sized to twice /dev/shm's free space at the bundled model's bytes
+    per token; one line, exit 2, nothing created under /dev/shm."""
+    probe = CliRunner().invoke(app, ["capture", str(ZOO / "s4-deltaproduct2"), "--data", SPEC, "--out",
+                                     str(tmp_path / "p.zarr"), "--json", "--no-progress"])
+    per_token = json.loads(probe.output[probe.output.index("{"):])["estimated_bytes_per_token"]
+    length = 512
+    samples = int(2 * shutil.disk_usage("/dev/shm").free / (per_token * length)) + 1
+    out = Path("/dev/shm") / f"deltalab-test-{tmp_path.name}" / "s.zarr"
+    res = CliRunner().invoke(app, ["capture", str(ZOO / "s4-deltaproduct2"), "--data",
+                                   f"S4:length={length},samples={samples},seed=0", "--out", str(out)])
+    assert res.exit_code == 2, res.output
+    lines = [ln for ln in res.output.splitlines() if ln.startswith("error:")]
+    assert len(lines) == 1 and "the store needs about" in lines[0] and "/dev/shm has" in lines[0]
+    assert not out.parent.exists()
