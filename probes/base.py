@@ -12,6 +12,7 @@ import re
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
@@ -102,6 +103,16 @@ def scheduler(spec: str) -> Iterator[None]:
 ProbeFn = Callable[[xr.Dataset, argparse.Namespace, Any], ProbeResult]
 
 
+def error_line(err: BaseException, store: str | Path) -> str:
+    """One line for a probe's failure; a chunk whose checksum fails (zarr's crc32c codec) names the store and the
+    fix instead of the two checksums."""
+    msg = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    if "checksum" in msg.lower():
+        return (f"store {store} has a corrupt chunk (its checksum does not match its bytes); recapture into a new "
+                "--out, or restore the store from a copy")
+    return msg
+
+
 def cli_main(name: str, description: str, add_arguments: Callable[[argparse.ArgumentParser], None],
              from_args: ProbeFn, argv: Sequence[str] | None = None, *, checkpoint: bool = False,
              writes: bool = True) -> int:
@@ -129,8 +140,7 @@ def cli_main(name: str, description: str, add_arguments: Callable[[argparse.Argu
             if sink is not None:
                 sink.finish(result)
     except (ValueError, KeyError, OSError) as err:  # bad input, or a failed write (e.g. disk full)
-        msg = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        print(f"error: {msg}", file=sys.stderr)
+        print(f"error: {error_line(err, args.store)}", file=sys.stderr)
         return 2
     if args.json:
         print(result.to_json())

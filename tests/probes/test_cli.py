@@ -78,3 +78,20 @@ def test_bad_input_is_one_line_exit_2(store, tmp_path):
     assert res.exit_code == 2 and "layer(s) [7]" in res.stderr
     res = _probe("spectra", "--store", str(store), "--bogus")
     assert res.exit_code == 2
+
+
+def test_a_corrupt_chunk_is_one_line_naming_the_fix_and_nothing_is_written(store, tmp_path):
+    """A chunk whose bytes no longer match zarr's crc32c checksum: one line (not the two checksums), exit 2, and the
+    store byte for byte as it was (no results folder started)."""
+    import shutil
+
+    bad = tmp_path / "bad.zarr"
+    shutil.copytree(store, bad)
+    chunk = sorted(p for p in (bad / "beta").rglob("*") if p.is_file() and "c" in p.relative_to(bad).parts)[0]
+    chunk.write_bytes(os.urandom(chunk.stat().st_size))
+    before = {p: p.read_bytes() for p in bad.rglob("*") if p.is_file()}
+    res = _probe("betas", "--store", str(bad))
+    assert res.exit_code == 2
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and f"store {bad} has a corrupt chunk" in lines[0] and "recapture" in lines[0]
+    assert {p: p.read_bytes() for p in bad.rglob("*") if p.is_file()} == before
