@@ -115,6 +115,9 @@ def load_data(spec: str, checkpoint: str | Path | None = None) -> Data:
     return _task(spec)
 
 
+_SPLIT_HINT = " (several smaller specs, e.g. other seeds, can go into one store: capture appends)"
+
+
 def _task(spec: str) -> Data:
     from tasks.state_tracking import TaskError, get_task
 
@@ -133,10 +136,10 @@ def _task(spec: str) -> Data:
         task = get_task(name)
         x, y = task.generate(length, samples, seed, min_length)
     except TaskError as err:
-        raise DataError(f"data spec {spec!r}: {err}") from None
+        raise DataError(f"data spec {spec!r}: {err}" + (_SPLIT_HINT if "of memory" in str(err) else "")) from None
     except MemoryError:
         raise DataError(f"data spec {spec!r}: {length * samples:,} tokens do not fit in this machine's free memory; "
-                        "use fewer samples (data with another seed can be added later: capture appends it)") from None
+                        f"use fewer samples{_SPLIT_HINT}") from None
     canonical = f"{name}:" + ",".join(f"{k}={v}" for k, v in
                                       (("length", length), ("samples", samples), ("seed", seed),
                                        ("min_length", min_length)) if v is not None)

@@ -82,9 +82,8 @@ class Task:
             raise TaskError(f"--samples {samples} must be at least 1")
         need, total = length * samples * GENERATE_BYTES_PER_TOKEN, _physical_memory()
         if total and need > total:
-            raise TaskError(f"--samples {samples} x --length {length} need about {need / 1e9:.3g} GB of memory to "
-                            f"generate, more than this machine's {total / 1e9:.3g} GB; use fewer samples (data "
-                            "with another seed can be added later: capture appends it to the same store)")
+            raise TaskError(f"--samples {samples} x --length {length} need about {need / 1e9:,.1f} GB of memory to "
+                            f"generate, more than this machine's {total / 1e9:,.1f} GB; use fewer samples")
         if min_length is not None:
             if not self.variable_length:
                 raise TaskError(f"{self.name} has fixed-length sequences; drop --min-length")
