@@ -16,7 +16,8 @@ def read_documents(path: Path) -> list[str]:
     try:
         raw = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as err:
-        raise DataError(f"text file {path} cannot be read as UTF-8 ({err})") from None
+        raise DataError(f"text file {path} cannot be read as UTF-8 ({err}); pass UTF-8 text (.txt, or .jsonl of "
+                        '{"text": ...} lines), or leave the file out of the folder or glob') from None
     if path.suffix != ".jsonl":
         return [raw]
     docs = []

@@ -123,3 +123,12 @@ def test_running_out_of_memory_while_generating_is_one_line(monkeypatch):
         load_data("S4:length=64,samples=8")
     msg = str(err.value)
     assert "\n" not in msg and "512 tokens do not fit" in msg and "use fewer samples" in msg
+
+
+def test_a_text_file_that_is_not_utf8_is_one_line_naming_the_fix(tmp_path):
+    path = tmp_path / "bin.txt"
+    path.write_bytes(b"\x00\x01\xff\xfe")
+    with pytest.raises(DataError) as err:
+        load_data(f"text:{path}:length=16")
+    msg = str(err.value)
+    assert "\n" not in msg and "cannot be read as UTF-8" in msg and "pass UTF-8 text" in msg
