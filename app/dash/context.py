@@ -123,7 +123,9 @@ class Context:
         try:
             res, n = loading.preview(self.path, self.ds, probe, self.sel.layer)
         except (ValueError, KeyError) as err:
-            st.warning(f"The preview could not be computed: {str(err).splitlines()[0]}")
+            from probes.base import error_line  # a corrupt chunk: the store and the fix, not zarr's two checksums
+
+            st.warning(f"The preview could not be computed: {error_line(err, self.path)}")
             return None, False
         st.caption(f"Preview: `{probe}` computed in memory from the first {n} of {self.ds.sizes['seq']} sequences.")
         return res, True

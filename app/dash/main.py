@@ -192,7 +192,7 @@ def _prewarm() -> None:
 
 def _render(page: object, ctx: object) -> None:
     """Run one page; errors a user can fix (bad store content, missing variables) become one message."""
-    from probes.base import ProbeError
+    from probes.base import ProbeError, error_line
     from store import StoreError
 
     try:
@@ -201,5 +201,8 @@ def _render(page: object, ctx: object) -> None:
         st.error(str(err).splitlines()[0] if str(err) else type(err).__name__)
     except (OSError, KeyError, ValueError) as err:
         first = str(err).splitlines()[0] if str(err) else ""
+        if "checksum" in first.lower():  # a corrupt chunk: say so and how to fix it, not the two checksums
+            st.error(error_line(err, getattr(ctx, "path", "")))
+            return
         st.error(f"This page cannot be drawn for this store ({type(err).__name__}: {first}). "
                  "If the store is being written, wait and press Reload; otherwise recapture it.")

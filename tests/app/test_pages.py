@@ -259,6 +259,21 @@ def test_store_without_complete_sequences(monkeypatch, tmp_path, tmp_path_factor
     assert not at.exception and "no complete sequences" in _page_text(at)
 
 
+def test_store_with_a_corrupt_chunk_says_so_on_the_page(monkeypatch, tmp_path, tmp_path_factory):
+    """A beta chunk whose crc32c no longer matches: the Betas page shows one message naming the store and the fix
+    (not zarr's two checksums), and no exception."""
+    src = bare_store(tmp_path_factory)
+    bad = tmp_path / "bad.zarr"
+    shutil.copytree(src, bad)
+    for chunk in (p for p in (bad / "beta").rglob("*") if p.is_file() and "c" in p.relative_to(bad).parts):
+        chunk.write_bytes(os.urandom(chunk.stat().st_size))
+    at = new_app(monkeypatch, bad)
+    at.run()
+    at.sidebar.radio(key="page").set_value("Betas").run()
+    assert not at.exception, [e.message for e in at.exception]
+    assert f"store {bad} has a corrupt chunk" in _page_text(at) and "recapture" in _page_text(at)
+
+
 @pytest.mark.parametrize("page,probe", [("Betas", "betas"), ("Keys", "keys"), ("Spectra", "spectra"),
                                         ("Effective rank", "erank"), ("Probes", "linear")])
 def test_store_without_probe_results(monkeypatch, tmp_path_factory, page, probe):
