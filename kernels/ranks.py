@@ -89,6 +89,10 @@ def resolve_method(method: str, device: torch.device, shape: tuple[int, int] | N
     return CUDA_METHOD
 
 
+NON_FINITE_STATES = ("ranks: a state holds NaN or inf (non-finite keys, values, betas, gates or stored states); check "
+                     "the model's activations before computing ranks")
+
+
 def _eigh(a: torch.Tensor, backend: str) -> torch.Tensor:
     """Batched symmetric eigenvalues: cuSOLVER's batched solver on CUDA (auto), else torch.linalg."""
     if backend == "cusolver" or (backend == "auto" and a.is_cuda and cusolver_eigh.available()):
@@ -125,7 +129,12 @@ def singular_values(states: torch.Tensor, method: str = "auto", backend: str = "
 
             s = svdvals(h)
         else:  # gram64
-            s = _eigh(_gram(h, torch.float64), backend).clamp(min=0).sqrt()
+            try:
+                s = _eigh(_gram(h, torch.float64), backend).clamp(min=0).sqrt()
+            except torch.linalg.LinAlgError:  # LAPACK fails on NaN or inf: say which input, not its error code
+                if not bool(torch.isfinite(h).all()):
+                    raise ValueError(NON_FINITE_STATES) from None
+                raise
         outs.append(s)
     return torch.cat(outs).reshape(*lead, -1)
 

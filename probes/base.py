@@ -123,6 +123,7 @@ def cli_main(name: str, description: str, add_arguments: Callable[[argparse.Argu
     parser = make_parser(name, description, checkpoint=checkpoint)
     add_arguments(parser)
     args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
+    sink = None
     try:
         from probes import data, results
 
@@ -131,17 +132,22 @@ def cli_main(name: str, description: str, add_arguments: Callable[[argparse.Argu
         heads = data.head_numbers(ds)  # capture --heads: probes see positions, results get the model's numbers
         ds = data.positional_heads(ds)
         out_name = args.name or name
-        sink = None
-        if writes and not args.no_write:
-            sink = results.ResultSink(args.store, out_name, provenance(name, args, ds, argv), heads=heads)
+        if writes and not args.no_write:  # staged: a failed run leaves the earlier results as they were
+            sink = results.ResultSink(args.store, out_name, provenance(name, args, ds, argv), heads=heads, staged=True)
         with scheduler(args.scheduler):
             result = from_args(ds, args, sink)
             result.dataset, result.records = data.relabel_heads(result.dataset, result.records, heads)
             if sink is not None:
                 sink.finish(result)
     except (ValueError, KeyError, OSError) as err:  # bad input, or a failed write (e.g. disk full)
+        if sink is not None:
+            sink.abort()
         print(f"error: {error_line(err, args.store)}", file=sys.stderr)
         return 2
+    except BaseException:  # any other failure (or Ctrl-C): drop the partial group, keep the earlier results
+        if sink is not None:
+            sink.abort()
+        raise
     if args.json:
         print(result.to_json())
     else:

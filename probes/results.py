@@ -3,14 +3,18 @@
 The first write goes through `store.write_results` (it guards the captured data and root
 attributes); later parts of the same result (summaries computed from the per-token arrays just
 written) are appended to that group. The group's `complete` attr turns True only when the probe
-has finished, and its `records` attr holds the JSON records. Reading is `store.open_results`.
+has finished, and its `records` attr holds the JSON records. A probe run from the command line writes into a
+hidden `.partial-<name>` group that replaces `results/<name>` when it finishes (`ResultSink(staged=True)`).
+Reading is `store.open_results`.
 """
 
 from __future__ import annotations
 
+import os
+import shutil
 import sys
 from contextlib import nullcontext
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import xarray as xr
@@ -85,12 +89,17 @@ def list_results(path: str | Path) -> list[str]:
 
 
 class ResultSink:
-    """Where a probe run writes: one results group, filled in one or more parts, then marked complete."""
+    """Where a probe run writes: one results group, filled in one or more parts, then marked complete.
+
+    `staged`: the run writes into a hidden sibling group (`.partial-<name>`, not listed) that replaces
+    `results/<name>` only when the run finishes, so a run that fails keeps the earlier results whole (`abort`
+    removes the partial group)."""
 
     def __init__(self, path: str | Path, name: str, attrs: dict[str, Any] | None = None,
-                 heads: list[int] | None = None) -> None:
+                 heads: list[int] | None = None, staged: bool = False) -> None:
         self.path = Path(path)
-        self.name = name
+        self.final = name
+        self.name = str(PurePosixPath(name).with_name(f".partial-{PurePosixPath(name).name}")) if staged else name
         self.attrs = dict(attrs or {})
         self.started = False
         self.heads = heads  # capture --heads: the model's head numbers, the stored results' `head` coordinate
@@ -123,3 +132,23 @@ class ResultSink:
                 append_results(self.path, self.name, rest)
         extra = {k: v for k, v in result.dataset.attrs.items() if k not in ("records", "complete")}
         update_attrs(self.path, self.name, {**extra, "records": result.records, "complete": True})
+        if self.name != self.final:
+            self._publish()
+
+    def _publish(self) -> None:
+        """The finished partial group takes the results' name; the earlier group is removed after the rename."""
+        root = self.path / "results"
+        final, partial = root / self.final, root / self.name
+        old = final.with_name(f".old-{final.name}-{os.getpid()}") if final.exists() else None
+        if old is not None:
+            final.rename(old)
+        partial.rename(final)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+        self.name = self.final
+
+    def abort(self) -> None:
+        """Remove a staged run's partial group (the earlier results stay as they were)."""
+        if self.name != self.final:
+            shutil.rmtree(self.path / "results" / self.name, ignore_errors=True)
+

@@ -264,11 +264,13 @@ def metadata_mtime(path: str | Path, node: str | None = None) -> int:
 
 def result_attrs(path: str | Path) -> dict[str, dict[str, Any]]:
     """{name: attributes} of every group under `results/`, sorted by name (nested names use '/'; a parent
-    group of nested results is listed too), from metadata alone."""
+    group of nested results is listed too), from metadata alone; hidden groups (a probe run still writing,
+    `.partial-<name>`) are left out."""
     root = Path(path) / "results"
     if not root.is_dir():
         return {}
     names = sorted(meta.parent.relative_to(root).as_posix() for meta in root.rglob("zarr.json") if meta.parent != root)
+    names = [n for n in names if not any(part.startswith(".") for part in n.split("/"))]  # a run's partial group
     attrs = {name: read_attrs(root, name) for name in names}
     return {name: a for name, a in attrs.items() if a is not None}
 

@@ -291,6 +291,7 @@ class StoreWriter:
 # --- probe outputs -----------------------------------------------------------------------
 
 _NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_.-]*(/[A-Za-z][A-Za-z0-9_.-]*)*$")
+PARTIAL_RESULTS = re.compile(r"^\.partial-(.+)$")  # `.partial-<name>`: hidden from listings until renamed
 
 
 def add_variables(path: str | Path, ds: Any, *, overwrite: bool = False) -> list[str]:
@@ -385,7 +386,9 @@ def write_results(path: str | Path, name: str, ds: Any, attrs: dict[str, Any] | 
 
     path = Path(path)
     check_store(path)
-    if not _NAME.match(name):
+    leaf = name.rsplit("/", 1)[-1]
+    partial = PARTIAL_RESULTS.match(leaf)  # a probe run's staging group (probes.results.ResultSink)
+    if not _NAME.match(name[: len(name) - len(leaf)] + partial[1] if partial else name):
         raise ValueError(f"results name {name!r} must be letters, digits, _ . - (and / for nesting)")
     group = f"results/{name}"
     if (path / group / "zarr.json").exists() and not overwrite:

@@ -186,3 +186,14 @@ def test_auto_method_avoids_the_triton_kernel_for_large_or_unequal_real_head_dim
     assert resolve_method("auto", cuda, (128, 128)) == "triton"
     assert resolve_method("auto", cuda, (96, 192)) == "gram64" and resolve_method("auto", cuda, (256, 512)) == "gram64"
     assert resolve_method("auto", cpu, (64, 64)) == "gram64" and resolve_method("svd", cuda, (96, 192)) == "svd"
+
+
+def test_non_finite_states_are_one_line_naming_the_inputs():
+    """LAPACK's eigensolver fails on NaN with an error code; ranks say what holds the NaN instead."""
+    from kernels.ranks import singular_values
+
+    h = torch.randn(3, 8, 6, dtype=torch.float64)
+    h[1, 2, 3] = float("nan")
+    with pytest.raises(ValueError, match=r"^ranks: a state holds NaN or inf .*check the model's activations"):
+        singular_values(h, method="gram64")
+    assert torch.isfinite(singular_values(h[[0, 2]], method="gram64")).all()

@@ -95,3 +95,31 @@ def test_a_corrupt_chunk_is_one_line_naming_the_fix_and_nothing_is_written(store
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1 and f"store {bad} has a corrupt chunk" in lines[0] and "recapture" in lines[0]
     assert {p: p.read_bytes() for p in bad.rglob("*") if p.is_file()} == before
+
+
+def test_a_failed_rerun_keeps_the_earlier_results_whole(store, tmp_path):
+    """A probe run writes into a hidden partial group that replaces results/<name> only when it finishes: a run
+    that fails (NaN keys: ranks cannot be computed) leaves the earlier results byte for byte, and no partial group;
+    a run that succeeds replaces them and leaves nothing beside them."""
+    import shutil
+
+    import zarr
+
+    copy = tmp_path / "s.zarr"
+    shutil.copytree(store, copy)
+    assert _probe("erank", "--store", str(copy)).exit_code == 0
+    results = copy / "results"
+    before = {p: p.read_bytes() for p in results.rglob("*") if p.is_file()}
+    names = sorted(p.name for p in results.iterdir())  # erank, and whatever the shared store held already
+    k = zarr.open_array(str(copy / "k"), mode="r+")
+    k[(0,) * k.ndim] = float("nan")
+    res = _probe("erank", "--store", str(copy))
+    assert res.exit_code == 2 and "a state holds NaN or inf" in res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1
+    assert {p: p.read_bytes() for p in results.rglob("*") if p.is_file()} == before
+    assert sorted(p.name for p in results.iterdir()) == names and "erank" in names
+    k[(0,) * k.ndim] = 0.0
+    assert _probe("erank", "--store", str(copy)).exit_code == 0
+    assert sorted(p.name for p in results.iterdir()) == names
+    assert "erank" in list_results(copy) and read_results(copy, "erank").attrs["complete"]
+    assert not any(n.startswith(".") for n in list_results(copy))
