@@ -14,7 +14,7 @@ import os
 import shutil
 import sys
 from contextlib import nullcontext
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Any
 
 import xarray as xr
@@ -97,9 +97,11 @@ class ResultSink:
 
     def __init__(self, path: str | Path, name: str, attrs: dict[str, Any] | None = None,
                  heads: list[int] | None = None, staged: bool = False) -> None:
+        from store import partial_results_name
+
         self.path = Path(path)
         self.final = name
-        self.name = str(PurePosixPath(name).with_name(f".partial-{PurePosixPath(name).name}")) if staged else name
+        self.name = partial_results_name(name) if staged else name
         self.attrs = dict(attrs or {})
         self.started = False
         self.heads = heads  # capture --heads: the model's head numbers, the stored results' `head` coordinate

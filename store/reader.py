@@ -262,15 +262,24 @@ def metadata_mtime(path: str | Path, node: str | None = None) -> int:
         return 0
 
 
+PARTIAL_PREFIX = ".partial-"  # a probe run's staging group, `<parent>/.partial-<leaf>`: hidden until renamed
+
+
+def partial_results_name(name: str) -> str:
+    """The hidden group a staged probe run writes before it takes `name` (probes.results.ResultSink)."""
+    parent, _, leaf = name.rpartition("/")
+    return f"{parent}/{PARTIAL_PREFIX}{leaf}" if parent else f"{PARTIAL_PREFIX}{leaf}"
+
+
 def result_attrs(path: str | Path) -> dict[str, dict[str, Any]]:
     """{name: attributes} of every group under `results/`, sorted by name (nested names use '/'; a parent
     group of nested results is listed too), from metadata alone; hidden groups (a probe run still writing,
-    `.partial-<name>`) are left out."""
+    `.partial-<leaf>`) are left out."""
     root = Path(path) / "results"
     if not root.is_dir():
         return {}
     names = sorted(meta.parent.relative_to(root).as_posix() for meta in root.rglob("zarr.json") if meta.parent != root)
-    names = [n for n in names if not any(part.startswith(".") for part in n.split("/"))]  # a run's partial group
+    names = [n for n in names if PARTIAL_PREFIX not in n]  # a probe run still writing (store.writer)
     attrs = {name: read_attrs(root, name) for name in names}
     return {name: a for name, a in attrs.items() if a is not None}
 

@@ -291,7 +291,6 @@ class StoreWriter:
 # --- probe outputs -----------------------------------------------------------------------
 
 _NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_.-]*(/[A-Za-z][A-Za-z0-9_.-]*)*$")
-PARTIAL_RESULTS = re.compile(r"^\.partial-(.+)$")  # `.partial-<name>`: hidden from listings until renamed
 
 
 def add_variables(path: str | Path, ds: Any, *, overwrite: bool = False) -> list[str]:
@@ -382,13 +381,13 @@ def write_results(path: str | Path, name: str, ds: Any, attrs: dict[str, Any] | 
     """
     import xarray as xr  # noqa: F401 - ds is an xarray.Dataset
 
-    from store.reader import check_store
+    from store.reader import PARTIAL_PREFIX, check_store
 
     path = Path(path)
     check_store(path)
-    leaf = name.rsplit("/", 1)[-1]
-    partial = PARTIAL_RESULTS.match(leaf)  # a probe run's staging group (probes.results.ResultSink)
-    if not _NAME.match(name[: len(name) - len(leaf)] + partial[1] if partial else name):
+    parent, _, leaf = name.rpartition("/")
+    plain = f"{parent}/{leaf.removeprefix(PARTIAL_PREFIX)}" if parent else leaf.removeprefix(PARTIAL_PREFIX)
+    if not _NAME.match(plain):
         raise ValueError(f"results name {name!r} must be letters, digits, _ . - (and / for nesting)")
     group = f"results/{name}"
     if (path / group / "zarr.json").exists() and not overwrite:
