@@ -104,13 +104,11 @@ ProbeFn = Callable[[xr.Dataset, argparse.Namespace, Any], ProbeResult]
 
 
 def error_line(err: BaseException, store: str | Path) -> str:
-    """One line for a probe's failure; a chunk whose checksum fails (zarr's crc32c codec) names the store and the
-    fix instead of the two checksums."""
-    msg = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-    if "checksum" in msg.lower():
-        return (f"store {store} has a corrupt chunk (its checksum does not match its bytes); recapture into a new "
-                "--out, or restore the store from a copy")
-    return msg
+    """One line for a probe's failure (a corrupt chunk: `store.errors.corrupt_chunk_line`)."""
+    from store.errors import corrupt_chunk_line
+
+    return corrupt_chunk_line(err, store) or (str(err).strip().splitlines()[0] if str(err).strip()
+                                                else type(err).__name__)
 
 
 def cli_main(name: str, description: str, add_arguments: Callable[[argparse.ArgumentParser], None],

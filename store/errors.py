@@ -29,3 +29,12 @@ class StoreWriteError(StoreError):
 
 class DataError(StoreError):
     """A data spec that cannot be read, or tokens outside the model's vocabulary."""
+
+
+def corrupt_chunk_line(err: BaseException, store: object) -> str | None:
+    """The line for a read that failed on a chunk whose checksum does not match its bytes (zarr's crc32c codec
+    says so with both checksums), naming the store and the fix; None for any other error."""
+    if "checksum" not in str(err).lower():
+        return None
+    return (f"store {store} has a corrupt chunk (its checksum does not match its bytes); recapture into a new "
+            "--out, or restore the store from a copy")

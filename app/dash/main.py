@@ -192,17 +192,19 @@ def _prewarm() -> None:
 
 def _render(page: object, ctx: object) -> None:
     """Run one page; errors a user can fix (bad store content, missing variables) become one message."""
-    from probes.base import ProbeError, error_line
+    from probes.base import ProbeError
     from store import StoreError
+    from store.errors import corrupt_chunk_line
 
     try:
         page.render(ctx)  # type: ignore[attr-defined]
     except (StoreError, ProbeError) as err:
         st.error(str(err).splitlines()[0] if str(err) else type(err).__name__)
     except (OSError, KeyError, ValueError) as err:
-        first = str(err).splitlines()[0] if str(err) else ""
-        if "checksum" in first.lower():  # a corrupt chunk: say so and how to fix it, not the two checksums
-            st.error(error_line(err, getattr(ctx, "path", "")))
+        corrupt = corrupt_chunk_line(err, getattr(ctx, "path", ""))
+        if corrupt is not None:  # say so and how to fix it, not zarr's two checksums
+            st.error(corrupt)
             return
+        first = str(err).splitlines()[0] if str(err) else ""
         st.error(f"This page cannot be drawn for this store ({type(err).__name__}: {first}). "
                  "If the store is being written, wait and press Reload; otherwise recapture it.")
