@@ -477,6 +477,19 @@ def _store_state(base, b_h1, b_h2, p_h1, p_h2, m_h1, m_h2, SPLIT: tl.constexpr):
 
 
 @triton.jit
+def _u_minus_ws(U, W, rows, o_k1, o_k2, m_k1, m_k2, o_v, m_v, b_h1, b_h2, ref, K: tl.constexpr, V: tl.constexpr,
+                SPLIT: tl.constexpr, F32: tl.constexpr, PREC: tl.constexpr):
+    """U - W S for one 64-row block (fp32; the state in its key halves with SPLIT; `ref` gives the dot dtype)."""
+    b_u = tl.load(U + rows[:, None] * V + o_v[None, :], mask=m_v[None, :], other=0.0)
+    b_w1 = tl.load(W + rows[:, None] * K + o_k1[None, :], mask=m_k1[None, :], other=0.0)
+    b_wh = tl.dot(_dot_in(b_w1, ref, F32), _dot_in(b_h1, ref, F32), input_precision=PREC)
+    if SPLIT:
+        b_w2 = tl.load(W + rows[:, None] * K + o_k2[None, :], mask=m_k2[None, :], other=0.0)
+        b_wh += tl.dot(_dot_in(b_w2, ref, F32), _dot_in(b_h2, ref, F32), input_precision=PREC)
+    return b_u.to(tl.float32) - b_wh
+
+
+@triton.jit
 def _state_block(
     k, k_base, W, U, D, gcum, rstd, aux0, Tn, o_r, o_k1, o_k2, m_k1, m_k2, o_v, m_v, b_h1, b_h2, blk,
     HK: tl.constexpr, NH: tl.constexpr, K: tl.constexpr, V: tl.constexpr, SPLIT: tl.constexpr, F32: tl.constexpr,
@@ -494,13 +507,7 @@ def _state_block(
     else:  # the chunk's log decay before this block: 0 at its first block
         b_G0 = tl.load(gcum + aux0 + blk * 64 - 1, mask=blk % NH > 0, other=0.0)
     b_G1 = tl.load(gcum + aux0 + blk * 64 + 63)
-    b_u = tl.load(U + rows[:, None] * V + o_v[None, :], mask=m_v[None, :], other=0.0)
-    b_w1 = tl.load(W + rows[:, None] * K + o_k1[None, :], mask=m_k1[None, :], other=0.0)
-    b_wh = tl.dot(_dot_in(b_w1, k, F32), _dot_in(b_h1, k, F32), input_precision=PREC)
-    if SPLIT:
-        b_w2 = tl.load(W + rows[:, None] * K + o_k2[None, :], mask=m_k2[None, :], other=0.0)
-        b_wh += tl.dot(_dot_in(b_w2, k, F32), _dot_in(b_h2, k, F32), input_precision=PREC)
-    b_d = b_u.to(tl.float32) - b_wh
+    b_d = _u_minus_ws(U, W, rows, o_k1, o_k2, m_k1, m_k2, o_v, m_v, b_h1, b_h2, k, K, V, SPLIT, F32, PREC)
     if STORE_D:
         tl.store(D + rows[:, None] * V + o_v[None, :], b_d.to(D.dtype.element_ty), mask=m_v[None, :])
     b_scale = tl.load(rstd + rows) * tl.exp(b_G1 - tl.load(gcum + rows))  # key norm, e^{G' - G_s}

@@ -50,7 +50,9 @@ from kernels.triton_chunk import (
     _num_sms,
     _pow2,
     _store_lower_blocks,
+    _store_state,
     _store_upper_zeros,
+    _u_minus_ws,
     _varlen_tables,
     default_config,
     launch_inverse,
@@ -653,18 +655,11 @@ def _state_kernel(
         b_h1 = tl.zeros([BKH, BV], dtype=tl.float32)
     for c in range(NC):
         if STORE_BND:
-            tl.store(bnd_base + c * (HV * K * V) + p_h1, b_h1, mask=m_h1)
-            if SPLIT:
-                tl.store(bnd_base + c * (HV * K * V) + p_h2, b_h2, mask=m_h2)
+            _store_state(bnd_base + c * (HV * K * V), b_h1, b_h2, p_h1, p_h2, m_h1, m_h2, SPLIT)
         blk = i_h.to(tl.int64) * NCT + gc0 + c
         rows = blk * 64 + o_r
-        b_u = tl.load(U + rows[:, None] * V + o_v[None, :], mask=m_v[None, :], other=0.0)
-        b_w1 = tl.load(W + rows[:, None] * K + o_k1[None, :], mask=m_k1[None, :], other=0.0)
-        b_wh = tl.dot(_dot_in(b_w1, W, F32), _dot_in(b_h1, W, F32), input_precision=PREC)
-        if SPLIT:
-            b_w2 = tl.load(W + rows[:, None] * K + o_k2[None, :], mask=m_k2[None, :], other=0.0)
-            b_wh += tl.dot(_dot_in(b_w2, W, F32), _dot_in(b_h2, W, F32), input_precision=PREC)
-        b_d = _dot_in(b_u.to(tl.float32) - b_wh, W, F32)
+        b_d = _dot_in(_u_minus_ws(U, W, rows, o_k1, o_k2, m_k1, m_k2, o_v, m_v, b_h1, b_h2, W, K, V, SPLIT, F32, PREC),
+                      W, F32)
         tl.store(D + rows[:, None] * V + o_v[None, :], b_d.to(D.dtype.element_ty), mask=m_v[None, :])
         b_k1 = tl.load(Kd + rows[:, None] * K + o_k1[None, :], mask=m_k1[None, :], other=0.0)
         b_l1 = tl.exp(tl.load(glast + blk * K + o_k1, mask=m_k1, other=0.0))
@@ -674,13 +669,9 @@ def _state_kernel(
             b_l2 = tl.exp(tl.load(glast + blk * K + o_k2, mask=m_k2, other=0.0))
             b_h2 = b_h2 * b_l2[:, None] + tl.dot(tl.trans(_dot_in(b_k2, W, F32)), b_d, input_precision=PREC)
     if STORE_BND:
-        tl.store(bnd_base + NC * (HV * K * V) + p_h1, b_h1, mask=m_h1)
-        if SPLIT:
-            tl.store(bnd_base + NC * (HV * K * V) + p_h2, b_h2, mask=m_h2)
+        _store_state(bnd_base + NC * (HV * K * V), b_h1, b_h2, p_h1, p_h2, m_h1, m_h2, SPLIT)
     if STORE_FINAL:
-        tl.store(ht + i_nh.to(tl.int64) * K * V + p_h1, b_h1, mask=m_h1)
-        if SPLIT:
-            tl.store(ht + i_nh.to(tl.int64) * K * V + p_h2, b_h2, mask=m_h2)
+        _store_state(ht + i_nh.to(tl.int64) * K * V, b_h1, b_h2, p_h1, p_h2, m_h1, m_h2, SPLIT)
 
 
 @triton.jit
