@@ -377,6 +377,7 @@ def _wu_kernel(
     Aqk,
     gcum,
     rstd,
+    wsc,
     T,
     cu,
     cidx,
@@ -395,11 +396,13 @@ def _wu_kernel(
     IS_VARLEN: tl.constexpr,
     F32: tl.constexpr,
     PREC: tl.constexpr,
+    KEYS_WS: tl.constexpr,
 ):
     """One program per (global chunk, value head): Gamma from the chunk start, and each block's own WY factors
     W_a = T_aa diag(beta e^{Gamma - Gamma_a}) K_a, U_a = T_aa diag(beta) V_a (Gamma_a: Gamma at the block start);
     U in value tiles of BV, so that dv = 512 fits in registers. With FUSE_O also the chunk's intra-chunk
-    attention A = q K^T * decay * mask [64 tokens, 64 n_h sub-steps] (normalised), for the fused output."""
+    attention A = q K^T * decay * mask [64 tokens, 64 n_h sub-steps] (normalised), for the fused output.
+    KEYS_WS: the row scales c = beta e^{Gamma - Gamma_a} / |k| instead of W (the state kernel forms W S from K)."""
     gc, i_h = tl.program_id(0), tl.program_id(1)
     i_n, c, bos, Tn = _chunk_seq(gc, T, cu, cidx, coff, IS_VARLEN)
     i_hk = i_h // (HV // HK)
@@ -446,11 +449,14 @@ def _wu_kernel(
         b_k = tl.load(k_base + s[:, None] * (HK * K) + o_k[None, :], mask=m_s[:, None] & m_k[None, :], other=0.0)
         b_beta = tl.load(beta + (bos * NH + s) * HV + i_h, mask=m_s, other=0.0).to(tl.float32)
         b_rs = tl.load(rstd + aux + a * 64 + o_r)
-        b_X = b_k.to(tl.float32) * (b_beta * b_rs * b_dec)[:, None]
         rows = aux + a * 64 + o_r
         b_Ti = _dot_in(tl.load(Ti + rows[:, None] * 64 + o_r[None, :], mask=m_tri, other=0.0), W, F32)
-        b_W = tl.dot(b_Ti, _dot_in(b_X, W, F32), input_precision=PREC)
-        tl.store(W + rows[:, None] * K + o_k[None, :], b_W.to(W.dtype.element_ty), mask=m_k[None, :])
+        if KEYS_WS:
+            tl.store(wsc + rows, b_beta * b_rs * b_dec)
+        else:
+            b_X = b_k.to(tl.float32) * (b_beta * b_rs * b_dec)[:, None]
+            b_W = tl.dot(b_Ti, _dot_in(b_X, W, F32), input_precision=PREC)
+            tl.store(W + rows[:, None] * K + o_k[None, :], b_W.to(W.dtype.element_ty), mask=m_k[None, :])
         for iv in range((V + BV - 1) // BV):  # a loop, not unrolled: dv = 512 compiles 4x less U code
             o_v = iv * BV + tl.arange(0, BV)
             m_v = o_v < V
@@ -490,15 +496,40 @@ def _u_minus_ws(U, W, rows, o_k1, o_k2, m_k1, m_k2, o_v, m_v, b_h1, b_h2, ref, K
 
 
 @triton.jit
+def _block_keys(k_base, s, m_s, o_k1, o_k2, m_k1, m_k2, HK: tl.constexpr, K: tl.constexpr, SPLIT: tl.constexpr):
+    """A 64-row block's raw keys (rows s), in the state's key halves with SPLIT (else the second is the first)."""
+    b_k1 = tl.load(k_base + s[:, None] * (HK * K) + o_k1[None, :], mask=m_s[:, None] & m_k1[None, :], other=0.0)
+    b_k2 = b_k1
+    if SPLIT:
+        b_k2 = tl.load(k_base + s[:, None] * (HK * K) + o_k2[None, :], mask=m_s[:, None] & m_k2[None, :], other=0.0)
+    return b_k1, b_k2
+
+
+@triton.jit
+def _u_minus_tcks(U, Ti, wsc, rows, o_r, o_v, m_v, b_k1, b_k2, b_h1, b_h2, ref, V: tl.constexpr,
+                  SPLIT: tl.constexpr, F32: tl.constexpr, PREC: tl.constexpr):
+    """U - W S for one 64-row block as U - T (diag(c) (K S)), W = T diag(c) K (`_wu_kernel`): from the block's
+    keys, which the state update loads anyway, and its 64 x 64 T, instead of W's 64 x dk rows."""
+    b_u = tl.load(U + rows[:, None] * V + o_v[None, :], mask=m_v[None, :], other=0.0)
+    b_ks = tl.dot(_dot_in(b_k1, ref, F32), _dot_in(b_h1, ref, F32), input_precision=PREC)
+    if SPLIT:
+        b_ks += tl.dot(_dot_in(b_k2, ref, F32), _dot_in(b_h2, ref, F32), input_precision=PREC)
+    b_x = _dot_in(b_ks * tl.load(wsc + rows)[:, None], ref, F32)
+    b_t = tl.load(Ti + rows[:, None] * 64 + o_r[None, :], mask=o_r[:, None] >= o_r[None, :], other=0.0)
+    return b_u.to(tl.float32) - tl.dot(_dot_in(b_t, ref, F32), b_x, input_precision=PREC)
+
+
+@triton.jit
 def _state_block(
-    k, k_base, W, U, D, gcum, rstd, aux0, Tn, o_r, o_k1, o_k2, m_k1, m_k2, o_v, m_v, b_h1, b_h2, blk,
+    k, k_base, W, U, D, gcum, rstd, Ti, wsc, aux0, Tn, o_r, o_k1, o_k2, m_k1, m_k2, o_v, m_v, b_h1, b_h2, blk,
     HK: tl.constexpr, NH: tl.constexpr, K: tl.constexpr, V: tl.constexpr, SPLIT: tl.constexpr, F32: tl.constexpr,
-    PREC: tl.constexpr, STORE_D: tl.constexpr,
+    PREC: tl.constexpr, STORE_D: tl.constexpr, KEYS_WS: tl.constexpr,
 ):
     """One 64-row block `blk` of a sequence (block blk % NH of chunk blk // NH): D = U - W S and
     S' = e^{G'} S + sum_s e^{G' - G_s} k_s d_s^T (G' the log decay to the block's end, from the chunk's start;
     `gcum` restarts each chunk, so the block's own decay is G' - G at the previous block's end). Returns S' and D
-    (also stored with STORE_D, as soon as it is known: fewer registers live across the state update)."""
+    (also stored with STORE_D, as soon as it is known: fewer registers live across the state update).
+    KEYS_WS: W S from the keys and T (`_u_minus_tcks`), W unread."""
     rows = aux0 + blk * 64 + o_r
     s = blk * 64 + o_r
     m_s = s < Tn * NH
@@ -507,16 +538,19 @@ def _state_block(
     else:  # the chunk's log decay before this block: 0 at its first block
         b_G0 = tl.load(gcum + aux0 + blk * 64 - 1, mask=blk % NH > 0, other=0.0)
     b_G1 = tl.load(gcum + aux0 + blk * 64 + 63)
-    b_d = _u_minus_ws(U, W, rows, o_k1, o_k2, m_k1, m_k2, o_v, m_v, b_h1, b_h2, k, K, V, SPLIT, F32, PREC)
+    if KEYS_WS:  # the keys first: W S needs them
+        b_k1, b_k2 = _block_keys(k_base, s, m_s, o_k1, o_k2, m_k1, m_k2, HK, K, SPLIT)
+        b_d = _u_minus_tcks(U, Ti, wsc, rows, o_r, o_v, m_v, b_k1, b_k2, b_h1, b_h2, k, V, SPLIT, F32, PREC)
+    else:
+        b_d = _u_minus_ws(U, W, rows, o_k1, o_k2, m_k1, m_k2, o_v, m_v, b_h1, b_h2, k, K, V, SPLIT, F32, PREC)
     if STORE_D:
         tl.store(D + rows[:, None] * V + o_v[None, :], b_d.to(D.dtype.element_ty), mask=m_v[None, :])
     b_scale = tl.load(rstd + rows) * tl.exp(b_G1 - tl.load(gcum + rows))  # key norm, e^{G' - G_s}
     b_ds = _dot_in(b_d * b_scale[:, None], k, F32)
-    b_k1 = tl.load(k_base + s[:, None] * (HK * K) + o_k1[None, :], mask=m_s[:, None] & m_k1[None, :], other=0.0)
+    if not KEYS_WS:
+        b_k1, b_k2 = _block_keys(k_base, s, m_s, o_k1, o_k2, m_k1, m_k2, HK, K, SPLIT)
     b_h1 = b_h1 * tl.exp(b_G1 - b_G0) + tl.dot(tl.trans(_dot_in(b_k1, k, F32)), b_ds, input_precision=PREC)
     if SPLIT:
-        p_k2 = k_base + s[:, None] * (HK * K) + o_k2[None, :]
-        b_k2 = tl.load(p_k2, mask=m_s[:, None] & m_k2[None, :], other=0.0)
         b_h2 = b_h2 * tl.exp(b_G1 - b_G0) + tl.dot(tl.trans(_dot_in(b_k2, k, F32)), b_ds, input_precision=PREC)
     return b_h1, b_h2, b_d
 
@@ -531,6 +565,8 @@ def _state_kernel(
     Aqk,
     gcum,
     rstd,
+    Ti,
+    wsc,
     bnd,
     ht,
     h0,
@@ -557,6 +593,7 @@ def _state_kernel(
     IS_VARLEN: tl.constexpr,
     F32: tl.constexpr,
     PREC: tl.constexpr,
+    KEYS_WS: tl.constexpr,
 ):
     """One program per (value tile, sequence * value head), looping over the sequence's 64-row blocks (n_h a
     chunk; `_state_block`, in one flat loop unless FUSE_O): store S_c (at chunk starts), D_a = U_a - W_a S_a and
@@ -604,7 +641,7 @@ def _state_kernel(
             b_h2 = tl.load(h0_base + p_h2, mask=m_h2, other=0.0).to(tl.float32)
     else:
         b_h1 = tl.zeros([BKH, BV], dtype=tl.float32)
-    blocks = (k, k_base, W, U, D, gcum, rstd, aux0, Tn, o_r, o_k1, o_k2, m_k1, m_k2, o_v, m_v)
+    blocks = (k, k_base, W, U, D, gcum, rstd, Ti, wsc, aux0, Tn, o_r, o_k1, o_k2, m_k1, m_k2, o_v, m_v)
     if FUSE_O:
         for c in range(NC):
             if STORE_BND:
@@ -629,7 +666,7 @@ def _state_kernel(
             for a in tl.static_range(NH):
                 b_h1, b_h2, b_d = _state_block(
                     *blocks, b_h1, b_h2, c * NH + a, HK=HK, NH=NH, K=K, V=V, SPLIT=SPLIT, F32=F32, PREC=PREC,
-                    STORE_D=False,
+                    STORE_D=False, KEYS_WS=KEYS_WS,
                 )
                 b_a = tl.load(Aqk + (aux // NH + o_r)[:, None] * L + a * 64 + o_r[None, :])
                 b_o += tl.dot(_dot_in(b_a, k, F32), _dot_in(b_d, k, F32), input_precision=PREC)
@@ -641,7 +678,8 @@ def _state_kernel(
                 if blk % NH == 0:
                     _store_state(bnd_base + (blk // NH) * (HV * K * V), b_h1, b_h2, p_h1, p_h2, m_h1, m_h2, SPLIT)
             b_h1, b_h2, b_d = _state_block(
-                *blocks, b_h1, b_h2, blk, HK=HK, NH=NH, K=K, V=V, SPLIT=SPLIT, F32=F32, PREC=PREC, STORE_D=True
+                *blocks, b_h1, b_h2, blk, HK=HK, NH=NH, K=K, V=V, SPLIT=SPLIT, F32=F32, PREC=PREC, STORE_D=True,
+                KEYS_WS=KEYS_WS,
             )
     if STORE_BND:
         _store_state(bnd_base + NC * (HV * K * V), b_h1, b_h2, p_h1, p_h2, m_h1, m_h2, SPLIT)
@@ -816,6 +854,10 @@ class LaunchConfig:
     # the output kernel loads the next key block's tiles before this block's products (a pipeline by hand, in
     # registers, not the compiler's): an experiment, off until timed (`bash scripts/device_run.sh statetile`)
     out_prefetch: bool = False
+    # the sequential kernel forms W S as T (diag(c) (K S)) from the keys it loads for the state update and the
+    # block's 64 x 64 T, instead of reading W (64 x dk a block; the WY kernel then writes no W): fewer bytes a step
+    # (dk 256: 32 + 8 KB against 64 KB), one more 64-deep product in the step's chain. An experiment, off until timed
+    state_keys_ws: bool = False
     tri_programs_per_sm: int = 8
     fuse_output: bool | None = None  # the state kernel writes o (no output kernel); None: default_config's
     # programs of the sequential kernel that share an SM's shared memory when its pipeline stages are sized; None:
@@ -992,7 +1034,9 @@ def triton_delta_product(
     rows = NCT * n_h * BLOCK  # sub-step rows per value head
     Ti = torch.empty(HV, rows, BLOCK, dtype=dtype, device=dev)
     rstd = torch.empty(HV, rows, dtype=f32, device=dev)
-    W = torch.empty(HV, rows, K, dtype=dtype, device=dev)
+    keys_ws = bool(cfg.state_keys_ws)
+    W = torch.empty(HV, 0 if keys_ws else rows, K, dtype=dtype, device=dev)  # keys_ws: the state kernel forms W S
+    wsc = torch.empty(HV, rows if keys_ws else 0, dtype=f32, device=dev)
     U = torch.empty(HV, rows, V, dtype=dtype, device=dev)
     D = None if fuse else torch.empty(HV, rows, V, dtype=dtype, device=dev)
     Aqk = torch.empty(HV, NCT * BLOCK, n_h * BLOCK, dtype=dtype, device=dev) if fuse else None
@@ -1022,23 +1066,23 @@ def triton_delta_product(
                 BK=BK, USE_G=g is not None, NORM=normalize_qk, num_warps=cfg.tri_warps, **common,
             )  # fmt: skip
         _wu_kernel[(NCT, HV)](
-            q, k, v, beta, g, Ti, W, U, Aqk, gcum, rstd, *seq_args,
+            q, k, v, beta, g, Ti, W, U, Aqk, gcum, rstd, wsc, *seq_args,
             V=V, BK=BK, BV=min(cfg.wu_bv, BVF), USE_G=g is not None, NORM=normalize_qk, FUSE_O=fuse,
-            num_warps=cfg.wu_warps, **common,
+            KEYS_WS=keys_ws, num_warps=cfg.wu_warps, **common,
         )  # fmt: skip
     BKH = BK // 2 if BK > 128 else BK
     state_consts = dict(
         V=V, BKH=BKH, SPLIT=BKH < BK, BV=BV, HAS_H0=h0 is not None, STORE_FINAL=output_final_state,
-        STORE_BND=store_bnd, FUSE_O=fuse, NORM=normalize_qk,
+        STORE_BND=store_bnd, FUSE_O=fuse, NORM=normalize_qk, KEYS_WS=keys_ws,
         **common,
     )  # fmt: skip
-    # one block's W, K and U tiles per pipeline stage (and q and A when fused)
-    smem = 64 * (2 * BK + BV + (BK + 64 if fuse else 0)) * q.element_size()
+    # one block's W (or T), K and U tiles per pipeline stage (and q and A when fused)
+    smem = 64 * ((64 if keys_ws else BK) + BK + BV + (BK + 64 if fuse else 0)) * q.element_size()
     _launch(
         _state_kernel,
         (triton.cdiv(V, BV), N * HV),
         cfg,
-        (q, k, W, U, D, Aqk, gcum, rstd, bnd, ht, h0, o, T, cu, coff, order, NCT, scale),
+        (q, k, W, U, D, Aqk, gcum, rstd, Ti, wsc, bnd, ht, h0, o, T, cu, coff, order, NCT, scale),
         state_consts,
         smem,
     )

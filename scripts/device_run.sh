@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call's worth of GPU work, by section; logs and JSON go to $OUT (the device tool's folder).
 #   usage (on the device, from the repo root, after the wheel install line of ../shared/device/README.md):
-#     bash scripts/device_run.sh s4 | tests | kernels | kda | analysis | probes | store | dist | attention | rwkv7fix | rwkv7 | verify | reduce | table | secular | spectra19 | statetile | outload | devmap [more ...]
+#     bash scripts/device_run.sh s4 | tests | kernels | kda | analysis | probes | store | dist | attention | rwkv7fix | rwkv7 | verify | reduce | table | secular | spectra19 | statetile | keysws | outload | devmap [more ...]
 # s4:      continue the bundled S4 model (trained up to length 128) at 128, then 256, and evaluate it
 # tests:   the GPU-marked tests (realistic shapes, fla 0.6.0 comparisons)
 # kernels: python -m benchmarks.kernels (forward vs fla, accuracy; ~9 min on an H100, so a call of its own)
@@ -30,6 +30,7 @@
 # spectra19: the spectra reduction's GPU tests, then scripts/spectra_reduce_profile.py
 # statetile: the sequential kernel with 64/128-wide value tiles at 8-16 warps vs the default and fla
 #          (scripts/config_ab.py); ~5 minutes
+# keysws:  the sequential kernel with W S from the keys and T (state_keys_ws: GPU tests, then vs the default and fla)
 # outload: the output kernel with its loads a key block ahead (out_prefetch: GPU tests, then vs the default and fla)
 #          and at 2-3 pipeline stages (o's difference from the default shows a miscompile); ~6 minutes
 # devmap:  scripts/device_map_check.py same (one GPU vs device_map auto/balanced; DEVMAP_SAME=0 skips it) and big
@@ -180,6 +181,15 @@ for section in "$@"; do
           --change state_bv=128,state_warps=8 --change state_bv=128,state_warps=16 \
           --change state_bv=64,state_warps=8,state_stages=2 2>&1 | grep -v Warn | tee -a "$OUT/statetile.txt"
       done ;;
+    keysws)
+      # #17: the sequential kernel forming W S from the keys and T (state_keys_ws: 32 + 8 KB a step at dk 256 against
+      # 64 KB of W and K): GPU tests against float64, then ours vs fla at the real rows with profiles; ~4 minutes
+      timeout 150 python3 -m pytest -q -m gpu -rA -p no:cacheprovider tests/kernels/test_triton_keys_ws.py 2>&1 \
+        | tail -8 | tee -a "$OUT/keysws.txt"
+      for shape in "GDN fla default" "Qwen3-Next grouped" "DeltaProduct n_h=2" "DeltaProduct n_h=3"; do
+        timeout 100 python3 scripts/config_ab.py --shape "$shape" --profile --change state_keys_ws=True \
+          --change state_keys_ws=True,state_stages=3 2>&1 | grep -v Warn | tee -a "$OUT/keysws.txt"
+      done ;;
     outload)
       # #17: the output kernel with its loads one key block ahead (out_prefetch; GPU tests first), and pipelined by
       # the compiler (miscompiled on Triton 3.9 in the sixth session: o's difference shows it); ~6 minutes
@@ -192,7 +202,7 @@ for section in "$@"; do
       done
       timeout 100 python3 scripts/config_ab.py --shape "GDN fla default" --sizes 1x32768 --profile \
         --change out_stages=2 --change out_stages=3 2>&1 | grep -v Warn | tee -a "$OUT/outload.txt" ;;
-    *) echo "unknown section $section: use s4, tests, kernels, kda, analysis, probes, store, dist, attention, rwkv7fix, rwkv7, reduce, table, verify, secular, spectra19, statetile, outload or devmap" >&2
+    *) echo "unknown section $section: use s4, tests, kernels, kda, analysis, probes, store, dist, attention, rwkv7fix, rwkv7, reduce, table, verify, secular, spectra19, statetile, keysws, outload or devmap" >&2
        exit 2 ;;
   esac
 done
