@@ -852,11 +852,11 @@ class LaunchConfig:
     # states too at 2 stages, dk/dv = 256/512); 1 stage, or one key block, is bit-identical across both dtypes
     out_stages: int = 1
     # the output kernel loads the next key block's tiles before this block's products (a pipeline by hand, in
-    # registers, not the compiler's): an experiment, off until timed (`bash scripts/device_run.sh statetile`)
+    # registers, not the compiler's); default_config turns it on where dk spans several key blocks
     out_prefetch: bool = False
     # the sequential kernel forms W S as T (diag(c) (K S)) from the keys it loads for the state update and the
     # block's 64 x 64 T, instead of reading W (64 x dk a block; the WY kernel then writes no W): fewer bytes a step
-    # (dk 256: 32 + 8 KB against 64 KB), one more 64-deep product in the step's chain. An experiment, off until timed
+    # (dk 256: 32 + 8 KB against 64 KB), one more 64-deep product in the step's chain; default_config's choice
     state_keys_ws: bool = False
     tri_programs_per_sm: int = 8
     fuse_output: bool | None = None  # the state kernel writes o (no output kernel); None: default_config's
@@ -910,11 +910,22 @@ def default_config(B: int, H: int, V: int, n_h: int = 1, K: int = 128) -> Launch
     # B=8 T=8192 3.408 vs 3.350), while at n_h = 1 it measured 0.193 / 0.463 against 0.387 / 0.440
     if K <= 128 and n_h > 1:
         return LaunchConfig(state_bv=min(bv, _pow2(V)), fuse_output=False)
-    stages = 3 if B * H * triton.cdiv(V, bv) <= 8 * n_sm else 2
-    # dk <= 128: the output kernel takes dk in one key block (no loop: Qwen3-Next 2.511 -> 2.452 ms at 1x32768)
+    programs = B * H * triton.cdiv(V, bv)
+    stages = 3 if programs <= 8 * n_sm else 2
+    # More programs than SMs: W S from the keys and T (state_keys_ws), at two stages. H100, o + final against the
+    # W path (tenth session, scripts/config_ab.py): GDN default 8x4096 1.03x, packed 1.12x; Qwen3-Next 8x4096 1.06x,
+    # packed 1.08x; DeltaProduct n_h = 2 / 3 8x4096 1.02x / 1.04x, packed 1.17x / 1.21x; at three stages 0.85-0.93x
+    # where two won, and at B = 1 (one program a SM, the step's latency binds) 0.80-0.84x at either
+    keys_ws = programs > n_sm
+    if keys_ws:
+        stages = 2
+    # dk <= 128: the output kernel takes dk in one key block (no loop: Qwen3-Next 2.511 -> 2.452 ms at 1x32768);
+    # more key blocks load one ahead at n_h = 1 (out_prefetch: GDN default 1x32768 output kernel 0.669 -> 0.561 ms,
+    # H100; at n_h = 3, with three q K^T accumulators live, 1.225 -> 3.174 ms at 8x4096, so not there)
     out_bk = _pow2(K) if K <= 128 else LaunchConfig.out_bk
     return LaunchConfig(
-        state_bv=min(bv, _pow2(V)), fuse_output=False, resident_per_sm=1, state_stages=stages, out_bk=out_bk
+        state_bv=min(bv, _pow2(V)), fuse_output=False, resident_per_sm=1, state_stages=stages, out_bk=out_bk,
+        state_keys_ws=keys_ws, out_prefetch=K > out_bk and n_h == 1,
     )
 
 

@@ -34,14 +34,20 @@ def test_keys_ws_fused_output_bf16():
                  dict(fuse_output=True))
 
 
+GPU_CASES = {
+    "GDN default": (1, 2048, 6, 6, 256, 512, 1, True, None),
+    "Qwen3-Next packed": (1, None, 16, 32, 128, 128, 1, True, [3000, 64, 1, 700, 129]),
+    "DeltaProduct n_h=2": (2, 1000, 6, 6, 256, 512, 2, True, None),
+    "grouped n_h=3": (2, 1000, 4, 8, 128, 128, 3, True, None),
+}
+
+
 @pytest.mark.gpu
 @needs_cuda
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 @pytest.mark.parametrize(
-    "case",
-    [(1, 2048, 6, 6, 256, 512, 1, True, None), (1, None, 16, 32, 128, 128, 1, True, [3000, 64, 1, 700, 129]),
-     (2, 1000, 6, 6, 256, 512, 2, True, None), (2, 1000, 4, 8, 128, 128, 3, True, None)],
-    ids=["GDN default", "Qwen3-Next packed", "DeltaProduct n_h=2", "grouped n_h=3"],
+    "name, dtype",
+    [(name, torch.bfloat16) for name in GPU_CASES] + [("GDN default", torch.float32), ("grouped n_h=3", torch.float16)],
 )
-def test_gpu_keys_ws_matches_float64(case, dtype):
-    check_choice(case, dtype, dict(state_keys_ws=True), dict(), device="cuda")
+def test_gpu_keys_ws_matches_float64(name, dtype):
+    """At two pipeline stages, as default_config launches it."""
+    check_choice(GPU_CASES[name], dtype, dict(state_keys_ws=True, state_stages=2), dict(), device="cuda")

