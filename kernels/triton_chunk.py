@@ -725,6 +725,21 @@ def _out_key_products(k, b_q, b_h, b_k0, b_k1, b_k2, b_qq, b_o, b_s0, b_s1, b_s2
 
 
 @triton.jit
+def _out_block_qk(q_base, k_base, sa, m_t, Tn, ref, HK: tl.constexpr, NH: tl.constexpr, K: tl.constexpr,
+                  BK: tl.constexpr, F32: tl.constexpr, PREC: tl.constexpr):
+    """q K_a^T of one WY block (its sub-steps sa) over the key blocks, in the default loop's order."""
+    b_s = tl.zeros([64, 64], dtype=tl.float32)
+    for kb in range(tl.cdiv(K, BK)):
+        o_k = kb * BK + tl.arange(0, BK)
+        m_k = o_k < K
+        b_q = tl.load(q_base + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.0)
+        p_k = k_base + sa[:, None] * (HK * K) + o_k[None, :]
+        b_k = tl.load(p_k, mask=(sa < Tn * NH)[:, None] & m_k[None, :], other=0.0)
+        b_s += tl.dot(_dot_in(b_q, ref, F32), tl.trans(_dot_in(b_k, ref, F32)), input_precision=PREC)
+    return b_s
+
+
+@triton.jit
 def _output_kernel(
     q,
     k,
@@ -751,10 +766,12 @@ def _output_kernel(
     F32: tl.constexpr,
     PREC: tl.constexpr,
     PREFETCH: tl.constexpr = False,
+    PASSES: tl.constexpr = False,
 ):
     """One program per (value tile, global chunk, value head): o = scale (e^G q S_c + (q K^T * decay * mask) D).
     The key dimension runs in blocks of BK (a loop, so that the next block's q, K and S_c rows load during this
-    block's products): q S_c and each n_h block's q K^T (at most three) accumulate over them."""
+    block's products): q S_c and each n_h block's q K^T (at most three) accumulate over them. PASSES: only the first
+    WY block's q K^T there, each further one in a loop of its own (one [64, 64] accumulator live, not n_h)."""
     i_v, gc, i_h = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_n, c, bos, Tn = _chunk_seq(gc, T, cu, cidx, coff, IS_VARLEN)
     i_hk = i_h // (HV // HK)
@@ -798,10 +815,10 @@ def _output_kernel(
             p_k = k_base + s0[:, None] * (HK * K) + o_k[None, :]
             b_k = tl.load(p_k, mask=(s0 < Tn * NH)[:, None] & m_k[None, :], other=0.0)
             b_s0 += tl.dot(b_qd, tl.trans(_dot_in(b_k, k, F32)), input_precision=PREC)
-            if NH > 1:
+            if NH > 1 and not PASSES:
                 b_k = tl.load(p_k + 64 * (HK * K), mask=(s0 + 64 < Tn * NH)[:, None] & m_k[None, :], other=0.0)
                 b_s1 += tl.dot(b_qd, tl.trans(_dot_in(b_k, k, F32)), input_precision=PREC)
-            if NH > 2:
+            if NH > 2 and not PASSES:
                 b_k = tl.load(p_k + 128 * (HK * K), mask=(s0 + 128 < Tn * NH)[:, None] & m_k[None, :], other=0.0)
                 b_s2 += tl.dot(b_qd, tl.trans(_dot_in(b_k, k, F32)), input_precision=PREC)
     if NORM:
@@ -814,6 +831,8 @@ def _output_kernel(
         rows = aux + a * 64 + o_r
         if a == 0:
             b_s = b_s0
+        elif PASSES:  # this block's q K^T in a pass of its own over the key blocks (q re-read from cache)
+            b_s = _out_block_qk(q_base, k_base, s0 + 64 * a, m_t, Tn, k, HK, NH, K, BK, F32, PREC)
         elif a == 1:
             b_s = b_s1
         else:
@@ -854,6 +873,9 @@ class LaunchConfig:
     # the output kernel loads the next key block's tiles before this block's products (a pipeline by hand, in
     # registers, not the compiler's); default_config turns it on where dk spans several key blocks
     out_prefetch: bool = False
+    # n_h > 1: the output kernel accumulates only the first WY block's q K^T with q S_c, and each further block's in a
+    # pass of its own over the key blocks (q re-read), so one [64, 64] accumulator is live instead of n_h
+    out_block_passes: bool = False
     # the sequential kernel forms W S as T (diag(c) (K S)) from the keys it loads for the state update and the
     # block's 64 x 64 T, instead of reading W (64 x dk a block; the WY kernel then writes no W): fewer bytes a step
     # (dk 256: 32 + 8 KB against 64 KB), one more 64-deep product in the step's chain; default_config's choice
@@ -1102,7 +1124,7 @@ def triton_delta_product(
         _output_kernel[(triton.cdiv(V, obv), NCT, HV)](
             q, k, D, gcum, rstd, bnd, o, *seq_args, scale,
             V=V, BK=min(_pow2(cfg.out_bk), BK), BV=obv, NORM=normalize_qk, num_warps=cfg.out_warps,
-            num_stages=cfg.out_stages, PREFETCH=cfg.out_prefetch, **common,
+            num_stages=cfg.out_stages, PREFETCH=cfg.out_prefetch, PASSES=cfg.out_block_passes and n_h > 1, **common,
         )  # fmt: skip
     bnd_out = bnd.view(1 if varlen else B, -1, HV, K, V) if output_boundary_states else None
     return o, ht, bnd_out
