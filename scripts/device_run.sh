@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call's worth of GPU work, by section; logs and JSON go to $OUT (the device tool's folder).
 #   usage (on the device, from the repo root, after the wheel install line of ../shared/device/README.md):
-#     bash scripts/device_run.sh s4 | tests | kernels | kda | analysis | probes | store | dist | attention | rwkv7fix | rwkv7 | verify | reduce | table | secular | spectra19 | statetile | keysws | outload | devmap [more ...]
+#     bash scripts/device_run.sh s4 | tests | kernels | kda | analysis | probes | store | dist | attention | rwkv7fix | rwkv7 | verify | reduce | table | secular | spectra19 | statetile | keysws | outpasses | outload | devmap [more ...]
 # s4:      continue the bundled S4 model (trained up to length 128) at 128, then 256, and evaluate it
 # tests:   the GPU-marked tests (realistic shapes, fla 0.6.0 comparisons)
 # kernels: python -m benchmarks.kernels (forward vs fla, accuracy; ~9 min on an H100, so a call of its own)
@@ -31,6 +31,7 @@
 # statetile: the sequential kernel with 64/128-wide value tiles at 8-16 warps vs the default and fla
 #          (scripts/config_ab.py); ~5 minutes
 # keysws:  the sequential kernel with W S from the keys and T (state_keys_ws: GPU tests, then vs the default and fla)
+# outpasses: the output kernel at n_h > 1 in per-block passes with other key/value tiles (vs the default and fla)
 # outload: the output kernel with its loads a key block ahead (out_prefetch: GPU tests, then vs the default and fla)
 #          and at 2-3 pipeline stages (o's difference from the default shows a miscompile); ~6 minutes
 # devmap:  scripts/device_map_check.py same (one GPU vs device_map auto/balanced; DEVMAP_SAME=0 skips it) and big
@@ -190,6 +191,14 @@ for section in "$@"; do
         timeout 100 python3 scripts/config_ab.py --shape "$shape" --profile --change state_keys_ws=True \
           --change state_keys_ws=True,state_stages=3 2>&1 | grep -v Warn | tee -a "$OUT/keysws.txt"
       done ;;
+    outpasses)
+      # #17: the output kernel at n_h > 1 in per-block passes (as fla's DeltaProduct o kernel) with other tiles; ptxas
+      # gives BK 128 BV 64 the fewest spills (544 bytes at n_h = 3 against 1432 for the default); ~3 minutes
+      for shape in "DeltaProduct n_h=3" "DeltaProduct n_h=2"; do
+        timeout 100 python3 scripts/config_ab.py --shape "$shape" --sizes 8x4096,1x32768 --profile \
+          --change out_block_passes=True,out_bk=128,out_bv=64 --change out_block_passes=True,out_bv=64 \
+          --change out_block_passes=True,out_bk=128,out_bv=64,out_warps=2 2>&1 | grep -v Warn | tee -a "$OUT/outpasses.txt"
+      done ;;
     outload)
       # #17: the output kernel with its loads one key block ahead (out_prefetch; GPU tests first), and pipelined by
       # the compiler (miscompiled on Triton 3.9 in the sixth session: o's difference shows it); ~6 minutes
@@ -202,7 +211,7 @@ for section in "$@"; do
       done
       timeout 100 python3 scripts/config_ab.py --shape "GDN fla default" --sizes 1x32768 --profile \
         --change out_stages=2 --change out_stages=3 2>&1 | grep -v Warn | tee -a "$OUT/outload.txt" ;;
-    *) echo "unknown section $section: use s4, tests, kernels, kda, analysis, probes, store, dist, attention, rwkv7fix, rwkv7, reduce, table, verify, secular, spectra19, statetile, keysws, outload or devmap" >&2
+    *) echo "unknown section $section: use s4, tests, kernels, kda, analysis, probes, store, dist, attention, rwkv7fix, rwkv7, reduce, table, verify, secular, spectra19, statetile, keysws, outpasses, outload or devmap" >&2
        exit 2 ;;
   esac
 done
