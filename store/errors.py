@@ -32,9 +32,15 @@ class DataError(StoreError):
 
 
 def corrupt_chunk_line(err: BaseException, store: object) -> str | None:
-    """The line for a read that failed on a chunk whose checksum does not match its bytes (zarr's crc32c codec
-    says so with both checksums), naming the store and the fix; None for any other error."""
-    if "checksum" not in str(err).lower():
+    """The line for a read that failed on a corrupt chunk, naming the store and the fix; None for any other error.
+    Two kinds: a checksum that does not match the bytes (zarr's crc32c codec, on the sharded captured arrays, says
+    so with both checksums) and bytes the compressor cannot decode (zstd's RuntimeError, e.g. in results/)."""
+    text = str(err).lower()
+    if "checksum" in text:
+        reason = "its checksum does not match its bytes"
+    elif "decompress" in text:
+        reason = "its bytes do not decode"
+    else:
         return None
-    return (f"store {store} has a corrupt chunk (its checksum does not match its bytes); recapture into a new "
-            "--out, or restore the store from a copy")
+    return (f"store {store} has a corrupt chunk ({reason}); re-run the probe if it is a probe's results, else "
+            "recapture into a new --out, or restore the store from a copy")

@@ -122,8 +122,11 @@ class Context:
             return None, False
         try:
             res, n = loading.preview(self.path, self.ds, probe, self.sel.layer)
-        except (ValueError, KeyError) as err:
-            from probes.base import error_line  # a corrupt chunk: the store and the fix, not zarr's two checksums
+        except (ValueError, KeyError, RuntimeError) as err:
+            from probes.base import error_line, is_corrupt_chunk  # a corrupt chunk: the store and the fix
+
+            if isinstance(err, RuntimeError) and not is_corrupt_chunk(err):
+                raise
 
             st.warning(f"The preview could not be computed: {error_line(err, self.path)}")
             return None, False

@@ -200,8 +200,10 @@ def _render(page: object, ctx: object) -> None:
         page.render(ctx)  # type: ignore[attr-defined]
     except (StoreError, ProbeError) as err:
         st.error(str(err).splitlines()[0] if str(err) else type(err).__name__)
-    except (OSError, KeyError, ValueError) as err:
+    except (OSError, KeyError, ValueError, RuntimeError) as err:  # RuntimeError: only a codec's, on a corrupt chunk
         corrupt = corrupt_chunk_line(err, getattr(ctx, "path", ""))
+        if isinstance(err, RuntimeError) and corrupt is None:
+            raise
         if corrupt is not None:  # say so and how to fix it, not zarr's two checksums
             st.error(corrupt)
             return

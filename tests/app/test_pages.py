@@ -274,6 +274,28 @@ def test_store_with_a_corrupt_chunk_says_so_on_the_page(monkeypatch, tmp_path, t
     assert f"store {bad} has a corrupt chunk" in _page_text(at) and "recapture" in _page_text(at)
 
 
+def test_corrupt_probe_results_say_so_on_the_page(monkeypatch, tmp_path, tmp_path_factory):
+    """The page-level path (not a preview): the Betas probe's result chunks fail their checksums, so drawing the page
+    itself fails; it shows one message naming the store and the fix, no exception, and the other pages still draw."""
+    from tests.app.stores import probed_store
+
+    bad = tmp_path / "bad.zarr"
+    shutil.copytree(probed_store(tmp_path_factory), bad)
+    chunks = [p for p in (bad / "results" / "betas").rglob("*") if p.is_file() and "c" in p.relative_to(bad).parts]
+    assert chunks
+    for chunk in chunks:
+        chunk.write_bytes(os.urandom(chunk.stat().st_size))
+    at = new_app(monkeypatch, bad)
+    at.run()
+    at.sidebar.radio(key="page").set_value("Betas").run()
+    assert not at.exception, [e.message for e in at.exception]
+    errors = " ".join(e.value for e in at.error)
+    assert f"store {bad} has a corrupt chunk" in errors and "recapture" in errors, errors
+    assert "checksum" not in errors.lower()
+    at.sidebar.radio(key="page").set_value("Keys").run()
+    assert not at.exception and not at.error, [e.value for e in at.error]
+
+
 @pytest.mark.parametrize("page,probe", [("Betas", "betas"), ("Keys", "keys"), ("Spectra", "spectra"),
                                         ("Effective rank", "erank"), ("Probes", "linear")])
 def test_store_without_probe_results(monkeypatch, tmp_path_factory, page, probe):

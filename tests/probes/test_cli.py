@@ -97,6 +97,26 @@ def test_a_corrupt_chunk_is_one_line_naming_the_fix_and_nothing_is_written(store
     assert {p: p.read_bytes() for p in bad.rglob("*") if p.is_file()} == before
 
 
+@pytest.mark.parametrize("array", ["complete", "pad"])
+def test_a_chunk_that_does_not_decode_is_one_line_too(store, tmp_path, array):
+    """The small per-sequence arrays are zstd without a checksum: garbage there fails in the codec (a RuntimeError,
+    not zarr's checksum message), which is the same one line and exit 2, with the store byte for byte as it was."""
+    import shutil
+
+    bad = tmp_path / "bad.zarr"
+    shutil.copytree(store, bad)
+    chunks = [p for p in (bad / array).rglob("*") if p.is_file() and "c" in p.relative_to(bad).parts]
+    assert chunks
+    for chunk in chunks:
+        chunk.write_bytes(os.urandom(max(chunk.stat().st_size, 16)))
+    before = {p: p.read_bytes() for p in bad.rglob("*") if p.is_file()}
+    res = _probe("betas", "--store", str(bad))
+    assert res.exit_code == 2, res.output
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and f"store {bad} has a corrupt chunk (its bytes do not decode)" in lines[0], lines
+    assert {p: p.read_bytes() for p in bad.rglob("*") if p.is_file()} == before
+
+
 def test_a_failed_rerun_keeps_the_earlier_results_whole(store, tmp_path):
     """A probe run writes into a hidden partial group that replaces results/<name> only when it finishes: a run
     that fails (NaN keys: ranks cannot be computed) leaves the earlier results byte for byte, and no partial group;
