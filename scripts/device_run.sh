@@ -202,7 +202,7 @@ for section in "$@"; do
     outload)
       # #17: the output kernel with its loads one key block ahead (out_prefetch; GPU tests first), and pipelined by
       # the compiler (miscompiled on Triton 3.9 in the sixth session: o's difference shows it); ~6 minutes
-      timeout 150 python3 -m pytest -q -m gpu -rA -p no:cacheprovider tests/kernels/test_triton_out_prefetch.py 2>&1 \
+      timeout 150 python3 -m pytest -q -m gpu -rA -p no:cacheprovider tests/kernels/test_triton_out_loops.py 2>&1 \
         | tail -8 | tee -a "$OUT/outload.txt"
       for shape in "GDN fla default" "Qwen3-Next grouped"; do
         timeout 120 python3 scripts/config_ab.py --shape "$shape" --sizes 1x32768,8x4096 --profile \
