@@ -378,6 +378,7 @@ def _wu_kernel(
     gcum,
     rstd,
     wsc,
+    Mwk,
     T,
     cu,
     cidx,
@@ -397,12 +398,15 @@ def _wu_kernel(
     F32: tl.constexpr,
     PREC: tl.constexpr,
     KEYS_WS: tl.constexpr,
+    LOOKAHEAD: tl.constexpr,
 ):
     """One program per (global chunk, value head): Gamma from the chunk start, and each block's own WY factors
     W_a = T_aa diag(beta e^{Gamma - Gamma_a}) K_a, U_a = T_aa diag(beta) V_a (Gamma_a: Gamma at the block start);
     U in value tiles of BV, so that dv = 512 fits in registers. With FUSE_O also the chunk's intra-chunk
     attention A = q K^T * decay * mask [64 tokens, 64 n_h sub-steps] (normalised), for the fused output.
-    KEYS_WS: the row scales c = beta e^{Gamma - Gamma_a} / |k| instead of W (the state kernel forms W S from K)."""
+    KEYS_WS: the row scales c = beta e^{Gamma - Gamma_a} / |k| instead of W (the state kernel forms W S from K).
+    LOOKAHEAD: also M_a = W_a K_{a-1}^T (the previous block's raw keys; 0 at a sequence's first block) for
+    `_state_block_ahead`."""
     gc, i_h = tl.program_id(0), tl.program_id(1)
     i_n, c, bos, Tn = _chunk_seq(gc, T, cu, cidx, coff, IS_VARLEN)
     i_hk = i_h // (HV // HK)
@@ -457,6 +461,14 @@ def _wu_kernel(
             b_X = b_k.to(tl.float32) * (b_beta * b_rs * b_dec)[:, None]
             b_W = tl.dot(b_Ti, _dot_in(b_X, W, F32), input_precision=PREC)
             tl.store(W + rows[:, None] * K + o_k[None, :], b_W.to(W.dtype.element_ty), mask=m_k[None, :])
+            if LOOKAHEAD:  # W_a K_{a-1}^T with W as stored (the state kernel's W' S reads the same rounding)
+                sp = s - 64
+                m_sp = (sp >= 0) & (sp < Tn * NH)
+                p_kp = k_base + sp[:, None] * (HK * K) + o_k[None, :]
+                b_kp = tl.load(p_kp, mask=m_sp[:, None] & m_k[None, :], other=0.0)
+                b_M = tl.dot(_dot_in(b_W.to(W.dtype.element_ty), W, F32), tl.trans(_dot_in(b_kp, W, F32)),
+                             input_precision=PREC)
+                tl.store(Mwk + rows[:, None] * 64 + o_r[None, :], b_M.to(Mwk.dtype.element_ty))
         for iv in range((V + BV - 1) // BV):  # a loop, not unrolled: dv = 512 compiles 4x less U code
             o_v = iv * BV + tl.arange(0, BV)
             m_v = o_v < V
@@ -556,6 +568,48 @@ def _state_block(
 
 
 @triton.jit
+def _state_block_ahead(
+    k, k_base, W, U, D, gcum, rstd, Mwk, aux0, Tn, o_r, o_k1, o_k2, m_k1, m_k2, o_v, m_v, b_h1, b_h2, b_d, blk, n_blk,
+    HK: tl.constexpr, NH: tl.constexpr, K: tl.constexpr, V: tl.constexpr, SPLIT: tl.constexpr, F32: tl.constexpr,
+    PREC: tl.constexpr,
+):
+    """`_state_block` with the next block's W S formed a step ahead: given D = U - W S of block `blk`, store it,
+    update S and return the next block's D = U' - (e^{G'} W' S + (W' K^T) (e^{G' - G_s} d_s / |k_s|)), W' and U' the
+    next block's rows, W' K^T from `_wu_kernel` (Mwk). W' S needs only S and the loads, so a step's dependent chain
+    holds one product ((W' K^T) times the scaled D) instead of two (W S after the state update)."""
+    rows = aux0 + blk * 64 + o_r
+    s = blk * 64 + o_r
+    m_s = s < Tn * NH
+    if NH == 1:
+        b_G0 = 0.0
+    else:  # the chunk's log decay before this block: 0 at its first block
+        b_G0 = tl.load(gcum + aux0 + blk * 64 - 1, mask=blk % NH > 0, other=0.0)
+    b_G1 = tl.load(gcum + aux0 + blk * 64 + 63)
+    tl.store(D + rows[:, None] * V + o_v[None, :], b_d.to(D.dtype.element_ty), mask=m_v[None, :])
+    b_scale = tl.load(rstd + rows) * tl.exp(b_G1 - tl.load(gcum + rows))  # key norm, e^{G' - G_s}
+    b_ds = _dot_in(b_d * b_scale[:, None], k, F32)
+    nrows = rows + 64
+    m_n = (blk + 1 + 0 * o_r) < n_blk  # the last block has no next one: its loads masked off
+    # W' S before the state update's keys load, so that W' and K are not live at once
+    b_w1 = _dot_in(tl.load(W + nrows[:, None] * K + o_k1[None, :], mask=m_n[:, None] & m_k1[None, :], other=0.0),
+                   k, F32)
+    b_y = tl.dot(b_w1, _dot_in(b_h1, k, F32), input_precision=PREC)
+    if SPLIT:
+        b_w2 = _dot_in(tl.load(W + nrows[:, None] * K + o_k2[None, :], mask=m_n[:, None] & m_k2[None, :],
+                               other=0.0), k, F32)
+        b_y += tl.dot(b_w2, _dot_in(b_h2, k, F32), input_precision=PREC)
+    b_k1, b_k2 = _block_keys(k_base, s, m_s, o_k1, o_k2, m_k1, m_k2, HK, K, SPLIT)
+    b_gam = tl.exp(b_G1 - b_G0)
+    b_h1 = b_h1 * b_gam + tl.dot(tl.trans(_dot_in(b_k1, k, F32)), b_ds, input_precision=PREC)
+    if SPLIT:
+        b_h2 = b_h2 * b_gam + tl.dot(tl.trans(_dot_in(b_k2, k, F32)), b_ds, input_precision=PREC)
+    b_u = tl.load(U + nrows[:, None] * V + o_v[None, :], mask=m_n[:, None] & m_v[None, :], other=0.0)
+    b_m = tl.load(Mwk + nrows[:, None] * 64 + o_r[None, :], mask=m_n[:, None], other=0.0)  # W' K^T (`_wu_kernel`)
+    b_mds = tl.dot(_dot_in(b_m, k, F32), b_ds, input_precision=PREC)
+    return b_h1, b_h2, b_u.to(tl.float32) - (b_y * b_gam + b_mds)
+
+
+@triton.jit
 def _state_kernel(
     q,
     k,
@@ -567,6 +621,7 @@ def _state_kernel(
     rstd,
     Ti,
     wsc,
+    Mwk,
     bnd,
     ht,
     h0,
@@ -594,6 +649,7 @@ def _state_kernel(
     F32: tl.constexpr,
     PREC: tl.constexpr,
     KEYS_WS: tl.constexpr,
+    LOOKAHEAD: tl.constexpr,
 ):
     """One program per (value tile, sequence * value head), looping over the sequence's 64-row blocks (n_h a
     chunk; `_state_block`, in one flat loop unless FUSE_O): store S_c (at chunk starts), D_a = U_a - W_a S_a and
@@ -672,6 +728,19 @@ def _state_kernel(
                 b_o += tl.dot(_dot_in(b_a, k, F32), _dot_in(b_d, k, F32), input_precision=PREC)
             p_o = o + (bos + t)[:, None] * (HV * V) + i_h * V + o_v[None, :]
             tl.store(p_o, (b_o * scale).to(o.dtype.element_ty), mask=m_t[:, None] & m_v[None, :])
+    elif LOOKAHEAD:  # the flat loop with each next block's W S formed a step ahead (`_state_block_ahead`)
+        b_d = tl.zeros([64, BV], dtype=tl.float32)
+        for blk in range(NC * NH):
+            if STORE_BND:
+                if blk % NH == 0:
+                    _store_state(bnd_base + (blk // NH) * (HV * K * V), b_h1, b_h2, p_h1, p_h2, m_h1, m_h2, SPLIT)
+            if blk == 0:
+                b_d = _u_minus_ws(U, W, aux0 + o_r, o_k1, o_k2, m_k1, m_k2, o_v, m_v, b_h1, b_h2, k, K, V, SPLIT, F32,
+                                  PREC)
+            b_h1, b_h2, b_d = _state_block_ahead(
+                k, k_base, W, U, D, gcum, rstd, Mwk, aux0, Tn, o_r, o_k1, o_k2, m_k1, m_k2, o_v, m_v, b_h1, b_h2, b_d,
+                blk, NC * NH, HK=HK, NH=NH, K=K, V=V, SPLIT=SPLIT, F32=F32, PREC=PREC,
+            )
     else:  # one flat loop over all blocks (n_h a chunk): one block's code in the loop body at any n_h
         for blk in range(NC * NH):
             if STORE_BND:
@@ -880,6 +949,10 @@ class LaunchConfig:
     # block's 64 x 64 T, instead of reading W (64 x dk a block; the WY kernel then writes no W): fewer bytes a step
     # (dk 256: 32 + 8 KB against 64 KB), one more 64-deep product in the step's chain; default_config's choice
     state_keys_ws: bool = False
+    # the sequential kernel forms the next block's W S a step ahead, as e^{G'} W' S + (W' K^T) (scaled D): one
+    # dependent product a step instead of two, for B = 1 where the step's chain binds (`_state_block_ahead`; W' S off
+    # that chain, W' K^T from the WY kernel). An experiment, off until timed (`bash scripts/device_run.sh lookahead`)
+    state_lookahead: bool = False
     tri_programs_per_sm: int = 8
     fuse_output: bool | None = None  # the state kernel writes o (no output kernel); None: default_config's
     # programs of the sequential kernel that share an SM's shared memory when its pipeline stages are sized; None:
@@ -1068,8 +1141,11 @@ def triton_delta_product(
     Ti = torch.empty(HV, rows, BLOCK, dtype=dtype, device=dev)
     rstd = torch.empty(HV, rows, dtype=f32, device=dev)
     keys_ws = bool(cfg.state_keys_ws)
+    if cfg.state_lookahead and (keys_ws or fuse):
+        raise ValueError("state_lookahead reads W and runs the unfused loop: set state_keys_ws and fuse_output False")
     W = torch.empty(HV, 0 if keys_ws else rows, K, dtype=dtype, device=dev)  # keys_ws: the state kernel forms W S
     wsc = torch.empty(HV, rows if keys_ws else 0, dtype=f32, device=dev)
+    Mwk = torch.empty(HV, rows if cfg.state_lookahead else 0, BLOCK, dtype=dtype, device=dev)  # W_a K_{a-1}^T
     U = torch.empty(HV, rows, V, dtype=dtype, device=dev)
     D = None if fuse else torch.empty(HV, rows, V, dtype=dtype, device=dev)
     Aqk = torch.empty(HV, NCT * BLOCK, n_h * BLOCK, dtype=dtype, device=dev) if fuse else None
@@ -1099,14 +1175,14 @@ def triton_delta_product(
                 BK=BK, USE_G=g is not None, NORM=normalize_qk, num_warps=cfg.tri_warps, **common,
             )  # fmt: skip
         _wu_kernel[(NCT, HV)](
-            q, k, v, beta, g, Ti, W, U, Aqk, gcum, rstd, wsc, *seq_args,
+            q, k, v, beta, g, Ti, W, U, Aqk, gcum, rstd, wsc, Mwk, *seq_args,
             V=V, BK=BK, BV=min(cfg.wu_bv, BVF), USE_G=g is not None, NORM=normalize_qk, FUSE_O=fuse,
-            KEYS_WS=keys_ws, num_warps=cfg.wu_warps, **common,
+            KEYS_WS=keys_ws, LOOKAHEAD=cfg.state_lookahead, num_warps=cfg.wu_warps, **common,
         )  # fmt: skip
     BKH = BK // 2 if BK > 128 else BK
     state_consts = dict(
         V=V, BKH=BKH, SPLIT=BKH < BK, BV=BV, HAS_H0=h0 is not None, STORE_FINAL=output_final_state,
-        STORE_BND=store_bnd, FUSE_O=fuse, NORM=normalize_qk, KEYS_WS=keys_ws,
+        STORE_BND=store_bnd, FUSE_O=fuse, NORM=normalize_qk, KEYS_WS=keys_ws, LOOKAHEAD=cfg.state_lookahead,
         **common,
     )  # fmt: skip
     # one block's W (or T), K and U tiles per pipeline stage (and q and A when fused)
@@ -1115,7 +1191,7 @@ def triton_delta_product(
         _state_kernel,
         (triton.cdiv(V, BV), N * HV),
         cfg,
-        (q, k, W, U, D, Aqk, gcum, rstd, Ti, wsc, bnd, ht, h0, o, T, cu, coff, order, NCT, scale),
+        (q, k, W, U, D, Aqk, gcum, rstd, Ti, wsc, Mwk, bnd, ht, h0, o, T, cu, coff, order, NCT, scale),
         state_consts,
         smem,
     )
