@@ -532,6 +532,26 @@ def _u_minus_tcks(U, Ti, wsc, rows, o_r, o_v, m_v, b_k1, b_k2, b_h1, b_h2, ref, 
 
 
 @triton.jit
+def _block_decays(gcum, aux0, blk, NH: tl.constexpr):
+    """(G, G'): the chunk's log decay before block `blk` (0 at a chunk's first block) and at its end."""
+    if NH == 1:
+        b_G0 = 0.0
+    else:
+        b_G0 = tl.load(gcum + aux0 + blk * 64 - 1, mask=blk % NH > 0, other=0.0)
+    return b_G0, tl.load(gcum + aux0 + blk * 64 + 63)
+
+
+@triton.jit
+def _update_state(b_h1, b_h2, b_k1, b_k2, b_ds, b_gam, ref, SPLIT: tl.constexpr, F32: tl.constexpr,
+                  PREC: tl.constexpr):
+    """S' = gamma S + K^T (scaled D), the state in its key halves with SPLIT."""
+    b_h1 = b_h1 * b_gam + tl.dot(tl.trans(_dot_in(b_k1, ref, F32)), b_ds, input_precision=PREC)
+    if SPLIT:
+        b_h2 = b_h2 * b_gam + tl.dot(tl.trans(_dot_in(b_k2, ref, F32)), b_ds, input_precision=PREC)
+    return b_h1, b_h2
+
+
+@triton.jit
 def _state_block(
     k, k_base, W, U, D, gcum, rstd, Ti, wsc, aux0, Tn, o_r, o_k1, o_k2, m_k1, m_k2, o_v, m_v, b_h1, b_h2, blk,
     HK: tl.constexpr, NH: tl.constexpr, K: tl.constexpr, V: tl.constexpr, SPLIT: tl.constexpr, F32: tl.constexpr,
@@ -545,11 +565,7 @@ def _state_block(
     rows = aux0 + blk * 64 + o_r
     s = blk * 64 + o_r
     m_s = s < Tn * NH
-    if NH == 1:
-        b_G0 = 0.0
-    else:  # the chunk's log decay before this block: 0 at its first block
-        b_G0 = tl.load(gcum + aux0 + blk * 64 - 1, mask=blk % NH > 0, other=0.0)
-    b_G1 = tl.load(gcum + aux0 + blk * 64 + 63)
+    b_G0, b_G1 = _block_decays(gcum, aux0, blk, NH)
     if KEYS_WS:  # the keys first: W S needs them
         b_k1, b_k2 = _block_keys(k_base, s, m_s, o_k1, o_k2, m_k1, m_k2, HK, K, SPLIT)
         b_d = _u_minus_tcks(U, Ti, wsc, rows, o_r, o_v, m_v, b_k1, b_k2, b_h1, b_h2, k, V, SPLIT, F32, PREC)
@@ -561,9 +577,7 @@ def _state_block(
     b_ds = _dot_in(b_d * b_scale[:, None], k, F32)
     if not KEYS_WS:
         b_k1, b_k2 = _block_keys(k_base, s, m_s, o_k1, o_k2, m_k1, m_k2, HK, K, SPLIT)
-    b_h1 = b_h1 * tl.exp(b_G1 - b_G0) + tl.dot(tl.trans(_dot_in(b_k1, k, F32)), b_ds, input_precision=PREC)
-    if SPLIT:
-        b_h2 = b_h2 * tl.exp(b_G1 - b_G0) + tl.dot(tl.trans(_dot_in(b_k2, k, F32)), b_ds, input_precision=PREC)
+    b_h1, b_h2 = _update_state(b_h1, b_h2, b_k1, b_k2, b_ds, tl.exp(b_G1 - b_G0), k, SPLIT, F32, PREC)
     return b_h1, b_h2, b_d
 
 
@@ -580,11 +594,7 @@ def _state_block_ahead(
     rows = aux0 + blk * 64 + o_r
     s = blk * 64 + o_r
     m_s = s < Tn * NH
-    if NH == 1:
-        b_G0 = 0.0
-    else:  # the chunk's log decay before this block: 0 at its first block
-        b_G0 = tl.load(gcum + aux0 + blk * 64 - 1, mask=blk % NH > 0, other=0.0)
-    b_G1 = tl.load(gcum + aux0 + blk * 64 + 63)
+    b_G0, b_G1 = _block_decays(gcum, aux0, blk, NH)
     tl.store(D + rows[:, None] * V + o_v[None, :], b_d.to(D.dtype.element_ty), mask=m_v[None, :])
     b_scale = tl.load(rstd + rows) * tl.exp(b_G1 - tl.load(gcum + rows))  # key norm, e^{G' - G_s}
     b_ds = _dot_in(b_d * b_scale[:, None], k, F32)
@@ -600,9 +610,7 @@ def _state_block_ahead(
         b_y += tl.dot(b_w2, _dot_in(b_h2, k, F32), input_precision=PREC)
     b_k1, b_k2 = _block_keys(k_base, s, m_s, o_k1, o_k2, m_k1, m_k2, HK, K, SPLIT)
     b_gam = tl.exp(b_G1 - b_G0)
-    b_h1 = b_h1 * b_gam + tl.dot(tl.trans(_dot_in(b_k1, k, F32)), b_ds, input_precision=PREC)
-    if SPLIT:
-        b_h2 = b_h2 * b_gam + tl.dot(tl.trans(_dot_in(b_k2, k, F32)), b_ds, input_precision=PREC)
+    b_h1, b_h2 = _update_state(b_h1, b_h2, b_k1, b_k2, b_ds, b_gam, k, SPLIT, F32, PREC)
     b_u = tl.load(U + nrows[:, None] * V + o_v[None, :], mask=m_n[:, None] & m_v[None, :], other=0.0)
     b_m = tl.load(Mwk + nrows[:, None] * 64 + o_r[None, :], mask=m_n[:, None], other=0.0)  # W' K^T (`_wu_kernel`)
     b_mds = tl.dot(_dot_in(b_m, k, F32), b_ds, input_precision=PREC)

@@ -103,13 +103,6 @@ def scheduler(spec: str) -> Iterator[None]:
 ProbeFn = Callable[[xr.Dataset, argparse.Namespace, Any], ProbeResult]
 
 
-def is_corrupt_chunk(err: BaseException) -> bool:
-    """Whether a read failed on a corrupt store chunk (a RuntimeError from a codec is one; other ones are bugs)."""
-    from store.errors import corrupt_chunk_line
-
-    return corrupt_chunk_line(err, "") is not None
-
-
 def error_line(err: BaseException, store: str | Path) -> str:
     """One line for a probe's failure (a corrupt chunk: `store.errors.corrupt_chunk_line`)."""
     from store.errors import corrupt_chunk_line
@@ -147,6 +140,8 @@ def cli_main(name: str, description: str, add_arguments: Callable[[argparse.Argu
     except (ValueError, KeyError, OSError, RuntimeError) as err:  # bad input, failed write (disk full), corrupt chunk
         if sink is not None:
             sink.abort()
+        from store.errors import is_corrupt_chunk
+
         if isinstance(err, RuntimeError) and not is_corrupt_chunk(err):
             raise
         print(f"error: {error_line(err, args.store)}", file=sys.stderr)

@@ -44,3 +44,8 @@ def corrupt_chunk_line(err: BaseException, store: object) -> str | None:
         return None
     return (f"store {store} has a corrupt chunk ({reason}); re-run the probe if it is a probe's results, else "
             "recapture into a new --out, or restore the store from a copy")
+
+
+def is_corrupt_chunk(err: BaseException) -> bool:
+    """Whether a read failed on a corrupt store chunk (a RuntimeError from a codec is one; other ones are bugs)."""
+    return corrupt_chunk_line(err, "") is not None

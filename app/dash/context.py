@@ -123,7 +123,8 @@ class Context:
         try:
             res, n = loading.preview(self.path, self.ds, probe, self.sel.layer)
         except (ValueError, KeyError, RuntimeError) as err:
-            from probes.base import error_line, is_corrupt_chunk  # a corrupt chunk: the store and the fix
+            from probes.base import error_line  # a corrupt chunk: the store and the fix
+            from store.errors import is_corrupt_chunk
 
             if isinstance(err, RuntimeError) and not is_corrupt_chunk(err):
                 raise
