@@ -253,10 +253,12 @@ def _tri_kernel(
 
 @triton.jit
 def _kkt_kernel(
+    q,
     k,
     beta,
     g,
     A,
+    Aqk,
     rstd,
     T,
     cu,
@@ -274,11 +276,14 @@ def _kkt_kernel(
     IS_VARLEN: tl.constexpr,
     F32: tl.constexpr,
     PREC: tl.constexpr,
+    STORE_AQK: tl.constexpr,
 ):
     """Split T, step 1 (`LaunchConfig.tri_split`): one program per (64-sub-step block, value head), value heads
     adjacent so that a group's programs share its key block in L2. A_ij = beta_i e^{Gamma_i - Gamma_j} r_i r_j
     k_i.k_j (j < i) by [64, BKC] x [BKC, 64] products over key blocks, stored fp32 (only the ten 16 x 16 blocks
-    on and below the diagonal: the inverse reads no others); also the reciprocal key norms r."""
+    on and below the diagonal: the inverse reads no others); also the reciprocal key norms r. STORE_AQK: also the
+    block's share of the chunk's intra-chunk attention, (q K_a^T * e^{Gamma_q - Gamma_s} * mask) / (|q| |k|), with the
+    same key blocks (`_output_kernel` reads it)."""
     job = tl.program_id(0)
     i_h, gb = job % HV, job // HV
     gc, a = gb // NH, gb % NH
@@ -289,12 +294,23 @@ def _kkt_kernel(
     s = c * L + a * 64 + o_r  # sub-step index in the sequence
     m_s = s < Tn * NH
     p_k = k + (bos * NH + s)[:, None] * (HK * K) + i_hk * K
+    t = c * 64 + o_r  # the chunk's tokens (queries)
+    m_t = t < Tn
+    p_q = q + (bos + t)[:, None] * (HK * K) + i_hk * K
     b_kk = tl.zeros([64, 64], dtype=tl.float32)
+    b_qk = tl.zeros([64, 64], dtype=tl.float32)
+    b_qq = tl.zeros([64], dtype=tl.float32)
     for kb in range(0, BK, BKC):
         o_k = kb + tl.arange(0, BKC)
         b_k = tl.load(p_k + o_k[None, :], mask=m_s[:, None] & (o_k < K)[None, :], other=0.0)
         b_kd = _dot_in(b_k, k, F32)
         b_kk += tl.dot(b_kd, tl.trans(b_kd), input_precision=PREC)
+        if STORE_AQK:
+            b_q = tl.load(p_q + o_k[None, :], mask=m_t[:, None] & (o_k < K)[None, :], other=0.0)
+            if NORM:
+                b_qf = b_q.to(tl.float32)
+                b_qq += tl.sum(b_qf * b_qf, 1)
+            b_qk += tl.dot(_dot_in(b_q, k, F32), tl.trans(b_kd), input_precision=PREC)
     m_low = o_r[:, None] > o_r[None, :]
     if NORM:  # |k_i|^2 is K K^T's diagonal (exact bf16 products, fp32 sums): no second pass over the keys
         b_rs = 1.0 / tl.sqrt(tl.sum(tl.where(o_r[:, None] == o_r[None, :], b_kk, 0.0), 1) + 1e-6)
@@ -312,6 +328,23 @@ def _kkt_kernel(
     b_A = tl.where(m_low, b_A * (b_beta * b_rs)[:, None] * b_rs[None, :], 0.0)
     m_blk = (o_r[:, None] // 16) >= (o_r[None, :] // 16)
     tl.store(A + rows[:, None] * 64 + o_r[None, :], b_A, mask=m_blk)
+    if STORE_AQK:
+        if NORM:
+            b_rq = 1.0 / tl.sqrt(b_qq + 1e-6)
+        else:
+            b_rq = tl.full([64], 1.0, dtype=tl.float32)
+        tok = (a * 64 + o_r) // NH  # the chunk's token of each sub-step
+        m_a = tok[None, :] <= o_r[:, None]
+        if USE_G:  # Gamma from the chunk start: the queries' (each token's gate, at its first sub-step), the block's
+            b_Gq = tl.cumsum(tl.load(g + (bos + t) * HV + i_h, mask=m_t, other=0.0).to(tl.float32), 0)
+            m_before = m_t & (o_r * NH < a * 64)  # tokens whose gate comes before the block
+            b_carry = tl.sum(tl.load(g + (bos + t) * HV + i_h, mask=m_before, other=0.0).to(tl.float32), 0)
+            b_s = b_qk * tl.exp(tl.where(m_a, b_Gq[:, None] - (b_G + b_carry)[None, :], 0.0))
+        else:
+            b_s = b_qk
+        b_s = tl.where(m_a, b_s * b_rq[:, None] * b_rs[None, :], 0.0)
+        p_a = Aqk + ((i_h.to(tl.int64) * NCT + gc) * 64 + o_r)[:, None] * L + a * 64 + o_r[None, :]
+        tl.store(p_a, b_s.to(Aqk.dtype.element_ty))
 
 
 @triton.jit
@@ -378,7 +411,6 @@ def _wu_kernel(
     gcum,
     rstd,
     wsc,
-    Mwk,
     T,
     cu,
     cidx,
@@ -393,20 +425,18 @@ def _wu_kernel(
     BV: tl.constexpr,
     USE_G: tl.constexpr,
     NORM: tl.constexpr,
-    FUSE_O: tl.constexpr,
+    STORE_AQK: tl.constexpr,
     IS_VARLEN: tl.constexpr,
     F32: tl.constexpr,
     PREC: tl.constexpr,
     KEYS_WS: tl.constexpr,
-    LOOKAHEAD: tl.constexpr,
 ):
     """One program per (global chunk, value head): Gamma from the chunk start, and each block's own WY factors
     W_a = T_aa diag(beta e^{Gamma - Gamma_a}) K_a, U_a = T_aa diag(beta) V_a (Gamma_a: Gamma at the block start);
-    U in value tiles of BV, so that dv = 512 fits in registers. With FUSE_O also the chunk's intra-chunk
-    attention A = q K^T * decay * mask [64 tokens, 64 n_h sub-steps] (normalised), for the fused output.
-    KEYS_WS: the row scales c = beta e^{Gamma - Gamma_a} / |k| instead of W (the state kernel forms W S from K).
-    LOOKAHEAD: also M_a = W_a K_{a-1}^T (the previous block's raw keys; 0 at a sequence's first block) for
-    `_state_block_ahead`."""
+    U in value tiles of BV, so that dv = 512 fits in registers. With STORE_AQK also the chunk's intra-chunk
+    attention A = q K^T * decay * mask [64 tokens, 64 n_h sub-steps] (normalised), which the output (fused or
+    not) reads instead of forming q K^T once per value tile.
+    KEYS_WS: the row scales c = beta e^{Gamma - Gamma_a} / |k| instead of W (the state kernel forms W S from K)."""
     gc, i_h = tl.program_id(0), tl.program_id(1)
     i_n, c, bos, Tn = _chunk_seq(gc, T, cu, cidx, coff, IS_VARLEN)
     i_hk = i_h // (HV // HK)
@@ -418,7 +448,7 @@ def _wu_kernel(
     k_base = k + bos * NH * (HK * K) + i_hk * K
     v_base = v + bos * NH * (HV * V) + i_h * V
     aux = (i_h.to(tl.int64) * NCT + gc) * L  # row of this chunk in Ti/W/U/gcum/rstd
-    if FUSE_O:
+    if STORE_AQK:
         t = c * 64 + o_r
         m_t = t < Tn
         b_q = tl.load(
@@ -461,14 +491,6 @@ def _wu_kernel(
             b_X = b_k.to(tl.float32) * (b_beta * b_rs * b_dec)[:, None]
             b_W = tl.dot(b_Ti, _dot_in(b_X, W, F32), input_precision=PREC)
             tl.store(W + rows[:, None] * K + o_k[None, :], b_W.to(W.dtype.element_ty), mask=m_k[None, :])
-            if LOOKAHEAD:  # W_a K_{a-1}^T with W as stored (the state kernel's W' S reads the same rounding)
-                sp = s - 64
-                m_sp = (sp >= 0) & (sp < Tn * NH)
-                p_kp = k_base + sp[:, None] * (HK * K) + o_k[None, :]
-                b_kp = tl.load(p_kp, mask=m_sp[:, None] & m_k[None, :], other=0.0)
-                b_M = tl.dot(_dot_in(b_W.to(W.dtype.element_ty), W, F32), tl.trans(_dot_in(b_kp, W, F32)),
-                             input_precision=PREC)
-                tl.store(Mwk + rows[:, None] * 64 + o_r[None, :], b_M.to(Mwk.dtype.element_ty))
         for iv in range((V + BV - 1) // BV):  # a loop, not unrolled: dv = 512 compiles 4x less U code
             o_v = iv * BV + tl.arange(0, BV)
             m_v = o_v < V
@@ -476,7 +498,7 @@ def _wu_kernel(
             b_Y = b_v.to(tl.float32) * b_beta[:, None]
             b_U = tl.dot(b_Ti, _dot_in(b_Y, W, F32), input_precision=PREC)
             tl.store(U + rows[:, None] * V + o_v[None, :], b_U.to(U.dtype.element_ty), mask=m_v[None, :])
-        if FUSE_O:
+        if STORE_AQK:
             tok = (a * 64 + o_r) // NH
             m_a = tok[None, :] <= o_r[:, None]
             b_s = tl.dot(b_qd, tl.trans(_dot_in(b_k, W, F32)), input_precision=PREC)
@@ -582,42 +604,6 @@ def _state_block(
 
 
 @triton.jit
-def _state_block_ahead(
-    k, k_base, W, U, D, gcum, rstd, Mwk, aux0, Tn, o_r, o_k1, o_k2, m_k1, m_k2, o_v, m_v, b_h1, b_h2, b_d, blk, n_blk,
-    HK: tl.constexpr, NH: tl.constexpr, K: tl.constexpr, V: tl.constexpr, SPLIT: tl.constexpr, F32: tl.constexpr,
-    PREC: tl.constexpr,
-):
-    """`_state_block` with the next block's W S formed a step ahead: given D = U - W S of block `blk`, store it,
-    update S and return the next block's D = U' - (e^{G'} W' S + (W' K^T) (e^{G' - G_s} d_s / |k_s|)), W' and U' the
-    next block's rows, W' K^T from `_wu_kernel` (Mwk). W' S needs only S and the loads, so a step's dependent chain
-    holds one product ((W' K^T) times the scaled D) instead of two (W S after the state update)."""
-    rows = aux0 + blk * 64 + o_r
-    s = blk * 64 + o_r
-    m_s = s < Tn * NH
-    b_G0, b_G1 = _block_decays(gcum, aux0, blk, NH)
-    tl.store(D + rows[:, None] * V + o_v[None, :], b_d.to(D.dtype.element_ty), mask=m_v[None, :])
-    b_scale = tl.load(rstd + rows) * tl.exp(b_G1 - tl.load(gcum + rows))  # key norm, e^{G' - G_s}
-    b_ds = _dot_in(b_d * b_scale[:, None], k, F32)
-    nrows = rows + 64
-    m_n = (blk + 1 + 0 * o_r) < n_blk  # the last block has no next one: its loads masked off
-    # W' S before the state update's keys load, so that W' and K are not live at once
-    b_w1 = _dot_in(tl.load(W + nrows[:, None] * K + o_k1[None, :], mask=m_n[:, None] & m_k1[None, :], other=0.0),
-                   k, F32)
-    b_y = tl.dot(b_w1, _dot_in(b_h1, k, F32), input_precision=PREC)
-    if SPLIT:
-        b_w2 = _dot_in(tl.load(W + nrows[:, None] * K + o_k2[None, :], mask=m_n[:, None] & m_k2[None, :],
-                               other=0.0), k, F32)
-        b_y += tl.dot(b_w2, _dot_in(b_h2, k, F32), input_precision=PREC)
-    b_k1, b_k2 = _block_keys(k_base, s, m_s, o_k1, o_k2, m_k1, m_k2, HK, K, SPLIT)
-    b_gam = tl.exp(b_G1 - b_G0)
-    b_h1, b_h2 = _update_state(b_h1, b_h2, b_k1, b_k2, b_ds, b_gam, k, SPLIT, F32, PREC)
-    b_u = tl.load(U + nrows[:, None] * V + o_v[None, :], mask=m_n[:, None] & m_v[None, :], other=0.0)
-    b_m = tl.load(Mwk + nrows[:, None] * 64 + o_r[None, :], mask=m_n[:, None], other=0.0)  # W' K^T (`_wu_kernel`)
-    b_mds = tl.dot(_dot_in(b_m, k, F32), b_ds, input_precision=PREC)
-    return b_h1, b_h2, b_u.to(tl.float32) - (b_y * b_gam + b_mds)
-
-
-@triton.jit
 def _state_kernel(
     q,
     k,
@@ -629,7 +615,6 @@ def _state_kernel(
     rstd,
     Ti,
     wsc,
-    Mwk,
     bnd,
     ht,
     h0,
@@ -657,7 +642,6 @@ def _state_kernel(
     F32: tl.constexpr,
     PREC: tl.constexpr,
     KEYS_WS: tl.constexpr,
-    LOOKAHEAD: tl.constexpr,
 ):
     """One program per (value tile, sequence * value head), looping over the sequence's 64-row blocks (n_h a
     chunk; `_state_block`, in one flat loop unless FUSE_O): store S_c (at chunk starts), D_a = U_a - W_a S_a and
@@ -736,19 +720,6 @@ def _state_kernel(
                 b_o += tl.dot(_dot_in(b_a, k, F32), _dot_in(b_d, k, F32), input_precision=PREC)
             p_o = o + (bos + t)[:, None] * (HV * V) + i_h * V + o_v[None, :]
             tl.store(p_o, (b_o * scale).to(o.dtype.element_ty), mask=m_t[:, None] & m_v[None, :])
-    elif LOOKAHEAD:  # the flat loop with each next block's W S formed a step ahead (`_state_block_ahead`)
-        b_d = tl.zeros([64, BV], dtype=tl.float32)
-        for blk in range(NC * NH):
-            if STORE_BND:
-                if blk % NH == 0:
-                    _store_state(bnd_base + (blk // NH) * (HV * K * V), b_h1, b_h2, p_h1, p_h2, m_h1, m_h2, SPLIT)
-            if blk == 0:
-                b_d = _u_minus_ws(U, W, aux0 + o_r, o_k1, o_k2, m_k1, m_k2, o_v, m_v, b_h1, b_h2, k, K, V, SPLIT, F32,
-                                  PREC)
-            b_h1, b_h2, b_d = _state_block_ahead(
-                k, k_base, W, U, D, gcum, rstd, Mwk, aux0, Tn, o_r, o_k1, o_k2, m_k1, m_k2, o_v, m_v, b_h1, b_h2, b_d,
-                blk, NC * NH, HK=HK, NH=NH, K=K, V=V, SPLIT=SPLIT, F32=F32, PREC=PREC,
-            )
     else:  # one flat loop over all blocks (n_h a chunk): one block's code in the loop body at any n_h
         for blk in range(NC * NH):
             if STORE_BND:
@@ -766,54 +737,42 @@ def _state_kernel(
 
 @triton.jit
 def _out_key_block(q_base, h_base, k_base, s0, kb, m_t, m_v, Tn, HK: tl.constexpr, NH: tl.constexpr,
-                   K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr):
-    """Key block kb of the output kernel's operands: q [64, BK], S_c rows [BK, BV] and each WY block's keys [64, BK]
-    (zeros past dk, so a block past the last loads nothing)."""
+                   K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, QK: tl.constexpr):
+    """Key block kb of the output kernel's operands: q [64, BK], S_c rows [BK, BV] and, with QK, each WY block's
+    keys [64, BK] (zeros past dk, so a block past the last loads nothing)."""
     o_k = kb * BK + tl.arange(0, BK)
     m_k = o_k < K
     b_q = tl.load(q_base + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.0)
     b_h = tl.load(h_base + o_k[:, None] * V, mask=m_k[:, None] & m_v[None, :], other=0.0)
     p_k = k_base + s0[:, None] * (HK * K) + o_k[None, :]
-    b_k0 = tl.load(p_k, mask=(s0 < Tn * NH)[:, None] & m_k[None, :], other=0.0)
-    b_k1 = b_k0  # placeholders where NH has no such block (never read)
+    b_k0 = b_q  # placeholders where there is no such block (never read)
+    if QK:
+        b_k0 = tl.load(p_k, mask=(s0 < Tn * NH)[:, None] & m_k[None, :], other=0.0)
+    b_k1 = b_k0
     b_k2 = b_k0
-    if NH > 1:
+    if QK and NH > 1:
         b_k1 = tl.load(p_k + 64 * (HK * K), mask=(s0 + 64 < Tn * NH)[:, None] & m_k[None, :], other=0.0)
-    if NH > 2:
+    if QK and NH > 2:
         b_k2 = tl.load(p_k + 128 * (HK * K), mask=(s0 + 128 < Tn * NH)[:, None] & m_k[None, :], other=0.0)
     return b_q, b_h, b_k0, b_k1, b_k2
 
 
 @triton.jit
 def _out_key_products(k, b_q, b_h, b_k0, b_k1, b_k2, b_qq, b_o, b_s0, b_s1, b_s2, NH: tl.constexpr,
-                      NORM: tl.constexpr, F32: tl.constexpr, PREC: tl.constexpr):
-    """One key block's share of |q|^2, q S_c and each WY block's q K^T."""
+                      NORM: tl.constexpr, F32: tl.constexpr, PREC: tl.constexpr, QK: tl.constexpr):
+    """One key block's share of |q|^2, q S_c and, with QK, each WY block's q K^T."""
     if NORM:
         b_qf = b_q.to(tl.float32)
         b_qq += tl.sum(b_qf * b_qf, 1)
     b_qd = _dot_in(b_q, k, F32)
     b_o += tl.dot(b_qd, _dot_in(b_h, k, F32), input_precision=PREC)
-    b_s0 += tl.dot(b_qd, tl.trans(_dot_in(b_k0, k, F32)), input_precision=PREC)
-    if NH > 1:
+    if QK:
+        b_s0 += tl.dot(b_qd, tl.trans(_dot_in(b_k0, k, F32)), input_precision=PREC)
+    if QK and NH > 1:
         b_s1 += tl.dot(b_qd, tl.trans(_dot_in(b_k1, k, F32)), input_precision=PREC)
-    if NH > 2:
+    if QK and NH > 2:
         b_s2 += tl.dot(b_qd, tl.trans(_dot_in(b_k2, k, F32)), input_precision=PREC)
     return b_qq, b_o, b_s0, b_s1, b_s2
-
-
-@triton.jit
-def _out_block_qk(q_base, k_base, sa, m_t, Tn, ref, HK: tl.constexpr, NH: tl.constexpr, K: tl.constexpr,
-                  BK: tl.constexpr, F32: tl.constexpr, PREC: tl.constexpr):
-    """q K_a^T of one WY block (its sub-steps sa) over the key blocks, in the default loop's order."""
-    b_s = tl.zeros([64, 64], dtype=tl.float32)
-    for kb in range(tl.cdiv(K, BK)):
-        o_k = kb * BK + tl.arange(0, BK)
-        m_k = o_k < K
-        b_q = tl.load(q_base + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.0)
-        p_k = k_base + sa[:, None] * (HK * K) + o_k[None, :]
-        b_k = tl.load(p_k, mask=(sa < Tn * NH)[:, None] & m_k[None, :], other=0.0)
-        b_s += tl.dot(_dot_in(b_q, ref, F32), tl.trans(_dot_in(b_k, ref, F32)), input_precision=PREC)
-    return b_s
 
 
 @triton.jit
@@ -821,6 +780,7 @@ def _output_kernel(
     q,
     k,
     D,
+    Aqk,
     gcum,
     rstd,
     bnd,
@@ -843,12 +803,12 @@ def _output_kernel(
     F32: tl.constexpr,
     PREC: tl.constexpr,
     PREFETCH: tl.constexpr = False,
-    PASSES: tl.constexpr = False,
+    AQK: tl.constexpr = False,
 ):
     """One program per (value tile, global chunk, value head): o = scale (e^G q S_c + (q K^T * decay * mask) D).
     The key dimension runs in blocks of BK (a loop, so that the next block's q, K and S_c rows load during this
-    block's products): q S_c and each n_h block's q K^T (at most three) accumulate over them. PASSES: only the first
-    WY block's q K^T there, each further one in a loop of its own (one [64, 64] accumulator live, not n_h)."""
+    block's products): q S_c and each n_h block's q K^T (at most three) accumulate over them. AQK: q K^T * decay
+    * mask comes from `_wu_kernel` (Aqk, formed once a chunk, not once a value tile); the loop forms only q S_c."""
     i_v, gc, i_h = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_n, c, bos, Tn = _chunk_seq(gc, T, cu, cidx, coff, IS_VARLEN)
     i_hk = i_h // (HV // HK)
@@ -869,13 +829,15 @@ def _output_kernel(
     b_s1 = tl.zeros([64, 64], dtype=tl.float32)
     b_s2 = tl.zeros([64, 64], dtype=tl.float32)
     if PREFETCH:  # the next key block's tiles load while this block's products run (a pipeline by hand)
-        b_q, b_h, b_k0, b_k1, b_k2 = _out_key_block(q_base, h_base, k_base, s0, 0, m_t, m_v, Tn, HK, NH, K, V, BK)
+        b_q, b_h, b_k0, b_k1, b_k2 = _out_key_block(
+            q_base, h_base, k_base, s0, 0, m_t, m_v, Tn, HK, NH, K, V, BK, not AQK
+        )
         for kb in range(tl.cdiv(K, BK)):
             n_q, n_h, n_k0, n_k1, n_k2 = _out_key_block(
-                q_base, h_base, k_base, s0, kb + 1, m_t, m_v, Tn, HK, NH, K, V, BK
+                q_base, h_base, k_base, s0, kb + 1, m_t, m_v, Tn, HK, NH, K, V, BK, not AQK
             )  # all masked off after the last block: no memory access
             b_qq, b_o, b_s0, b_s1, b_s2 = _out_key_products(
-                k, b_q, b_h, b_k0, b_k1, b_k2, b_qq, b_o, b_s0, b_s1, b_s2, NH, NORM, F32, PREC
+                k, b_q, b_h, b_k0, b_k1, b_k2, b_qq, b_o, b_s0, b_s1, b_s2, NH, NORM, F32, PREC, not AQK
             )
             b_q, b_h, b_k0, b_k1, b_k2 = n_q, n_h, n_k0, n_k1, n_k2
     else:  # the measured default: each block's loads next to their products
@@ -890,12 +852,13 @@ def _output_kernel(
             b_h = tl.load(h_base + o_k[:, None] * V, mask=m_k[:, None] & m_v[None, :], other=0.0)
             b_o += tl.dot(b_qd, _dot_in(b_h, k, F32), input_precision=PREC)
             p_k = k_base + s0[:, None] * (HK * K) + o_k[None, :]
-            b_k = tl.load(p_k, mask=(s0 < Tn * NH)[:, None] & m_k[None, :], other=0.0)
-            b_s0 += tl.dot(b_qd, tl.trans(_dot_in(b_k, k, F32)), input_precision=PREC)
-            if NH > 1 and not PASSES:
+            if not AQK:
+                b_k = tl.load(p_k, mask=(s0 < Tn * NH)[:, None] & m_k[None, :], other=0.0)
+                b_s0 += tl.dot(b_qd, tl.trans(_dot_in(b_k, k, F32)), input_precision=PREC)
+            if NH > 1 and not AQK:
                 b_k = tl.load(p_k + 64 * (HK * K), mask=(s0 + 64 < Tn * NH)[:, None] & m_k[None, :], other=0.0)
                 b_s1 += tl.dot(b_qd, tl.trans(_dot_in(b_k, k, F32)), input_precision=PREC)
-            if NH > 2 and not PASSES:
+            if NH > 2 and not AQK:
                 b_k = tl.load(p_k + 128 * (HK * K), mask=(s0 + 128 < Tn * NH)[:, None] & m_k[None, :], other=0.0)
                 b_s2 += tl.dot(b_qd, tl.trans(_dot_in(b_k, k, F32)), input_precision=PREC)
     if NORM:
@@ -906,20 +869,21 @@ def _output_kernel(
     b_o = b_o * (b_rq * tl.exp(b_Gq))[:, None]
     for a in tl.static_range(NH):
         rows = aux + a * 64 + o_r
-        if a == 0:
-            b_s = b_s0
-        elif PASSES:  # this block's q K^T in a pass of its own over the key blocks (q re-read from cache)
-            b_s = _out_block_qk(q_base, k_base, s0 + 64 * a, m_t, Tn, k, HK, NH, K, BK, F32, PREC)
-        elif a == 1:
-            b_s = b_s1
+        if AQK:  # scaled and masked already (`_wu_kernel`)
+            b_s = tl.load(Aqk + (aux // NH + o_r)[:, None] * L + a * 64 + o_r[None, :])
         else:
-            b_s = b_s2
-        b_G = tl.load(gcum + rows)
-        b_rs = tl.load(rstd + rows)
-        tok = (a * 64 + o_r) // NH
-        m_a = tok[None, :] <= o_r[:, None]
-        b_dec = tl.exp(tl.where(m_a, b_Gq[:, None] - b_G[None, :], 0.0))
-        b_s = tl.where(m_a, b_s * b_rq[:, None] * b_rs[None, :] * b_dec, 0.0)
+            if a == 0:
+                b_s = b_s0
+            elif a == 1:
+                b_s = b_s1
+            else:
+                b_s = b_s2
+            b_G = tl.load(gcum + rows)
+            b_rs = tl.load(rstd + rows)
+            tok = (a * 64 + o_r) // NH
+            m_a = tok[None, :] <= o_r[:, None]
+            b_dec = tl.exp(tl.where(m_a, b_Gq[:, None] - b_G[None, :], 0.0))
+            b_s = tl.where(m_a, b_s * b_rq[:, None] * b_rs[None, :] * b_dec, 0.0)
         b_d = tl.load(D + rows[:, None] * V + o_v[None, :], mask=m_v[None, :], other=0.0)
         b_o += tl.dot(_dot_in(b_s, k, F32), _dot_in(b_d, k, F32), input_precision=PREC)
     p_o = o + (bos + t)[:, None] * (HV * V) + i_h * V + o_v[None, :]
@@ -950,17 +914,14 @@ class LaunchConfig:
     # the output kernel loads the next key block's tiles before this block's products (a pipeline by hand, in
     # registers, not the compiler's); default_config turns it on where dk spans several key blocks
     out_prefetch: bool = False
-    # n_h > 1: the output kernel accumulates only the first WY block's q K^T with q S_c, and each further block's in a
-    # pass of its own over the key blocks (q re-read), so one [64, 64] accumulator is live instead of n_h
-    out_block_passes: bool = False
+    # the WY kernel forms the intra-chunk attention q K^T * decay * mask once a chunk (Aqk, in the inputs' dtype, as the
+    # output's product rounds it anyway) and the output kernel reads it: q K^T is not formed once a value tile, and
+    # the key-block loop holds only q S_c (no [64, 64] accumulator a WY block)
+    out_aqk: bool = False
     # the sequential kernel forms W S as T (diag(c) (K S)) from the keys it loads for the state update and the
     # block's 64 x 64 T, instead of reading W (64 x dk a block; the WY kernel then writes no W): fewer bytes a step
     # (dk 256: 32 + 8 KB against 64 KB), one more 64-deep product in the step's chain; default_config's choice
     state_keys_ws: bool = False
-    # the sequential kernel forms the next block's W S a step ahead, as e^{G'} W' S + (W' K^T) (scaled D): one
-    # dependent product a step instead of two, for B = 1 where the step's chain binds (`_state_block_ahead`; W' S off
-    # that chain, W' K^T from the WY kernel). An experiment, off until timed (`bash scripts/device_run.sh lookahead`)
-    state_lookahead: bool = False
     tri_programs_per_sm: int = 8
     fuse_output: bool | None = None  # the state kernel writes o (no output kernel); None: default_config's
     # programs of the sequential kernel that share an SM's shared memory when its pipeline stages are sized; None:
@@ -1011,6 +972,12 @@ def default_config(B: int, H: int, V: int, n_h: int = 1, K: int = 128) -> Launch
     # dk <= 128 with n_h > 1 keeps stages sized for all programs and the 64-wide output key loop: at B=1 T=2048 H=8
     # n_h=3 this rule measured 0.890 / 0.572 ms (gate off / on) against 0.439 / 0.211 (scripts/grid_ab.py, H200;
     # B=8 T=8192 3.408 vs 3.350), while at n_h = 1 it measured 0.193 / 0.463 against 0.387 / 0.440
+    # q K^T from the kkt kernel (out_aqk) at dk > 128, where the output kernel would form it once per value tile and
+    # n_h times a key-block loop: H100, o + final against forming it there (eleventh session, scripts/config_ab.py):
+    # DeltaProduct n_h = 3 8x4096 1.10x, 1x32768 1.07x (output kernel 1.223 -> 0.676 ms, kkt 0.164 -> 0.345);
+    # GDN default 1.02x / 1.01x. At dk = 128 the kkt kernel's cost about doubles and outweighs the output kernel's gain:
+    # Qwen3-Next 0.92-0.93x (kkt 0.200 -> 0.435 ms); grid points H = 8, n_h = 2, 3 0.97-1.00x (scripts/grid_ab.py)
+    aqk = K > 128
     if K <= 128 and n_h > 1:
         return LaunchConfig(state_bv=min(bv, _pow2(V)), fuse_output=False)
     programs = B * H * triton.cdiv(V, bv)
@@ -1028,7 +995,7 @@ def default_config(B: int, H: int, V: int, n_h: int = 1, K: int = 128) -> Launch
     out_bk = _pow2(K) if K <= 128 else LaunchConfig.out_bk
     return LaunchConfig(
         state_bv=min(bv, _pow2(V)), fuse_output=False, resident_per_sm=1, state_stages=stages, out_bk=out_bk,
-        state_keys_ws=keys_ws, out_prefetch=K > out_bk and n_h == 1,
+        state_keys_ws=keys_ws, out_prefetch=K > out_bk and n_h == 1, out_aqk=aqk,
     )
 
 
@@ -1149,14 +1116,12 @@ def triton_delta_product(
     Ti = torch.empty(HV, rows, BLOCK, dtype=dtype, device=dev)
     rstd = torch.empty(HV, rows, dtype=f32, device=dev)
     keys_ws = bool(cfg.state_keys_ws)
-    if cfg.state_lookahead and (keys_ws or fuse):
-        raise ValueError("state_lookahead reads W and runs the unfused loop: set state_keys_ws and fuse_output False")
     W = torch.empty(HV, 0 if keys_ws else rows, K, dtype=dtype, device=dev)  # keys_ws: the state kernel forms W S
     wsc = torch.empty(HV, rows if keys_ws else 0, dtype=f32, device=dev)
-    Mwk = torch.empty(HV, rows if cfg.state_lookahead else 0, BLOCK, dtype=dtype, device=dev)  # W_a K_{a-1}^T
     U = torch.empty(HV, rows, V, dtype=dtype, device=dev)
     D = None if fuse else torch.empty(HV, rows, V, dtype=dtype, device=dev)
-    Aqk = torch.empty(HV, NCT * BLOCK, n_h * BLOCK, dtype=dtype, device=dev) if fuse else None
+    aqk = fuse or bool(cfg.out_aqk)  # the intra-chunk attention from the kkt (else the WY) kernel
+    Aqk = torch.empty(HV, NCT * BLOCK, n_h * BLOCK, dtype=dtype, device=dev) if aqk else None
     gcum = torch.empty(HV, rows, dtype=f32, device=dev)
     store_bnd = output_boundary_states or not fuse  # the output kernel reads them
     # states nobody returns are kept in the inputs' half dtype: the output kernel rounds them to it for its product
@@ -1170,8 +1135,8 @@ def triton_delta_product(
         if cfg.tri_split:  # A (fp32: T is as exact as the one-kernel path's), then its inverse
             A = torch.empty(HV, rows, BLOCK, dtype=f32, device=dev)
             _kkt_kernel[(n_jobs,)](
-                k, beta, g, A, rstd, *seq_args,
-                BK=BK, BKC=min(_pow2(cfg.kkt_bk), BK), USE_G=g is not None, NORM=normalize_qk,
+                q, k, beta, g, A, Aqk, rstd, *seq_args,
+                BK=BK, BKC=min(_pow2(cfg.kkt_bk), BK), USE_G=g is not None, NORM=normalize_qk, STORE_AQK=aqk,
                 num_warps=cfg.kkt_warps, num_stages=cfg.kkt_stages, **common,
             )  # fmt: skip
             launch_inverse(A, Ti, n_jobs, cfg.inv_warps, PREC)
@@ -1183,14 +1148,14 @@ def triton_delta_product(
                 BK=BK, USE_G=g is not None, NORM=normalize_qk, num_warps=cfg.tri_warps, **common,
             )  # fmt: skip
         _wu_kernel[(NCT, HV)](
-            q, k, v, beta, g, Ti, W, U, Aqk, gcum, rstd, wsc, Mwk, *seq_args,
-            V=V, BK=BK, BV=min(cfg.wu_bv, BVF), USE_G=g is not None, NORM=normalize_qk, FUSE_O=fuse,
-            KEYS_WS=keys_ws, LOOKAHEAD=cfg.state_lookahead, num_warps=cfg.wu_warps, **common,
+            q, k, v, beta, g, Ti, W, U, Aqk, gcum, rstd, wsc, *seq_args,
+            V=V, BK=BK, BV=min(cfg.wu_bv, BVF), USE_G=g is not None, NORM=normalize_qk,
+            STORE_AQK=aqk and not cfg.tri_split, KEYS_WS=keys_ws, num_warps=cfg.wu_warps, **common,
         )  # fmt: skip
     BKH = BK // 2 if BK > 128 else BK
     state_consts = dict(
         V=V, BKH=BKH, SPLIT=BKH < BK, BV=BV, HAS_H0=h0 is not None, STORE_FINAL=output_final_state,
-        STORE_BND=store_bnd, FUSE_O=fuse, NORM=normalize_qk, KEYS_WS=keys_ws, LOOKAHEAD=cfg.state_lookahead,
+        STORE_BND=store_bnd, FUSE_O=fuse, NORM=normalize_qk, KEYS_WS=keys_ws,
         **common,
     )  # fmt: skip
     # one block's W (or T), K and U tiles per pipeline stage (and q and A when fused)
@@ -1199,16 +1164,16 @@ def triton_delta_product(
         _state_kernel,
         (triton.cdiv(V, BV), N * HV),
         cfg,
-        (q, k, W, U, D, Aqk, gcum, rstd, Ti, wsc, Mwk, bnd, ht, h0, o, T, cu, coff, order, NCT, scale),
+        (q, k, W, U, D, Aqk, gcum, rstd, Ti, wsc, bnd, ht, h0, o, T, cu, coff, order, NCT, scale),
         state_consts,
         smem,
     )
     if NCT > 0 and not fuse:
         obv = min(cfg.out_bv, BVF)
         _output_kernel[(triton.cdiv(V, obv), NCT, HV)](
-            q, k, D, gcum, rstd, bnd, o, *seq_args, scale,
+            q, k, D, Aqk, gcum, rstd, bnd, o, *seq_args, scale,
             V=V, BK=min(_pow2(cfg.out_bk), BK), BV=obv, NORM=normalize_qk, num_warps=cfg.out_warps,
-            num_stages=cfg.out_stages, PREFETCH=cfg.out_prefetch, PASSES=cfg.out_block_passes and n_h > 1, **common,
+            num_stages=cfg.out_stages, PREFETCH=cfg.out_prefetch, AQK=aqk, **common,
         )  # fmt: skip
     bnd_out = bnd.view(1 if varlen else B, -1, HV, K, V) if output_boundary_states else None
     return o, ht, bnd_out

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call's worth of GPU work, by section; logs and JSON go to $OUT (the device tool's folder).
 #   usage (on the device, from the repo root, after the wheel install line of ../shared/device/README.md):
-#     bash scripts/device_run.sh s4 | tests | kernels | kda | analysis | probes | store | dist | attention | rwkv7fix | rwkv7 | verify | reduce | table | secular | spectra19 | statetile | keysws | lookahead | outpasses | outload | devmap [more ...]
+#     bash scripts/device_run.sh s4 | tests | kernels | kda | analysis | probes | store | dist | attention | rwkv7fix | rwkv7 | verify | reduce | table | secular | spectra19 | statetile | keysws | aqk | outload | devmap [more ...]
 # s4:      continue the bundled S4 model (trained up to length 128) at 128, then 256, and evaluate it
 # tests:   the GPU-marked tests (realistic shapes, fla 0.6.0 comparisons)
 # kernels: python -m benchmarks.kernels (forward vs fla, accuracy; ~9 min on an H100, so a call of its own)
@@ -31,8 +31,7 @@
 # statetile: the sequential kernel with 64/128-wide value tiles at 8-16 warps vs the default and fla
 #          (scripts/config_ab.py); ~5 minutes
 # keysws:  the sequential kernel with W S from the keys and T (state_keys_ws: GPU tests, then vs the default and fla)
-# lookahead: the sequential kernel with the next block's W S formed a step ahead (B = 1; GPU tests, vs default and fla)
-# outpasses: the output kernel at n_h > 1 in per-block passes with other key/value tiles (vs the default and fla)
+# aqk:     the output kernel reading q K^T * decay * mask from the kkt kernel (out_aqk: GPU tests, vs default and fla)
 # outload: the output kernel with its loads a key block ahead (out_prefetch: GPU tests, then vs the default and fla)
 #          and at 2-3 pipeline stages (o's difference from the default shows a miscompile); ~6 minutes
 # devmap:  scripts/device_map_check.py same (one GPU vs device_map auto/balanced; DEVMAP_SAME=0 skips it) and big
@@ -192,26 +191,16 @@ for section in "$@"; do
         timeout 100 python3 scripts/config_ab.py --shape "$shape" --profile --change state_keys_ws=True \
           --change state_keys_ws=True,state_stages=3 2>&1 | grep -v Warn | tee -a "$OUT/keysws.txt"
       done ;;
-    lookahead)
-      # #17 at B = 1: the sequential kernel with each next block's W S formed a step ahead (state_lookahead: one
-      # dependent product a step instead of two); GPU tests against float64, then vs the default and fla at 1 x 32768,
-      # at 4 and 8 warps (ptxas sm_90 stack bytes, dk 256: 1624 / 752 against the default's 648 / 48); ~5 minutes
-      timeout 150 python3 -m pytest -q -m gpu -rA -p no:cacheprovider tests/kernels/test_triton_lookahead.py 2>&1 \
-        | grep -E "^(PASSED|FAILED|ERROR)|passed|failed" | tee -a "$OUT/lookahead.txt"
-      for shape in "GDN fla default" "Qwen3-Next grouped" "DeltaProduct n_h=2"; do
-        timeout 80 python3 scripts/config_ab.py --shape "$shape" --sizes 1x32768 --profile \
-          --change state_lookahead=True --change state_lookahead=True,state_warps=8 --change state_warps=8 2>&1 \
-          | grep -v Warn | tee -a "$OUT/lookahead.txt"
-      done ;;
-    outpasses)
-      # #17: the output kernel at n_h > 1 in per-block passes (as fla's DeltaProduct o kernel) with other tiles; ptxas
-      # gives BK 128 BV 64 the fewest spills (544 bytes at n_h = 3 against 1432 for the default); 2 stages as fla's
-      # autotuning picks (the fused loop miscompiled pipelined: config_ab's o rel diff shows it); ~4 minutes
-      for shape in "DeltaProduct n_h=3" "DeltaProduct n_h=2"; do
-        timeout 100 python3 scripts/config_ab.py --shape "$shape" --sizes 8x4096,1x32768 --profile \
-          --change out_block_passes=True,out_bk=128,out_bv=64 --change out_block_passes=True,out_bv=64 \
-          --change out_block_passes=True,out_bk=128,out_bv=64,out_warps=2 \
-          --change out_block_passes=True,out_bk=128,out_bv=64,out_stages=2 2>&1 | grep -v Warn | tee -a "$OUT/outpasses.txt"
+    aqk)
+      # #17: the intra-chunk attention q K^T formed once a chunk in the kkt kernel and read by the output kernel
+      # (out_aqk; ptxas sm_90: the output kernel's spills go, 1432 -> 0 bytes at n_h = 3, 4 warps); GPU tests, then
+      # vs the default and fla with the kkt kernel at 8 warps (no spills) and wider output tiles; ~8 minutes
+      timeout 170 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_triton_out_loops.py 2>&1 \
+        | tail -4 | tee -a "$OUT/aqk.txt"
+      for shape in "DeltaProduct n_h=3" "GDN fla default"; do
+        timeout 160 python3 scripts/config_ab.py --shape "$shape" --sizes 8x4096,1x32768 --profile \
+          --change out_aqk=True --change out_aqk=True,kkt_warps=8 --change out_aqk=True,kkt_warps=8,out_warps=8 \
+          --change out_aqk=True,kkt_warps=8,out_bv=256,out_warps=8 2>&1 | grep -v Warn | tee -a "$OUT/aqk.txt"
       done ;;
     outload)
       # #17: the output kernel with its loads one key block ahead (out_prefetch; GPU tests first), and pipelined by
@@ -225,7 +214,7 @@ for section in "$@"; do
       done
       timeout 100 python3 scripts/config_ab.py --shape "GDN fla default" --sizes 1x32768 --profile \
         --change out_stages=2 --change out_stages=3 2>&1 | grep -v Warn | tee -a "$OUT/outload.txt" ;;
-    *) echo "unknown section $section: use s4, tests, kernels, kda, analysis, probes, store, dist, attention, rwkv7fix, rwkv7, reduce, table, verify, secular, spectra19, statetile, keysws, lookahead, outpasses, outload or devmap" >&2
+    *) echo "unknown section $section: use s4, tests, kernels, kda, analysis, probes, store, dist, attention, rwkv7fix, rwkv7, reduce, table, verify, secular, spectra19, statetile, keysws, aqk, outload or devmap" >&2
        exit 2 ;;
   esac
 done
