@@ -430,13 +430,15 @@ def _wu_kernel(
     F32: tl.constexpr,
     PREC: tl.constexpr,
     KEYS_WS: tl.constexpr,
+    STORE_U: tl.constexpr = True,
 ):
     """One program per (global chunk, value head): Gamma from the chunk start, and each block's own WY factors
     W_a = T_aa diag(beta e^{Gamma - Gamma_a}) K_a, U_a = T_aa diag(beta) V_a (Gamma_a: Gamma at the block start);
     U in value tiles of BV, so that dv = 512 fits in registers. With STORE_AQK also the chunk's intra-chunk
     attention A = q K^T * decay * mask [64 tokens, 64 n_h sub-steps] (normalised), which the output (fused or
     not) reads instead of forming q K^T once per value tile.
-    KEYS_WS: the row scales c = beta e^{Gamma - Gamma_a} / |k| instead of W (the state kernel forms W S from K)."""
+    KEYS_WS: the row scales c = beta e^{Gamma - Gamma_a} / |k| instead of W (the state kernel forms W S from K).
+    Without STORE_U no U (the state kernel forms it from v, `LaunchConfig.state_from_v`)."""
     gc, i_h = tl.program_id(0), tl.program_id(1)
     i_n, c, bos, Tn = _chunk_seq(gc, T, cu, cidx, coff, IS_VARLEN)
     i_hk = i_h // (HV // HK)
@@ -480,24 +482,28 @@ def _wu_kernel(
             b_Gc = tl.zeros([64], dtype=tl.float32)
             tl.store(gcum + aux + a * 64 + o_r, b_Gc)
             b_dec = tl.full([64], 1.0, dtype=tl.float32)
-        b_k = tl.load(k_base + s[:, None] * (HK * K) + o_k[None, :], mask=m_s[:, None] & m_k[None, :], other=0.0)
+        if STORE_AQK or not KEYS_WS:
+            b_k = tl.load(k_base + s[:, None] * (HK * K) + o_k[None, :], mask=m_s[:, None] & m_k[None, :], other=0.0)
         b_beta = tl.load(beta + (bos * NH + s) * HV + i_h, mask=m_s, other=0.0).to(tl.float32)
         b_rs = tl.load(rstd + aux + a * 64 + o_r)
         rows = aux + a * 64 + o_r
-        b_Ti = _dot_in(tl.load(Ti + rows[:, None] * 64 + o_r[None, :], mask=m_tri, other=0.0), W, F32)
+        if STORE_U or not KEYS_WS:
+            b_Ti = _dot_in(tl.load(Ti + rows[:, None] * 64 + o_r[None, :], mask=m_tri, other=0.0), W, F32)
         if KEYS_WS:
             tl.store(wsc + rows, b_beta * b_rs * b_dec)
         else:
             b_X = b_k.to(tl.float32) * (b_beta * b_rs * b_dec)[:, None]
             b_W = tl.dot(b_Ti, _dot_in(b_X, W, F32), input_precision=PREC)
             tl.store(W + rows[:, None] * K + o_k[None, :], b_W.to(W.dtype.element_ty), mask=m_k[None, :])
-        for iv in range((V + BV - 1) // BV):  # a loop, not unrolled: dv = 512 compiles 4x less U code
-            o_v = iv * BV + tl.arange(0, BV)
-            m_v = o_v < V
-            b_v = tl.load(v_base + s[:, None] * (HV * V) + o_v[None, :], mask=m_s[:, None] & m_v[None, :], other=0.0)
-            b_Y = b_v.to(tl.float32) * b_beta[:, None]
-            b_U = tl.dot(b_Ti, _dot_in(b_Y, W, F32), input_precision=PREC)
-            tl.store(U + rows[:, None] * V + o_v[None, :], b_U.to(U.dtype.element_ty), mask=m_v[None, :])
+        if STORE_U:
+            for iv in range((V + BV - 1) // BV):  # a loop, not unrolled: dv = 512 compiles 4x less U code
+                o_v = iv * BV + tl.arange(0, BV)
+                m_v = o_v < V
+                p_v = v_base + s[:, None] * (HV * V) + o_v[None, :]
+                b_v = tl.load(p_v, mask=m_s[:, None] & m_v[None, :], other=0.0)
+                b_Y = b_v.to(tl.float32) * b_beta[:, None]
+                b_U = tl.dot(b_Ti, _dot_in(b_Y, W, F32), input_precision=PREC)
+                tl.store(U + rows[:, None] * V + o_v[None, :], b_U.to(U.dtype.element_ty), mask=m_v[None, :])
         if STORE_AQK:
             tok = (a * 64 + o_r) // NH
             m_a = tok[None, :] <= o_r[:, None]
@@ -517,16 +523,35 @@ def _store_state(base, b_h1, b_h2, p_h1, p_h2, m_h1, m_h2, SPLIT: tl.constexpr):
 
 
 @triton.jit
-def _u_minus_ws(U, W, rows, o_k1, o_k2, m_k1, m_k2, o_v, m_v, b_h1, b_h2, ref, K: tl.constexpr, V: tl.constexpr,
-                SPLIT: tl.constexpr, F32: tl.constexpr, PREC: tl.constexpr):
+def _block_bv(v_base, beta_base, s, m_s, o_v, m_v, HV: tl.constexpr, V: tl.constexpr):
+    """diag(beta) V of one 64-row block (rows s), fp32: what U = T diag(beta) V multiplies."""
+    b_v = tl.load(v_base + s[:, None] * (HV * V) + o_v[None, :], mask=m_s[:, None] & m_v[None, :], other=0.0)
+    return b_v.to(tl.float32) * tl.load(beta_base + s * HV, mask=m_s, other=0.0).to(tl.float32)[:, None]
+
+
+@triton.jit
+def _block_u(U, Ti, v_base, beta_base, rows, s, m_s, o_r, o_v, m_v, ref, HV: tl.constexpr, V: tl.constexpr,
+             F32: tl.constexpr, PREC: tl.constexpr, FROM_V: tl.constexpr):
+    """U of one 64-row block (fp32): read (`_wu_kernel` wrote it), or with FROM_V formed here as T (diag(beta) V)."""
+    if FROM_V:
+        b_bv = _dot_in(_block_bv(v_base, beta_base, s, m_s, o_v, m_v, HV, V), ref, F32)
+        b_t = tl.load(Ti + rows[:, None] * 64 + o_r[None, :], mask=o_r[:, None] >= o_r[None, :], other=0.0)
+        b_u = tl.dot(_dot_in(b_t, ref, F32), b_bv, input_precision=PREC)
+    else:
+        b_u = tl.load(U + rows[:, None] * V + o_v[None, :], mask=m_v[None, :], other=0.0).to(tl.float32)
+    return b_u
+
+
+@triton.jit
+def _u_minus_ws(b_u, W, rows, o_k1, o_k2, m_k1, m_k2, b_h1, b_h2, ref, K: tl.constexpr, SPLIT: tl.constexpr,
+                F32: tl.constexpr, PREC: tl.constexpr):
     """U - W S for one 64-row block (fp32; the state in its key halves with SPLIT; `ref` gives the dot dtype)."""
-    b_u = tl.load(U + rows[:, None] * V + o_v[None, :], mask=m_v[None, :], other=0.0)
     b_w1 = tl.load(W + rows[:, None] * K + o_k1[None, :], mask=m_k1[None, :], other=0.0)
     b_wh = tl.dot(_dot_in(b_w1, ref, F32), _dot_in(b_h1, ref, F32), input_precision=PREC)
     if SPLIT:
         b_w2 = tl.load(W + rows[:, None] * K + o_k2[None, :], mask=m_k2[None, :], other=0.0)
         b_wh += tl.dot(_dot_in(b_w2, ref, F32), _dot_in(b_h2, ref, F32), input_precision=PREC)
-    return b_u.to(tl.float32) - b_wh
+    return b_u - b_wh
 
 
 @triton.jit
@@ -540,17 +565,24 @@ def _block_keys(k_base, s, m_s, o_k1, o_k2, m_k1, m_k2, HK: tl.constexpr, K: tl.
 
 
 @triton.jit
-def _u_minus_tcks(U, Ti, wsc, rows, o_r, o_v, m_v, b_k1, b_k2, b_h1, b_h2, ref, V: tl.constexpr,
-                  SPLIT: tl.constexpr, F32: tl.constexpr, PREC: tl.constexpr):
+def _u_minus_tcks(U, Ti, wsc, v_base, beta_base, rows, s, m_s, o_r, o_v, m_v, b_k1, b_k2, b_h1, b_h2, ref,
+                  HV: tl.constexpr, V: tl.constexpr, SPLIT: tl.constexpr, F32: tl.constexpr, PREC: tl.constexpr,
+                  FROM_V: tl.constexpr):
     """U - W S for one 64-row block as U - T (diag(c) (K S)), W = T diag(c) K (`_wu_kernel`): from the block's
-    keys, which the state update loads anyway, and its 64 x 64 T, instead of W's 64 x dk rows."""
-    b_u = tl.load(U + rows[:, None] * V + o_v[None, :], mask=m_v[None, :], other=0.0)
+    keys, which the state update loads anyway, and its 64 x 64 T, instead of W's 64 x dk rows. FROM_V: as
+    T (diag(beta) V - diag(c) (K S)), one product with T and no U read (`_wu_kernel` writes none)."""
     b_ks = tl.dot(_dot_in(b_k1, ref, F32), _dot_in(b_h1, ref, F32), input_precision=PREC)
     if SPLIT:
         b_ks += tl.dot(_dot_in(b_k2, ref, F32), _dot_in(b_h2, ref, F32), input_precision=PREC)
-    b_x = _dot_in(b_ks * tl.load(wsc + rows)[:, None], ref, F32)
-    b_t = tl.load(Ti + rows[:, None] * 64 + o_r[None, :], mask=o_r[:, None] >= o_r[None, :], other=0.0)
-    return b_u.to(tl.float32) - tl.dot(_dot_in(b_t, ref, F32), b_x, input_precision=PREC)
+    b_x = b_ks * tl.load(wsc + rows)[:, None]
+    b_t = _dot_in(tl.load(Ti + rows[:, None] * 64 + o_r[None, :], mask=o_r[:, None] >= o_r[None, :], other=0.0),
+                  ref, F32)
+    if FROM_V:
+        b_x = _block_bv(v_base, beta_base, s, m_s, o_v, m_v, HV, V) - b_x
+        return tl.dot(b_t, _dot_in(b_x, ref, F32), input_precision=PREC)
+    else:
+        b_u = tl.load(U + rows[:, None] * V + o_v[None, :], mask=m_v[None, :], other=0.0)
+        return b_u.to(tl.float32) - tl.dot(b_t, _dot_in(b_x, ref, F32), input_precision=PREC)
 
 
 @triton.jit
@@ -575,24 +607,27 @@ def _update_state(b_h1, b_h2, b_k1, b_k2, b_ds, b_gam, ref, SPLIT: tl.constexpr,
 
 @triton.jit
 def _state_block(
-    k, k_base, W, U, D, gcum, rstd, Ti, wsc, aux0, Tn, o_r, o_k1, o_k2, m_k1, m_k2, o_v, m_v, b_h1, b_h2, blk,
-    HK: tl.constexpr, NH: tl.constexpr, K: tl.constexpr, V: tl.constexpr, SPLIT: tl.constexpr, F32: tl.constexpr,
-    PREC: tl.constexpr, STORE_D: tl.constexpr, KEYS_WS: tl.constexpr,
+    k, k_base, W, U, D, gcum, rstd, Ti, wsc, v_base, beta_base, aux0, Tn, o_r, o_k1, o_k2, m_k1, m_k2, o_v, m_v,
+    b_h1, b_h2, blk, HK: tl.constexpr, HV: tl.constexpr, NH: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+    SPLIT: tl.constexpr, F32: tl.constexpr, PREC: tl.constexpr, STORE_D: tl.constexpr, KEYS_WS: tl.constexpr,
+    FROM_V: tl.constexpr,
 ):
     """One 64-row block `blk` of a sequence (block blk % NH of chunk blk // NH): D = U - W S and
     S' = e^{G'} S + sum_s e^{G' - G_s} k_s d_s^T (G' the log decay to the block's end, from the chunk's start;
     `gcum` restarts each chunk, so the block's own decay is G' - G at the previous block's end). Returns S' and D
     (also stored with STORE_D, as soon as it is known: fewer registers live across the state update).
-    KEYS_WS: W S from the keys and T (`_u_minus_tcks`), W unread."""
+    KEYS_WS: W S from the keys and T (`_u_minus_tcks`), W unread. FROM_V: U formed from v and beta, U unread."""
     rows = aux0 + blk * 64 + o_r
     s = blk * 64 + o_r
     m_s = s < Tn * NH
     b_G0, b_G1 = _block_decays(gcum, aux0, blk, NH)
     if KEYS_WS:  # the keys first: W S needs them
         b_k1, b_k2 = _block_keys(k_base, s, m_s, o_k1, o_k2, m_k1, m_k2, HK, K, SPLIT)
-        b_d = _u_minus_tcks(U, Ti, wsc, rows, o_r, o_v, m_v, b_k1, b_k2, b_h1, b_h2, k, V, SPLIT, F32, PREC)
+        b_d = _u_minus_tcks(U, Ti, wsc, v_base, beta_base, rows, s, m_s, o_r, o_v, m_v, b_k1, b_k2, b_h1, b_h2, k,
+                            HV, V, SPLIT, F32, PREC, FROM_V)
     else:
-        b_d = _u_minus_ws(U, W, rows, o_k1, o_k2, m_k1, m_k2, o_v, m_v, b_h1, b_h2, k, K, V, SPLIT, F32, PREC)
+        b_u = _block_u(U, Ti, v_base, beta_base, rows, s, m_s, o_r, o_v, m_v, k, HV, V, F32, PREC, FROM_V)
+        b_d = _u_minus_ws(b_u, W, rows, o_k1, o_k2, m_k1, m_k2, b_h1, b_h2, k, K, SPLIT, F32, PREC)
     if STORE_D:
         tl.store(D + rows[:, None] * V + o_v[None, :], b_d.to(D.dtype.element_ty), mask=m_v[None, :])
     b_scale = tl.load(rstd + rows) * tl.exp(b_G1 - tl.load(gcum + rows))  # key norm, e^{G' - G_s}
@@ -607,6 +642,8 @@ def _state_block(
 def _state_kernel(
     q,
     k,
+    v,
+    beta,
     W,
     U,
     D,
@@ -642,6 +679,7 @@ def _state_kernel(
     F32: tl.constexpr,
     PREC: tl.constexpr,
     KEYS_WS: tl.constexpr,
+    FROM_V: tl.constexpr = False,
 ):
     """One program per (value tile, sequence * value head), looping over the sequence's 64-row blocks (n_h a
     chunk; `_state_block`, in one flat loop unless FUSE_O): store S_c (at chunk starts), D_a = U_a - W_a S_a and
@@ -689,7 +727,10 @@ def _state_kernel(
             b_h2 = tl.load(h0_base + p_h2, mask=m_h2, other=0.0).to(tl.float32)
     else:
         b_h1 = tl.zeros([BKH, BV], dtype=tl.float32)
-    blocks = (k, k_base, W, U, D, gcum, rstd, Ti, wsc, aux0, Tn, o_r, o_k1, o_k2, m_k1, m_k2, o_v, m_v)
+    v_base = v + bos * NH * (HV * V) + i_h * V
+    beta_base = beta + bos * NH * HV + i_h
+    blocks = (k, k_base, W, U, D, gcum, rstd, Ti, wsc, v_base, beta_base, aux0, Tn, o_r, o_k1, o_k2, m_k1, m_k2, o_v,
+              m_v)
     if FUSE_O:
         for c in range(NC):
             if STORE_BND:
@@ -713,8 +754,8 @@ def _state_kernel(
             b_o = b_o * (b_rq * tl.exp(b_Gq))[:, None]
             for a in tl.static_range(NH):
                 b_h1, b_h2, b_d = _state_block(
-                    *blocks, b_h1, b_h2, c * NH + a, HK=HK, NH=NH, K=K, V=V, SPLIT=SPLIT, F32=F32, PREC=PREC,
-                    STORE_D=False, KEYS_WS=KEYS_WS,
+                    *blocks, b_h1, b_h2, c * NH + a, HK=HK, HV=HV, NH=NH, K=K, V=V, SPLIT=SPLIT, F32=F32,
+                    PREC=PREC, STORE_D=False, KEYS_WS=KEYS_WS, FROM_V=FROM_V,
                 )
                 b_a = tl.load(Aqk + (aux // NH + o_r)[:, None] * L + a * 64 + o_r[None, :])
                 b_o += tl.dot(_dot_in(b_a, k, F32), _dot_in(b_d, k, F32), input_precision=PREC)
@@ -726,8 +767,8 @@ def _state_kernel(
                 if blk % NH == 0:
                     _store_state(bnd_base + (blk // NH) * (HV * K * V), b_h1, b_h2, p_h1, p_h2, m_h1, m_h2, SPLIT)
             b_h1, b_h2, b_d = _state_block(
-                *blocks, b_h1, b_h2, blk, HK=HK, NH=NH, K=K, V=V, SPLIT=SPLIT, F32=F32, PREC=PREC, STORE_D=True,
-                KEYS_WS=KEYS_WS,
+                *blocks, b_h1, b_h2, blk, HK=HK, HV=HV, NH=NH, K=K, V=V, SPLIT=SPLIT, F32=F32, PREC=PREC,
+                STORE_D=True, KEYS_WS=KEYS_WS, FROM_V=FROM_V,
             )
     if STORE_BND:
         _store_state(bnd_base + NC * (HV * K * V), b_h1, b_h2, p_h1, p_h2, m_h1, m_h2, SPLIT)
@@ -922,6 +963,10 @@ class LaunchConfig:
     # block's 64 x 64 T, instead of reading W (64 x dk a block; the WY kernel then writes no W): fewer bytes a step
     # (dk 256: 32 + 8 KB against 64 KB), one more 64-deep product in the step's chain; default_config's choice
     state_keys_ws: bool = False
+    # the sequential kernel forms U = T diag(beta) V from v itself instead of reading U, so the WY kernel writes no U
+    # (dv x 2 bytes a sub-step written and read back); with state_keys_ws, D = T (diag(beta) V - diag(c) (K S)) is
+    # one product with T, as many as before, and the WY kernel only writes the row scales
+    state_from_v: bool = False
     tri_programs_per_sm: int = 8
     fuse_output: bool | None = None  # the state kernel writes o (no output kernel); None: default_config's
     # programs of the sequential kernel that share an SM's shared memory when its pipeline stages are sized; None:
@@ -1118,7 +1163,8 @@ def triton_delta_product(
     keys_ws = bool(cfg.state_keys_ws)
     W = torch.empty(HV, 0 if keys_ws else rows, K, dtype=dtype, device=dev)  # keys_ws: the state kernel forms W S
     wsc = torch.empty(HV, rows if keys_ws else 0, dtype=f32, device=dev)
-    U = torch.empty(HV, rows, V, dtype=dtype, device=dev)
+    from_v = bool(cfg.state_from_v)
+    U = torch.empty(HV, 0 if from_v else rows, V, dtype=dtype, device=dev)
     D = None if fuse else torch.empty(HV, rows, V, dtype=dtype, device=dev)
     aqk = fuse or bool(cfg.out_aqk)  # the intra-chunk attention from the kkt (else the WY) kernel
     Aqk = torch.empty(HV, NCT * BLOCK, n_h * BLOCK, dtype=dtype, device=dev) if aqk else None
@@ -1150,21 +1196,23 @@ def triton_delta_product(
         _wu_kernel[(NCT, HV)](
             q, k, v, beta, g, Ti, W, U, Aqk, gcum, rstd, wsc, *seq_args,
             V=V, BK=BK, BV=min(cfg.wu_bv, BVF), USE_G=g is not None, NORM=normalize_qk,
-            STORE_AQK=aqk and not cfg.tri_split, KEYS_WS=keys_ws, num_warps=cfg.wu_warps, **common,
+            STORE_AQK=aqk and not cfg.tri_split, KEYS_WS=keys_ws, STORE_U=not from_v, num_warps=cfg.wu_warps,
+            **common,
         )  # fmt: skip
     BKH = BK // 2 if BK > 128 else BK
     state_consts = dict(
         V=V, BKH=BKH, SPLIT=BKH < BK, BV=BV, HAS_H0=h0 is not None, STORE_FINAL=output_final_state,
-        STORE_BND=store_bnd, FUSE_O=fuse, NORM=normalize_qk, KEYS_WS=keys_ws,
+        STORE_BND=store_bnd, FUSE_O=fuse, NORM=normalize_qk, KEYS_WS=keys_ws, FROM_V=from_v,
         **common,
     )  # fmt: skip
     # one block's W (or T), K and U tiles per pipeline stage (and q and A when fused)
-    smem = 64 * ((64 if keys_ws else BK) + BK + BV + (BK + 64 if fuse else 0)) * q.element_size()
+    t_tile = 64 if keys_ws or from_v else 0  # T's 64 x 64
+    smem = 64 * ((0 if keys_ws else BK) + t_tile + BK + BV + (BK + 64 if fuse else 0)) * q.element_size()
     _launch(
         _state_kernel,
         (triton.cdiv(V, BV), N * HV),
         cfg,
-        (q, k, W, U, D, Aqk, gcum, rstd, Ti, wsc, bnd, ht, h0, o, T, cu, coff, order, NCT, scale),
+        (q, k, v, beta, W, U, D, Aqk, gcum, rstd, Ti, wsc, bnd, ht, h0, o, T, cu, coff, order, NCT, scale),
         state_consts,
         smem,
     )

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call's worth of GPU work, by section; logs and JSON go to $OUT (the device tool's folder).
 #   usage (on the device, from the repo root, after the wheel install line of ../shared/device/README.md):
-#     bash scripts/device_run.sh s4 | tests | kernels | kda | analysis | probes | store | dist | attention | rwkv7fix | rwkv7 | verify | reduce | table | secular | spectra19 | statetile | keysws | aqk | outload | devmap [more ...]
+#     bash scripts/device_run.sh s4 | tests | kernels | kda | analysis | probes | store | dist | attention | rwkv7fix | rwkv7 | verify | reduce | table | secular | spectra19 | statetile | keysws | aqk | fromv | outload | devmap [more ...]
 # s4:      continue the bundled S4 model (trained up to length 128) at 128, then 256, and evaluate it
 # tests:   the GPU-marked tests (realistic shapes, fla 0.6.0 comparisons)
 # kernels: python -m benchmarks.kernels (forward vs fla, accuracy; ~9 min on an H100, so a call of its own)
@@ -32,6 +32,7 @@
 #          (scripts/config_ab.py); ~5 minutes
 # keysws:  the sequential kernel with W S from the keys and T (state_keys_ws: GPU tests, then vs the default and fla)
 # aqk:     the output kernel reading q K^T * decay * mask from the kkt kernel (out_aqk: GPU tests, vs default and fla)
+# fromv:   the sequential kernel forming U from v, no U written (state_from_v: GPU tests, vs default and fla)
 # outload: the output kernel with its loads a key block ahead (out_prefetch: GPU tests, then vs the default and fla)
 #          and at 2-3 pipeline stages (o's difference from the default shows a miscompile); ~6 minutes
 # devmap:  scripts/device_map_check.py same (one GPU vs device_map auto/balanced; DEVMAP_SAME=0 skips it) and big
@@ -202,6 +203,18 @@ for section in "$@"; do
           --change out_aqk=True --change out_aqk=True,kkt_warps=8 --change out_aqk=True,kkt_warps=8,out_warps=8 \
           --change out_aqk=True,kkt_warps=8,out_bv=256,out_warps=8 2>&1 | grep -v Warn | tee -a "$OUT/aqk.txt"
       done ;;
+    fromv)
+      # #17 (unmeasured): the sequential kernel forms U = T diag(beta) V from v (state_from_v), so the WY kernel
+      # writes no U (at 8x4096 it moves ~2.6 TB/s, 0.148-0.456 ms, mostly v in and U out); with the keys path
+      # D = T (diag(beta) V - diag(c) (K S)) is one product. ptxas sm_90 spill bytes (4 warps) rise: GDN default keys
+      # 2 stages 408 -> 648, W path 3 stages 512 -> 944, Qwen3-Next BV 64 520 -> 1192. GPU tests, then vs the default
+      # and fla at every real row; ~8 minutes
+      timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_triton_from_v.py 2>&1 \
+        | tail -4 | tee -a "$OUT/fromv.txt"
+      for shape in "GDN fla default" "Qwen3-Next grouped" "DeltaProduct n_h=3" "DeltaProduct n_h=2"; do
+        timeout 90 python3 scripts/config_ab.py --shape "$shape" --sizes 8x4096,varlen,1x32768 --profile \
+          --change state_from_v=True 2>&1 | grep -v Warn | tee -a "$OUT/fromv.txt"
+      done ;;
     outload)
       # #17: the output kernel with its loads one key block ahead (out_prefetch; GPU tests first), and pipelined by
       # the compiler (miscompiled on Triton 3.9 in the sixth session: o's difference shows it); ~6 minutes
@@ -214,7 +227,7 @@ for section in "$@"; do
       done
       timeout 100 python3 scripts/config_ab.py --shape "GDN fla default" --sizes 1x32768 --profile \
         --change out_stages=2 --change out_stages=3 2>&1 | grep -v Warn | tee -a "$OUT/outload.txt" ;;
-    *) echo "unknown section $section: use s4, tests, kernels, kda, analysis, probes, store, dist, attention, rwkv7fix, rwkv7, reduce, table, verify, secular, spectra19, statetile, keysws, aqk, outload or devmap" >&2
+    *) echo "unknown section $section: use s4, tests, kernels, kda, analysis, probes, store, dist, attention, rwkv7fix, rwkv7, reduce, table, verify, secular, spectra19, statetile, keysws, aqk, fromv, outload or devmap" >&2
        exit 2 ;;
   esac
 done

@@ -1,0 +1,66 @@
+"""The sequential kernel forming U = T diag(beta) V from v (`LaunchConfig.state_from_v`: the WY kernel writes no U;
+with `state_keys_ws` D = T (diag(beta) V - diag(c) (K S)) in one product) against the float64 token loop and
+against the path that reads U (o, final and boundary states; `delta_rule_cases`).
+
+CPU: TRITON_INTERPRET=1, dk 256 / dv 512 in key halves, a partial key block, n_h 1-3, gates on and off, grouped heads,
+packed sequences with one shorter than a chunk, the fused output and the one-kernel T; GPU tests are marked.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.kernels.delta_rule_cases import check_choice, cpu_only, needs_cuda
+
+# (B, T or None, Hk, Hv, K, V, n_h, gate, lengths or None)
+CPU_CASES = {
+    "dk 256 dv 512, key halves": (1, 150, 1, 1, 256, 512, 1, True, None),
+    "dk 40 n_h 2, no gate": (2, 100, 2, 2, 40, 24, 2, False, None),
+    "dk 96 grouped n_h 3, packed": (1, None, 1, 2, 96, 32, 3, True, [70, 5, 130]),
+}
+PATHS = {"W": dict(state_keys_ws=False), "keys": dict(state_keys_ws=True)}
+
+
+@cpu_only
+@pytest.mark.parametrize("path", list(PATHS))
+@pytest.mark.parametrize("name", list(CPU_CASES))
+def test_from_v_matches_float64_and_the_u_path(name, path):
+    errs = check_choice(CPU_CASES[name], torch.float32, dict(state_from_v=True, **PATHS[path]), PATHS[path])
+    assert max(errs[:3]) < 1e-5, f"float32 against float64: {errs[:3]}"
+    assert max(errs[3:]) < 1e-5, f"against the path that reads U: {errs[3:]}"
+
+
+@cpu_only
+@pytest.mark.parametrize("other", [dict(fuse_output=True), dict(tri_split=False)], ids=["fused output", "one-kernel T"])
+def test_from_v_with_the_fused_output_and_the_one_kernel_t(other):
+    on = dict(state_from_v=True, state_keys_ws=True, **other)
+    check_choice(CPU_CASES["dk 96 grouped n_h 3, packed"], torch.float32, on, other)
+
+
+@cpu_only
+def test_from_v_bf16():
+    check_choice(CPU_CASES["dk 96 grouped n_h 3, packed"], torch.bfloat16, dict(state_from_v=True,
+                 state_keys_ws=True), dict(state_keys_ws=True))  # fmt: skip
+
+
+GPU_CASES = {
+    "GDN default": (1, 2048, 6, 6, 256, 512, 1, True, None),
+    "Qwen3-Next packed": (1, None, 16, 32, 128, 128, 1, True, [3000, 64, 1, 700, 129]),
+    "DeltaProduct n_h=2": (2, 1000, 6, 6, 256, 512, 2, True, None),
+    "grouped n_h=3": (2, 1000, 4, 8, 128, 128, 3, True, None),
+}
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("path", list(PATHS))
+@pytest.mark.parametrize(
+    "name, dtype",
+    [(name, torch.bfloat16) for name in GPU_CASES] + [("GDN default", torch.float32), ("grouped n_h=3", torch.float16)],
+)
+def test_gpu_from_v_matches_float64(name, dtype, path):
+    """At two pipeline stages with the keys, as default_config launches that path."""
+    stages = dict(state_stages=2) if path == "keys" else {}
+    check_choice(GPU_CASES[name], dtype, dict(state_from_v=True, **PATHS[path], **stages), dict(PATHS[path], **stages),
+                 device="cuda")  # fmt: skip
