@@ -260,6 +260,8 @@ def _kkt_kernel(
     A,
     Aqk,
     rstd,
+    gcum,
+    wsc,
     T,
     cu,
     cidx,
@@ -277,13 +279,15 @@ def _kkt_kernel(
     F32: tl.constexpr,
     PREC: tl.constexpr,
     STORE_AQK: tl.constexpr,
+    STORE_SCALES: tl.constexpr = False,
 ):
     """Split T, step 1 (`LaunchConfig.tri_split`): one program per (64-sub-step block, value head), value heads
     adjacent so that a group's programs share its key block in L2. A_ij = beta_i e^{Gamma_i - Gamma_j} r_i r_j
     k_i.k_j (j < i) by [64, BKC] x [BKC, 64] products over key blocks, stored fp32 (only the ten 16 x 16 blocks
     on and below the diagonal: the inverse reads no others); also the reciprocal key norms r. STORE_AQK: also the
     block's share of the chunk's intra-chunk attention, (q K_a^T * e^{Gamma_q - Gamma_s} * mask) / (|q| |k|), with the
-    same key blocks (`_output_kernel` reads it)."""
+    same key blocks (`_output_kernel` reads it). STORE_SCALES: also Gamma from the chunk start and the row scales
+    c = beta e^{Gamma - Gamma_a} / |k|, all the keys path with U from v needs of `_wu_kernel` (not launched then)."""
     job = tl.program_id(0)
     i_h, gb = job % HV, job // HV
     gc, a = gb // NH, gb % NH
@@ -328,6 +332,16 @@ def _kkt_kernel(
     b_A = tl.where(m_low, b_A * (b_beta * b_rs)[:, None] * b_rs[None, :], 0.0)
     m_blk = (o_r[:, None] // 16) >= (o_r[None, :] // 16)
     tl.store(A + rows[:, None] * 64 + o_r[None, :], b_A, mask=m_blk)
+    if USE_G and (STORE_AQK or STORE_SCALES):  # the chunk's gates before the block (their tokens' first sub-steps)
+        m_before = m_t & (o_r * NH < a * 64)
+        b_carry = tl.sum(tl.load(g + (bos + t) * HV + i_h, mask=m_before, other=0.0).to(tl.float32), 0)
+    if STORE_SCALES:
+        if USE_G:
+            tl.store(gcum + rows, b_G + b_carry)
+            tl.store(wsc + rows, b_beta * b_rs * tl.exp(b_G))
+        else:
+            tl.store(gcum + rows, tl.zeros([64], dtype=tl.float32))
+            tl.store(wsc + rows, b_beta * b_rs)
     if STORE_AQK:
         if NORM:
             b_rq = 1.0 / tl.sqrt(b_qq + 1e-6)
@@ -337,8 +351,6 @@ def _kkt_kernel(
         m_a = tok[None, :] <= o_r[:, None]
         if USE_G:  # Gamma from the chunk start: the queries' (each token's gate, at its first sub-step), the block's
             b_Gq = tl.cumsum(tl.load(g + (bos + t) * HV + i_h, mask=m_t, other=0.0).to(tl.float32), 0)
-            m_before = m_t & (o_r * NH < a * 64)  # tokens whose gate comes before the block
-            b_carry = tl.sum(tl.load(g + (bos + t) * HV + i_h, mask=m_before, other=0.0).to(tl.float32), 0)
             b_s = b_qk * tl.exp(tl.where(m_a, b_Gq[:, None] - (b_G + b_carry)[None, :], 0.0))
         else:
             b_s = b_qk
@@ -1164,6 +1176,8 @@ def triton_delta_product(
     W = torch.empty(HV, 0 if keys_ws else rows, K, dtype=dtype, device=dev)  # keys_ws: the state kernel forms W S
     wsc = torch.empty(HV, rows if keys_ws else 0, dtype=f32, device=dev)
     from_v = bool(cfg.state_from_v)
+    # the keys path with U from v needs of the WY kernel only Gamma and the row scales: the kkt kernel writes them
+    scales_in_kkt = keys_ws and from_v and cfg.tri_split
     U = torch.empty(HV, 0 if from_v else rows, V, dtype=dtype, device=dev)
     D = None if fuse else torch.empty(HV, rows, V, dtype=dtype, device=dev)
     aqk = fuse or bool(cfg.out_aqk)  # the intra-chunk attention from the kkt (else the WY) kernel
@@ -1181,8 +1195,9 @@ def triton_delta_product(
         if cfg.tri_split:  # A (fp32: T is as exact as the one-kernel path's), then its inverse
             A = torch.empty(HV, rows, BLOCK, dtype=f32, device=dev)
             _kkt_kernel[(n_jobs,)](
-                q, k, beta, g, A, Aqk, rstd, *seq_args,
+                q, k, beta, g, A, Aqk, rstd, gcum, wsc, *seq_args,
                 BK=BK, BKC=min(_pow2(cfg.kkt_bk), BK), USE_G=g is not None, NORM=normalize_qk, STORE_AQK=aqk,
+                STORE_SCALES=scales_in_kkt,
                 num_warps=cfg.kkt_warps, num_stages=cfg.kkt_stages, **common,
             )  # fmt: skip
             launch_inverse(A, Ti, n_jobs, cfg.inv_warps, PREC)
@@ -1193,12 +1208,13 @@ def triton_delta_product(
                 k, beta, g, Ti, rstd, scratch, *seq_args, n_jobs,
                 BK=BK, USE_G=g is not None, NORM=normalize_qk, num_warps=cfg.tri_warps, **common,
             )  # fmt: skip
-        _wu_kernel[(NCT, HV)](
-            q, k, v, beta, g, Ti, W, U, Aqk, gcum, rstd, wsc, *seq_args,
-            V=V, BK=BK, BV=min(cfg.wu_bv, BVF), USE_G=g is not None, NORM=normalize_qk,
-            STORE_AQK=aqk and not cfg.tri_split, KEYS_WS=keys_ws, STORE_U=not from_v, num_warps=cfg.wu_warps,
-            **common,
-        )  # fmt: skip
+        if not scales_in_kkt:
+            _wu_kernel[(NCT, HV)](
+                q, k, v, beta, g, Ti, W, U, Aqk, gcum, rstd, wsc, *seq_args,
+                V=V, BK=BK, BV=min(cfg.wu_bv, BVF), USE_G=g is not None, NORM=normalize_qk,
+                STORE_AQK=aqk and not cfg.tri_split, KEYS_WS=keys_ws, STORE_U=not from_v, num_warps=cfg.wu_warps,
+                **common,
+            )  # fmt: skip
     BKH = BK // 2 if BK > 128 else BK
     state_consts = dict(
         V=V, BKH=BKH, SPLIT=BKH < BK, BV=BV, HAS_H0=h0 is not None, STORE_FINAL=output_final_state,

@@ -56,7 +56,8 @@ def test_split_key_blocks_narrower_than_dk():
 def test_split_T_is_the_inverse_of_I_plus_A(gate):
     """The two kernels alone: T against (I + A)^-1 in float64 for every (head, block), A from its definition
     A_ij = beta_i e^{G_i - G_j} k_i.k_j / (|k_i| |k_j|) (j < i), dense rows with a partial last chunk; also the kkt
-    kernel's intra-chunk attention (q_i.k_j / (|q_i| |k_j|)) e^{G_i - G_j} (j <= i), which `out_aqk` reads."""
+    kernel's intra-chunk attention (q_i.k_j / (|q_i| |k_j|)) e^{G_i - G_j} (j <= i), which `out_aqk` reads, and its
+    Gamma and row scales beta_i e^{G_i} / |k_i| (what the keys path with U from v reads instead of `_wu_kernel`'s)."""
     from kernels.triton_chunk import _kkt_kernel, _tri_inverse_kernel
 
     B, T, Hk, Hv, K = 2, 100, 1, 2, 32
@@ -66,15 +67,17 @@ def test_split_T_is_the_inverse_of_I_plus_A(gate):
     Ti = torch.zeros(Hv, NCT * 64, 64)
     rstd = torch.empty(Hv, NCT * 64)
     Aqk = torch.full((Hv, NCT * 64, 64), float("nan"))
+    gcum, wsc = torch.full((Hv, NCT * 64), float("nan")), torch.full((Hv, NCT * 64), float("nan"))
     common = dict(HK=Hk, HV=Hv, NH=1, K=K, IS_VARLEN=False, F32=True, PREC="ieee")
     _kkt_kernel[(Hv * NCT,)](
-        q, k, beta, g, A, Aqk, rstd, T, None, None, None, NCT, BK=K, BKC=16, USE_G=gate, NORM=True, STORE_AQK=True,
-        **common,
+        q, k, beta, g, A, Aqk, rstd, gcum, wsc, T, None, None, None, NCT, BK=K, BKC=16, USE_G=gate, NORM=True,
+        STORE_AQK=True, STORE_SCALES=True, **common,
     )
     _tri_inverse_kernel[(Hv * NCT,)](A, Ti, PREC="ieee", UPPER_ZEROS=False)
     d = torch.float64
     kn = torch.nn.functional.pad(k[:, :, 0].to(d), (0, 0, 0, 0, 0, 28))  # [B, 128, Hk, K], zero rows past T
-    kn = kn / (kn.pow(2).sum(-1, keepdim=True) + 1e-6).sqrt()
+    rk = 1 / (kn.pow(2).sum(-1) + 1e-6).sqrt()  # [B, 128, Hk]
+    kn = kn * rk[..., None]
     qn = torch.nn.functional.pad(q.to(d), (0, 0, 0, 0, 0, 28))
     qn = qn / (qn.pow(2).sum(-1, keepdim=True) + 1e-6).sqrt()
     bt = torch.nn.functional.pad(beta[:, :, 0].to(d), (0, 0, 0, 28))
@@ -92,6 +95,8 @@ def test_split_T_is_the_inverse_of_I_plus_A(gate):
                 assert rel(torch.tril(Ti[h, rows]), Tref) < 1e-5, (h, b, c)
                 Sref = torch.tril((Gc[:, None] - Gc[None, :]).exp() * (qn[b, sl, h * Hk // Hv] @ kc.T))
                 assert rel(Aqk[h, rows], Sref) < 1e-5, (h, b, c)
+                assert rel(gcum[h, rows], Gc) < 1e-5 if gate else gcum[h, rows].abs().max() == 0
+                assert rel(wsc[h, rows], bt[b, sl, h] * Gc.exp() * rk[b, sl, h * Hk // Hv]) < 1e-5, (h, b, c)
 
 
 # ---------------------------------------------------------------- GPU (run on the device)
