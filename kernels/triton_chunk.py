@@ -979,6 +979,9 @@ class LaunchConfig:
     # (dv x 2 bytes a sub-step written and read back); with state_keys_ws, D = T (diag(beta) V - diag(c) (K S)) is
     # one product with T, as many as before, and the WY kernel only writes the row scales
     state_from_v: bool = False
+    # one sequence (B = 1) in this many consecutive pieces: the sequential kernels on one CUDA stream, each piece's
+    # prep and output kernels on another, so they run on the SMs the sequential kernel leaves idle (`_run_pieces`)
+    pieces: int = 1
     tri_programs_per_sm: int = 8
     fuse_output: bool | None = None  # the state kernel writes o (no output kernel); None: default_config's
     # programs of the sequential kernel that share an SM's shared memory when its pipeline stages are sized; None:
@@ -1150,7 +1153,6 @@ def triton_delta_product(
         cu = cidx = coff = order = None
         NCT = B * triton.cdiv(T, CHUNK_SIZE)
     NBND = NCT + N  # boundary rows: each sequence's chunk starts and its final state
-    BK, BVF = _pow2(K), _pow2(V)
     interp = _interpreting()
     F32 = interp or dtype == torch.float32  # fp32 operands in tl.dot (the interpreter's bf16 dot is wrong)
     PREC = "ieee" if dtype == torch.float32 else "tf32"
@@ -1163,84 +1165,188 @@ def triton_delta_product(
     )
     if cfg.state_bv < 32 and V > 16 and not interp:
         raise ValueError(f"state_bv={cfg.state_bv} miscompiles on CUDA (see default_config); use 32, 64 or 128")
-    BV = min(cfg.state_bv, BVF)
     fuse = bool(cfg.fuse_output)
-    common = dict(HK=HK, HV=HV, NH=n_h, K=K, IS_VARLEN=varlen, F32=F32, PREC=PREC)
-    seq_args = (T, cu, cidx, coff, NCT)
-
-    f32 = torch.float32
-    rows = NCT * n_h * BLOCK  # sub-step rows per value head
-    Ti = torch.empty(HV, rows, BLOCK, dtype=dtype, device=dev)
-    rstd = torch.empty(HV, rows, dtype=f32, device=dev)
-    keys_ws = bool(cfg.state_keys_ws)
-    W = torch.empty(HV, 0 if keys_ws else rows, K, dtype=dtype, device=dev)  # keys_ws: the state kernel forms W S
-    wsc = torch.empty(HV, rows if keys_ws else 0, dtype=f32, device=dev)
-    from_v = bool(cfg.state_from_v)
-    # the keys path with U from v needs of the WY kernel only Gamma and the row scales: the kkt kernel writes them
-    scales_in_kkt = keys_ws and from_v and cfg.tri_split
-    U = torch.empty(HV, 0 if from_v else rows, V, dtype=dtype, device=dev)
-    D = None if fuse else torch.empty(HV, rows, V, dtype=dtype, device=dev)
-    aqk = fuse or bool(cfg.out_aqk)  # the intra-chunk attention from the kkt (else the WY) kernel
-    Aqk = torch.empty(HV, NCT * BLOCK, n_h * BLOCK, dtype=dtype, device=dev) if aqk else None
-    gcum = torch.empty(HV, rows, dtype=f32, device=dev)
     store_bnd = output_boundary_states or not fuse  # the output kernel reads them
     # states nobody returns are kept in the inputs' half dtype: the output kernel rounds them to it for its product
     # anyway, so o is bit-identical and their traffic halves (fp32 states dominate it at dk, dv = 256, 512)
-    bnd_dtype = f32 if output_boundary_states or F32 else dtype
+    bnd_dtype = torch.float32 if output_boundary_states or F32 else dtype
     bnd = torch.empty(NBND if store_bnd else 0, HV, K, V, dtype=bnd_dtype, device=dev)
-    ht = torch.empty(N, HV, K, V, dtype=f32, device=dev) if output_final_state else None
+    ht = torch.empty(N, HV, K, V, dtype=torch.float32, device=dev) if output_final_state else None
     o = torch.empty(B, T, HV, V, dtype=dtype, device=dev)
-    if NCT > 0:
-        n_jobs = HV * NCT * n_h
-        if cfg.tri_split:  # A (fp32: T is as exact as the one-kernel path's), then its inverse
-            A = torch.empty(HV, rows, BLOCK, dtype=f32, device=dev)
-            _kkt_kernel[(n_jobs,)](
-                q, k, beta, g, A, Aqk, rstd, gcum, wsc, *seq_args,
-                BK=BK, BKC=min(_pow2(cfg.kkt_bk), BK), USE_G=g is not None, NORM=normalize_qk, STORE_AQK=aqk,
-                STORE_SCALES=scales_in_kkt,
-                num_warps=cfg.kkt_warps, num_stages=cfg.kkt_stages, **common,
-            )  # fmt: skip
-            launch_inverse(A, Ti, n_jobs, cfg.inv_warps, PREC)
-        else:
-            n_prog = min(n_jobs, 3 if interp else _num_sms() * cfg.tri_programs_per_sm)
-            scratch = torch.empty(n_prog, BLOCK, BLOCK, dtype=f32, device=dev)
-            _tri_kernel[(n_prog,)](
-                k, beta, g, Ti, rstd, scratch, *seq_args, n_jobs,
-                BK=BK, USE_G=g is not None, NORM=normalize_qk, num_warps=cfg.tri_warps, **common,
-            )  # fmt: skip
-        if not scales_in_kkt:
-            _wu_kernel[(NCT, HV)](
-                q, k, v, beta, g, Ti, W, U, Aqk, gcum, rstd, wsc, *seq_args,
-                V=V, BK=BK, BV=min(cfg.wu_bv, BVF), USE_G=g is not None, NORM=normalize_qk,
-                STORE_AQK=aqk and not cfg.tri_split, KEYS_WS=keys_ws, STORE_U=not from_v, num_warps=cfg.wu_warps,
-                **common,
-            )  # fmt: skip
-    BKH = BK // 2 if BK > 128 else BK
-    state_consts = dict(
-        V=V, BKH=BKH, SPLIT=BKH < BK, BV=BV, HAS_H0=h0 is not None, STORE_FINAL=output_final_state,
-        STORE_BND=store_bnd, FUSE_O=fuse, NORM=normalize_qk, KEYS_WS=keys_ws, FROM_V=from_v,
-        **common,
-    )  # fmt: skip
-    # one block's W (or T), K and U tiles per pipeline stage (and q and A when fused)
-    t_tile = 64 if keys_ws or from_v else 0  # T's 64 x 64
-    smem = 64 * ((0 if keys_ws else BK) + t_tile + BK + BV + (BK + 64 if fuse else 0)) * q.element_size()
-    _launch(
-        _state_kernel,
-        (triton.cdiv(V, BV), N * HV),
-        cfg,
-        (q, k, v, beta, W, U, D, Aqk, gcum, rstd, Ti, wsc, bnd, ht, h0, o, T, cu, coff, order, NCT, scale),
-        state_consts,
-        smem,
-    )
-    if NCT > 0 and not fuse:
-        obv = min(cfg.out_bv, BVF)
-        _output_kernel[(triton.cdiv(V, obv), NCT, HV)](
-            q, k, D, Aqk, gcum, rstd, bnd, o, *seq_args, scale,
-            V=V, BK=min(_pow2(cfg.out_bk), BK), BV=obv, NORM=normalize_qk, num_warps=cfg.out_warps,
-            num_stages=cfg.out_stages, PREFETCH=cfg.out_prefetch, AQK=aqk, **common,
-        )  # fmt: skip
+    fixed = dict(cfg=cfg, scale=scale, normalize_qk=normalize_qk, F32=F32, PREC=PREC, interp=interp)
+    bounds = _piece_bounds(T, cfg.pieces) if B == 1 and not varlen and not fuse else [(0, T)]
+    if len(bounds) == 1:
+        run = _Phases(q, k, v, beta, g, h0, o, ht, bnd, (T, cu, cidx, coff, order, NCT, N), **fixed)
+        run.prep()
+        run.state()
+        run.output()
+    else:
+        _run_pieces(q, k, v, beta, g, h0, o, ht, bnd, bounds, fixed)
     bnd_out = bnd.view(1 if varlen else B, -1, HV, K, V) if output_boundary_states else None
     return o, ht, bnd_out
+
+
+def _piece_bounds(T: int, pieces: int) -> list[tuple[int, int]]:
+    """Token ranges of `pieces` consecutive pieces of one sequence, each a whole number of chunks (the last may end
+    early); fewer when T has fewer chunks."""
+    n_chunks = triton.cdiv(T, CHUNK_SIZE)
+    if n_chunks <= 1 or pieces <= 1:
+        return [(0, T)]
+    per = triton.cdiv(n_chunks, min(pieces, n_chunks))
+    return [(c * CHUNK_SIZE, min(T, (c + per) * CHUNK_SIZE)) for c in range(0, n_chunks, per)]
+
+
+_STREAMS: dict[int, tuple[torch.cuda.Stream, torch.cuda.Stream]] = {}
+
+
+def _run_pieces(q, k, v, beta, g, h0, o, ht, bnd, bounds: list[tuple[int, int]], fixed: dict) -> None:
+    """One sequence (B = 1) in consecutive pieces (`LaunchConfig.pieces`): each piece's sequential kernel starts from
+    the previous piece's fp32 final state, so o and the states equal the one-piece run's. On CUDA the sequential
+    kernels run on one stream and each piece's prep (A, T, WY) and output kernels on another, ordered by events: the
+    next pieces' prep and the previous pieces' output run on the SMs the sequential kernel leaves idle."""
+    HV, K, V = v.shape[3], q.shape[-1], v.shape[-1]
+    phases, carry = [], h0
+    for i, (t0, t1) in enumerate(bounds):
+        last = i == len(bounds) - 1
+        c0, c1 = t0 // CHUNK_SIZE, triton.cdiv(t1, CHUNK_SIZE)
+        ht_i = ht if last else torch.empty(1, HV, K, V, dtype=torch.float32, device=q.device)
+        bnd_i = bnd[c0 : c1 + 1] if bnd.shape[0] else bnd
+        sl = slice(t0, t1)
+        gi = g[:, sl] if g is not None else None
+        tables = (t1 - t0, None, None, None, None, c1 - c0, 1)
+        phases.append(_Phases(q[:, sl], k[:, sl], v[:, sl], beta[:, sl], gi, carry, o[:, sl], ht_i, bnd_i, tables,
+                              store_final=True if not last else ht is not None, **fixed))  # fmt: skip
+        carry = ht_i
+    if not q.is_cuda or fixed["interp"]:
+        for ph in phases:
+            ph.prep()
+            ph.state()
+            ph.output()
+        return
+    main = torch.cuda.current_stream(q.device)
+    key = q.device.index if q.device.index is not None else torch.cuda.current_device()
+    if key not in _STREAMS:  # the sequential kernels' stream first in line for the SMs
+        lo, hi = torch.cuda.Stream.priority_range()
+        _STREAMS[key] = (torch.cuda.Stream(q.device, priority=hi), torch.cuda.Stream(q.device, priority=lo))
+    seq, side = _STREAMS[key]
+    seq.wait_stream(main)
+    side.wait_stream(main)
+    prepped, stated = [], []
+    with torch.cuda.stream(side):
+        for ph in phases:
+            ph.prep()
+            prepped.append(torch.cuda.Event())
+            prepped[-1].record(side)
+    with torch.cuda.stream(seq):
+        for ph, ev in zip(phases, prepped):
+            seq.wait_event(ev)
+            ph.state()
+            stated.append(torch.cuda.Event())
+            stated[-1].record(seq)
+    with torch.cuda.stream(side):
+        for ph, ev in zip(phases, stated):
+            side.wait_event(ev)
+            ph.output()
+    main.wait_stream(seq)
+    main.wait_stream(side)
+
+
+class _Phases:
+    """The forward's kernels for one batch (or one piece of one sequence) in three phases: prep (A, T = (I + A)^-1,
+    the WY factors and the intra-chunk attention), the sequential state kernel, and the output kernel. Allocates the
+    intermediates; writes o, ht and bnd, which the caller gives."""
+
+    def __init__(self, q, k, v, beta, g, h0, o, ht, bnd, tables: tuple, *, cfg: LaunchConfig, scale: float,
+                 normalize_qk: bool, F32: bool, PREC: str, interp: bool, store_final: bool | None = None) -> None:
+        T, cu, cidx, coff, order, NCT, N = tables
+        B, _, HK, K = q.shape
+        n_h, HV, V = k.shape[2], v.shape[3], v.shape[-1]
+        self.q, self.k, self.v, self.beta, self.g, self.h0, self.o, self.ht, self.bnd = q, k, v, beta, g, h0, o, ht, bnd
+        self.cfg, self.scale, self.norm, self.interp, self.PREC = cfg, scale, normalize_qk, interp, PREC
+        self.N, self.NCT, self.V, self.K, self.HV, self.n_h = N, NCT, V, K, HV, n_h
+        self.order = order
+        self.store_final = ht is not None if store_final is None else store_final
+        self.common = dict(HK=HK, HV=HV, NH=n_h, K=K, IS_VARLEN=cu is not None, F32=F32, PREC=PREC)
+        self.seq_args = (T, cu, cidx, coff, NCT)
+        self.BK, self.BVF = _pow2(K), _pow2(V)
+        self.BV = min(cfg.state_bv, self.BVF)
+        self.fuse = bool(cfg.fuse_output)
+        self.keys_ws = bool(cfg.state_keys_ws)
+        self.from_v = bool(cfg.state_from_v)
+        # the keys path with U from v needs of the WY kernel only Gamma and the row scales: the kkt kernel writes them
+        self.scales_in_kkt = self.keys_ws and self.from_v and cfg.tri_split
+        self.aqk = self.fuse or bool(cfg.out_aqk)  # the intra-chunk attention from the kkt (else the WY) kernel
+        dtype, dev, f32 = q.dtype, q.device, torch.float32
+        rows = NCT * n_h * BLOCK  # sub-step rows per value head
+        self.Ti = torch.empty(HV, rows, BLOCK, dtype=dtype, device=dev)
+        self.rstd = torch.empty(HV, rows, dtype=f32, device=dev)
+        self.W = torch.empty(HV, 0 if self.keys_ws else rows, K, dtype=dtype, device=dev)  # keys_ws: no W
+        self.wsc = torch.empty(HV, rows if self.keys_ws else 0, dtype=f32, device=dev)
+        self.U = torch.empty(HV, 0 if self.from_v else rows, V, dtype=dtype, device=dev)
+        self.D = None if self.fuse else torch.empty(HV, rows, V, dtype=dtype, device=dev)
+        self.Aqk = torch.empty(HV, NCT * BLOCK, n_h * BLOCK, dtype=dtype, device=dev) if self.aqk else None
+        self.gcum = torch.empty(HV, rows, dtype=f32, device=dev)
+
+    def prep(self) -> None:
+        """Key norms, T = (I + A)^-1 per 64-row block, W (or the row scales), U (unless from v), Gamma, Aqk."""
+        cfg, common, NCT = self.cfg, self.common, self.NCT
+        if NCT == 0:
+            return
+        q, k, v, beta, g = self.q, self.k, self.v, self.beta, self.g
+        n_jobs = self.HV * NCT * self.n_h
+        if cfg.tri_split:  # A (fp32: T is as exact as the one-kernel path's), then its inverse
+            A = torch.empty(self.HV, NCT * self.n_h * BLOCK, BLOCK, dtype=torch.float32, device=q.device)
+            _kkt_kernel[(n_jobs,)](
+                q, k, beta, g, A, self.Aqk, self.rstd, self.gcum, self.wsc, *self.seq_args,
+                BK=self.BK, BKC=min(_pow2(cfg.kkt_bk), self.BK), USE_G=g is not None, NORM=self.norm,
+                STORE_AQK=self.aqk, STORE_SCALES=self.scales_in_kkt, num_warps=cfg.kkt_warps,
+                num_stages=cfg.kkt_stages, **common,
+            )  # fmt: skip
+            launch_inverse(A, self.Ti, n_jobs, cfg.inv_warps, self.PREC)
+        else:
+            n_prog = min(n_jobs, 3 if self.interp else _num_sms() * cfg.tri_programs_per_sm)
+            scratch = torch.empty(n_prog, BLOCK, BLOCK, dtype=torch.float32, device=q.device)
+            _tri_kernel[(n_prog,)](
+                k, beta, g, self.Ti, self.rstd, scratch, *self.seq_args, n_jobs,
+                BK=self.BK, USE_G=g is not None, NORM=self.norm, num_warps=cfg.tri_warps, **common,
+            )  # fmt: skip
+        if not self.scales_in_kkt:
+            _wu_kernel[(NCT, self.HV)](
+                q, k, v, beta, g, self.Ti, self.W, self.U, self.Aqk, self.gcum, self.rstd, self.wsc, *self.seq_args,
+                V=self.V, BK=self.BK, BV=min(cfg.wu_bv, self.BVF), USE_G=g is not None, NORM=self.norm,
+                STORE_AQK=self.aqk and not cfg.tri_split, KEYS_WS=self.keys_ws, STORE_U=not self.from_v,
+                num_warps=cfg.wu_warps, **common,
+            )  # fmt: skip
+
+    def state(self) -> None:
+        """The sequential kernel: boundary states, D, the final state (and o when fused)."""
+        BK, BV = self.BK, self.BV
+        BKH = BK // 2 if BK > 128 else BK
+        consts = dict(
+            V=self.V, BKH=BKH, SPLIT=BKH < BK, BV=BV, HAS_H0=self.h0 is not None, STORE_FINAL=self.store_final,
+            STORE_BND=self.bnd.shape[0] > 0, FUSE_O=self.fuse, NORM=self.norm, KEYS_WS=self.keys_ws,
+            FROM_V=self.from_v, **self.common,
+        )  # fmt: skip
+        # one block's W (or T), K and U tiles per pipeline stage (and q and A when fused)
+        t_tile = 64 if self.keys_ws or self.from_v else 0  # T's 64 x 64
+        w_tile = 0 if self.keys_ws else BK
+        smem = 64 * (w_tile + t_tile + BK + BV + (BK + 64 if self.fuse else 0)) * self.q.element_size()
+        T, cu, _, coff, NCT = self.seq_args
+        args = (self.q, self.k, self.v, self.beta, self.W, self.U, self.D, self.Aqk, self.gcum, self.rstd, self.Ti,
+                self.wsc, self.bnd, self.ht, self.h0, self.o, T, cu, coff, self.order, NCT, self.scale)  # fmt: skip
+        _launch(_state_kernel, (triton.cdiv(self.V, BV), self.N * self.HV), self.cfg, args, consts, smem)
+
+    def output(self) -> None:
+        """o = scale (e^G q S_c + A D) per chunk (nothing when the state kernel wrote o)."""
+        if self.NCT == 0 or self.fuse:
+            return
+        cfg = self.cfg
+        obv = min(cfg.out_bv, self.BVF)
+        _output_kernel[(triton.cdiv(self.V, obv), self.NCT, self.HV)](
+            self.q, self.k, self.D, self.Aqk, self.gcum, self.rstd, self.bnd, self.o, *self.seq_args, self.scale,
+            V=self.V, BK=min(_pow2(cfg.out_bk), self.BK), BV=obv, NORM=self.norm, num_warps=cfg.out_warps,
+            num_stages=cfg.out_stages, PREFETCH=cfg.out_prefetch, AQK=self.aqk, **self.common,
+        )  # fmt: skip
 
 
 SMEM_PER_SM = 225 * 1024  # shared memory a sequential kernel's resident programs may take (H100/H200: 227 KiB)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call's worth of GPU work, by section; logs and JSON go to $OUT (the device tool's folder).
 #   usage (on the device, from the repo root, after the wheel install line of ../shared/device/README.md):
-#     bash scripts/device_run.sh s4 | tests | kernels | kda | analysis | probes | store | dist | attention | rwkv7fix | rwkv7 | verify | reduce | table | secular | spectra19 | statetile | keysws | aqk | fromv | outload | devmap [more ...]
+#     bash scripts/device_run.sh s4 | tests | kernels | kda | analysis | probes | store | dist | attention | rwkv7fix | rwkv7 | verify | reduce | table | secular | spectra19 | statetile | keysws | aqk | fromv | pieces | outload | devmap [more ...]
 # s4:      continue the bundled S4 model (trained up to length 128) at 128, then 256, and evaluate it
 # tests:   the GPU-marked tests (realistic shapes, fla 0.6.0 comparisons)
 # kernels: python -m benchmarks.kernels (forward vs fla, accuracy; ~9 min on an H100, so a call of its own)
@@ -33,6 +33,7 @@
 # keysws:  the sequential kernel with W S from the keys and T (state_keys_ws: GPU tests, then vs the default and fla)
 # aqk:     the output kernel reading q K^T * decay * mask from the kkt kernel (out_aqk: GPU tests, vs default and fla)
 # fromv:   the sequential kernel forming U from v, no U written (state_from_v: GPU tests, vs default and fla)
+# pieces:  B = 1 in pieces on two CUDA streams (LaunchConfig.pieces: GPU tests, vs default and fla at 1 x 32768)
 # outload: the output kernel with its loads a key block ahead (out_prefetch: GPU tests, then vs the default and fla)
 #          and at 2-3 pipeline stages (o's difference from the default shows a miscompile); ~6 minutes
 # devmap:  scripts/device_map_check.py same (one GPU vs device_map auto/balanced; DEVMAP_SAME=0 skips it) and big
@@ -215,6 +216,20 @@ for section in "$@"; do
         timeout 90 python3 scripts/config_ab.py --shape "$shape" --sizes 8x4096,varlen,1x32768 --profile \
           --change state_from_v=True 2>&1 | grep -v Warn | tee -a "$OUT/fromv.txt"
       done ;;
+    pieces)
+      # #17 at B = 1 (unmeasured): one sequence in consecutive pieces, the sequential kernels on one CUDA stream and
+      # each piece's prep and output kernels on another (LaunchConfig.pieces), so they use the SMs the sequential
+      # kernel leaves idle (96 of 132 busy at GDN default 1 x 32768, where prep + output take 0.83 of 1.87 ms);
+      # GPU tests (bit-identical to one piece), then vs the default and fla, with and without U from v; ~8 minutes
+      timeout 150 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_triton_pieces.py 2>&1 \
+        | tail -4 | tee -a "$OUT/pieces.txt"
+      for shape in "GDN fla default" "DeltaProduct n_h=3" "Qwen3-Next grouped" "DeltaProduct n_h=2"; do
+        timeout 80 python3 scripts/config_ab.py --shape "$shape" --sizes 1x32768 --profile --change pieces=2 \
+          --change pieces=4 --change pieces=8 --change pieces=4,state_from_v=True 2>&1 | grep -v Warn \
+          | tee -a "$OUT/pieces.txt"
+      done
+      timeout 60 python3 scripts/grid_ab.py --point 1,8192,3,off --point 1,8192,1,on --point 1,2048,3,on \
+        --change pieces=4 2>&1 | grep -v Warn | tee -a "$OUT/pieces.txt" ;;
     outload)
       # #17: the output kernel with its loads one key block ahead (out_prefetch; GPU tests first), and pipelined by
       # the compiler (miscompiled on Triton 3.9 in the sixth session: o's difference shows it); ~6 minutes
@@ -227,7 +242,7 @@ for section in "$@"; do
       done
       timeout 100 python3 scripts/config_ab.py --shape "GDN fla default" --sizes 1x32768 --profile \
         --change out_stages=2 --change out_stages=3 2>&1 | grep -v Warn | tee -a "$OUT/outload.txt" ;;
-    *) echo "unknown section $section: use s4, tests, kernels, kda, analysis, probes, store, dist, attention, rwkv7fix, rwkv7, reduce, table, verify, secular, spectra19, statetile, keysws, aqk, fromv, outload or devmap" >&2
+    *) echo "unknown section $section: use s4, tests, kernels, kda, analysis, probes, store, dist, attention, rwkv7fix, rwkv7, reduce, table, verify, secular, spectra19, statetile, keysws, aqk, fromv, pieces, outload or devmap" >&2
        exit 2 ;;
   esac
 done
