@@ -252,6 +252,13 @@ def _tri_kernel(
 
 
 @triton.jit
+def _gates_before(g, bos, t, m_t, o_r, i_h, a, HV: tl.constexpr, NH: tl.constexpr):
+    """Sum of the chunk's log gates before WY block a (tokens t whose first sub-step comes before the block)."""
+    m_before = m_t & (o_r * NH < a * 64)
+    return tl.sum(tl.load(g + (bos + t) * HV + i_h, mask=m_before, other=0.0).to(tl.float32), 0)
+
+
+@triton.jit
 def _kkt_kernel(
     q,
     k,
@@ -332,12 +339,9 @@ def _kkt_kernel(
     b_A = tl.where(m_low, b_A * (b_beta * b_rs)[:, None] * b_rs[None, :], 0.0)
     m_blk = (o_r[:, None] // 16) >= (o_r[None, :] // 16)
     tl.store(A + rows[:, None] * 64 + o_r[None, :], b_A, mask=m_blk)
-    if USE_G and (STORE_AQK or STORE_SCALES):  # the chunk's gates before the block (their tokens' first sub-steps)
-        m_before = m_t & (o_r * NH < a * 64)
-        b_carry = tl.sum(tl.load(g + (bos + t) * HV + i_h, mask=m_before, other=0.0).to(tl.float32), 0)
     if STORE_SCALES:
         if USE_G:
-            tl.store(gcum + rows, b_G + b_carry)
+            tl.store(gcum + rows, b_G + _gates_before(g, bos, t, m_t, o_r, i_h, a, HV, NH))
             tl.store(wsc + rows, b_beta * b_rs * tl.exp(b_G))
         else:
             tl.store(gcum + rows, tl.zeros([64], dtype=tl.float32))
@@ -351,6 +355,7 @@ def _kkt_kernel(
         m_a = tok[None, :] <= o_r[:, None]
         if USE_G:  # Gamma from the chunk start: the queries' (each token's gate, at its first sub-step), the block's
             b_Gq = tl.cumsum(tl.load(g + (bos + t) * HV + i_h, mask=m_t, other=0.0).to(tl.float32), 0)
+            b_carry = _gates_before(g, bos, t, m_t, o_r, i_h, a, HV, NH)
             b_s = b_qk * tl.exp(tl.where(m_a, b_Gq[:, None] - (b_G + b_carry)[None, :], 0.0))
         else:
             b_s = b_qk
@@ -544,13 +549,14 @@ def _block_bv(v_base, beta_base, s, m_s, o_v, m_v, HV: tl.constexpr, V: tl.const
 @triton.jit
 def _block_u(U, Ti, v_base, beta_base, rows, s, m_s, o_r, o_v, m_v, ref, HV: tl.constexpr, V: tl.constexpr,
              F32: tl.constexpr, PREC: tl.constexpr, FROM_V: tl.constexpr):
-    """U of one 64-row block (fp32): read (`_wu_kernel` wrote it), or with FROM_V formed here as T (diag(beta) V)."""
+    """U of one 64-row block: read (`_wu_kernel` wrote it, in its dtype), or with FROM_V formed here (fp32) as
+    T (diag(beta) V)."""
     if FROM_V:
         b_bv = _dot_in(_block_bv(v_base, beta_base, s, m_s, o_v, m_v, HV, V), ref, F32)
         b_t = tl.load(Ti + rows[:, None] * 64 + o_r[None, :], mask=o_r[:, None] >= o_r[None, :], other=0.0)
         b_u = tl.dot(_dot_in(b_t, ref, F32), b_bv, input_precision=PREC)
     else:
-        b_u = tl.load(U + rows[:, None] * V + o_v[None, :], mask=m_v[None, :], other=0.0).to(tl.float32)
+        b_u = tl.load(U + rows[:, None] * V + o_v[None, :], mask=m_v[None, :], other=0.0)
     return b_u
 
 
@@ -563,7 +569,7 @@ def _u_minus_ws(b_u, W, rows, o_k1, o_k2, m_k1, m_k2, b_h1, b_h2, ref, K: tl.con
     if SPLIT:
         b_w2 = tl.load(W + rows[:, None] * K + o_k2[None, :], mask=m_k2[None, :], other=0.0)
         b_wh += tl.dot(_dot_in(b_w2, ref, F32), _dot_in(b_h2, ref, F32), input_precision=PREC)
-    return b_u - b_wh
+    return b_u.to(tl.float32) - b_wh
 
 
 @triton.jit
@@ -583,18 +589,21 @@ def _u_minus_tcks(U, Ti, wsc, v_base, beta_base, rows, s, m_s, o_r, o_v, m_v, b_
     """U - W S for one 64-row block as U - T (diag(c) (K S)), W = T diag(c) K (`_wu_kernel`): from the block's
     keys, which the state update loads anyway, and its 64 x 64 T, instead of W's 64 x dk rows. FROM_V: as
     T (diag(beta) V - diag(c) (K S)), one product with T and no U read (`_wu_kernel` writes none)."""
-    b_ks = tl.dot(_dot_in(b_k1, ref, F32), _dot_in(b_h1, ref, F32), input_precision=PREC)
-    if SPLIT:
-        b_ks += tl.dot(_dot_in(b_k2, ref, F32), _dot_in(b_h2, ref, F32), input_precision=PREC)
-    b_x = b_ks * tl.load(wsc + rows)[:, None]
-    b_t = _dot_in(tl.load(Ti + rows[:, None] * 64 + o_r[None, :], mask=o_r[:, None] >= o_r[None, :], other=0.0),
-                  ref, F32)
     if FROM_V:
-        b_x = _block_bv(v_base, beta_base, s, m_s, o_v, m_v, HV, V) - b_x
-        return tl.dot(b_t, _dot_in(b_x, ref, F32), input_precision=PREC)
-    else:
+        b_ks = tl.dot(_dot_in(b_k1, ref, F32), _dot_in(b_h1, ref, F32), input_precision=PREC)
+        if SPLIT:
+            b_ks += tl.dot(_dot_in(b_k2, ref, F32), _dot_in(b_h2, ref, F32), input_precision=PREC)
+        b_x = _block_bv(v_base, beta_base, s, m_s, o_v, m_v, HV, V) - b_ks * tl.load(wsc + rows)[:, None]
+        b_t = tl.load(Ti + rows[:, None] * 64 + o_r[None, :], mask=o_r[:, None] >= o_r[None, :], other=0.0)
+        return tl.dot(_dot_in(b_t, ref, F32), _dot_in(b_x, ref, F32), input_precision=PREC)
+    else:  # (the measured order of loads and products)
         b_u = tl.load(U + rows[:, None] * V + o_v[None, :], mask=m_v[None, :], other=0.0)
-        return b_u.to(tl.float32) - tl.dot(b_t, _dot_in(b_x, ref, F32), input_precision=PREC)
+        b_ks = tl.dot(_dot_in(b_k1, ref, F32), _dot_in(b_h1, ref, F32), input_precision=PREC)
+        if SPLIT:
+            b_ks += tl.dot(_dot_in(b_k2, ref, F32), _dot_in(b_h2, ref, F32), input_precision=PREC)
+        b_x = _dot_in(b_ks * tl.load(wsc + rows)[:, None], ref, F32)
+        b_t = tl.load(Ti + rows[:, None] * 64 + o_r[None, :], mask=o_r[:, None] >= o_r[None, :], other=0.0)
+        return b_u.to(tl.float32) - tl.dot(_dot_in(b_t, ref, F32), b_x, input_precision=PREC)
 
 
 @triton.jit

@@ -658,8 +658,8 @@ def _state_kernel(
             _store_state(bnd_base + c * (HV * K * V), b_h1, b_h2, p_h1, p_h2, m_h1, m_h2, SPLIT)
         blk = i_h.to(tl.int64) * NCT + gc0 + c
         rows = blk * 64 + o_r
-        b_d = _dot_in(_u_minus_ws(U, W, rows, o_k1, o_k2, m_k1, m_k2, o_v, m_v, b_h1, b_h2, W, K, V, SPLIT, F32, PREC),
-                      W, F32)
+        b_u = tl.load(U + rows[:, None] * V + o_v[None, :], mask=m_v[None, :], other=0.0)
+        b_d = _dot_in(_u_minus_ws(b_u, W, rows, o_k1, o_k2, m_k1, m_k2, b_h1, b_h2, W, K, SPLIT, F32, PREC), W, F32)
         tl.store(D + rows[:, None] * V + o_v[None, :], b_d.to(D.dtype.element_ty), mask=m_v[None, :])
         b_k1 = tl.load(Kd + rows[:, None] * K + o_k1[None, :], mask=m_k1[None, :], other=0.0)
         b_l1 = tl.exp(tl.load(glast + blk * K + o_k1, mask=m_k1, other=0.0))
