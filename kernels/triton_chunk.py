@@ -583,6 +583,15 @@ def _block_keys(k_base, s, m_s, o_k1, o_k2, m_k1, m_k2, HK: tl.constexpr, K: tl.
 
 
 @triton.jit
+def _keys_times_state(b_k1, b_k2, b_h1, b_h2, ref, SPLIT: tl.constexpr, F32: tl.constexpr, PREC: tl.constexpr):
+    """K S for one 64-row block (fp32), the keys and the state in their key halves with SPLIT."""
+    b_ks = tl.dot(_dot_in(b_k1, ref, F32), _dot_in(b_h1, ref, F32), input_precision=PREC)
+    if SPLIT:
+        b_ks += tl.dot(_dot_in(b_k2, ref, F32), _dot_in(b_h2, ref, F32), input_precision=PREC)
+    return b_ks
+
+
+@triton.jit
 def _u_minus_tcks(U, Ti, wsc, v_base, beta_base, rows, s, m_s, o_r, o_v, m_v, b_k1, b_k2, b_h1, b_h2, ref,
                   HV: tl.constexpr, V: tl.constexpr, SPLIT: tl.constexpr, F32: tl.constexpr, PREC: tl.constexpr,
                   FROM_V: tl.constexpr):
@@ -590,17 +599,13 @@ def _u_minus_tcks(U, Ti, wsc, v_base, beta_base, rows, s, m_s, o_r, o_v, m_v, b_
     keys, which the state update loads anyway, and its 64 x 64 T, instead of W's 64 x dk rows. FROM_V: as
     T (diag(beta) V - diag(c) (K S)), one product with T and no U read (`_wu_kernel` writes none)."""
     if FROM_V:
-        b_ks = tl.dot(_dot_in(b_k1, ref, F32), _dot_in(b_h1, ref, F32), input_precision=PREC)
-        if SPLIT:
-            b_ks += tl.dot(_dot_in(b_k2, ref, F32), _dot_in(b_h2, ref, F32), input_precision=PREC)
+        b_ks = _keys_times_state(b_k1, b_k2, b_h1, b_h2, ref, SPLIT, F32, PREC)
         b_x = _block_bv(v_base, beta_base, s, m_s, o_v, m_v, HV, V) - b_ks * tl.load(wsc + rows)[:, None]
         b_t = tl.load(Ti + rows[:, None] * 64 + o_r[None, :], mask=o_r[:, None] >= o_r[None, :], other=0.0)
         return tl.dot(_dot_in(b_t, ref, F32), _dot_in(b_x, ref, F32), input_precision=PREC)
     else:  # (the measured order of loads and products)
         b_u = tl.load(U + rows[:, None] * V + o_v[None, :], mask=m_v[None, :], other=0.0)
-        b_ks = tl.dot(_dot_in(b_k1, ref, F32), _dot_in(b_h1, ref, F32), input_precision=PREC)
-        if SPLIT:
-            b_ks += tl.dot(_dot_in(b_k2, ref, F32), _dot_in(b_h2, ref, F32), input_precision=PREC)
+        b_ks = _keys_times_state(b_k1, b_k2, b_h1, b_h2, ref, SPLIT, F32, PREC)
         b_x = _dot_in(b_ks * tl.load(wsc + rows)[:, None], ref, F32)
         b_t = tl.load(Ti + rows[:, None] * 64 + o_r[None, :], mask=o_r[:, None] >= o_r[None, :], other=0.0)
         return b_u.to(tl.float32) - tl.dot(_dot_in(b_t, ref, F32), b_x, input_precision=PREC)
@@ -1240,24 +1245,24 @@ def _run_pieces(q, k, v, beta, g, h0, o, ht, bnd, bounds: list[tuple[int, int]],
     seq, side = _STREAMS[key]
     seq.wait_stream(main)
     side.wait_stream(main)
-    prepped, stated = [], []
-    with torch.cuda.stream(side):
-        for ph in phases:
-            ph.prep()
-            prepped.append(torch.cuda.Event())
-            prepped[-1].record(side)
-    with torch.cuda.stream(seq):
-        for ph, ev in zip(phases, prepped):
-            seq.wait_event(ev)
-            ph.state()
-            stated.append(torch.cuda.Event())
-            stated[-1].record(seq)
-    with torch.cuda.stream(side):
-        for ph, ev in zip(phases, stated):
-            side.wait_event(ev)
-            ph.output()
+    prepped = _enqueue(side, [ph.prep for ph in phases])
+    stated = _enqueue(seq, [ph.state for ph in phases], after=prepped)
+    _enqueue(side, [ph.output for ph in phases], after=stated)
     main.wait_stream(seq)
     main.wait_stream(side)
+
+
+def _enqueue(stream: torch.cuda.Stream, steps: list, after: list | None = None) -> list[torch.cuda.Event]:
+    """Launch each step on `stream`, step i after event `after[i]`; an event recorded after each step."""
+    done = []
+    with torch.cuda.stream(stream):
+        for i, step in enumerate(steps):
+            if after is not None:
+                stream.wait_event(after[i])
+            step()
+            done.append(torch.cuda.Event())
+            done[-1].record(stream)
+    return done
 
 
 class _Phases:

@@ -68,3 +68,14 @@ def check_choice(case: tuple, dtype: torch.dtype, on: dict, off: dict, device: s
     diff = rel(o, o0), rel(fin, fin0), rel(bnd, bnd0)
     assert max(diff) < TOL[dtype] / 2, f"{case} {dtype}: rel differences o/final/boundary, {on} vs {off}: {diff}"
     return (*errs, *diff)
+
+
+# realistic shapes for the GPU tests of a launch choice, and the dtypes each runs in
+GPU_REAL_CASES = {
+    "GDN default": (1, 2048, 6, 6, 256, 512, 1, True, None),
+    "Qwen3-Next packed": (1, None, 16, 32, 128, 128, 1, True, [3000, 64, 1, 700, 129]),
+    "DeltaProduct n_h=2": (2, 1000, 6, 6, 256, 512, 2, True, None),
+    "grouped n_h=3": (2, 1000, 4, 8, 128, 128, 3, True, None),
+}
+GPU_REAL_RUNS = [(name, torch.bfloat16) for name in GPU_REAL_CASES]
+GPU_REAL_RUNS += [("GDN default", torch.float32), ("grouped n_h=3", torch.float16)]

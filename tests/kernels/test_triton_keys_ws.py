@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.kernels.delta_rule_cases import check_choice, cpu_only, needs_cuda
+from tests.kernels.delta_rule_cases import GPU_REAL_CASES, GPU_REAL_RUNS, check_choice, cpu_only, needs_cuda
 
 # (B, T or None, Hk, Hv, K, V, n_h, gate, lengths or None)
 CPU_CASES = {
@@ -34,20 +34,11 @@ def test_keys_ws_fused_output_bf16():
                  dict(fuse_output=True))
 
 
-GPU_CASES = {
-    "GDN default": (1, 2048, 6, 6, 256, 512, 1, True, None),
-    "Qwen3-Next packed": (1, None, 16, 32, 128, 128, 1, True, [3000, 64, 1, 700, 129]),
-    "DeltaProduct n_h=2": (2, 1000, 6, 6, 256, 512, 2, True, None),
-    "grouped n_h=3": (2, 1000, 4, 8, 128, 128, 3, True, None),
-}
 
 
 @pytest.mark.gpu
 @needs_cuda
-@pytest.mark.parametrize(
-    "name, dtype",
-    [(name, torch.bfloat16) for name in GPU_CASES] + [("GDN default", torch.float32), ("grouped n_h=3", torch.float16)],
-)
+@pytest.mark.parametrize("name, dtype", GPU_REAL_RUNS)
 def test_gpu_keys_ws_matches_float64(name, dtype):
     """At two pipeline stages, as default_config launches it."""
-    check_choice(GPU_CASES[name], dtype, dict(state_keys_ws=True, state_stages=2), dict(), device="cuda")
+    check_choice(GPU_REAL_CASES[name], dtype, dict(state_keys_ws=True, state_stages=2), dict(), device="cuda")
