@@ -53,7 +53,9 @@ def append_results(path: str | Path, name: str, ds: xr.Dataset) -> xr.Dataset:
     """Add variables to an existing `results/<name>` group (dims must agree with what is there)."""
     import zarr
 
-    ds = clean_encoding(ds)
+    from store.schema import checksummed
+
+    ds = checksummed(clean_encoding(ds))  # new arrays get zstd + crc32c, as write_results' do
     group = zarr.open_group(str(path), path=results_group(name), mode="r", zarr_format=3)
     ds.attrs = dict(group.attrs)  # xarray rewrites the group's attrs on append: keep the provenance
     with _progress(ds):

@@ -33,8 +33,9 @@ class DataError(StoreError):
 
 def corrupt_chunk_line(err: BaseException, store: object) -> str | None:
     """The line for a read that failed on a corrupt chunk, naming the store and the fix; None for any other error.
-    Two kinds: a checksum that does not match the bytes (zarr's crc32c codec, on the sharded captured arrays, says
-    so with both checksums) and bytes the compressor cannot decode (zstd's RuntimeError, e.g. in results/)."""
+    Two kinds: a checksum that does not match the bytes (zarr's crc32c codec, on the shard indexes, the small arrays
+    and results/, says so with both checksums) and bytes zstd cannot decode (its RuntimeError; stores written before
+    the crc32c)."""
     text = str(err).lower()
     if "checksum" in text:
         reason = "its checksum does not match its bytes"

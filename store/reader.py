@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from store import schema
-from store.errors import FormatVersionError, NotAStoreError, TruncatedStoreError
+from store.errors import FormatVersionError, NotAStoreError, TruncatedStoreError, corrupt_chunk_line
 
 
 def _read_json(path: Path, store: Path, what: str) -> dict[str, Any]:
@@ -102,8 +102,9 @@ def open(path: str | Path, *, complete_only: bool = True, verify: bool = True,  
                           use_zarr_fill_value_as_mask=False, decode_times=False)
         complete = np.asarray(ds["complete"].values, dtype=bool)
     except (OSError, ValueError, KeyError) as err:
+        corrupt = corrupt_chunk_line(err, path)  # `complete` fails its crc32c: that line, not zarr's two checksums
         first = str(err).splitlines()[0] if str(err) else ""
-        raise TruncatedStoreError(f"{path} cannot be read ({type(err).__name__}: {first}); "
+        raise TruncatedStoreError(corrupt or f"{path} cannot be read ({type(err).__name__}: {first}); "
                                   "recapture it") from None
     if verify:
         missing = _missing_chunk(path, attrs, complete)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -253,10 +254,29 @@ def variables_for(hooks: list[str] | tuple[str, ...], *, gated: bool, removal_ke
 
 
 def compressors_for(var: str) -> list | None:
-    """Codecs of `var`: activations compress ~1.09x (not worth the CPU), so they are stored raw;
-    token/label/flag arrays compress >10x with zstd level 1."""
-    if var in VARIABLES and VARIABLES[var].dtype in ("act", "float32"):
+    """Codecs of `var`: activations compress ~1.09x (not worth the CPU), so they are stored raw (sharded: the shard
+    index has its crc32c); `loss` raw too, with a crc32c; token/label/flag arrays compress >10x with zstd level 1."""
+    if var in VARIABLES and VARIABLES[var].dtype == "act":
         return None
-    from zarr.codecs import ZstdCodec
+    if var in VARIABLES and VARIABLES[var].dtype == "float32":
+        from zarr.codecs import Crc32cCodec
 
-    return [ZstdCodec(level=1)]
+        return [Crc32cCodec()]
+    return checked_compressors(level=1)
+
+
+def checked_compressors(level: int = 0) -> list:
+    """zstd (`level` 0: zstd's default, as zarr's) then a crc32c of its bytes: a corrupt chunk that still decodes
+    fails its checksum instead of reading wrong numbers (arrays written before this have zstd only and still read)."""
+    from zarr.codecs import Crc32cCodec, ZstdCodec
+
+    return [ZstdCodec(level=level), Crc32cCodec()]
+
+
+def checksummed(ds: Any, level: int = 0) -> Any:
+    """A copy of xarray Dataset `ds` whose arrays (coordinates too) `to_zarr` writes with `checked_compressors`;
+    arrays that already exist (an append) keep their own codecs."""
+    ds = ds.copy()
+    for v in ds.variables.values():
+        v.encoding = {**v.encoding, "compressors": checked_compressors(level)}
+    return ds

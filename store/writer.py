@@ -336,7 +336,8 @@ def add_variables(path: str | Path, ds: Any, *, overwrite: bool = False) -> list
         fill = float("nan") if dtype.kind == "f" else (False if dtype.kind == "b" else 0)
         attrs = _json_clean(dict(da.attrs))
         arr = w.group.create_array(name, shape=shape, chunks=chunks, dtype=dtype, fill_value=fill,
-                                   dimension_names=dims, attributes=attrs, overwrite=overwrite)
+                                   dimension_names=dims, attributes=attrs, overwrite=overwrite,
+                                   compressors=schema.checked_compressors())
         index = []
         for d in dims:
             if d == "seq":
@@ -392,7 +393,7 @@ def write_results(path: str | Path, name: str, ds: Any, attrs: dict[str, Any] | 
     group = f"results/{name}"
     if (path / group / "zarr.json").exists() and not overwrite:
         raise ValueError(f"{path} already has results {name!r}; pass overwrite=True to replace them")
-    out = ds.copy()
+    out = schema.checksummed(ds)  # zstd + crc32c: a corrupt chunk fails its checksum even if it decodes
     out.attrs = {**_json_clean(dict(ds.attrs)), **_json_clean(attrs or {})}
     root_meta = (path / "zarr.json").read_bytes()
     out.to_zarr(str(path), group=group, mode="w", zarr_format=3, consolidated=False)

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import zarr
 
 from tests.app.stores import bare_store, default_store, probed_store
 
@@ -274,24 +275,47 @@ def test_store_with_a_corrupt_chunk_says_so_on_the_page(monkeypatch, tmp_path, t
     assert f"store {bad} has a corrupt chunk" in _page_text(at) and "recapture" in _page_text(at)
 
 
-def test_corrupt_probe_results_say_so_on_the_page(monkeypatch, tmp_path, tmp_path_factory):
-    """The page-level path (not a preview): the Betas probe's result chunks fail their checksums, so drawing the page
-    itself fails; it shows one message naming the store and the fix, no exception, and the other pages still draw."""
+def test_store_whose_complete_flags_fail_their_checksum_says_so(monkeypatch, tmp_path, tmp_path_factory):
+    """`complete` is read when the store opens: a chunk of it that still decodes (a flag flipped, crc32c tail kept)
+    is the one corrupt-chunk message in the store's problem box, not zarr's two checksums, and no exception."""
+    from tests.store.chunks import chunk_files, forge
+
+    bad = tmp_path / "bad.zarr"
+    shutil.copytree(bare_store(tmp_path_factory), bad)
+    forge(chunk_files(bad / "complete")[0], bad / "complete")
+    at = new_app(monkeypatch, bad)
+    at.run()
+    assert not at.exception, [e.message for e in at.exception]
+    errors = " ".join(e.value for e in at.error)
+    assert f"store {bad} has a corrupt chunk (its checksum does not match its bytes)" in errors, errors
+    assert "stored and computed" not in errors.lower()
+
+
+@pytest.mark.parametrize("damage", ["garbage", "still_decodes"])
+def test_corrupt_probe_results_say_so_on_the_page(monkeypatch, tmp_path, tmp_path_factory, damage):
+    """The page-level path (not a preview): the Betas probe's result chunks fail their checksums (random bytes, or a
+    valid zstd frame of other bytes that only the crc32c tells), so drawing the page itself fails; it shows one
+    message naming the store and the fix (not zarr's two checksums), no exception, and the other pages still draw."""
     from tests.app.stores import probed_store
+    from tests.store.chunks import chunk_files, forge, has_crc32c
 
     bad = tmp_path / "bad.zarr"
     shutil.copytree(probed_store(tmp_path_factory), bad)
-    chunks = [p for p in (bad / "results" / "betas").rglob("*") if p.is_file() and "c" in p.relative_to(bad).parts]
-    assert chunks
-    for chunk in chunks:
-        chunk.write_bytes(os.urandom(chunk.stat().st_size))
+    arrays = [a for a in (bad / "results" / "betas").iterdir() if a.is_dir() and chunk_files(a)]
+    assert arrays and all(has_crc32c(a) for a in arrays)
+    for array in arrays:
+        for chunk in chunk_files(array):
+            if damage == "garbage":
+                chunk.write_bytes(os.urandom(chunk.stat().st_size))
+            elif np.dtype(zarr.open_array(str(array), mode="r").dtype).kind == "f":  # a number off, still decodes
+                forge(chunk, array)
     at = new_app(monkeypatch, bad)
     at.run()
     at.sidebar.radio(key="page").set_value("Betas").run()
     assert not at.exception, [e.message for e in at.exception]
     errors = " ".join(e.value for e in at.error)
-    assert f"store {bad} has a corrupt chunk" in errors and "recapture" in errors, errors
-    assert "checksum" not in errors.lower()
+    assert f"store {bad} has a corrupt chunk (its checksum does not match its bytes)" in errors, errors
+    assert "recapture" in errors and "stored and computed" not in errors.lower()
     at.sidebar.radio(key="page").set_value("Keys").run()
     assert not at.exception and not at.error, [e.value for e in at.error]
 

@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 from app.cli import app
 from probes.results import list_results, read_results
 from probes.synthetic import ROTATION_HEAD, write_synthetic_store
+from tests.store.chunks import chunk_files, forge, has_crc32c, zstd_only
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -98,14 +99,14 @@ def test_a_corrupt_chunk_is_one_line_naming_the_fix_and_nothing_is_written(store
 
 
 @pytest.mark.parametrize("array", ["complete", "pad"])
-def test_a_chunk_that_does_not_decode_is_one_line_too(store, tmp_path, array):
-    """The small per-sequence arrays are zstd without a checksum: garbage there fails in the codec (a RuntimeError,
-    not zarr's checksum message), which is the same one line and exit 2, with the store byte for byte as it was."""
+def test_garbage_in_a_small_array_is_one_line_too(store, tmp_path, array):
+    """The small per-sequence arrays are zstd then crc32c: garbage there fails its checksum (zarr's ValueError, read
+    inside store.open for `complete`), which is the same one line and exit 2, with the store byte for byte as it was."""
     import shutil
 
     bad = tmp_path / "bad.zarr"
     shutil.copytree(store, bad)
-    chunks = [p for p in (bad / array).rglob("*") if p.is_file() and "c" in p.relative_to(bad).parts]
+    chunks = chunk_files(bad / array)
     assert chunks
     for chunk in chunks:
         chunk.write_bytes(os.urandom(max(chunk.stat().st_size, 16)))
@@ -113,8 +114,46 @@ def test_a_chunk_that_does_not_decode_is_one_line_too(store, tmp_path, array):
     res = _probe("betas", "--store", str(bad))
     assert res.exit_code == 2, res.output
     lines = res.stderr.strip().splitlines()
-    assert len(lines) == 1 and f"store {bad} has a corrupt chunk (its bytes do not decode)" in lines[0], lines
+    assert len(lines) == 1 and f"store {bad} has a corrupt chunk (its checksum does not match" in lines[0], lines
     assert {p: p.read_bytes() for p in bad.rglob("*") if p.is_file()} == before
+
+
+@pytest.mark.parametrize("array", ["complete", "pad", "tokens"])
+def test_a_corrupt_chunk_that_still_decodes_fails_its_checksum(store, tmp_path, array):
+    """A chunk rewritten as a valid zstd frame of other bytes (its crc32c tail kept) decodes fine, so without the
+    checksum the probe would read wrong numbers: it is the one corrupt-chunk line and exit 2, the store unchanged."""
+    import shutil
+
+    bad = tmp_path / "bad.zarr"
+    shutil.copytree(store, bad)
+    assert has_crc32c(bad / array)
+    forge(chunk_files(bad / array)[0], bad / array)
+    before = {p: p.read_bytes() for p in bad.rglob("*") if p.is_file()}
+    res = _probe("betas", "--store", str(bad))
+    assert res.exit_code == 2, res.output
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and f"store {bad} has a corrupt chunk (its checksum does not match its bytes)" in lines[0]
+    assert "recapture" in lines[0] and "Stored and computed" not in res.stderr
+    assert {p: p.read_bytes() for p in bad.rglob("*") if p.is_file()} == before
+
+
+def test_a_store_written_without_crc32c_still_reads(store, tmp_path):
+    """Stores written before the crc32c (small arrays zstd only) read as before: the same records; garbage in such a
+    chunk still fails in zstd, which is the one line (its bytes do not decode) and exit 2."""
+    import shutil
+
+    old = tmp_path / "old.zarr"
+    shutil.copytree(store, old)
+    for array in ("complete", "pad", "tokens", "labels"):
+        zstd_only(old / array)
+    res = _probe("betas", "--store", str(old), "--json", "--no-write")
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout) == json.loads(_probe("betas", "--store", str(store), "--json", "--no-write").stdout)
+    for chunk in chunk_files(old / "pad"):
+        chunk.write_bytes(os.urandom(max(chunk.stat().st_size, 16)))
+    res = _probe("betas", "--store", str(old))
+    assert res.exit_code == 2, res.output
+    assert f"store {old} has a corrupt chunk (its bytes do not decode)" in res.stderr.strip().splitlines()[0]
 
 
 def test_a_failed_rerun_keeps_the_earlier_results_whole(store, tmp_path):

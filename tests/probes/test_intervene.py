@@ -106,3 +106,31 @@ def test_cli_writes_results(setup):
     assert out.sizes["intervention"] == 2 and int(out["kind"].values[1]) == intervene.KINDS["set_beta"]
     assert np.isfinite(out["loss"].values).all()
     assert run_module("intervene", ["--store", str(store)]) == 2  # --checkpoint is required
+
+
+def test_corrupt_keys_results_that_still_decode_are_one_line(setup, tmp_path, capsys):
+    """--project-keys reads results/keys: its chunks rewritten as valid zstd frames of other bytes (crc32c tails kept)
+    decode fine, so only their checksums tell; the probe prints the one corrupt-chunk line, exits 2 and leaves every
+    file of the store as it was (no partial results group left behind)."""
+    import shutil
+
+    from probes.base import run_module
+    from tests.store.chunks import chunk_files, forge, has_crc32c
+
+    store, _, ckpt = setup
+    copy = tmp_path / "s.zarr"
+    shutil.copytree(store, copy)
+    assert run_module("keys", ["--store", str(copy)]) == 0
+    for name in ("mean_joint", "components_joint"):
+        array = copy / "results" / "keys" / name
+        assert has_crc32c(array)
+        for chunk in chunk_files(array):
+            forge(chunk, array)
+    before = {p: p.read_bytes() for p in copy.rglob("*") if p.is_file()}
+    capsys.readouterr()
+    code = run_module("intervene", ["--store", str(copy), "--checkpoint", str(ckpt), "--project-keys", "0:1=2"])
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert code == 2, lines
+    assert len(lines) == 1 and f"store {copy} has a corrupt chunk (its checksum does not match its bytes)" in lines[0]
+    assert "re-run the probe" in lines[0]
+    assert {p: p.read_bytes() for p in copy.rglob("*") if p.is_file()} == before

@@ -245,3 +245,20 @@ def test_stored_layers_go_to_the_host_one_at_a_time_as_the_stack_would():
     got = _to_pinned(per_layer, torch.float16, pin=False)
     assert got.shape == (4, 2, 5, 3) and got.dtype == torch.float16
     assert torch.equal(got, _stack(per_layer).to(torch.float16))
+
+
+def test_resume_into_a_store_with_a_corrupt_complete_chunk_is_one_line(ckpt, tmp_path):
+    """A `complete` chunk that still decodes but fails its crc32c: capture says so in one line, exit 2, nothing lost."""
+    from tests.store.chunks import chunk_files, forge
+
+    out = tmp_path / "s.zarr"
+    store.capture(ckpt, "S4:length=40,samples=4,seed=0", out, batch_size=2, progress=False)
+    forge(chunk_files(out / "complete")[0], out / "complete")
+    before = tree_bytes(out)
+    res = CliRunner().invoke(app, ["capture", str(ckpt), "--data", "S4:length=40,samples=4,seed=0", "--out", str(out),
+                                   "--no-progress"])
+    assert res.exit_code == 2, res.output
+    lines = [ln for ln in res.output.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "corrupt chunk (its checksum does not match its bytes)" in lines[0], res.output
+    assert "stored and computed" not in res.output.lower()
+    assert tree_bytes(out) == before

@@ -245,6 +245,42 @@ def test_probe_outputs_never_touch_captured_arrays(tmp_path):
     assert store.open(path).sizes["seq"] == 8
 
 
+def test_new_arrays_end_in_a_crc32c_and_older_ones_still_read(tmp_path):
+    """Every unsharded array written now (small per-sequence arrays, loss, probe variables, results written or
+    appended) ends in a crc32c; activations stay raw in shards whose index has one. Arrays written before (zstd
+    only) read the same values."""
+    from probes.results import append_results
+    from tests.store.chunks import zstd_only
+
+    path = tmp_path / "s.zarr"
+    write_all(path, 10)
+
+    def codecs(array: str) -> list[str]:
+        return [c["name"] for c in json.loads((path / array / "zarr.json").read_text())["codecs"]]
+
+    for var in ("tokens", "labels", "complete"):
+        assert codecs(var) == ["bytes", "zstd", "crc32c"], var
+    assert codecs("loss") == ["bytes", "crc32c"] and codecs("k") == ["sharding_indexed"]
+    ds = store.open(path)
+    erank = xr.DataArray(np.ones((10, 2, 70, 3), np.float32), dims=("seq", "layer", "pos", "head"))
+    store.add_variables(path, xr.Dataset({"erank": erank}))
+    res = xr.Dataset({"components": (("layer", "comp", "dk"), np.arange(24.0).reshape(2, 3, 4))},
+                     coords={"layer": [0, 3]})
+    store.write_results(path, "pca", res)
+    append_results(path, "pca", xr.Dataset({"total": ("layer", np.array([1.5, 2.5]))}, coords={"layer": [0, 3]}))
+    for array in ("erank", "results/pca/components", "results/pca/layer", "results/pca/total"):
+        assert codecs(array) == ["bytes", "zstd", "crc32c"], array
+    before = {v: ds[v].values for v in ("tokens", "labels", "loss", "k")}
+    for array in ("tokens", "labels", "loss", "complete", "results/pca/components", "results/pca/total"):
+        zstd_only(path / array)
+    again = store.open(path)
+    for v, values in before.items():
+        np.testing.assert_array_equal(again[v].values, values)
+    out = store.open_results(path, "pca")
+    np.testing.assert_array_equal(out["components"].values, res["components"].values)
+    np.testing.assert_array_equal(out["total"].values, [1.5, 2.5])
+
+
 def test_info_reports_sizes_completeness_provenance(tmp_path):
     path = tmp_path / "s.zarr"
     write_all(path, 10, stop_after=2)
