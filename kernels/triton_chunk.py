@@ -1240,8 +1240,8 @@ def _run_pieces(q, k, v, beta, g, h0, o, ht, bnd, bounds: list[tuple[int, int]],
     main = torch.cuda.current_stream(q.device)
     key = q.device.index if q.device.index is not None else torch.cuda.current_device()
     if key not in _STREAMS:  # the sequential kernels' stream first in line for the SMs
-        lo, hi = torch.cuda.Stream.priority_range()
-        _STREAMS[key] = (torch.cuda.Stream(q.device, priority=hi), torch.cuda.Stream(q.device, priority=lo))
+        pr = torch.cuda.Stream.priority_range()  # a lower number is a higher priority
+        _STREAMS[key] = (torch.cuda.Stream(q.device, priority=min(pr)), torch.cuda.Stream(q.device, priority=max(pr)))
     seq, side = _STREAMS[key]
     seq.wait_stream(main)
     side.wait_stream(main)
