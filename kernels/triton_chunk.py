@@ -10,6 +10,8 @@ is 64 tokens, i.e. L = 64 * n_h Householder sub-steps, split into n_h blocks of 
    by block rows; also the reciprocal key norms. With `LaunchConfig.tri_split` (the default; any n_h) two
    kernels instead, as fla splits it: `_kkt_kernel` (A in fp32, one program per block and value head) and
    `_tri_inverse_kernel` (16x16 diagonal inverses merged by 16x16 block products), writing the same T.
+   `_kkt_kernel` also forms the intra-chunk attention q K^T * decay * mask once a chunk (`out_aqk`), and with
+   `state_from_v` on the keys path the row scales and Gamma, so that `_wu_kernel` is not launched.
 2. `_wu_kernel` (parallel over chunks): each block's WY factors W_a = T_aa X_a, U_a = T_aa Y_a,
    X = diag(beta e^{Gamma - Gamma_a}) K, Y = diag(beta) V (Gamma_a: the log-decay at the block start).
 3. `_state_kernel` (sequential over chunks and their blocks, parallel over sequence * head * value tiles):
@@ -18,6 +20,9 @@ is 64 tokens, i.e. L = 64 * n_h Householder sub-steps, split into n_h blocks of 
    chunk shared S_c; its cross-block substitution made `_wu_kernel` 2.7x fla's on an H100 at n_h = 3.)
 4. `_output_kernel` (parallel over chunks): o = scale (e^Gamma q S_c + (q K^T * decay * mask) D); D holds
    each sub-step's true pseudo-value, so one chunk-level formula covers all its blocks.
+
+`_Phases` launches them as prep (1-2), state (3) and output (4); `LaunchConfig.pieces` splits one sequence
+(B = 1) into consecutive pieces whose phases overlap on two CUDA streams (`_run_pieces`).
 
 With normalize_qk=True (default False), q and k are L2-normalised in-kernel through per-row reciprocal norms.
 """
@@ -712,8 +717,8 @@ def _state_kernel(
     S_{a+1} = e^{G_a'} S_a + sum_{s in a} e^{G_a' - G_s} k_s D_s^T, G_a' the log-decay over block a.
     D is each sub-step's true pseudo-value, whatever the blocking. The state's key rows are held in two
     halves when dk > 128 (SPLIT): one [256, 32] tile miscompiled on an H100 (Triton 3.6), as [128, 16] did.
-    FUSE_O: also o = scale (e^G q S_c + A D) for this value tile (A from `_wu_kernel`), so that neither D nor
-    the fp32 boundary states are read back by an output kernel."""
+    FUSE_O: also o = scale (e^G q S_c + A D) for this value tile (A, Aqk, from the kkt or WY kernel), so that
+    neither D nor the fp32 boundary states are read back by an output kernel."""
     i_v, i_nh = tl.program_id(0), tl.program_id(1)
     i_n, i_h = i_nh // HV, i_nh % HV
     if IS_VARLEN:  # longest sequences first (`order`), so that they do not start in the last wave
@@ -875,7 +880,7 @@ def _output_kernel(
     """One program per (value tile, global chunk, value head): o = scale (e^G q S_c + (q K^T * decay * mask) D).
     The key dimension runs in blocks of BK (a loop, so that the next block's q, K and S_c rows load during this
     block's products): q S_c and each n_h block's q K^T (at most three) accumulate over them. AQK: q K^T * decay
-    * mask comes from `_wu_kernel` (Aqk, formed once a chunk, not once a value tile); the loop forms only q S_c."""
+    * mask comes from `_kkt_kernel` (Aqk, formed once a chunk, not once a value tile); the loop forms only q S_c."""
     i_v, gc, i_h = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_n, c, bos, Tn = _chunk_seq(gc, T, cu, cidx, coff, IS_VARLEN)
     i_hk = i_h // (HV // HK)
@@ -936,7 +941,7 @@ def _output_kernel(
     b_o = b_o * (b_rq * tl.exp(b_Gq))[:, None]
     for a in tl.static_range(NH):
         rows = aux + a * 64 + o_r
-        if AQK:  # scaled and masked already (`_wu_kernel`)
+        if AQK:  # scaled and masked already (`_kkt_kernel`)
             b_s = tl.load(Aqk + (aux // NH + o_r)[:, None] * L + a * 64 + o_r[None, :])
         else:
             if a == 0:
@@ -981,9 +986,9 @@ class LaunchConfig:
     # the output kernel loads the next key block's tiles before this block's products (a pipeline by hand, in
     # registers, not the compiler's); default_config turns it on where dk spans several key blocks
     out_prefetch: bool = False
-    # the WY kernel forms the intra-chunk attention q K^T * decay * mask once a chunk (Aqk, in the inputs' dtype, as the
-    # output's product rounds it anyway) and the output kernel reads it: q K^T is not formed once a value tile, and
-    # the key-block loop holds only q S_c (no [64, 64] accumulator a WY block)
+    # the kkt kernel (the WY kernel without tri_split) forms the intra-chunk attention q K^T * decay * mask once a chunk
+    # (Aqk, in the inputs' dtype, as the output's product rounds it anyway) and the output kernel reads it: q K^T is
+    # not formed once a value tile, and the key-block loop holds only q S_c (no [64, 64] accumulator a WY block)
     out_aqk: bool = False
     # the sequential kernel forms W S as T (diag(c) (K S)) from the keys it loads for the state update and the
     # block's 64 x 64 T, instead of reading W (64 x dk a block; the WY kernel then writes no W): fewer bytes a step
@@ -991,7 +996,7 @@ class LaunchConfig:
     state_keys_ws: bool = False
     # the sequential kernel forms U = T diag(beta) V from v itself instead of reading U, so the WY kernel writes no U
     # (dv x 2 bytes a sub-step written and read back); with state_keys_ws, D = T (diag(beta) V - diag(c) (K S)) is
-    # one product with T, as many as before, and the WY kernel only writes the row scales
+    # one product with T, as many as before, and the WY kernel is not launched (the kkt kernel writes the row scales)
     state_from_v: bool = False
     # one sequence (B = 1) in this many consecutive pieces: the sequential kernels on one CUDA stream, each piece's
     # prep and output kernels on another, so they run on the SMs the sequential kernel leaves idle (`_run_pieces`)
@@ -1273,7 +1278,7 @@ class _Phases:
     def __init__(self, q, k, v, beta, g, h0, o, ht, bnd, tables: tuple, *, cfg: LaunchConfig, scale: float,
                  normalize_qk: bool, F32: bool, PREC: str, interp: bool, store_final: bool | None = None) -> None:
         T, cu, cidx, coff, order, NCT, N = tables
-        B, _, HK, K = q.shape
+        HK, K = q.shape[2], q.shape[3]
         n_h, HV, V = k.shape[2], v.shape[3], v.shape[-1]
         self.q, self.k, self.v, self.beta, self.g, self.h0, self.o, self.ht, self.bnd = q, k, v, beta, g, h0, o, ht, bnd
         self.cfg, self.scale, self.norm, self.interp, self.PREC = cfg, scale, normalize_qk, interp, PREC
