@@ -205,11 +205,11 @@ for section in "$@"; do
           --change out_aqk=True,kkt_warps=8,out_bv=256,out_warps=8 2>&1 | grep -v Warn | tee -a "$OUT/aqk.txt"
       done ;;
     fromv)
-      # #17 (unmeasured): the sequential kernel forms U = T diag(beta) V from v (state_from_v), so the WY kernel
-      # writes no U (at 8x4096 it moves ~2.6 TB/s, 0.148-0.456 ms, mostly v in and U out); with the keys path
-      # D = T (diag(beta) V - diag(c) (K S)) is one product and the kkt kernel writes the rest (no WY launch). ptxas sm_90 spill bytes (4 warps) rise: GDN default keys
-      # 2 stages 408 -> 648, W path 3 stages 512 -> 944, Qwen3-Next BV 64 520 -> 1192. GPU tests, then vs the default
-      # and fla at every real row; ~8 minutes
+      # #17 (unmeasured): the sequential kernel forms U = T diag(beta) V from v (state_from_v), so the WY kernel writes no
+      # U (at 8x4096 0.148-0.456 ms; ~2.6 TB/s by a byte count at n_h = 3, mostly v in and U out); with the keys path D =
+      # T (diag(beta) V - diag(c) (K S)) is one product and the kkt kernel writes the rest (no WY launch). ptxas sm_90
+      # spill bytes (4 warps) rise: GDN default keys 2 stages 408 -> 648, W path 3 stages 512 -> 944, Qwen3-Next BV 64 520
+      # -> 1192. GPU tests, then vs the default and fla at every real row; ~8 minutes
       timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_triton_from_v.py 2>&1 \
         | tail -4 | tee -a "$OUT/fromv.txt"
       for shape in "GDN fla default" "Qwen3-Next grouped" "DeltaProduct n_h=3" "DeltaProduct n_h=2"; do
