@@ -21,8 +21,7 @@ is 64 tokens, i.e. L = 64 * n_h Householder sub-steps, split into n_h blocks of 
 4. `_output_kernel` (parallel over chunks): o = scale (e^Gamma q S_c + (q K^T * decay * mask) D); D holds
    each sub-step's true pseudo-value, so one chunk-level formula covers all its blocks.
 
-`_Phases` launches them as prep (1-2), state (3) and output (4); `LaunchConfig.pieces` splits one sequence
-(B = 1) into consecutive pieces whose phases overlap on two CUDA streams (`_run_pieces`).
+`_Phases` allocates the intermediates and launches them as prep (1-2), state (3) and output (4).
 
 With normalize_qk=True (default False), q and k are L2-normalised in-kernel through per-row reciprocal norms.
 """
@@ -998,9 +997,6 @@ class LaunchConfig:
     # (dv x 2 bytes a sub-step written and read back); with state_keys_ws, D = T (diag(beta) V - diag(c) (K S)) is
     # one product with T, as many as before, and the WY kernel is not launched (the kkt kernel writes the row scales)
     state_from_v: bool = False
-    # one sequence (B = 1) in this many consecutive pieces: the sequential kernels on one CUDA stream, each piece's
-    # prep and output kernels on another, so they run on the SMs the sequential kernel leaves idle (`_run_pieces`)
-    pieces: int = 1
     tri_programs_per_sm: int = 8
     fuse_output: bool | None = None  # the state kernel writes o (no output kernel); None: default_config's
     # programs of the sequential kernel that share an SM's shared memory when its pipeline stages are sized; None:
@@ -1068,13 +1064,19 @@ def default_config(B: int, H: int, V: int, n_h: int = 1, K: int = 128) -> Launch
     keys_ws = programs > n_sm
     if keys_ws:
         stages = 2
+    # On the keys path U from v (state_from_v): D = T (diag(beta) V - diag(c) (K S)) in the sequential kernel, which
+    # holds its time, and no WY kernel at all. H100, o + final against reading U (twelfth session,
+    # scripts/config_ab.py): GDN default 8x4096 1.11x, Qwen3-Next 8x4096 1.15x, DeltaProduct n_h = 3 8x4096 1.13x.
+    # At B = 1 (the W path) not: the keys path with it measured 0.90-0.91x at 1x32768, and the W path with it
+    # miscompiles at 32-wide value tiles and two or more stages (scripts/fromv_check.py), so such tiles run there at
+    # one stage (`_Phases.state`)
     # dk <= 128: the output kernel takes dk in one key block (no loop: Qwen3-Next 2.511 -> 2.452 ms at 1x32768);
     # more key blocks load one ahead at n_h = 1 (out_prefetch: GDN default 1x32768 output kernel 0.669 -> 0.561 ms,
     # H100; at n_h = 3, with three q K^T accumulators live, 1.225 -> 3.174 ms at 8x4096, so not there)
     out_bk = _pow2(K) if K <= 128 else LaunchConfig.out_bk
     return LaunchConfig(
         state_bv=min(bv, _pow2(V)), fuse_output=False, resident_per_sm=1, state_stages=stages, out_bk=out_bk,
-        state_keys_ws=keys_ws, out_prefetch=K > out_bk and n_h == 1, out_aqk=aqk,
+        state_keys_ws=keys_ws, state_from_v=keys_ws, out_prefetch=K > out_bk and n_h == 1, out_aqk=aqk,
     )
 
 
@@ -1193,90 +1195,21 @@ def triton_delta_product(
     ht = torch.empty(N, HV, K, V, dtype=torch.float32, device=dev) if output_final_state else None
     o = torch.empty(B, T, HV, V, dtype=dtype, device=dev)
     fixed = dict(cfg=cfg, scale=scale, normalize_qk=normalize_qk, F32=F32, PREC=PREC, interp=interp)
-    bounds = _piece_bounds(T, cfg.pieces) if B == 1 and not varlen and not fuse else [(0, T)]
-    if len(bounds) == 1:
-        run = _Phases(q, k, v, beta, g, h0, o, ht, bnd, (T, cu, cidx, coff, order, NCT, N), **fixed)
-        run.prep()
-        run.state()
-        run.output()
-    else:
-        _run_pieces(q, k, v, beta, g, h0, o, ht, bnd, bounds, fixed)
+    run = _Phases(q, k, v, beta, g, h0, o, ht, bnd, (T, cu, cidx, coff, order, NCT, N), **fixed)
+    run.prep()
+    run.state()
+    run.output()
     bnd_out = bnd.view(1 if varlen else B, -1, HV, K, V) if output_boundary_states else None
     return o, ht, bnd_out
 
 
-def _piece_bounds(T: int, pieces: int) -> list[tuple[int, int]]:
-    """Token ranges of `pieces` consecutive pieces of one sequence, each a whole number of chunks (the last may end
-    early); fewer when T has fewer chunks."""
-    n_chunks = triton.cdiv(T, CHUNK_SIZE)
-    if n_chunks <= 1 or pieces <= 1:
-        return [(0, T)]
-    per = triton.cdiv(n_chunks, min(pieces, n_chunks))
-    return [(c * CHUNK_SIZE, min(T, (c + per) * CHUNK_SIZE)) for c in range(0, n_chunks, per)]
-
-
-_STREAMS: dict[int, tuple[torch.cuda.Stream, torch.cuda.Stream]] = {}
-
-
-def _run_pieces(q, k, v, beta, g, h0, o, ht, bnd, bounds: list[tuple[int, int]], fixed: dict) -> None:
-    """One sequence (B = 1) in consecutive pieces (`LaunchConfig.pieces`): each piece's sequential kernel starts from
-    the previous piece's fp32 final state, so o and the states equal the one-piece run's. On CUDA the sequential
-    kernels run on one stream and each piece's prep (A, T, WY) and output kernels on another, ordered by events: the
-    next pieces' prep and the previous pieces' output run on the SMs the sequential kernel leaves idle."""
-    HV, K, V = v.shape[3], q.shape[-1], v.shape[-1]
-    phases, carry = [], h0
-    for i, (t0, t1) in enumerate(bounds):
-        last = i == len(bounds) - 1
-        c0, c1 = t0 // CHUNK_SIZE, triton.cdiv(t1, CHUNK_SIZE)
-        ht_i = ht if last else torch.empty(1, HV, K, V, dtype=torch.float32, device=q.device)
-        bnd_i = bnd[c0 : c1 + 1] if bnd.shape[0] else bnd
-        sl = slice(t0, t1)
-        gi = g[:, sl] if g is not None else None
-        tables = (t1 - t0, None, None, None, None, c1 - c0, 1)
-        phases.append(_Phases(q[:, sl], k[:, sl], v[:, sl], beta[:, sl], gi, carry, o[:, sl], ht_i, bnd_i, tables,
-                              store_final=True if not last else ht is not None, **fixed))  # fmt: skip
-        carry = ht_i
-    if not q.is_cuda or fixed["interp"]:
-        for ph in phases:
-            ph.prep()
-            ph.state()
-            ph.output()
-        return
-    main = torch.cuda.current_stream(q.device)
-    key = q.device.index if q.device.index is not None else torch.cuda.current_device()
-    if key not in _STREAMS:  # the sequential kernels' stream first in line for the SMs
-        pr = torch.cuda.Stream.priority_range()  # a lower number is a higher priority
-        _STREAMS[key] = (torch.cuda.Stream(q.device, priority=min(pr)), torch.cuda.Stream(q.device, priority=max(pr)))
-    seq, side = _STREAMS[key]
-    seq.wait_stream(main)
-    side.wait_stream(main)
-    prepped = _enqueue(side, [ph.prep for ph in phases])
-    stated = _enqueue(seq, [ph.state for ph in phases], after=prepped)
-    _enqueue(side, [ph.output for ph in phases], after=stated)
-    main.wait_stream(seq)
-    main.wait_stream(side)
-
-
-def _enqueue(stream: torch.cuda.Stream, steps: list, after: list | None = None) -> list[torch.cuda.Event]:
-    """Launch each step on `stream`, step i after event `after[i]`; an event recorded after each step."""
-    done = []
-    with torch.cuda.stream(stream):
-        for i, step in enumerate(steps):
-            if after is not None:
-                stream.wait_event(after[i])
-            step()
-            done.append(torch.cuda.Event())
-            done[-1].record(stream)
-    return done
-
-
 class _Phases:
-    """The forward's kernels for one batch (or one piece of one sequence) in three phases: prep (A, T = (I + A)^-1,
+    """The forward's kernels for one batch in three phases: prep (A, T = (I + A)^-1,
     the WY factors and the intra-chunk attention), the sequential state kernel, and the output kernel. Allocates the
     intermediates; writes o, ht and bnd, which the caller gives."""
 
     def __init__(self, q, k, v, beta, g, h0, o, ht, bnd, tables: tuple, *, cfg: LaunchConfig, scale: float,
-                 normalize_qk: bool, F32: bool, PREC: str, interp: bool, store_final: bool | None = None) -> None:
+                 normalize_qk: bool, F32: bool, PREC: str, interp: bool) -> None:
         T, cu, cidx, coff, order, NCT, N = tables
         HK, K = q.shape[2], q.shape[3]
         n_h, HV, V = k.shape[2], v.shape[3], v.shape[-1]
@@ -1284,7 +1217,6 @@ class _Phases:
         self.cfg, self.scale, self.norm, self.interp, self.PREC = cfg, scale, normalize_qk, interp, PREC
         self.N, self.NCT, self.V, self.K, self.HV, self.n_h = N, NCT, V, K, HV, n_h
         self.order = order
-        self.store_final = ht is not None if store_final is None else store_final
         self.common = dict(HK=HK, HV=HV, NH=n_h, K=K, IS_VARLEN=cu is not None, F32=F32, PREC=PREC)
         self.seq_args = (T, cu, cidx, coff, NCT)
         self.BK, self.BVF = _pow2(K), _pow2(V)
@@ -1342,7 +1274,7 @@ class _Phases:
         BK, BV = self.BK, self.BV
         BKH = BK // 2 if BK > 128 else BK
         consts = dict(
-            V=self.V, BKH=BKH, SPLIT=BKH < BK, BV=BV, HAS_H0=self.h0 is not None, STORE_FINAL=self.store_final,
+            V=self.V, BKH=BKH, SPLIT=BKH < BK, BV=BV, HAS_H0=self.h0 is not None, STORE_FINAL=self.ht is not None,
             STORE_BND=self.bnd.shape[0] > 0, FUSE_O=self.fuse, NORM=self.norm, KEYS_WS=self.keys_ws,
             FROM_V=self.from_v, **self.common,
         )  # fmt: skip
@@ -1353,7 +1285,11 @@ class _Phases:
         T, cu, _, coff, NCT = self.seq_args
         args = (self.q, self.k, self.v, self.beta, self.W, self.U, self.D, self.Aqk, self.gcum, self.rstd, self.Ti,
                 self.wsc, self.bnd, self.ht, self.h0, self.o, T, cu, coff, self.order, NCT, self.scale)  # fmt: skip
-        _launch(_state_kernel, (triton.cdiv(self.V, BV), self.N * self.HV), self.cfg, args, consts, smem)
+        # U from v on the W path: wrong (or NaN) o and states at BV 32 and 2-3 stages on an H100, right at one stage
+        # and at BV 64 at any (scripts/fromv_check.py, twelfth session; the interpreter agrees at all), so one there
+        one_stage = self.from_v and not self.keys_ws and BV < 64
+        cfg = replace(self.cfg, state_stages=1) if one_stage else self.cfg
+        _launch(_state_kernel, (triton.cdiv(self.V, BV), self.N * self.HV), cfg, args, consts, smem)
 
     def output(self) -> None:
         """o = scale (e^G q S_c + A D) per chunk (nothing when the state kernel wrote o)."""

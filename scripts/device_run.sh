@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call's worth of GPU work, by section; logs and JSON go to $OUT (the device tool's folder).
 #   usage (on the device, from the repo root, after the wheel install line of ../shared/device/README.md):
-#     bash scripts/device_run.sh s4 | tests | kernels | kda | analysis | probes | store | dist | attention | rwkv7fix | rwkv7 | verify | reduce | table | secular | spectra19 | statetile | keysws | aqk | fromv | pieces | outload | devmap [more ...]
+#     bash scripts/device_run.sh s4 | tests | kernels | kda | analysis | probes | store | dist | attention | rwkv7fix | rwkv7 | verify | reduce | table | secular | spectra19 | statetile | keysws | aqk | fromv | fromvw | outload | devmap [more ...]
 # s4:      continue the bundled S4 model (trained up to length 128) at 128, then 256, and evaluate it
 # tests:   the GPU-marked tests (realistic shapes, fla 0.6.0 comparisons)
 # kernels: python -m benchmarks.kernels (forward vs fla, accuracy; ~9 min on an H100, so a call of its own)
@@ -32,8 +32,8 @@
 #          (scripts/config_ab.py); ~5 minutes
 # keysws:  the sequential kernel with W S from the keys and T (state_keys_ws: GPU tests, then vs the default and fla)
 # aqk:     the output kernel reading q K^T * decay * mask from the kkt kernel (out_aqk: GPU tests, vs default and fla)
-# fromv:   the sequential kernel forming U from v, no U written (state_from_v: GPU tests, vs default and fla)
-# pieces:  B = 1 in pieces on two CUDA streams (LaunchConfig.pieces: GPU tests, vs default and fla at 1 x 32768)
+# fromvw:  U from v on the W path (B = 1), 32- and 64-wide value tiles (GPU tests, vs default and fla)
+# fromv:   U from v in the sequential kernel (state_from_v; GPU tests, W-path errors, vs reading U and fla)
 # outload: the output kernel with its loads a key block ahead (out_prefetch: GPU tests, then vs the default and fla)
 #          and at 2-3 pipeline stages (o's difference from the default shows a miscompile); ~6 minutes
 # devmap:  scripts/device_map_check.py same (one GPU vs device_map auto/balanced; DEVMAP_SAME=0 skips it) and big
@@ -204,32 +204,30 @@ for section in "$@"; do
           --change out_aqk=True --change out_aqk=True,kkt_warps=8 --change out_aqk=True,kkt_warps=8,out_warps=8 \
           --change out_aqk=True,kkt_warps=8,out_bv=256,out_warps=8 2>&1 | grep -v Warn | tee -a "$OUT/aqk.txt"
       done ;;
+    fromvw)
+      # #17 at B = 1 (the W path, unmeasured): U from v there drops U from the WY kernel's writes (0.221 ms at GDN
+      # default 1 x 32768, 0.447 at Qwen3-Next, which misses 1.3x by 0.03 ms) with U = T diag(beta) V off the step's
+      # dependent chain; it runs at one stage at 32-wide value tiles (they miscompiled at 2-3), so also 64-wide tiles
+      # (half the programs, right at every stage). GPU tests of those, then vs the default and fla at each 1 x 32768
+      # row; ~8 minutes with .triton-autotune carried
+      timeout 150 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_triton_from_v.py -k "W or 64" \
+        2>&1 | tail -4 | tee -a "$OUT/fromvw.txt"
+      for shape in "GDN fla default" "Qwen3-Next grouped" "DeltaProduct n_h=3" "DeltaProduct n_h=2"; do
+        timeout 90 python3 scripts/config_ab.py --shape "$shape" --sizes 1x32768 --profile --change state_from_v=True \
+          --change state_bv=64 --change state_bv=64,state_from_v=True 2>&1 | grep -v Warn | tee -a "$OUT/fromvw.txt"
+      done ;;
     fromv)
-      # #17 (unmeasured): the sequential kernel forms U = T diag(beta) V from v (state_from_v), so the WY kernel writes no
-      # U (at 8x4096 0.148-0.456 ms; ~2.6 TB/s by a byte count at n_h = 3, mostly v in and U out); with the keys path D =
-      # T (diag(beta) V - diag(c) (K S)) is one product and the kkt kernel writes the rest (no WY launch). ptxas sm_90
-      # spill bytes (4 warps) rise: GDN default keys 2 stages 408 -> 648, W path 3 stages 512 -> 944, Qwen3-Next BV 64 520
-      # -> 1192. GPU tests, then vs the default and fla at every real row; ~8 minutes
+      # #17: U from v in the sequential kernel (state_from_v, the default on the keys path since the twelfth session:
+      # 8x4096 GDN default 1.11x, Qwen3-Next 1.15x, DeltaProduct n_h = 3 1.13x against reading U; the state kernel
+      # holds its time and the WY kernel is not launched). The W path with it miscompiled at 32-wide value tiles and
+      # 2-3 stages, so it runs there at one stage: scripts/fromv_check.py prints the errors per stages and tile.
+      # GPU tests, the check, then the keys path against reading U at the packed rows and DeltaProduct n_h = 2;
+      # ~8 minutes with .triton-autotune carried (fla's autotuning alone took the last shapes' time without it)
       timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_triton_from_v.py 2>&1 \
         | tail -4 | tee -a "$OUT/fromv.txt"
-      for shape in "GDN fla default" "Qwen3-Next grouped" "DeltaProduct n_h=3" "DeltaProduct n_h=2"; do
-        timeout 90 python3 scripts/config_ab.py --shape "$shape" --sizes 8x4096,varlen,1x32768 --profile \
-          --change state_from_v=True 2>&1 | grep -v Warn | tee -a "$OUT/fromv.txt"
-      done ;;
-    pieces)
-      # #17 at B = 1 (unmeasured): one sequence in consecutive pieces, the sequential kernels on one CUDA stream and
-      # each piece's prep and output kernels on another (LaunchConfig.pieces), so they use the SMs the sequential
-      # kernel leaves idle (96 of 132 busy at GDN default 1 x 32768, where prep + output take 0.83 of 1.87 ms);
-      # GPU tests (bit-identical to one piece), then vs the default and fla, with and without U from v; ~8 minutes
-      timeout 150 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_triton_pieces.py 2>&1 \
-        | tail -4 | tee -a "$OUT/pieces.txt"
-      for shape in "GDN fla default" "DeltaProduct n_h=3" "Qwen3-Next grouped" "DeltaProduct n_h=2"; do
-        timeout 80 python3 scripts/config_ab.py --shape "$shape" --sizes 1x32768 --profile --change pieces=2 \
-          --change pieces=4 --change pieces=8 --change pieces=4,state_from_v=True 2>&1 | grep -v Warn \
-          | tee -a "$OUT/pieces.txt"
-      done
-      timeout 60 python3 scripts/grid_ab.py --point 1,8192,3,off --point 1,8192,1,on --point 1,2048,3,on \
-        --change pieces=4 2>&1 | grep -v Warn | tee -a "$OUT/pieces.txt" ;;
+      timeout 120 python3 scripts/fromv_check.py 2>&1 | grep -v Warn | tee -a "$OUT/fromv.txt"
+      timeout 200 python3 scripts/config_ab.py --shape "DeltaProduct n_h=2" --shape "GDN fla default" \
+        --sizes 8x4096,varlen --profile --change state_from_v=False 2>&1 | grep -v Warn | tee -a "$OUT/fromv.txt" ;;
     outload)
       # #17: the output kernel with its loads one key block ahead (out_prefetch; GPU tests first), and pipelined by
       # the compiler (miscompiled on Triton 3.9 in the sixth session: o's difference shows it); ~6 minutes
@@ -242,7 +240,7 @@ for section in "$@"; do
       done
       timeout 100 python3 scripts/config_ab.py --shape "GDN fla default" --sizes 1x32768 --profile \
         --change out_stages=2 --change out_stages=3 2>&1 | grep -v Warn | tee -a "$OUT/outload.txt" ;;
-    *) echo "unknown section $section: use s4, tests, kernels, kda, analysis, probes, store, dist, attention, rwkv7fix, rwkv7, reduce, table, verify, secular, spectra19, statetile, keysws, aqk, fromv, pieces, outload or devmap" >&2
+    *) echo "unknown section $section: use s4, tests, kernels, kda, analysis, probes, store, dist, attention, rwkv7fix, rwkv7, reduce, table, verify, secular, spectra19, statetile, keysws, aqk, fromv, fromvw, outload or devmap" >&2
        exit 2 ;;
   esac
 done

@@ -44,8 +44,6 @@ def test_from_v_bf16():
                  state_keys_ws=True), dict(state_keys_ws=True))  # fmt: skip
 
 
-
-
 @pytest.mark.gpu
 @needs_cuda
 @pytest.mark.parametrize("path", list(PATHS))
@@ -55,3 +53,46 @@ def test_gpu_from_v_matches_float64(name, dtype, path):
     stages = dict(state_stages=2) if path == "keys" else {}
     off = dict(PATHS[path], **stages)
     check_choice(GPU_REAL_CASES[name], dtype, dict(state_from_v=True, **off), off, device="cuda")
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("name, dtype", GPU_REAL_RUNS)
+def test_gpu_from_v_w_path_64_wide_tiles_at_three_stages(name, dtype):
+    """The W path with U from v keeps its stages at 64-wide value tiles (right at 1-3 stages on an H100, twelfth
+    session; 32-wide ones miscompiled at 2-3 and run at one)."""
+    off = dict(state_keys_ws=False, state_bv=64, state_stages=3)
+    check_choice(GPU_REAL_CASES[name], dtype, dict(state_from_v=True, **off), off, device="cuda")
+
+
+def test_default_config_forms_u_from_v_on_the_keys_path_only():
+    """Past one program a SM (8 x 4096, packed) the keys path with U from v; at B = 1 the W path reading U (132 SMs)."""
+    from kernels.triton_chunk import default_config
+
+    for B, H, V, n_h, K in [(8, 6, 512, 1, 256), (32, 6, 512, 3, 256), (8, 32, 128, 1, 128)]:
+        cfg = default_config(B, H, V, n_h, K)
+        assert cfg.state_keys_ws and cfg.state_from_v, (B, H, V, n_h, K)
+    for B, H, V, n_h, K in [(1, 6, 512, 1, 256), (1, 6, 512, 3, 256)]:
+        cfg = default_config(B, H, V, n_h, K)
+        assert not cfg.state_keys_ws and not cfg.state_from_v, (B, H, V, n_h, K)
+
+
+@cpu_only
+@pytest.mark.parametrize("path, bv, stages", [("W", 32, 1), ("W", 64, 3), ("keys", 32, 3)])
+def test_u_from_v_on_the_w_path_runs_at_one_stage_at_32_wide_tiles(monkeypatch, path, bv, stages):
+    """On an H100 the W path with U from v miscompiled at 32-wide value tiles and 2-3 stages (scripts/fromv_check.py):
+    one stage there; 64-wide tiles and the keys path keep theirs."""
+    import kernels.triton_chunk as tc
+
+    seen = []
+    real = tc._launch
+
+    def spy(kernel, grid, cfg, *rest):
+        seen.append(cfg.state_stages)
+        return real(kernel, grid, cfg, *rest)
+
+    monkeypatch.setattr(tc, "_launch", spy)
+    case = (1, 130, 1, 1, 32, 64, 1, True, None)
+    on = dict(state_from_v=True, state_stages=3, state_bv=bv, **PATHS[path])
+    check_choice(case, torch.float32, on, dict(PATHS[path], state_bv=bv))
+    assert seen[0] == stages
