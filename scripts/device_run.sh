@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call's worth of GPU work, by section; logs and JSON go to $OUT (the device tool's folder).
 #   usage (on the device, from the repo root, after the wheel install line of ../shared/device/README.md):
-#     bash scripts/device_run.sh s4 | tests | kernels | kda | analysis | probes | store | dist | attention | rwkv7fix | rwkv7 | verify | reduce | table | secular | spectra19 | statetile | keysws | aqk | fromv | fromvw | outload | devmap [more ...]
+#     bash scripts/device_run.sh s4 | tests | kernels | kda | analysis | probes | store | dist | attention | rwkv7fix | rwkv7 | verify | reduce | table | secular | spectra19 | statetile | keysws | aqk | fromv | fromvw | keysfv | outload | devmap [more ...]
 # s4:      continue the bundled S4 model (trained up to length 128) at 128, then 256, and evaluate it
 # tests:   the GPU-marked tests (realistic shapes, fla 0.6.0 comparisons)
 # kernels: python -m benchmarks.kernels (forward vs fla, accuracy; ~9 min on an H100, so a call of its own)
@@ -32,6 +32,7 @@
 #          (scripts/config_ab.py); ~5 minutes
 # keysws:  the sequential kernel with W S from the keys and T (state_keys_ws: GPU tests, then vs the default and fla)
 # aqk:     the output kernel reading q K^T * decay * mask from the kkt kernel (out_aqk: GPU tests, vs default and fla)
+# keysfv:  the keys path with U from v at 8 warps, 64-wide tiles, 1 or 3 stages (8x4096 and packed rows)
 # fromvw:  U from v on the W path (B = 1), 32- and 64-wide value tiles (GPU tests, vs default and fla)
 # fromv:   U from v in the sequential kernel (state_from_v; GPU tests, W-path errors, vs reading U and fla)
 # outload: the output kernel with its loads a key block ahead (out_prefetch: GPU tests, then vs the default and fla)
@@ -204,6 +205,16 @@ for section in "$@"; do
           --change out_aqk=True --change out_aqk=True,kkt_warps=8 --change out_aqk=True,kkt_warps=8,out_warps=8 \
           --change out_aqk=True,kkt_warps=8,out_bv=256,out_warps=8 2>&1 | grep -v Warn | tee -a "$OUT/aqk.txt"
       done ;;
+    keysfv)
+      # #17 past one wave (unmeasured): the keys path with U from v spills more at 4 warps (ptxas sm_90 stack bytes,
+      # 2 stages: GDN default BV 32 512 -> 784, BV 64 1808 -> 2496; at 8 warps 232 and 1152), and its state kernel is
+      # 0.778 ms at GDN default 8 x 4096 against fla's h kernel 0.701 (the row is 1.22x, 1.3x needs ~1.32 ms):
+      # 8 warps, 64-wide tiles and one or three stages against the default, at 8 x 4096 and packed; ~6 minutes
+      for shape in "GDN fla default" "DeltaProduct n_h=2"; do
+        timeout 150 python3 scripts/config_ab.py --shape "$shape" --sizes 8x4096,varlen --profile \
+          --change state_warps=8 --change state_warps=8,state_bv=64 --change state_stages=1 \
+          --change state_stages=3 2>&1 | grep -v Warn | tee -a "$OUT/keysfv.txt"
+      done ;;
     fromvw)
       # #17 at B = 1 (the W path, unmeasured): U from v there drops U from the WY kernel's writes (0.221 ms at GDN
       # default 1 x 32768, 0.447 at Qwen3-Next, which misses 1.3x by 0.03 ms) with U = T diag(beta) V off the step's
@@ -240,7 +251,7 @@ for section in "$@"; do
       done
       timeout 100 python3 scripts/config_ab.py --shape "GDN fla default" --sizes 1x32768 --profile \
         --change out_stages=2 --change out_stages=3 2>&1 | grep -v Warn | tee -a "$OUT/outload.txt" ;;
-    *) echo "unknown section $section: use s4, tests, kernels, kda, analysis, probes, store, dist, attention, rwkv7fix, rwkv7, reduce, table, verify, secular, spectra19, statetile, keysws, aqk, fromv, fromvw, outload or devmap" >&2
+    *) echo "unknown section $section: use s4, tests, kernels, kda, analysis, probes, store, dist, attention, rwkv7fix, rwkv7, reduce, table, verify, secular, spectra19, statetile, keysws, aqk, fromv, fromvw, keysfv, outload or devmap" >&2
        exit 2 ;;
   esac
 done
