@@ -64,7 +64,7 @@ def capture(
     from store import StoreError
     from store import capture as run_capture
     from store.capture import parse_list
-    from store.errors import corrupt_chunk_line, is_corrupt_chunk
+    from store.errors import corrupt_chunk_line, reraise_unless_input_error
     from store.schema import DEFAULT_HOOKS
 
     command_line = ["deltalab", *sys.argv[1:]]
@@ -84,8 +84,7 @@ def capture(
     except (StoreError, CheckpointError, ValueError) as err:
         fail((corrupt_chunk_line(err, out) if type(err) is ValueError else None) or str(err))
     except RuntimeError as err:  # zstd's, on a chunk of an older store (no crc32c) that does not decode
-        if not is_corrupt_chunk(err):
-            raise
+        reraise_unless_input_error(err)
         fail(corrupt_chunk_line(err, out))
     if as_json:
         typer.echo(json.dumps(summary))

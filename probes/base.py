@@ -140,10 +140,9 @@ def cli_main(name: str, description: str, add_arguments: Callable[[argparse.Argu
     except (ValueError, KeyError, OSError, RuntimeError) as err:  # bad input, failed write (disk full), corrupt chunk
         if sink is not None:
             sink.abort()
-        from store.errors import is_corrupt_chunk
+        from store.errors import reraise_unless_input_error
 
-        if isinstance(err, RuntimeError) and not is_corrupt_chunk(err):
-            raise
+        reraise_unless_input_error(err)
         print(f"error: {error_line(err, args.store)}", file=sys.stderr)
         return 2
     except BaseException:  # any other failure (or Ctrl-C): drop the partial group, keep the earlier results

@@ -50,3 +50,10 @@ def corrupt_chunk_line(err: BaseException, store: object) -> str | None:
 def is_corrupt_chunk(err: BaseException) -> bool:
     """Whether a read failed on a corrupt store chunk (a RuntimeError from a codec is one; other ones are bugs)."""
     return corrupt_chunk_line(err, "") is not None
+
+
+def reraise_unless_input_error(err: BaseException) -> None:
+    """Raise `err` again if it is a RuntimeError other than a codec's on a corrupt chunk: that is a bug to see in
+    full, not bad input to put in one line."""
+    if isinstance(err, RuntimeError) and not is_corrupt_chunk(err):
+        raise err

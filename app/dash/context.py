@@ -124,10 +124,9 @@ class Context:
             res, n = loading.preview(self.path, self.ds, probe, self.sel.layer)
         except (ValueError, KeyError, RuntimeError) as err:
             from probes.base import error_line  # a corrupt chunk: the store and the fix
-            from store.errors import is_corrupt_chunk
+            from store.errors import reraise_unless_input_error
 
-            if isinstance(err, RuntimeError) and not is_corrupt_chunk(err):
-                raise
+            reraise_unless_input_error(err)
 
             st.warning(f"The preview could not be computed: {error_line(err, self.path)}")
             return None, False
