@@ -24,8 +24,8 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-import kernels.triton_chunk as tc
 import kernels.triton_kda as tk
+import kernels.triton_prep as tp
 
 PTR_DTYPES = {"bf16": "bf16", "fp16": "fp16", "fp32": "fp32"}
 
@@ -109,7 +109,7 @@ def report(
             "wy": resources(tk._wy_kernel, wy_ptrs, wy_consts, cfg.wy_warps, arch=arch),
         }
         if cfg.inverse_kernel:
-            split["inverse"] = resources(tc._tri_inverse_kernel, {"A": "*fp32", "Ti": half_t},
+            split["inverse"] = resources(tp._tri_inverse_kernel, {"A": "*fp32", "Ti": half_t},
                                          {"PREC": common["PREC"], "UPPER_ZEROS": True},
                                          2 if F32 else cfg.inverse_warps, arch=arch)
     return {

@@ -40,23 +40,16 @@ import triton
 import triton.language as tl
 
 from kernels.naive import CHUNK_SIZE, check_inputs, l2_normalize
-from kernels.triton_chunk import (
-    _chunk_seq,
-    _dot_in,
-    _interpreting,
+from kernels.triton_chunk import _launch, _varlen_tables, default_config
+from kernels.triton_common import _chunk_seq, _dot_in, _interpreting, _num_sms, _pow2
+from kernels.triton_prep import (
     _invert_blocks,
     _invert_in_place,
-    _launch,
-    _num_sms,
-    _pow2,
     _store_lower_blocks,
-    _store_state,
     _store_upper_zeros,
-    _u_minus_ws,
-    _varlen_tables,
-    default_config,
     launch_inverse,
 )
+from kernels.triton_state import _store_state, _u_minus_ws
 
 MAX_K, MAX_V = 256, 512  # head dims this path takes (the dispatcher falls back beyond)
 
@@ -740,7 +733,7 @@ class KdaConfig:
     intra_inverts: bool = True  # the per-chunk kernel also inverts (I + A) in registers (the WY kernel then does not)
     intra_chunk_bk: int = 16  # its key-channel block (ptxas sm_90, 4 warps: 80 bytes of spills; 32: 448)
     intra_chunk_warps: int = 1  # H200, B=8 T=8192 H=32, inverting (kda_split_check): 1 warp 8.46 ms, 2 10.49, 4 13.68
-    inverse_kernel: bool = True  # split prep: T = (I + A)^-1 by triton_chunk's `_tri_inverse_kernel` (a block a
+    inverse_kernel: bool = True  # split prep: T = (I + A)^-1 by triton_prep's `_tri_inverse_kernel` (a block a
     # program) between the intra kernel (then not inverting) and the WY kernel. H100, B=8 T=8192 H=32: 8.10 ms against
     # 8.55 inverting in the intra kernel (intra 3.24 + inverse 0.23 against 3.73; scripts/kda_split_check.py)
     inverse_warps: int = 1
@@ -876,7 +869,7 @@ def triton_kda(
                 num_warps=cfg.intra_warps,
                 **({} if cfg.intra_maxnreg is None or interp else dict(maxnreg=cfg.intra_maxnreg)),
             )  # fmt: skip
-        if cfg.inverse_kernel:  # A (fp32) -> T in the inputs' type, a block a program (triton_chunk's)
+        if cfg.inverse_kernel:  # A (fp32) -> T in the inputs' type, a block a program (triton_prep's)
             Ti = torch.empty(HV, rows, CHUNK_SIZE, dtype=f32 if F32 else dtype, device=dev)
             launch_inverse(A, Ti, HV * NCT, cfg.inverse_warps, PREC, upper_zeros=True)
             A = Ti

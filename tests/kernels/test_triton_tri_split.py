@@ -58,7 +58,7 @@ def test_split_T_is_the_inverse_of_I_plus_A(gate):
     A_ij = beta_i e^{G_i - G_j} k_i.k_j / (|k_i| |k_j|) (j < i), dense rows with a partial last chunk; also the kkt
     kernel's intra-chunk attention (q_i.k_j / (|q_i| |k_j|)) e^{G_i - G_j} (j <= i), which `out_aqk` reads, and its
     Gamma and row scales beta_i e^{G_i} / |k_i| (what the keys path with U from v reads instead of `_wu_kernel`'s)."""
-    from kernels.triton_chunk import _kkt_kernel, _tri_inverse_kernel
+    from kernels.triton_prep import _kkt_kernel, _tri_inverse_kernel
 
     B, T, Hk, Hv, K = 2, 100, 1, 2, 32
     q, k, v, beta, g, _ = inputs(B, T, Hk, Hv, K, 16, 1, gate, seed=3)

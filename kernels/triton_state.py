@@ -1,0 +1,281 @@
+"""The delta-rule forward's sequential kernel (`triton_chunk`): over each sequence's chunks and their 64-sub-step
+blocks, the pseudo-values D = U - W S and the states S, in fp32, one program per sequence, value head and value
+tile."""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from kernels.triton_common import _dot_in
+
+
+@triton.jit
+def _store_state(base, b_h1, b_h2, p_h1, p_h2, m_h1, m_h2, SPLIT: tl.constexpr):
+    """A state's tile (its key halves with SPLIT) at `base`."""
+    tl.store(base + p_h1, b_h1, mask=m_h1)
+    if SPLIT:
+        tl.store(base + p_h2, b_h2, mask=m_h2)
+
+
+@triton.jit
+def _block_bv(v_base, beta_base, s, m_s, o_v, m_v, HV: tl.constexpr, V: tl.constexpr):
+    """diag(beta) V of one 64-row block (rows s), fp32: what U = T diag(beta) V multiplies."""
+    b_v = tl.load(v_base + s[:, None] * (HV * V) + o_v[None, :], mask=m_s[:, None] & m_v[None, :], other=0.0)
+    return b_v.to(tl.float32) * tl.load(beta_base + s * HV, mask=m_s, other=0.0).to(tl.float32)[:, None]
+
+
+@triton.jit
+def _block_u(U, Ti, v_base, beta_base, rows, s, m_s, o_r, o_v, m_v, ref, HV: tl.constexpr, V: tl.constexpr,
+             F32: tl.constexpr, PREC: tl.constexpr, FROM_V: tl.constexpr):
+    """U of one 64-row block: read (`_wu_kernel` wrote it, in its dtype), or with FROM_V formed here (fp32) as
+    T (diag(beta) V)."""
+    if FROM_V:
+        b_bv = _dot_in(_block_bv(v_base, beta_base, s, m_s, o_v, m_v, HV, V), ref, F32)
+        b_t = tl.load(Ti + rows[:, None] * 64 + o_r[None, :], mask=o_r[:, None] >= o_r[None, :], other=0.0)
+        b_u = tl.dot(_dot_in(b_t, ref, F32), b_bv, input_precision=PREC)
+    else:
+        b_u = tl.load(U + rows[:, None] * V + o_v[None, :], mask=m_v[None, :], other=0.0)
+    return b_u
+
+
+@triton.jit
+def _u_minus_ws(b_u, W, rows, o_k1, o_k2, m_k1, m_k2, b_h1, b_h2, ref, K: tl.constexpr, SPLIT: tl.constexpr,
+                F32: tl.constexpr, PREC: tl.constexpr):
+    """U - W S for one 64-row block (fp32; the state in its key halves with SPLIT; `ref` gives the dot dtype)."""
+    b_w1 = tl.load(W + rows[:, None] * K + o_k1[None, :], mask=m_k1[None, :], other=0.0)
+    b_wh = tl.dot(_dot_in(b_w1, ref, F32), _dot_in(b_h1, ref, F32), input_precision=PREC)
+    if SPLIT:
+        b_w2 = tl.load(W + rows[:, None] * K + o_k2[None, :], mask=m_k2[None, :], other=0.0)
+        b_wh += tl.dot(_dot_in(b_w2, ref, F32), _dot_in(b_h2, ref, F32), input_precision=PREC)
+    return b_u.to(tl.float32) - b_wh
+
+
+@triton.jit
+def _block_keys(k_base, s, m_s, o_k1, o_k2, m_k1, m_k2, HK: tl.constexpr, K: tl.constexpr, SPLIT: tl.constexpr):
+    """A 64-row block's raw keys (rows s), in the state's key halves with SPLIT (else the second is the first)."""
+    b_k1 = tl.load(k_base + s[:, None] * (HK * K) + o_k1[None, :], mask=m_s[:, None] & m_k1[None, :], other=0.0)
+    b_k2 = b_k1
+    if SPLIT:
+        b_k2 = tl.load(k_base + s[:, None] * (HK * K) + o_k2[None, :], mask=m_s[:, None] & m_k2[None, :], other=0.0)
+    return b_k1, b_k2
+
+
+@triton.jit
+def _keys_times_state(b_k1, b_k2, b_h1, b_h2, ref, SPLIT: tl.constexpr, F32: tl.constexpr, PREC: tl.constexpr):
+    """K S for one 64-row block (fp32), the keys and the state in their key halves with SPLIT."""
+    b_ks = tl.dot(_dot_in(b_k1, ref, F32), _dot_in(b_h1, ref, F32), input_precision=PREC)
+    if SPLIT:
+        b_ks += tl.dot(_dot_in(b_k2, ref, F32), _dot_in(b_h2, ref, F32), input_precision=PREC)
+    return b_ks
+
+
+@triton.jit
+def _u_minus_tcks(U, Ti, wsc, v_base, beta_base, rows, s, m_s, o_r, o_v, m_v, b_k1, b_k2, b_h1, b_h2, ref,
+                  HV: tl.constexpr, V: tl.constexpr, SPLIT: tl.constexpr, F32: tl.constexpr, PREC: tl.constexpr,
+                  FROM_V: tl.constexpr):
+    """U - W S for one 64-row block as U - T (diag(c) (K S)), W = T diag(c) K (`_wu_kernel`): from the block's
+    keys, which the state update loads anyway, and its 64 x 64 T, instead of W's 64 x dk rows. FROM_V: as
+    T (diag(beta) V - diag(c) (K S)), one product with T and no U read (`_wu_kernel` writes none)."""
+    if FROM_V:
+        b_ks = _keys_times_state(b_k1, b_k2, b_h1, b_h2, ref, SPLIT, F32, PREC)
+        b_x = _block_bv(v_base, beta_base, s, m_s, o_v, m_v, HV, V) - b_ks * tl.load(wsc + rows)[:, None]
+        b_t = tl.load(Ti + rows[:, None] * 64 + o_r[None, :], mask=o_r[:, None] >= o_r[None, :], other=0.0)
+        return tl.dot(_dot_in(b_t, ref, F32), _dot_in(b_x, ref, F32), input_precision=PREC)
+    else:  # (the measured order of loads and products)
+        b_u = tl.load(U + rows[:, None] * V + o_v[None, :], mask=m_v[None, :], other=0.0)
+        b_ks = _keys_times_state(b_k1, b_k2, b_h1, b_h2, ref, SPLIT, F32, PREC)
+        b_x = _dot_in(b_ks * tl.load(wsc + rows)[:, None], ref, F32)
+        b_t = tl.load(Ti + rows[:, None] * 64 + o_r[None, :], mask=o_r[:, None] >= o_r[None, :], other=0.0)
+        return b_u.to(tl.float32) - tl.dot(_dot_in(b_t, ref, F32), b_x, input_precision=PREC)
+
+
+@triton.jit
+def _block_decays(gcum, aux0, blk, NH: tl.constexpr):
+    """(G, G'): the chunk's log decay before block `blk` (0 at a chunk's first block) and at its end."""
+    if NH == 1:
+        b_G0 = 0.0
+    else:
+        b_G0 = tl.load(gcum + aux0 + blk * 64 - 1, mask=blk % NH > 0, other=0.0)
+    return b_G0, tl.load(gcum + aux0 + blk * 64 + 63)
+
+
+@triton.jit
+def _update_state(b_h1, b_h2, b_k1, b_k2, b_ds, b_gam, ref, SPLIT: tl.constexpr, F32: tl.constexpr,
+                  PREC: tl.constexpr):
+    """S' = gamma S + K^T (scaled D), the state in its key halves with SPLIT."""
+    b_h1 = b_h1 * b_gam + tl.dot(tl.trans(_dot_in(b_k1, ref, F32)), b_ds, input_precision=PREC)
+    if SPLIT:
+        b_h2 = b_h2 * b_gam + tl.dot(tl.trans(_dot_in(b_k2, ref, F32)), b_ds, input_precision=PREC)
+    return b_h1, b_h2
+
+
+@triton.jit
+def _state_block(
+    k, k_base, W, U, D, gcum, rstd, Ti, wsc, v_base, beta_base, aux0, Tn, o_r, o_k1, o_k2, m_k1, m_k2, o_v, m_v,
+    b_h1, b_h2, blk, HK: tl.constexpr, HV: tl.constexpr, NH: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+    SPLIT: tl.constexpr, F32: tl.constexpr, PREC: tl.constexpr, STORE_D: tl.constexpr, KEYS_WS: tl.constexpr,
+    FROM_V: tl.constexpr,
+):
+    """One 64-row block `blk` of a sequence (block blk % NH of chunk blk // NH): D = U - W S and
+    S' = e^{G'} S + sum_s e^{G' - G_s} k_s d_s^T (G' the log decay to the block's end, from the chunk's start;
+    `gcum` restarts each chunk, so the block's own decay is G' - G at the previous block's end). Returns S' and D
+    (also stored with STORE_D, as soon as it is known: fewer registers live across the state update).
+    KEYS_WS: W S from the keys and T (`_u_minus_tcks`), W unread. FROM_V: U formed from v and beta, U unread."""
+    rows = aux0 + blk * 64 + o_r
+    s = blk * 64 + o_r
+    m_s = s < Tn * NH
+    b_G0, b_G1 = _block_decays(gcum, aux0, blk, NH)
+    if KEYS_WS:  # the keys first: W S needs them
+        b_k1, b_k2 = _block_keys(k_base, s, m_s, o_k1, o_k2, m_k1, m_k2, HK, K, SPLIT)
+        b_d = _u_minus_tcks(U, Ti, wsc, v_base, beta_base, rows, s, m_s, o_r, o_v, m_v, b_k1, b_k2, b_h1, b_h2, k,
+                            HV, V, SPLIT, F32, PREC, FROM_V)
+    else:
+        b_u = _block_u(U, Ti, v_base, beta_base, rows, s, m_s, o_r, o_v, m_v, k, HV, V, F32, PREC, FROM_V)
+        b_d = _u_minus_ws(b_u, W, rows, o_k1, o_k2, m_k1, m_k2, b_h1, b_h2, k, K, SPLIT, F32, PREC)
+    if STORE_D:
+        tl.store(D + rows[:, None] * V + o_v[None, :], b_d.to(D.dtype.element_ty), mask=m_v[None, :])
+    b_scale = tl.load(rstd + rows) * tl.exp(b_G1 - tl.load(gcum + rows))  # key norm, e^{G' - G_s}
+    b_ds = _dot_in(b_d * b_scale[:, None], k, F32)
+    if not KEYS_WS:
+        b_k1, b_k2 = _block_keys(k_base, s, m_s, o_k1, o_k2, m_k1, m_k2, HK, K, SPLIT)
+    b_h1, b_h2 = _update_state(b_h1, b_h2, b_k1, b_k2, b_ds, tl.exp(b_G1 - b_G0), k, SPLIT, F32, PREC)
+    return b_h1, b_h2, b_d
+
+
+@triton.jit
+def _state_kernel(
+    q,
+    k,
+    v,
+    beta,
+    W,
+    U,
+    D,
+    Aqk,
+    gcum,
+    rstd,
+    Ti,
+    wsc,
+    bnd,
+    ht,
+    h0,
+    o,
+    T,
+    cu,
+    coff,
+    order,
+    NCT,
+    scale,
+    HK: tl.constexpr,
+    HV: tl.constexpr,
+    NH: tl.constexpr,
+    K: tl.constexpr,
+    V: tl.constexpr,
+    BKH: tl.constexpr,
+    SPLIT: tl.constexpr,
+    BV: tl.constexpr,
+    HAS_H0: tl.constexpr,
+    STORE_FINAL: tl.constexpr,
+    STORE_BND: tl.constexpr,
+    FUSE_O: tl.constexpr,
+    NORM: tl.constexpr,
+    IS_VARLEN: tl.constexpr,
+    F32: tl.constexpr,
+    PREC: tl.constexpr,
+    KEYS_WS: tl.constexpr,
+    FROM_V: tl.constexpr = False,
+):
+    """One program per (value tile, sequence * value head), looping over the sequence's 64-row blocks (n_h a
+    chunk; `_state_block`, in one flat loop unless FUSE_O): store S_c (at chunk starts), D_a = U_a - W_a S_a and
+    S_{a+1} = e^{G_a'} S_a + sum_{s in a} e^{G_a' - G_s} k_s D_s^T, G_a' the log-decay over block a.
+    D is each sub-step's true pseudo-value, whatever the blocking. The state's key rows are held in two
+    halves when dk > 128 (SPLIT): one [256, 32] tile miscompiled on an H100 (Triton 3.6), as [128, 16] did.
+    FUSE_O: also o = scale (e^G q S_c + A D) for this value tile (A, Aqk, from the kkt or WY kernel), so that
+    neither D nor the fp32 boundary states are read back by an output kernel."""
+    i_v, i_nh = tl.program_id(0), tl.program_id(1)
+    i_n, i_h = i_nh // HV, i_nh % HV
+    if IS_VARLEN:  # longest sequences first (`order`), so that they do not start in the last wave
+        i_n = tl.load(order + i_n).to(tl.int32)
+        i_nh = i_n * HV + i_h
+    i_hk = i_h // (HV // HK)
+    if IS_VARLEN:
+        bos = tl.load(cu + i_n).to(tl.int64)
+        Tn = (tl.load(cu + i_n + 1).to(tl.int64) - bos).to(tl.int32)
+        gc0 = tl.load(coff + i_n).to(tl.int32)
+    else:
+        bos = i_n.to(tl.int64) * T
+        Tn = T
+        gc0 = i_n * tl.cdiv(T, 64)
+    NC = tl.cdiv(Tn, 64)
+    L: tl.constexpr = 64 * NH
+    o_r = tl.arange(0, 64)
+    o_k1 = tl.arange(0, BKH)
+    o_k2 = BKH + tl.arange(0, BKH)
+    o_v = i_v * BV + tl.arange(0, BV)
+    m_k1 = o_k1 < K
+    m_k2 = o_k2 < K
+    m_v = o_v < V
+    m_h1 = m_k1[:, None] & m_v[None, :]
+    m_h2 = m_k2[:, None] & m_v[None, :]
+    k_base = k + bos * NH * (HK * K) + i_hk * K
+    q_base = q + bos * (HK * K) + i_hk * K
+    aux0 = (i_h.to(tl.int64) * NCT + gc0) * L
+    p_h1 = o_k1[:, None] * V + o_v[None, :]
+    p_h2 = o_k2[:, None] * V + o_v[None, :]
+    bnd_base = bnd + ((gc0 + i_n).to(tl.int64) * HV + i_h) * K * V  # this sequence's first boundary
+    b_h2 = tl.zeros([BKH, BV], dtype=tl.float32)
+    if HAS_H0:
+        h0_base = h0 + i_nh.to(tl.int64) * K * V
+        b_h1 = tl.load(h0_base + p_h1, mask=m_h1, other=0.0).to(tl.float32)
+        if SPLIT:
+            b_h2 = tl.load(h0_base + p_h2, mask=m_h2, other=0.0).to(tl.float32)
+    else:
+        b_h1 = tl.zeros([BKH, BV], dtype=tl.float32)
+    v_base = v + bos * NH * (HV * V) + i_h * V
+    beta_base = beta + bos * NH * HV + i_h
+    blocks = (k, k_base, W, U, D, gcum, rstd, Ti, wsc, v_base, beta_base, aux0, Tn, o_r, o_k1, o_k2, m_k1, m_k2, o_v,
+              m_v)
+    if FUSE_O:
+        for c in range(NC):
+            if STORE_BND:
+                _store_state(bnd_base + c * (HV * K * V), b_h1, b_h2, p_h1, p_h2, m_h1, m_h2, SPLIT)
+            aux = aux0 + c * L
+            t = c * 64 + o_r
+            m_t = t < Tn
+            b_q1 = tl.load(q_base + t[:, None] * (HK * K) + o_k1[None, :], mask=m_t[:, None] & m_k1[None, :], other=0.0)
+            b_qq = tl.sum(b_q1.to(tl.float32) * b_q1.to(tl.float32), 1)
+            b_o = tl.dot(_dot_in(b_q1, k, F32), _dot_in(b_h1, k, F32), input_precision=PREC)
+            if SPLIT:
+                p_q2 = q_base + t[:, None] * (HK * K) + o_k2[None, :]
+                b_q2 = tl.load(p_q2, mask=m_t[:, None] & m_k2[None, :], other=0.0)
+                b_qq += tl.sum(b_q2.to(tl.float32) * b_q2.to(tl.float32), 1)
+                b_o += tl.dot(_dot_in(b_q2, k, F32), _dot_in(b_h2, k, F32), input_precision=PREC)
+            if NORM:
+                b_rq = 1.0 / tl.sqrt(b_qq + 1e-6)
+            else:
+                b_rq = tl.full([64], 1.0, dtype=tl.float32)
+            b_Gq = tl.load(gcum + aux + o_r * NH + NH - 1)
+            b_o = b_o * (b_rq * tl.exp(b_Gq))[:, None]
+            for a in tl.static_range(NH):
+                b_h1, b_h2, b_d = _state_block(
+                    *blocks, b_h1, b_h2, c * NH + a, HK=HK, HV=HV, NH=NH, K=K, V=V, SPLIT=SPLIT, F32=F32,
+                    PREC=PREC, STORE_D=False, KEYS_WS=KEYS_WS, FROM_V=FROM_V,
+                )
+                b_a = tl.load(Aqk + (aux // NH + o_r)[:, None] * L + a * 64 + o_r[None, :])
+                b_o += tl.dot(_dot_in(b_a, k, F32), _dot_in(b_d, k, F32), input_precision=PREC)
+            p_o = o + (bos + t)[:, None] * (HV * V) + i_h * V + o_v[None, :]
+            tl.store(p_o, (b_o * scale).to(o.dtype.element_ty), mask=m_t[:, None] & m_v[None, :])
+    else:  # one flat loop over all blocks (n_h a chunk): one block's code in the loop body at any n_h
+        for blk in range(NC * NH):
+            if STORE_BND:
+                if blk % NH == 0:
+                    _store_state(bnd_base + (blk // NH) * (HV * K * V), b_h1, b_h2, p_h1, p_h2, m_h1, m_h2, SPLIT)
+            b_h1, b_h2, b_d = _state_block(
+                *blocks, b_h1, b_h2, blk, HK=HK, HV=HV, NH=NH, K=K, V=V, SPLIT=SPLIT, F32=F32, PREC=PREC,
+                STORE_D=True, KEYS_WS=KEYS_WS, FROM_V=FROM_V,
+            )
+    if STORE_BND:
+        _store_state(bnd_base + NC * (HV * K * V), b_h1, b_h2, p_h1, p_h2, m_h1, m_h2, SPLIT)
+    if STORE_FINAL:
+        _store_state(ht + i_nh.to(tl.int64) * K * V, b_h1, b_h2, p_h1, p_h2, m_h1, m_h2, SPLIT)
