@@ -14,12 +14,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kernels.constants import CHUNK_SIZE
 from kernels.dispatch import delta_product_forward
 from kernels.naive import l2_normalize
 from models.config import ModelConfig
 from models.hooks import HookPoint
 from models.layers import GatedRMSNorm, RMSNorm, ShortConvolution
+from models.replay import check_state_shape, replay_patched
 
 
 class DeltaProductAttention(nn.Module):
@@ -117,30 +117,23 @@ class DeltaProductAttention(nn.Module):
 
         An entry that differs from what the layer computed is a patch: the recurrence restarts from the
         patched state at that chunk start, and later chunk starts carry the patched dynamics forward (unless
-        they are patched too). Chunks before the first patch keep their outputs; the final state feeds no
-        output. Only this path pays for the replay: without an intervention the forward is unchanged.
+        they are patched too). Sequences without a patch, and a patched one's chunks before its first patch,
+        keep their outputs bit for bit (`models.replay`); the final state feeds no output. Only this path
+        pays for the replay: without an intervention the forward is unchanged.
         """
-        if hooked.shape != states.shape:
-            raise ValueError(f"hook_state must keep its shape {tuple(states.shape)}, got {tuple(hooked.shape)}")
+        check_state_shape(states, hooked)
         if states._version == version:  # replaced, not edited in place: `states` still holds the clean values
             clean = states
         else:
             _, _, clean = delta_product_forward(q, k, v, beta, g, scale=scale, initial_state=initial_state)
-        hooked = hooked.to(device=clean.device, dtype=clean.dtype)
-        n_chunks, T = states.shape[1] - 1, q.shape[1]
-        patched = hooked[:, :n_chunks] != clean[:, :n_chunks]  # [B, NC, H, dk, dv]
-        edited_chunks = patched.flatten(2).any(-1).any(0).nonzero().flatten()
-        if edited_chunks.numel() == 0:
-            return o
-        first = int(edited_chunks[0])
-        pieces, state = [o[:, : first * CHUNK_SIZE]], hooked[:, first]
-        for c in range(first, n_chunks):
-            state = torch.where(patched[:, c], hooked[:, c], state)
-            t = slice(c * CHUNK_SIZE, min((c + 1) * CHUNK_SIZE, T))
-            o_c, state, _ = delta_product_forward(q[:, t], k[:, t], v[:, t], beta[:, t],
-                                                  None if g is None else g[:, t], scale=scale, initial_state=state)
-            pieces.append(o_c)
-        return torch.cat(pieces, 1)
+
+        def step(rows: torch.Tensor, t: slice, state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            gate = None if g is None else g[rows, t]
+            o_c, state, _ = delta_product_forward(q[rows, t], k[rows, t], v[rows, t], beta[rows, t], gate,
+                                                  scale=scale, initial_state=state)
+            return o_c, state
+
+        return replay_patched(o, clean, hooked, q.shape[1], step)
 
     def forward(self, x: torch.Tensor, initial_state: torch.Tensor | None = None) -> torch.Tensor:
         cfg, B, T = self.config, x.shape[0], x.shape[1]

@@ -20,12 +20,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kernels.constants import CHUNK_SIZE
 from kernels.dplr import dplr_forward
 from models.config import ModelConfig
 from models.hooks import HookPoint
 from models.labels import IGNORE_INDEX
 from models.lm import CausalLMOutput
+from models.replay import check_state_shape, replay_patched
 
 W_SCALE = math.exp(-0.5)
 """log w = -exp(-0.5) * sigmoid(.): each channel keeps at least exp(-0.607) = 0.545 of its state per token."""
@@ -88,25 +88,16 @@ class RWKV7Attention(nn.Module):
     def _replay(self, q, k, v, a, b, g, o: torch.Tensor, states: torch.Tensor, hooked: torch.Tensor,
                 version: int) -> torch.Tensor:
         """Outputs after an edit of `hook_state` (as models.attention's `_replay`): the recurrence restarts from
-        each patched chunk-start state; chunks before the first patch keep their outputs."""
-        if hooked.shape != states.shape:
-            raise ValueError(f"hook_state must keep its shape {tuple(states.shape)}, got {tuple(hooked.shape)}")
+        each patched chunk-start state; unpatched sequences and chunks keep their outputs (`models.replay`)."""
+        check_state_shape(states, hooked)
         clean = states if states._version == version else dplr_forward(q, k, v, a, b, g, scale=1.0)[2]
-        hooked = hooked.to(device=clean.device, dtype=clean.dtype)
-        n_chunks, T = states.shape[1] - 1, q.shape[1]
-        patched = hooked[:, :n_chunks] != clean[:, :n_chunks]
-        edited = patched.flatten(2).any(-1).any(0).nonzero().flatten()
-        if edited.numel() == 0:
-            return o
-        first = int(edited[0])
-        pieces, state = [o[:, : first * CHUNK_SIZE]], hooked[:, first]
-        for c in range(first, n_chunks):
-            state = torch.where(patched[:, c], hooked[:, c], state)
-            t = slice(c * CHUNK_SIZE, min((c + 1) * CHUNK_SIZE, T))
-            o_c, state, _ = dplr_forward(q[:, t], k[:, t], v[:, t], a[:, t], b[:, t], g[:, t], scale=1.0,
-                                         initial_state=state)
-            pieces.append(o_c.to(o.dtype))
-        return torch.cat(pieces, 1)
+
+        def step(rows: torch.Tensor, t: slice, state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            o_c, state, _ = dplr_forward(q[rows, t], k[rows, t], v[rows, t], a[rows, t], b[rows, t], g[rows, t],
+                                         scale=1.0, initial_state=state)
+            return o_c, state
+
+        return replay_patched(o, clean, hooked, q.shape[1], step)
 
     def forward(self, x: torch.Tensor, v_first: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         """x [B, T, D] (after attn_norm) -> (output [B, T, D], v_first: layer 0's values, for the later layers)."""

@@ -1,0 +1,48 @@
+"""Outputs after an edit of `hook_state`: the recurrence restarts from each patched chunk-start state.
+
+Shared by the delta-rule layers (`models.attention`, the transformers adapter) and RWKV-7 (`models.rwkv7`). Only the
+sequences that hold a patch are run again, each from its own first patched chunk: every other output is the
+layer's own, bit for bit (a batch-wide replay recomputed them through other matrix shapes, which changes last bits
+on some CPUs).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from kernels.constants import CHUNK_SIZE
+
+ChunkStep = Callable[[torch.Tensor, slice, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+"""(sequence rows, token slice of one chunk, state before it) -> (that chunk's outputs, the state after it)."""
+
+
+def check_state_shape(states: torch.Tensor, hooked: torch.Tensor) -> None:
+    if hooked.shape != states.shape:
+        raise ValueError(f"hook_state must keep its shape {tuple(states.shape)}, got {tuple(hooked.shape)}")
+
+
+def replay_patched(o: torch.Tensor, clean: torch.Tensor, hooked: torch.Tensor, T: int, step: ChunkStep) -> torch.Tensor:
+    """o [B, T, ...] with each patched sequence's outputs from its first patched chunk on recomputed by `step`.
+
+    clean, hooked [B, NC + 1, ...]: the chunk-start states as computed and as the intervention left them (the last
+    entry, the final state, feeds no output). An entry that differs is a patch: the recurrence restarts from it, and
+    later chunk starts carry the patched dynamics forward unless they are patched too."""
+    hooked = hooked.to(device=clean.device, dtype=clean.dtype)
+    n_chunks = clean.shape[1] - 1
+    patched = hooked[:, :n_chunks] != clean[:, :n_chunks]  # [B, NC, ...]
+    chunk_patched = patched.flatten(2).any(-1)  # [B, NC]
+    if not bool(chunk_patched.any()):
+        return o
+    firsts = [int(row.nonzero()[0]) if bool(row.any()) else -1 for row in chunk_patched]
+    out = o.clone()
+    for first in sorted(set(firsts) - {-1}):
+        rows = torch.tensor([b for b, f in enumerate(firsts) if f == first], device=o.device)
+        state = hooked[rows, first]
+        for c in range(first, n_chunks):
+            state = torch.where(patched[rows, c], hooked[rows, c], state)
+            t = slice(c * CHUNK_SIZE, min((c + 1) * CHUNK_SIZE, T))
+            o_c, state = step(rows, t, state)
+            out[rows, t] = o_c.to(out.dtype)
+    return out
