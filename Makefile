@@ -19,7 +19,7 @@ demo: venv
 
 test: venv
 	$(BIN)/ruff check .
-	TRITON_INTERPRET=1 $(BIN)/python -m pytest -q -m "not gpu" tests
+	TRITON_INTERPRET=1 $(BIN)/python -m pytest -q -m "not gpu" -n auto --maxprocesses 4 tests
 
 clean:
 	rm -rf $(VENV) .pytest_cache
