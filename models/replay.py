@@ -35,10 +35,11 @@ def replay_patched(o: torch.Tensor, clean: torch.Tensor, hooked: torch.Tensor, T
     chunk_patched = patched.flatten(2).any(-1)  # [B, NC]
     if not bool(chunk_patched.any()):
         return o
-    firsts = [int(row.nonzero()[0]) if bool(row.any()) else -1 for row in chunk_patched]
+    # each sequence's first patched chunk (-1: none); argmax finds the first True
+    firsts = torch.where(chunk_patched.any(1), chunk_patched.int().argmax(1), -1)
     out = o.clone()
-    for first in sorted(set(firsts) - {-1}):
-        rows = torch.tensor([b for b, f in enumerate(firsts) if f == first], device=o.device)
+    for first in firsts[firsts >= 0].unique().tolist():
+        rows = (firsts == first).nonzero().flatten()
         state = hooked[rows, first]
         for c in range(first, n_chunks):
             state = torch.where(patched[rows, c], hooked[rows, c], state)
