@@ -71,10 +71,11 @@ class LaunchConfig:
     # (Aqk, in the inputs' dtype, as the output's product rounds it anyway) and the output kernel reads it: q K^T is
     # not formed once a value tile, and the key-block loop holds only q S_c (no [64, 64] accumulator a WY block)
     out_aqk: bool = False
-    # n_h = 1: an odd chunk's output program reads the previous chunk's state and adds that chunk's share, so the
-    # sequential kernel stores only even chunks' states when nobody returns them, and the output kernel's state reads
-    # (its largest traffic at dk, dv = 256, 512) halve: the second read of each state comes from L2
-    out_pair: bool = False
+    # L2 eviction hints for the traffic read back only after the kernel that writes it ends: the sequential kernel
+    # stores the chunk states and D evict-first (its later steps' keys stay in L2), the output kernel loads the chunk
+    # states evict-first (q and K, which the other value tiles read again, stay)
+    state_evict_first: bool = False
+    out_evict_first: bool = False
     # the sequential kernel forms W S as T (diag(c) (K S)) from the keys it loads for the state update and the
     # block's 64 x 64 T, instead of reading W (64 x dk a block; the WY kernel then writes no W): fewer bytes a step
     # (dk 256: 32 + 8 KB against 64 KB), one more 64-deep product in the step's chain; default_config's choice
@@ -154,7 +155,6 @@ def default_config(B: int, H: int, V: int, n_h: int = 1, K: int = 128) -> Launch
     return LaunchConfig(
         state_bv=min(bv, _pow2(V)), fuse_output=False, resident_per_sm=1, state_stages=stages, out_bk=out_bk,
         state_keys_ws=keys_ws, state_from_v=keys_ws, out_prefetch=K > out_bk and n_h == 1, out_aqk=aqk,
-        out_pair=n_h == 1,
     )
 
 
@@ -272,10 +272,7 @@ def triton_delta_product(
     bnd = torch.empty(NBND if store_bnd else 0, HV, K, V, dtype=bnd_dtype, device=dev)
     ht = torch.empty(N, HV, K, V, dtype=torch.float32, device=dev) if output_final_state else None
     o = torch.empty(B, T, HV, V, dtype=dtype, device=dev)
-    pair = bool(cfg.out_pair) and n_h == 1 and not fuse
-    bnd_every = 2 if pair and not output_boundary_states else 1  # the output kernel reads even chunks' states only
-    fixed = dict(cfg=cfg, scale=scale, normalize_qk=normalize_qk, F32=F32, PREC=PREC, interp=interp, pair=pair,
-                 bnd_every=bnd_every)
+    fixed = dict(cfg=cfg, scale=scale, normalize_qk=normalize_qk, F32=F32, PREC=PREC, interp=interp)
     run = _Phases(q, k, v, beta, g, h0, o, ht, bnd, (T, cu, cidx, coff, order, NCT, N), **fixed)
     run.prep()
     run.state()
@@ -290,8 +287,7 @@ class _Phases:
     intermediates; writes o, ht and bnd, which the caller gives."""
 
     def __init__(self, q, k, v, beta, g, h0, o, ht, bnd, tables: tuple, *, cfg: LaunchConfig, scale: float,
-                 normalize_qk: bool, F32: bool, PREC: str, interp: bool, pair: bool = False,
-                 bnd_every: int = 1) -> None:
+                 normalize_qk: bool, F32: bool, PREC: str, interp: bool) -> None:
         T, cu, cidx, coff, order, NCT, N = tables
         HK, K = q.shape[2], q.shape[3]
         n_h, HV, V = k.shape[2], v.shape[3], v.shape[-1]
@@ -299,7 +295,6 @@ class _Phases:
         self.cfg, self.scale, self.norm, self.interp, self.PREC = cfg, scale, normalize_qk, interp, PREC
         self.N, self.NCT, self.V, self.K, self.HV, self.n_h = N, NCT, V, K, HV, n_h
         self.order = order
-        self.pair, self.bnd_every = pair, bnd_every
         self.common = dict(HK=HK, HV=HV, NH=n_h, K=K, IS_VARLEN=cu is not None, F32=F32, PREC=PREC)
         self.seq_args = (T, cu, cidx, coff, NCT)
         self.BK, self.BVF = _pow2(K), _pow2(V)
@@ -359,7 +354,7 @@ class _Phases:
         consts = dict(
             V=self.V, BKH=BKH, SPLIT=BKH < BK, BV=BV, HAS_H0=self.h0 is not None, STORE_FINAL=self.ht is not None,
             STORE_BND=self.bnd.shape[0] > 0, FUSE_O=self.fuse, NORM=self.norm, KEYS_WS=self.keys_ws,
-            FROM_V=self.from_v, BND_EVERY=self.bnd_every, **self.common,
+            FROM_V=self.from_v, EVICT=self.cfg.state_evict_first, **self.common,
         )  # fmt: skip
         # one block's W (or T), K and U tiles per pipeline stage (and q and A when fused)
         t_tile = 64 if self.keys_ws or self.from_v else 0  # T's 64 x 64
@@ -383,7 +378,8 @@ class _Phases:
         _output_kernel[(triton.cdiv(self.V, obv), self.NCT, self.HV)](
             self.q, self.k, self.D, self.Aqk, self.gcum, self.rstd, self.bnd, self.o, *self.seq_args, self.scale,
             V=self.V, BK=min(_pow2(cfg.out_bk), self.BK), BV=obv, NORM=self.norm, num_warps=cfg.out_warps,
-            num_stages=cfg.out_stages, PREFETCH=cfg.out_prefetch, AQK=self.aqk, PAIR=self.pair, **self.common,
+            num_stages=cfg.out_stages, PREFETCH=cfg.out_prefetch, AQK=self.aqk, EVICT=cfg.out_evict_first,
+            **self.common,
         )  # fmt: skip
 
 

@@ -11,13 +11,17 @@ from kernels.triton_common import _chunk_seq, _dot_in
 
 @triton.jit
 def _out_key_block(q_base, h_base, k_base, s0, kb, m_t, m_v, Tn, HK: tl.constexpr, NH: tl.constexpr,
-                   K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, QK: tl.constexpr):
+                   K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, QK: tl.constexpr, EVICT: tl.constexpr):
     """Key block kb of the output kernel's operands: q [64, BK], S_c rows [BK, BV] and, with QK, each WY block's
     keys [64, BK] (zeros past dk, so a block past the last loads nothing)."""
     o_k = kb * BK + tl.arange(0, BK)
     m_k = o_k < K
     b_q = tl.load(q_base + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.0)
-    b_h = tl.load(h_base + o_k[:, None] * V, mask=m_k[:, None] & m_v[None, :], other=0.0)
+    if EVICT:
+        b_h = tl.load(h_base + o_k[:, None] * V, mask=m_k[:, None] & m_v[None, :], other=0.0,
+                      eviction_policy="evict_first")
+    else:
+        b_h = tl.load(h_base + o_k[:, None] * V, mask=m_k[:, None] & m_v[None, :], other=0.0)
     p_k = k_base + s0[:, None] * (HK * K) + o_k[None, :]
     b_k0 = b_q  # placeholders where there is no such block (never read)
     if QK:
@@ -50,25 +54,6 @@ def _out_key_products(k, b_q, b_h, b_k0, b_k1, b_k2, b_qq, b_o, b_s0, b_s1, b_s2
 
 
 @triton.jit
-def _previous_chunk_share(b_o, q_base, k_base, D, gcum, rstd, s0, aux, o_r, o_v, m_t, m_v, b_rq, b_Gs, ref,
-                          HK: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, F32: tl.constexpr,
-                          PREC: tl.constexpr):
-    """o += (q K'^T * e^{G_s - G'}) D' (n_h = 1; primes: chunk c-1, G_s the log decay from S_{c-1}): chunk c-1's
-    share of an odd chunk's output, whose program reads S_{c-1} (`_output_kernel`'s PAIR)."""
-    b_x = tl.zeros([64, 64], dtype=tl.float32)
-    for kb in range(tl.cdiv(K, BK)):  # a loop of its own: no [64, 64] accumulator beside the q S loop's
-        o_k = kb * BK + tl.arange(0, BK)
-        m_k = o_k < K
-        b_q = tl.load(q_base + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.0)
-        b_k = tl.load(k_base + (s0 - 64)[:, None] * (HK * K) + o_k[None, :], mask=m_k[None, :], other=0.0)
-        b_x += tl.dot(_dot_in(b_q, ref, F32), tl.trans(_dot_in(b_k, ref, F32)), input_precision=PREC)
-    prev = aux - 64 + o_r
-    b_x = b_x * b_rq[:, None] * (tl.load(rstd + prev)[None, :] * tl.exp(b_Gs[:, None] - tl.load(gcum + prev)[None, :]))
-    b_d = tl.load(D + prev[:, None] * V + o_v[None, :], mask=m_v[None, :], other=0.0)
-    return b_o + tl.dot(_dot_in(b_x, ref, F32), _dot_in(b_d, ref, F32), input_precision=PREC)
-
-
-@triton.jit
 def _output_kernel(
     q,
     k,
@@ -97,16 +82,14 @@ def _output_kernel(
     PREC: tl.constexpr,
     PREFETCH: tl.constexpr = False,
     AQK: tl.constexpr = False,
-    PAIR: tl.constexpr = False,
+    EVICT: tl.constexpr = False,
 ):
     """One program per (value tile, global chunk, value head): o = scale (e^G q S_c + (q K^T * decay * mask) D).
     The key dimension runs in blocks of BK (a loop, so that the next block's q, K and S_c rows load during this
     block's products): q S_c and each n_h block's q K^T (at most three) accumulate over them. AQK: q K^T * decay
     * mask comes from `_kkt_kernel` (Aqk, formed once a chunk, not once a value tile); the loop forms only q S_c.
-    PAIR (n_h = 1): an odd chunk c of a sequence reads S_{c-1}, not S_c, and adds chunk c-1's share,
-    o = scale (e^{G + G_end'} q S_{c-1} + (q K'^T * e^{G + G_end' - G'}) D' + (q K^T * decay * mask) D) (primes:
-    chunk c-1), so the state kernel stores only even chunks' states when nobody returns them, and each is read
-    twice, the second time from L2: the chunk states' traffic, which bounds this kernel at dk, dv = 256, 512, halves."""
+    EVICT: the chunk states are loaded evict-first (each is read once; q and K are read again by the other value
+    tiles)."""
     i_v, gc, i_h = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_n, c, bos, Tn = _chunk_seq(gc, T, cu, cidx, coff, IS_VARLEN)
     i_hk = i_h // (HV // HK)
@@ -120,8 +103,7 @@ def _output_kernel(
     q_base = q + (bos + t)[:, None] * (HK * K) + i_hk * K
     k_base = k + bos * NH * (HK * K) + i_hk * K
     s0 = c * L + o_r  # sub-steps of block 0 (block a: s0 + 64 a)
-    par = c % 2 if PAIR else 0  # 1: an odd chunk under PAIR, which reads S_{c-1}
-    h_base = bnd + ((gc + i_n - par).to(tl.int64) * HV + i_h) * K * V + o_v[None, :]
+    h_base = bnd + ((gc + i_n).to(tl.int64) * HV + i_h) * K * V + o_v[None, :]
     b_qq = tl.zeros([64], dtype=tl.float32)
     b_o = tl.zeros([64, BV], dtype=tl.float32)
     b_s0 = tl.zeros([64, 64], dtype=tl.float32)
@@ -129,11 +111,11 @@ def _output_kernel(
     b_s2 = tl.zeros([64, 64], dtype=tl.float32)
     if PREFETCH:  # the next key block's tiles load while this block's products run (a pipeline by hand)
         b_q, b_h, b_k0, b_k1, b_k2 = _out_key_block(
-            q_base, h_base, k_base, s0, 0, m_t, m_v, Tn, HK, NH, K, V, BK, not AQK
+            q_base, h_base, k_base, s0, 0, m_t, m_v, Tn, HK, NH, K, V, BK, not AQK, EVICT
         )
         for kb in range(tl.cdiv(K, BK)):
             n_q, n_h, n_k0, n_k1, n_k2 = _out_key_block(
-                q_base, h_base, k_base, s0, kb + 1, m_t, m_v, Tn, HK, NH, K, V, BK, not AQK
+                q_base, h_base, k_base, s0, kb + 1, m_t, m_v, Tn, HK, NH, K, V, BK, not AQK, EVICT
             )  # all masked off after the last block: no memory access
             b_qq, b_o, b_s0, b_s1, b_s2 = _out_key_products(
                 k, b_q, b_h, b_k0, b_k1, b_k2, b_qq, b_o, b_s0, b_s1, b_s2, NH, NORM, F32, PREC, not AQK
@@ -148,7 +130,11 @@ def _output_kernel(
                 b_qf = b_q.to(tl.float32)
                 b_qq += tl.sum(b_qf * b_qf, 1)
             b_qd = _dot_in(b_q, k, F32)
-            b_h = tl.load(h_base + o_k[:, None] * V, mask=m_k[:, None] & m_v[None, :], other=0.0)
+            if EVICT:  # each state tile is read once: first out of L2, which keeps q and K for the other tiles
+                b_h = tl.load(h_base + o_k[:, None] * V, mask=m_k[:, None] & m_v[None, :], other=0.0,
+                              eviction_policy="evict_first")
+            else:
+                b_h = tl.load(h_base + o_k[:, None] * V, mask=m_k[:, None] & m_v[None, :], other=0.0)
             b_o += tl.dot(b_qd, _dot_in(b_h, k, F32), input_precision=PREC)
             p_k = k_base + s0[:, None] * (HK * K) + o_k[None, :]
             if not AQK:
@@ -165,16 +151,7 @@ def _output_kernel(
     else:
         b_rq = tl.full([64], 1.0, dtype=tl.float32)
     b_Gq = tl.load(gcum + aux + o_r * NH + NH - 1)
-    if PAIR:
-        if par == 1:  # S_{c-1}: its decay to token t is chunk c-1's (G_end') and then chunk c's
-            b_Gs = b_Gq + tl.load(gcum + aux - 1)
-            b_o = b_o * (b_rq * tl.exp(b_Gs))[:, None]
-            b_o = _previous_chunk_share(b_o, q_base, k_base, D, gcum, rstd, s0, aux, o_r, o_v, m_t, m_v, b_rq, b_Gs,
-                                        k, HK, K, V, BK, F32, PREC)
-        else:
-            b_o = b_o * (b_rq * tl.exp(b_Gq))[:, None]
-    else:
-        b_o = b_o * (b_rq * tl.exp(b_Gq))[:, None]
+    b_o = b_o * (b_rq * tl.exp(b_Gq))[:, None]
     for a in tl.static_range(NH):
         rows = aux + a * 64 + o_r
         if AQK:  # scaled and masked already (`_kkt_kernel`)

@@ -11,11 +11,16 @@ from kernels.triton_common import _dot_in
 
 
 @triton.jit
-def _store_state(base, b_h1, b_h2, p_h1, p_h2, m_h1, m_h2, SPLIT: tl.constexpr):
-    """A state's tile (its key halves with SPLIT) at `base`."""
-    tl.store(base + p_h1, b_h1, mask=m_h1)
-    if SPLIT:
-        tl.store(base + p_h2, b_h2, mask=m_h2)
+def _store_state(base, b_h1, b_h2, p_h1, p_h2, m_h1, m_h2, SPLIT: tl.constexpr, EVICT: tl.constexpr = False):
+    """A state's tile (its key halves with SPLIT) at `base`; EVICT: first out of L2 (read back only much later)."""
+    if EVICT:
+        tl.store(base + p_h1, b_h1, mask=m_h1, eviction_policy="evict_first")
+        if SPLIT:
+            tl.store(base + p_h2, b_h2, mask=m_h2, eviction_policy="evict_first")
+    else:
+        tl.store(base + p_h1, b_h1, mask=m_h1)
+        if SPLIT:
+            tl.store(base + p_h2, b_h2, mask=m_h2)
 
 
 @triton.jit
@@ -115,7 +120,7 @@ def _state_block(
     k, k_base, W, U, D, gcum, rstd, Ti, wsc, v_base, beta_base, aux0, Tn, o_r, o_k1, o_k2, m_k1, m_k2, o_v, m_v,
     b_h1, b_h2, blk, HK: tl.constexpr, HV: tl.constexpr, NH: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     SPLIT: tl.constexpr, F32: tl.constexpr, PREC: tl.constexpr, STORE_D: tl.constexpr, KEYS_WS: tl.constexpr,
-    FROM_V: tl.constexpr,
+    FROM_V: tl.constexpr, EVICT: tl.constexpr = False,
 ):
     """One 64-row block `blk` of a sequence (block blk % NH of chunk blk // NH): D = U - W S and
     S' = e^{G'} S + sum_s e^{G' - G_s} k_s d_s^T (G' the log decay to the block's end, from the chunk's start;
@@ -134,7 +139,11 @@ def _state_block(
         b_u = _block_u(U, Ti, v_base, beta_base, rows, s, m_s, o_r, o_v, m_v, k, HV, V, F32, PREC, FROM_V)
         b_d = _u_minus_ws(b_u, W, rows, o_k1, o_k2, m_k1, m_k2, b_h1, b_h2, k, K, SPLIT, F32, PREC)
     if STORE_D:
-        tl.store(D + rows[:, None] * V + o_v[None, :], b_d.to(D.dtype.element_ty), mask=m_v[None, :])
+        p_d = D + rows[:, None] * V + o_v[None, :]
+        if EVICT:  # read back by the output kernel only: first out of L2, which keeps the keys the next steps read
+            tl.store(p_d, b_d.to(D.dtype.element_ty), mask=m_v[None, :], eviction_policy="evict_first")
+        else:
+            tl.store(p_d, b_d.to(D.dtype.element_ty), mask=m_v[None, :])
     b_scale = tl.load(rstd + rows) * tl.exp(b_G1 - tl.load(gcum + rows))  # key norm, e^{G' - G_s}
     b_ds = _dot_in(b_d * b_scale[:, None], k, F32)
     if not KEYS_WS:
@@ -185,7 +194,7 @@ def _state_kernel(
     PREC: tl.constexpr,
     KEYS_WS: tl.constexpr,
     FROM_V: tl.constexpr = False,
-    BND_EVERY: tl.constexpr = 1,
+    EVICT: tl.constexpr = False,
 ):
     """One program per (value tile, sequence * value head), looping over the sequence's 64-row blocks (n_h a
     chunk; `_state_block`, in one flat loop unless FUSE_O): store S_c (at chunk starts), D_a = U_a - W_a S_a and
@@ -193,8 +202,8 @@ def _state_kernel(
     D is each sub-step's true pseudo-value, whatever the blocking. The state's key rows are held in two
     halves when dk > 128 (SPLIT): one [256, 32] tile miscompiled on an H100 (Triton 3.6), as [128, 16] did.
     FUSE_O: also o = scale (e^G q S_c + A D) for this value tile (A, Aqk, from the kkt or WY kernel), so that
-    neither D nor the fp32 boundary states are read back by an output kernel. BND_EVERY = 2: only even chunks'
-    starting states are stored (the output kernel's PAIR reads no others; n_h = 1)."""
+    neither D nor the fp32 boundary states are read back by an output kernel. EVICT: the boundary states and D are
+    stored evict-first (the output kernel reads them after this kernel ends; the keys of later steps stay in L2)."""
     i_v, i_nh = tl.program_id(0), tl.program_id(1)
     i_n, i_h = i_nh // HV, i_nh % HV
     if IS_VARLEN:  # longest sequences first (`order`), so that they do not start in the last wave
@@ -271,11 +280,12 @@ def _state_kernel(
     else:  # one flat loop over all blocks (n_h a chunk): one block's code in the loop body at any n_h
         for blk in range(NC * NH):
             if STORE_BND:
-                if blk % (NH * BND_EVERY) == 0:  # every chunk's start, or (2) every other one's
-                    _store_state(bnd_base + (blk // NH) * (HV * K * V), b_h1, b_h2, p_h1, p_h2, m_h1, m_h2, SPLIT)
+                if blk % NH == 0:
+                    _store_state(bnd_base + (blk // NH) * (HV * K * V), b_h1, b_h2, p_h1, p_h2, m_h1, m_h2, SPLIT,
+                                 EVICT)
             b_h1, b_h2, b_d = _state_block(
                 *blocks, b_h1, b_h2, blk, HK=HK, HV=HV, NH=NH, K=K, V=V, SPLIT=SPLIT, F32=F32, PREC=PREC,
-                STORE_D=True, KEYS_WS=KEYS_WS, FROM_V=FROM_V,
+                STORE_D=True, KEYS_WS=KEYS_WS, FROM_V=FROM_V, EVICT=EVICT,
             )
     if STORE_BND:
         _store_state(bnd_base + NC * (HV * K * V), b_h1, b_h2, p_h1, p_h2, m_h1, m_h2, SPLIT)
