@@ -152,9 +152,14 @@ def default_config(B: int, H: int, V: int, n_h: int = 1, K: int = 128) -> Launch
     # more key blocks load one ahead at n_h = 1 (out_prefetch: GDN default 1x32768 output kernel 0.669 -> 0.561 ms,
     # H100; at n_h = 3, with three q K^T accumulators live, 1.225 -> 3.174 ms at 8x4096, so not there)
     out_bk = _pow2(K) if K <= 128 else LaunchConfig.out_bk
+    # The output kernel loads the chunk states evict-first at dk <= 128 (one key block). H200, o + final (thirteenth
+    # session, scripts/config_ab.py): Qwen3-Next output kernel 0.498 -> 0.480 ms at 1x32768, 0.495 -> 0.476 at
+    # 8x4096, 0.502 -> 0.487 packed (1.01-1.02x in all); at GDN default (four key blocks) 0.340 -> 0.353, so not
+    # there. Evict-first stores in the state kernel moved nothing (+-1%), so they stay off
     return LaunchConfig(
         state_bv=min(bv, _pow2(V)), fuse_output=False, resident_per_sm=1, state_stages=stages, out_bk=out_bk,
         state_keys_ws=keys_ws, state_from_v=keys_ws, out_prefetch=K > out_bk and n_h == 1, out_aqk=aqk,
+        out_evict_first=K <= 128,
     )
 
 

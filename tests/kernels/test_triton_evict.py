@@ -49,3 +49,11 @@ GPU_CASES = {
 def test_gpu_hints_are_bit_identical(name):
     errs = check_choice(GPU_CASES[name], torch.bfloat16, HINTS, {}, device="cuda")
     assert errs[3:] == (0.0, 0.0, 0.0), f"hints changed values: o/final/boundary differences {errs[3:]}"
+
+
+def test_default_config_hints_the_state_loads_at_one_key_block_only():
+    """Measured on an H200: the output kernel's evict-first state loads won at dk 128, lost at dk 256."""
+    assert tc.default_config(1, 32, 128, 1, 128).out_evict_first
+    assert tc.default_config(8, 32, 128, 1, 128).out_evict_first
+    assert not tc.default_config(8, 6, 512, 1, 256).out_evict_first
+    assert not tc.default_config(1, 6, 512, 1, 256).state_evict_first
