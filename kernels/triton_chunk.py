@@ -372,6 +372,10 @@ class _Phases:
         # and at BV 64 at any (scripts/fromv_check.py, twelfth session; the interpreter agrees at all), so one there
         one_stage = self.from_v and not self.keys_ws and BV < 64
         cfg = replace(self.cfg, state_stages=1) if one_stage else self.cfg
+        # U from v at BV 32 and 8 warps: NaN o (keys path, GDN default and DeltaProduct n_h = 2 at 8 x 4096) and an
+        # illegal memory access (packed) on an H200 (thirteenth session); 4 warps, the default, is GPU-tested
+        if self.from_v and BV < 64 and cfg.state_warps > 4:
+            cfg = replace(cfg, state_warps=4)
         _launch(_state_kernel, (triton.cdiv(self.V, BV), self.N * self.HV), cfg, args, consts, smem)
 
     def output(self) -> None:

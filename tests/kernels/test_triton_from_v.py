@@ -96,3 +96,24 @@ def test_u_from_v_on_the_w_path_runs_at_one_stage_at_32_wide_tiles(monkeypatch, 
     on = dict(state_from_v=True, state_stages=3, state_bv=bv, **PATHS[path])
     check_choice(case, torch.float32, on, dict(PATHS[path], state_bv=bv))
     assert seen[0] == stages
+
+
+@cpu_only
+@pytest.mark.parametrize("path, bv, warps", [("keys", 32, 4), ("W", 32, 4), ("keys", 64, 8)])
+def test_u_from_v_at_32_wide_tiles_runs_at_four_warps(monkeypatch, path, bv, warps):
+    """On an H200 the keys path with U from v at 32-wide value tiles and 8 warps gave NaN (and an illegal memory access
+    when packed): 4 warps there; 64-wide tiles keep the warps asked for."""
+    import kernels.triton_chunk as tc
+
+    seen = []
+    real = tc._launch
+
+    def spy(kernel, grid, cfg, *rest):
+        seen.append(cfg.state_warps)
+        return real(kernel, grid, cfg, *rest)
+
+    monkeypatch.setattr(tc, "_launch", spy)
+    case = (1, 130, 1, 1, 32, 64, 1, True, None)
+    check_choice(case, torch.float32, dict(state_from_v=True, state_warps=8, state_bv=bv, **PATHS[path]),
+                 dict(PATHS[path], state_bv=bv))
+    assert seen[0] == warps
