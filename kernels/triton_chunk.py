@@ -75,6 +75,11 @@ class LaunchConfig:
     # stores the chunk states and D evict-first (its later steps' keys stay in L2), the output kernel loads the chunk
     # states evict-first (q and K, which the other value tiles read again, stay)
     state_evict_first: bool = False
+    # n_h = 1 with out_aqk and tri_split: an odd chunk's output program reads the previous chunk's state and adds that
+    # chunk's share through q K'^T from the kkt kernel (Aqp), so the sequential kernel stores only even chunks' states
+    # when nobody returns them. A first form (its own key loop in the output kernel) lost: the state kernel gained
+    # 0.03-0.10 ms, the output kernel lost 0.13 (H200, kernels/NOTES.md); this one adds one A D product there
+    out_pair: bool = False
     out_evict_first: bool = False
     # the sequential kernel forms W S as T (diag(c) (K S)) from the keys it loads for the state update and the
     # block's 64 x 64 T, instead of reading W (64 x dk a block; the WY kernel then writes no W): fewer bytes a step
@@ -277,7 +282,11 @@ def triton_delta_product(
     bnd = torch.empty(NBND if store_bnd else 0, HV, K, V, dtype=bnd_dtype, device=dev)
     ht = torch.empty(N, HV, K, V, dtype=torch.float32, device=dev) if output_final_state else None
     o = torch.empty(B, T, HV, V, dtype=dtype, device=dev)
-    fixed = dict(cfg=cfg, scale=scale, normalize_qk=normalize_qk, F32=F32, PREC=PREC, interp=interp)
+    aqk = fuse or bool(cfg.out_aqk)
+    pair = bool(cfg.out_pair) and n_h == 1 and aqk and cfg.tri_split and not fuse
+    bnd_every = 2 if pair and not output_boundary_states else 1  # the output kernel reads even chunks' states only
+    fixed = dict(cfg=cfg, scale=scale, normalize_qk=normalize_qk, F32=F32, PREC=PREC, interp=interp, pair=pair,
+                 bnd_every=bnd_every)
     run = _Phases(q, k, v, beta, g, h0, o, ht, bnd, (T, cu, cidx, coff, order, NCT, N), **fixed)
     run.prep()
     run.state()
@@ -292,7 +301,8 @@ class _Phases:
     intermediates; writes o, ht and bnd, which the caller gives."""
 
     def __init__(self, q, k, v, beta, g, h0, o, ht, bnd, tables: tuple, *, cfg: LaunchConfig, scale: float,
-                 normalize_qk: bool, F32: bool, PREC: str, interp: bool) -> None:
+                 normalize_qk: bool, F32: bool, PREC: str, interp: bool, pair: bool = False,
+                 bnd_every: int = 1) -> None:
         T, cu, cidx, coff, order, NCT, N = tables
         HK, K = q.shape[2], q.shape[3]
         n_h, HV, V = k.shape[2], v.shape[3], v.shape[-1]
@@ -300,6 +310,7 @@ class _Phases:
         self.cfg, self.scale, self.norm, self.interp, self.PREC = cfg, scale, normalize_qk, interp, PREC
         self.N, self.NCT, self.V, self.K, self.HV, self.n_h = N, NCT, V, K, HV, n_h
         self.order = order
+        self.pair, self.bnd_every = pair, bnd_every
         self.common = dict(HK=HK, HV=HV, NH=n_h, K=K, IS_VARLEN=cu is not None, F32=F32, PREC=PREC)
         self.seq_args = (T, cu, cidx, coff, NCT)
         self.BK, self.BVF = _pow2(K), _pow2(V)
@@ -319,6 +330,7 @@ class _Phases:
         self.U = torch.empty(HV, 0 if self.from_v else rows, V, dtype=dtype, device=dev)
         self.D = None if self.fuse else torch.empty(HV, rows, V, dtype=dtype, device=dev)
         self.Aqk = torch.empty(HV, NCT * BLOCK, n_h * BLOCK, dtype=dtype, device=dev) if self.aqk else None
+        self.Aqp = torch.empty(HV, NCT * BLOCK, BLOCK, dtype=dtype, device=dev) if pair else None  # odd chunks' rows
         self.gcum = torch.empty(HV, rows, dtype=f32, device=dev)
 
     def prep(self) -> None:
@@ -331,9 +343,9 @@ class _Phases:
         if cfg.tri_split:  # A (fp32: T is as exact as the one-kernel path's), then its inverse
             A = torch.empty(self.HV, NCT * self.n_h * BLOCK, BLOCK, dtype=torch.float32, device=q.device)
             _kkt_kernel[(n_jobs,)](
-                q, k, beta, g, A, self.Aqk, self.rstd, self.gcum, self.wsc, *self.seq_args,
+                q, k, beta, g, A, self.Aqk, self.Aqp, self.rstd, self.gcum, self.wsc, *self.seq_args,
                 BK=self.BK, BKC=min(_pow2(cfg.kkt_bk), self.BK), USE_G=g is not None, NORM=self.norm,
-                STORE_AQK=self.aqk, STORE_SCALES=self.scales_in_kkt, num_warps=cfg.kkt_warps,
+                STORE_AQK=self.aqk, STORE_SCALES=self.scales_in_kkt, PAIR=self.pair, num_warps=cfg.kkt_warps,
                 num_stages=cfg.kkt_stages, **common,
             )  # fmt: skip
             launch_inverse(A, self.Ti, n_jobs, cfg.inv_warps, self.PREC)
@@ -359,7 +371,7 @@ class _Phases:
         consts = dict(
             V=self.V, BKH=BKH, SPLIT=BKH < BK, BV=BV, HAS_H0=self.h0 is not None, STORE_FINAL=self.ht is not None,
             STORE_BND=self.bnd.shape[0] > 0, FUSE_O=self.fuse, NORM=self.norm, KEYS_WS=self.keys_ws,
-            FROM_V=self.from_v, EVICT=self.cfg.state_evict_first, **self.common,
+            FROM_V=self.from_v, EVICT=self.cfg.state_evict_first, BND_EVERY=self.bnd_every, **self.common,
         )  # fmt: skip
         # one block's W (or T), K and U tiles per pipeline stage (and q and A when fused)
         t_tile = 64 if self.keys_ws or self.from_v else 0  # T's 64 x 64
@@ -385,9 +397,11 @@ class _Phases:
         cfg = self.cfg
         obv = min(cfg.out_bv, self.BVF)
         _output_kernel[(triton.cdiv(self.V, obv), self.NCT, self.HV)](
-            self.q, self.k, self.D, self.Aqk, self.gcum, self.rstd, self.bnd, self.o, *self.seq_args, self.scale,
+            self.q, self.k, self.D, self.Aqk, self.Aqp, self.gcum, self.rstd, self.bnd, self.o, *self.seq_args,
+            self.scale,
             V=self.V, BK=min(_pow2(cfg.out_bk), self.BK), BV=obv, NORM=self.norm, num_warps=cfg.out_warps,
             num_stages=cfg.out_stages, PREFETCH=cfg.out_prefetch, AQK=self.aqk, EVICT=cfg.out_evict_first,
+            PAIR=self.pair,
             **self.common,
         )  # fmt: skip
 

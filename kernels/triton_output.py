@@ -59,6 +59,7 @@ def _output_kernel(
     k,
     D,
     Aqk,
+    Aqp,
     gcum,
     rstd,
     bnd,
@@ -83,13 +84,17 @@ def _output_kernel(
     PREFETCH: tl.constexpr = False,
     AQK: tl.constexpr = False,
     EVICT: tl.constexpr = False,
+    PAIR: tl.constexpr = False,
 ):
     """One program per (value tile, global chunk, value head): o = scale (e^G q S_c + (q K^T * decay * mask) D).
     The key dimension runs in blocks of BK (a loop, so that the next block's q, K and S_c rows load during this
     block's products): q S_c and each n_h block's q K^T (at most three) accumulate over them. AQK: q K^T * decay
     * mask comes from `_kkt_kernel` (Aqk, formed once a chunk, not once a value tile); the loop forms only q S_c.
     EVICT: the chunk states are loaded evict-first (each is read once; q and K are read again by the other value
-    tiles)."""
+    tiles). PAIR (n_h = 1, with AQK): an odd chunk c of a sequence reads S_{c-1}, not S_c, and adds chunk c-1's
+    share, o = scale (e^{G + G_end'} q S_{c-1} + Aqp D' + Aqk D) (primes: chunk c-1; Aqp = (q K'^T * e^{G + G_end' -
+    G'}) / (|q| |k'|) from `_kkt_kernel`), so that the state kernel stores only even chunks' states when nobody returns
+    them."""
     i_v, gc, i_h = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_n, c, bos, Tn = _chunk_seq(gc, T, cu, cidx, coff, IS_VARLEN)
     i_hk = i_h // (HV // HK)
@@ -103,7 +108,8 @@ def _output_kernel(
     q_base = q + (bos + t)[:, None] * (HK * K) + i_hk * K
     k_base = k + bos * NH * (HK * K) + i_hk * K
     s0 = c * L + o_r  # sub-steps of block 0 (block a: s0 + 64 a)
-    h_base = bnd + ((gc + i_n).to(tl.int64) * HV + i_h) * K * V + o_v[None, :]
+    par = c % 2 if PAIR else 0  # 1: an odd chunk under PAIR, which reads S_{c-1}
+    h_base = bnd + ((gc + i_n - par).to(tl.int64) * HV + i_h) * K * V + o_v[None, :]
     b_qq = tl.zeros([64], dtype=tl.float32)
     b_o = tl.zeros([64, BV], dtype=tl.float32)
     b_s0 = tl.zeros([64, 64], dtype=tl.float32)
@@ -151,7 +157,16 @@ def _output_kernel(
     else:
         b_rq = tl.full([64], 1.0, dtype=tl.float32)
     b_Gq = tl.load(gcum + aux + o_r * NH + NH - 1)
-    b_o = b_o * (b_rq * tl.exp(b_Gq))[:, None]
+    if PAIR:
+        if par == 1:  # S_{c-1} decays over chunk c-1 (G_end') and then chunk c; plus chunk c-1's share
+            b_o = b_o * (b_rq * tl.exp(b_Gq + tl.load(gcum + aux - 1)))[:, None]
+            b_x = tl.load(Aqp + (aux // NH + o_r)[:, None] * 64 + o_r[None, :])
+            b_dp = tl.load(D + (aux - 64 + o_r)[:, None] * V + o_v[None, :], mask=m_v[None, :], other=0.0)
+            b_o += tl.dot(_dot_in(b_x, k, F32), _dot_in(b_dp, k, F32), input_precision=PREC)
+        else:
+            b_o = b_o * (b_rq * tl.exp(b_Gq))[:, None]
+    else:
+        b_o = b_o * (b_rq * tl.exp(b_Gq))[:, None]
     for a in tl.static_range(NH):
         rows = aux + a * 64 + o_r
         if AQK:  # scaled and masked already (`_kkt_kernel`)

@@ -208,6 +208,7 @@ def _kkt_kernel(
     g,
     A,
     Aqk,
+    Aqp,
     rstd,
     gcum,
     wsc,
@@ -229,6 +230,7 @@ def _kkt_kernel(
     PREC: tl.constexpr,
     STORE_AQK: tl.constexpr,
     STORE_SCALES: tl.constexpr = False,
+    PAIR: tl.constexpr = False,
 ):
     """Split T, step 1 (`LaunchConfig.tri_split`): one program per (64-sub-step block, value head), value heads
     adjacent so that a group's programs share its key block in L2. A_ij = beta_i e^{Gamma_i - Gamma_j} r_i r_j
@@ -236,7 +238,10 @@ def _kkt_kernel(
     on and below the diagonal: the inverse reads no others); also the reciprocal key norms r. STORE_AQK: also the
     block's share of the chunk's intra-chunk attention, (q K_a^T * e^{Gamma_q - Gamma_s} * mask) / (|q| |k|), with the
     same key blocks (`_output_kernel` reads it). STORE_SCALES: also Gamma from the chunk start and the row scales
-    c = beta e^{Gamma - Gamma_a} / |k|, all the keys path with U from v needs of `_wu_kernel` (not launched then)."""
+    c = beta e^{Gamma - Gamma_a} / |k|, all the keys path with U from v needs of `_wu_kernel` (not launched then).
+    PAIR (with STORE_AQK, n_h = 1): for an odd chunk of a sequence also its queries against the previous chunk's keys,
+    (q K'^T * e^{Gamma_q + Gamma_end' - Gamma'}) / (|q| |k'|) (primes: chunk c-1), to Aqp: the output kernel's share of
+    chunk c-1 when it reads S_{c-1} instead of S_c (`LaunchConfig.out_pair`)."""
     job = tl.program_id(0)
     i_h, gb = job % HV, job // HV
     gc, a = gb // NH, gb % NH
@@ -253,6 +258,9 @@ def _kkt_kernel(
     b_kk = tl.zeros([64, 64], dtype=tl.float32)
     b_qk = tl.zeros([64, 64], dtype=tl.float32)
     b_qq = tl.zeros([64], dtype=tl.float32)
+    odd = (o_r * 0 + c % 2) == 1  # [64]: this chunk is odd (a pair's second)
+    b_qp = tl.zeros([64, 64], dtype=tl.float32)  # PAIR: q K'^T
+    b_pp = tl.zeros([64], dtype=tl.float32)  # PAIR: |k'|^2
     for kb in range(0, BK, BKC):
         o_k = kb + tl.arange(0, BKC)
         b_k = tl.load(p_k + o_k[None, :], mask=m_s[:, None] & (o_k < K)[None, :], other=0.0)
@@ -264,6 +272,11 @@ def _kkt_kernel(
                 b_qf = b_q.to(tl.float32)
                 b_qq += tl.sum(b_qf * b_qf, 1)
             b_qk += tl.dot(_dot_in(b_q, k, F32), tl.trans(b_kd), input_precision=PREC)
+            if PAIR:  # the previous chunk's keys (no memory access for an even chunk)
+                b_kp = tl.load(p_k - 64 * (HK * K) + o_k[None, :], mask=odd[:, None] & (o_k < K)[None, :], other=0.0)
+                b_kpf = b_kp.to(tl.float32)
+                b_pp += tl.sum(b_kpf * b_kpf, 1)
+                b_qp += tl.dot(_dot_in(b_q, k, F32), tl.trans(_dot_in(b_kp, k, F32)), input_precision=PREC)
     m_low = o_r[:, None] > o_r[None, :]
     if NORM:  # |k_i|^2 is K K^T's diagonal (exact bf16 products, fp32 sums): no second pass over the keys
         b_rs = 1.0 / tl.sqrt(tl.sum(tl.where(o_r[:, None] == o_r[None, :], b_kk, 0.0), 1) + 1e-6)
@@ -304,6 +317,19 @@ def _kkt_kernel(
         b_s = tl.where(m_a, b_s * b_rq[:, None] * b_rs[None, :], 0.0)
         p_a = Aqk + ((i_h.to(tl.int64) * NCT + gc) * 64 + o_r)[:, None] * L + a * 64 + o_r[None, :]
         tl.store(p_a, b_s.to(Aqk.dtype.element_ty))
+        if PAIR:
+            if NORM:
+                b_rp = 1.0 / tl.sqrt(b_pp + 1e-6)
+            else:
+                b_rp = tl.full([64], 1.0, dtype=tl.float32)
+            b_x = b_qp * b_rq[:, None] * b_rp[None, :]
+            if USE_G:  # Gamma' from chunk c-1's start, and its total (the decay between S_{c-1} and S_c)
+                t_p = t - 64
+                b_Gp = tl.cumsum(tl.load(g + (bos + t_p) * HV + i_h, mask=odd, other=0.0).to(tl.float32), 0)
+                b_Ge = tl.sum(tl.load(g + (bos + t_p) * HV + i_h, mask=odd, other=0.0).to(tl.float32), 0)
+                b_x = b_x * tl.exp(b_Gq[:, None] + b_Ge - b_Gp[None, :])
+            p_x = Aqp + ((i_h.to(tl.int64) * NCT + gc) * 64 + o_r)[:, None] * 64 + o_r[None, :]
+            tl.store(p_x, b_x.to(Aqp.dtype.element_ty), mask=odd[:, None])
 
 
 @triton.jit

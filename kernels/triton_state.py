@@ -195,6 +195,7 @@ def _state_kernel(
     KEYS_WS: tl.constexpr,
     FROM_V: tl.constexpr = False,
     EVICT: tl.constexpr = False,
+    BND_EVERY: tl.constexpr = 1,
 ):
     """One program per (value tile, sequence * value head), looping over the sequence's 64-row blocks (n_h a
     chunk; `_state_block`, in one flat loop unless FUSE_O): store S_c (at chunk starts), D_a = U_a - W_a S_a and
@@ -203,7 +204,8 @@ def _state_kernel(
     halves when dk > 128 (SPLIT): one [256, 32] tile miscompiled on an H100 (Triton 3.6), as [128, 16] did.
     FUSE_O: also o = scale (e^G q S_c + A D) for this value tile (A, Aqk, from the kkt or WY kernel), so that
     neither D nor the fp32 boundary states are read back by an output kernel. EVICT: the boundary states and D are
-    stored evict-first (the output kernel reads them after this kernel ends; the keys of later steps stay in L2)."""
+    stored evict-first (the output kernel reads them after this kernel ends; the keys of later steps stay in L2).
+    BND_EVERY = 2: only even chunks' starting states are stored (the output kernel's PAIR reads no others; n_h = 1)."""
     i_v, i_nh = tl.program_id(0), tl.program_id(1)
     i_n, i_h = i_nh // HV, i_nh % HV
     if IS_VARLEN:  # longest sequences first (`order`), so that they do not start in the last wave
@@ -280,7 +282,7 @@ def _state_kernel(
     else:  # one flat loop over all blocks (n_h a chunk): one block's code in the loop body at any n_h
         for blk in range(NC * NH):
             if STORE_BND:
-                if blk % NH == 0:
+                if blk % (NH * BND_EVERY) == 0:  # every chunk's start, or (2) every other one's
                     _store_state(bnd_base + (blk // NH) * (HV * K * V), b_h1, b_h2, p_h1, p_h2, m_h1, m_h2, SPLIT,
                                  EVICT)
             b_h1, b_h2, b_d = _state_block(

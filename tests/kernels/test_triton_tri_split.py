@@ -70,7 +70,7 @@ def test_split_T_is_the_inverse_of_I_plus_A(gate):
     gcum, wsc = torch.full((Hv, NCT * 64), float("nan")), torch.full((Hv, NCT * 64), float("nan"))
     common = dict(HK=Hk, HV=Hv, NH=1, K=K, IS_VARLEN=False, F32=True, PREC="ieee")
     _kkt_kernel[(Hv * NCT,)](
-        q, k, beta, g, A, Aqk, rstd, gcum, wsc, T, None, None, None, NCT, BK=K, BKC=16, USE_G=gate, NORM=True,
+        q, k, beta, g, A, Aqk, None, rstd, gcum, wsc, T, None, None, None, NCT, BK=K, BKC=16, USE_G=gate, NORM=True,
         STORE_AQK=True, STORE_SCALES=True, **common,
     )
     _tri_inverse_kernel[(Hv * NCT,)](A, Ti, PREC="ieee", UPPER_ZEROS=False)
