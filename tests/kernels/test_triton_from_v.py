@@ -77,25 +77,29 @@ def test_default_config_forms_u_from_v_on_the_keys_path_only():
         assert not cfg.state_keys_ws and not cfg.state_from_v, (B, H, V, n_h, K)
 
 
-@cpu_only
-@pytest.mark.parametrize("path, bv, stages", [("W", 32, 1), ("W", 64, 3), ("keys", 32, 3)])
-def test_u_from_v_on_the_w_path_runs_at_one_stage_at_32_wide_tiles(monkeypatch, path, bv, stages):
-    """On an H100 the W path with U from v miscompiled at 32-wide value tiles and 2-3 stages (scripts/fromv_check.py):
-    one stage there; 64-wide tiles and the keys path keep theirs."""
+def _launched_state_config(monkeypatch, on: dict, off: dict):
+    """The LaunchConfig the sequential kernel was launched with for `on` (checked against float64 and `off` too)."""
     import kernels.triton_chunk as tc
 
     seen = []
     real = tc._launch
 
     def spy(kernel, grid, cfg, *rest):
-        seen.append(cfg.state_stages)
+        seen.append(cfg)
         return real(kernel, grid, cfg, *rest)
 
     monkeypatch.setattr(tc, "_launch", spy)
-    case = (1, 130, 1, 1, 32, 64, 1, True, None)
+    check_choice((1, 130, 1, 1, 32, 64, 1, True, None), torch.float32, on, off)
+    return seen[0]
+
+
+@cpu_only
+@pytest.mark.parametrize("path, bv, stages", [("W", 32, 1), ("W", 64, 3), ("keys", 32, 3)])
+def test_u_from_v_on_the_w_path_runs_at_one_stage_at_32_wide_tiles(monkeypatch, path, bv, stages):
+    """On an H100 the W path with U from v miscompiled at 32-wide value tiles and 2-3 stages (scripts/fromv_check.py):
+    one stage there; 64-wide tiles and the keys path keep theirs."""
     on = dict(state_from_v=True, state_stages=3, state_bv=bv, **PATHS[path])
-    check_choice(case, torch.float32, on, dict(PATHS[path], state_bv=bv))
-    assert seen[0] == stages
+    assert _launched_state_config(monkeypatch, on, dict(PATHS[path], state_bv=bv)).state_stages == stages
 
 
 @cpu_only
@@ -103,17 +107,5 @@ def test_u_from_v_on_the_w_path_runs_at_one_stage_at_32_wide_tiles(monkeypatch, 
 def test_u_from_v_at_32_wide_tiles_runs_at_four_warps(monkeypatch, path, bv, warps):
     """On an H200 the keys path with U from v at 32-wide value tiles and 8 warps gave NaN (and an illegal memory access
     when packed): 4 warps there; 64-wide tiles keep the warps asked for."""
-    import kernels.triton_chunk as tc
-
-    seen = []
-    real = tc._launch
-
-    def spy(kernel, grid, cfg, *rest):
-        seen.append(cfg.state_warps)
-        return real(kernel, grid, cfg, *rest)
-
-    monkeypatch.setattr(tc, "_launch", spy)
-    case = (1, 130, 1, 1, 32, 64, 1, True, None)
-    check_choice(case, torch.float32, dict(state_from_v=True, state_warps=8, state_bv=bv, **PATHS[path]),
-                 dict(PATHS[path], state_bv=bv))
-    assert seen[0] == warps
+    on = dict(state_from_v=True, state_warps=8, state_bv=bv, **PATHS[path])
+    assert _launched_state_config(monkeypatch, on, dict(PATHS[path], state_bv=bv)).state_warps == warps
