@@ -223,15 +223,25 @@ def bench_real(bw: float, peak: float, log, rows: list, dump, only: str = "", sw
             )
             del x
             torch.cuda.empty_cache()
-    ok = [r for r in rows if r["speedup_vs_fla"] == r["speedup_vs_fla"]]
-    if ok:
-        worst = min(ok, key=lambda r: r["speedup_vs_fla"])
-        log(
-            f"   target >= 1.3x fla on every real shape: {'MET' if worst['speedup_vs_fla'] >= 1.3 else 'NOT MET'}"
-            f" (worst {worst['speedup_vs_fla']:.2f}x: {worst['shape']} B={worst['B']} T={worst['T']});"
-            f" slowest first call of ours {max(r['first_call_ours_s'] for r in rows):.1f} s"
-        )
+    log(real_verdict(rows))
     return rows
+
+
+def real_verdict(rows: list[dict]) -> str:
+    """The 1.3x target's line: judged on o+fin (the outputs fla returns), with the strict column's worst beside it."""
+    ok = [r for r in rows if r["speedup_o_final_vs_fla"] == r["speedup_o_final_vs_fla"]]  # fla ran
+    if not ok:
+        return "   target >= 1.3x fla on every real shape: not judged (fla did not run)"
+    worst = min(ok, key=lambda r: r["speedup_o_final_vs_fla"])
+    missed = [r for r in ok if r["speedup_o_final_vs_fla"] < 1.3]
+    where = "varlen" if worst["varlen"] else f"B={worst['B']} T={worst['T']}"
+    verdict = "MET" if not missed else f"NOT MET at {len(missed)} of {len(ok)} rows"
+    return (
+        f"   target >= 1.3x fla on every real shape (o+fin, the outputs fla returns): {verdict} (worst"
+        f" {worst['speedup_o_final_vs_fla']:.2f}x: {worst['shape']} {where}); with fp32 boundary states too, worst"
+        f" {min(r['speedup_vs_fla'] for r in ok):.2f}x; slowest first call of ours"
+        f" {max(r['first_call_ours_s'] for r in rows):.1f} s"
+    )
 
 
 def make_inputs(B, T, H, K, V, n_h, gate, dtype=torch.bfloat16, seed=0, h0=False):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from benchmarks.kernels import mixed_lengths, real_floors
+from benchmarks.kernels import mixed_lengths, real_floors, real_verdict
 
 
 def test_mixed_lengths_are_deterministic_documents_summing_to_the_total():
@@ -18,3 +18,18 @@ def test_real_floors_count_grouped_heads_and_per_sequence_states():
     assert packed[0] > dense[0]  # two sequences: one more final state and one more partial chunk boundary
     wider_keys = real_floors([4096], 32, 32, 128, 128, 1)
     assert wider_keys[0] > dense[0] and wider_keys[1] == dense[1]  # q, k read per key head; FLOPs per value head
+
+
+def _row(shape, o_final, strict, varlen=False, first=2.0):
+    return dict(shape=shape, B=8, T=4096, varlen=varlen, speedup_o_final_vs_fla=o_final, speedup_vs_fla=strict,
+                first_call_ours_s=first)
+
+
+def test_real_verdict_judges_the_outputs_fla_returns_and_counts_the_misses():
+    rows = [_row("GDN", 1.15, 0.89), _row("Qwen", 1.37, 1.18, varlen=True, first=9.1), _row("DP", 1.77, 1.52)]
+    line = real_verdict(rows)
+    assert "NOT MET at 1 of 3 rows" in line and "worst 1.15x: GDN B=8 T=4096" in line
+    assert "fp32 boundary states too, worst 0.89x" in line and "slowest first call of ours 9.1 s" in line
+    assert "MET (worst 1.37x: Qwen varlen)" in real_verdict(rows[1:])
+    nan = float("nan")
+    assert "not judged" in real_verdict([_row("GDN", nan, nan)])
