@@ -75,12 +75,12 @@ class LaunchConfig:
     # stores the chunk states and D evict-first (its later steps' keys stay in L2), the output kernel loads the chunk
     # states evict-first (q and K, which the other value tiles read again, stay)
     state_evict_first: bool = False
+    out_evict_first: bool = False
     # n_h = 1 with out_aqk and tri_split: an odd chunk's output program reads the previous chunk's state and adds that
     # chunk's share through q K'^T from the kkt kernel (Aqp), so the sequential kernel stores only even chunks' states
     # when nobody returns them. A first form (its own key loop in the output kernel) lost: the state kernel gained
     # 0.03-0.10 ms, the output kernel lost 0.13 (H200, kernels/NOTES.md); this one adds one A D product there
     out_pair: bool = False
-    out_evict_first: bool = False
     # the sequential kernel forms W S as T (diag(c) (K S)) from the keys it loads for the state update and the
     # block's 64 x 64 T, instead of reading W (64 x dk a block; the WY kernel then writes no W): fewer bytes a step
     # (dk 256: 32 + 8 KB against 64 KB), one more 64-deep product in the step's chain; default_config's choice
@@ -282,11 +282,8 @@ def triton_delta_product(
     bnd = torch.empty(NBND if store_bnd else 0, HV, K, V, dtype=bnd_dtype, device=dev)
     ht = torch.empty(N, HV, K, V, dtype=torch.float32, device=dev) if output_final_state else None
     o = torch.empty(B, T, HV, V, dtype=dtype, device=dev)
-    aqk = fuse or bool(cfg.out_aqk)
-    pair = bool(cfg.out_pair) and n_h == 1 and aqk and cfg.tri_split and not fuse
-    bnd_every = 2 if pair and not output_boundary_states else 1  # the output kernel reads even chunks' states only
-    fixed = dict(cfg=cfg, scale=scale, normalize_qk=normalize_qk, F32=F32, PREC=PREC, interp=interp, pair=pair,
-                 bnd_every=bnd_every)
+    fixed = dict(cfg=cfg, scale=scale, normalize_qk=normalize_qk, F32=F32, PREC=PREC, interp=interp,
+                 boundaries_returned=output_boundary_states)
     run = _Phases(q, k, v, beta, g, h0, o, ht, bnd, (T, cu, cidx, coff, order, NCT, N), **fixed)
     run.prep()
     run.state()
@@ -301,8 +298,7 @@ class _Phases:
     intermediates; writes o, ht and bnd, which the caller gives."""
 
     def __init__(self, q, k, v, beta, g, h0, o, ht, bnd, tables: tuple, *, cfg: LaunchConfig, scale: float,
-                 normalize_qk: bool, F32: bool, PREC: str, interp: bool, pair: bool = False,
-                 bnd_every: int = 1) -> None:
+                 normalize_qk: bool, F32: bool, PREC: str, interp: bool, boundaries_returned: bool = True) -> None:
         T, cu, cidx, coff, order, NCT, N = tables
         HK, K = q.shape[2], q.shape[3]
         n_h, HV, V = k.shape[2], v.shape[3], v.shape[-1]
@@ -310,7 +306,6 @@ class _Phases:
         self.cfg, self.scale, self.norm, self.interp, self.PREC = cfg, scale, normalize_qk, interp, PREC
         self.N, self.NCT, self.V, self.K, self.HV, self.n_h = N, NCT, V, K, HV, n_h
         self.order = order
-        self.pair, self.bnd_every = pair, bnd_every
         self.common = dict(HK=HK, HV=HV, NH=n_h, K=K, IS_VARLEN=cu is not None, F32=F32, PREC=PREC)
         self.seq_args = (T, cu, cidx, coff, NCT)
         self.BK, self.BVF = _pow2(K), _pow2(V)
@@ -321,6 +316,8 @@ class _Phases:
         # the keys path with U from v needs of the WY kernel only Gamma and the row scales: the kkt kernel writes them
         self.scales_in_kkt = self.keys_ws and self.from_v and cfg.tri_split
         self.aqk = self.fuse or bool(cfg.out_aqk)  # the intra-chunk attention from the kkt (else the WY) kernel
+        self.pair = bool(cfg.out_pair) and n_h == 1 and self.aqk and cfg.tri_split and not self.fuse
+        self.bnd_every = 2 if self.pair and not boundaries_returned else 1  # (the output kernel reads even ones only)
         dtype, dev, f32 = q.dtype, q.device, torch.float32
         rows = NCT * n_h * BLOCK  # sub-step rows per value head
         self.Ti = torch.empty(HV, rows, BLOCK, dtype=dtype, device=dev)
@@ -330,7 +327,7 @@ class _Phases:
         self.U = torch.empty(HV, 0 if self.from_v else rows, V, dtype=dtype, device=dev)
         self.D = None if self.fuse else torch.empty(HV, rows, V, dtype=dtype, device=dev)
         self.Aqk = torch.empty(HV, NCT * BLOCK, n_h * BLOCK, dtype=dtype, device=dev) if self.aqk else None
-        self.Aqp = torch.empty(HV, NCT * BLOCK, BLOCK, dtype=dtype, device=dev) if pair else None  # odd chunks' rows
+        self.Aqp = torch.empty(HV, NCT * BLOCK, BLOCK, dtype=dtype, device=dev) if self.pair else None  # odd chunks
         self.gcum = torch.empty(HV, rows, dtype=f32, device=dev)
 
     def prep(self) -> None:

@@ -10,6 +10,16 @@ from kernels.triton_common import _chunk_seq, _dot_in
 
 
 @triton.jit
+def _load_state_rows(h_base, o_k, m_k, m_v, V: tl.constexpr, EVICT: tl.constexpr):
+    """S_c rows o_k [BK, BV]; EVICT: first out of L2 (each is read once; q and K are read again by other tiles)."""
+    if EVICT:
+        return tl.load(h_base + o_k[:, None] * V, mask=m_k[:, None] & m_v[None, :], other=0.0,
+                       eviction_policy="evict_first")
+    else:
+        return tl.load(h_base + o_k[:, None] * V, mask=m_k[:, None] & m_v[None, :], other=0.0)
+
+
+@triton.jit
 def _out_key_block(q_base, h_base, k_base, s0, kb, m_t, m_v, Tn, HK: tl.constexpr, NH: tl.constexpr,
                    K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, QK: tl.constexpr, EVICT: tl.constexpr):
     """Key block kb of the output kernel's operands: q [64, BK], S_c rows [BK, BV] and, with QK, each WY block's
@@ -17,11 +27,7 @@ def _out_key_block(q_base, h_base, k_base, s0, kb, m_t, m_v, Tn, HK: tl.constexp
     o_k = kb * BK + tl.arange(0, BK)
     m_k = o_k < K
     b_q = tl.load(q_base + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.0)
-    if EVICT:
-        b_h = tl.load(h_base + o_k[:, None] * V, mask=m_k[:, None] & m_v[None, :], other=0.0,
-                      eviction_policy="evict_first")
-    else:
-        b_h = tl.load(h_base + o_k[:, None] * V, mask=m_k[:, None] & m_v[None, :], other=0.0)
+    b_h = _load_state_rows(h_base, o_k, m_k, m_v, V, EVICT)
     p_k = k_base + s0[:, None] * (HK * K) + o_k[None, :]
     b_k0 = b_q  # placeholders where there is no such block (never read)
     if QK:
@@ -136,11 +142,7 @@ def _output_kernel(
                 b_qf = b_q.to(tl.float32)
                 b_qq += tl.sum(b_qf * b_qf, 1)
             b_qd = _dot_in(b_q, k, F32)
-            if EVICT:  # each state tile is read once: first out of L2, which keeps q and K for the other tiles
-                b_h = tl.load(h_base + o_k[:, None] * V, mask=m_k[:, None] & m_v[None, :], other=0.0,
-                              eviction_policy="evict_first")
-            else:
-                b_h = tl.load(h_base + o_k[:, None] * V, mask=m_k[:, None] & m_v[None, :], other=0.0)
+            b_h = _load_state_rows(h_base, o_k, m_k, m_v, V, EVICT)
             b_o += tl.dot(b_qd, _dot_in(b_h, k, F32), input_precision=PREC)
             p_k = k_base + s0[:, None] * (HK * K) + o_k[None, :]
             if not AQK:
@@ -157,16 +159,15 @@ def _output_kernel(
     else:
         b_rq = tl.full([64], 1.0, dtype=tl.float32)
     b_Gq = tl.load(gcum + aux + o_r * NH + NH - 1)
+    b_Gs = b_Gq  # the log decay from the state read to each query
+    if PAIR:  # an odd chunk's S_{c-1} decays over chunk c-1 first (G_end'; no load for an even chunk)
+        b_Gs += tl.load(gcum + aux - 1 + o_r * 0, mask=(o_r * 0 + par) == 1, other=0.0)
+    b_o = b_o * (b_rq * tl.exp(b_Gs))[:, None]
     if PAIR:
-        if par == 1:  # S_{c-1} decays over chunk c-1 (G_end') and then chunk c; plus chunk c-1's share
-            b_o = b_o * (b_rq * tl.exp(b_Gq + tl.load(gcum + aux - 1)))[:, None]
+        if par == 1:  # chunk c-1's share
             b_x = tl.load(Aqp + (aux // NH + o_r)[:, None] * 64 + o_r[None, :])
             b_dp = tl.load(D + (aux - 64 + o_r)[:, None] * V + o_v[None, :], mask=m_v[None, :], other=0.0)
             b_o += tl.dot(_dot_in(b_x, k, F32), _dot_in(b_dp, k, F32), input_precision=PREC)
-        else:
-            b_o = b_o * (b_rq * tl.exp(b_Gq))[:, None]
-    else:
-        b_o = b_o * (b_rq * tl.exp(b_Gq))[:, None]
     for a in tl.static_range(NH):
         rows = aux + a * 64 + o_r
         if AQK:  # scaled and masked already (`_kkt_kernel`)

@@ -324,10 +324,8 @@ def _kkt_kernel(
                 b_rp = tl.full([64], 1.0, dtype=tl.float32)
             b_x = b_qp * b_rq[:, None] * b_rp[None, :]
             if USE_G:  # Gamma' from chunk c-1's start, and its total (the decay between S_{c-1} and S_c)
-                t_p = t - 64
-                b_Gp = tl.cumsum(tl.load(g + (bos + t_p) * HV + i_h, mask=odd, other=0.0).to(tl.float32), 0)
-                b_Ge = tl.sum(tl.load(g + (bos + t_p) * HV + i_h, mask=odd, other=0.0).to(tl.float32), 0)
-                b_x = b_x * tl.exp(b_Gq[:, None] + b_Ge - b_Gp[None, :])
+                b_gp = tl.load(g + (bos + t - 64) * HV + i_h, mask=odd, other=0.0).to(tl.float32)
+                b_x = b_x * tl.exp(b_Gq[:, None] + tl.sum(b_gp, 0) - tl.cumsum(b_gp, 0)[None, :])
             p_x = Aqp + ((i_h.to(tl.int64) * NCT + gc) * 64 + o_r)[:, None] * 64 + o_r[None, :]
             tl.store(p_x, b_x.to(Aqp.dtype.element_ty), mask=odd[:, None])
 

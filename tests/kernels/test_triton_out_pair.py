@@ -9,6 +9,8 @@ H200 (kernels/NOTES.md); this one is off by default until measured. GPU tests ar
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -35,8 +37,8 @@ def _run(case: tuple, dtype: torch.dtype, device: str, keep_boundaries: bool, **
     cu = cu_seqlens(lengths, device) if lengths else None
     run = dict(initial_state=s0, normalize_qk=True, cu_seqlens=cu, output_boundary_states=keep_boundaries)
     base = tc.default_config(len(lengths) if lengths else B, Hv, V, 1, K) if device == "cuda" else tc.LaunchConfig()
-    on = tc.LaunchConfig(**{**base.__dict__, **PAIRED, **config, "out_pair": True})
-    off = tc.LaunchConfig(**{**base.__dict__, **PAIRED, **config, "out_pair": False})
+    on = replace(base, **PAIRED, **config, out_pair=True)
+    off = replace(base, **PAIRED, **config, out_pair=False)
     o, fin, _ = tc.triton_delta_product(q, k, v, beta, g, config=on, **run)
     o0, _, _ = tc.triton_delta_product(q, k, v, beta, g, config=off, **run)
     d = torch.float64
