@@ -161,10 +161,14 @@ def default_config(B: int, H: int, V: int, n_h: int = 1, K: int = 128) -> Launch
     # session, scripts/config_ab.py): Qwen3-Next output kernel 0.498 -> 0.480 ms at 1x32768, 0.495 -> 0.476 at
     # 8x4096, 0.502 -> 0.487 packed (1.01-1.02x in all); at GDN default (four key blocks) 0.340 -> 0.353, so not
     # there. Evict-first stores in the state kernel moved nothing (+-1%), so they stay off
+    # Output chunk pairs wherever q K^T comes from the kkt kernel (out_pair, n_h = 1): the sequential kernel stores
+    # every other state when nobody returns them. H200, o + final against the default (fourteenth session,
+    # scripts/config_ab.py): GDN default 1x32768 1.06x (state kernel 1.051 -> 0.939 ms, output 0.341 -> 0.313, kkt
+    # 0.119 -> 0.141), 8x4096 1.04x, packed 1.03x; the kkt kernel at 8 warps lost it (0.95-1.01x)
     return LaunchConfig(
         state_bv=min(bv, _pow2(V)), fuse_output=False, resident_per_sm=1, state_stages=stages, out_bk=out_bk,
         state_keys_ws=keys_ws, state_from_v=keys_ws, out_prefetch=K > out_bk and n_h == 1, out_aqk=aqk,
-        out_evict_first=K <= 128,
+        out_evict_first=K <= 128, out_pair=aqk and n_h == 1,
     )
 
 

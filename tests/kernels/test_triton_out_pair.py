@@ -4,7 +4,8 @@ kernel stores only even chunks' states when no boundary states are returned. Che
 and the unpaired path, with boundary states returned (all stored) and not (every other one stored): odd and even
 chunk counts, a partial last chunk, dk 256 in key blocks, grouped heads, packed sequences of 1-4 chunks and one
 shorter than a chunk, no gate. A first form (the share's own key loop in the output kernel) measured a loss on an
-H200 (kernels/NOTES.md); this one is off by default until measured. GPU tests are marked.
+H200 (kernels/NOTES.md); this one gained 1.03-1.06x at GDN default and is default_config's there. GPU tests are
+marked.
 """
 
 from __future__ import annotations
@@ -86,9 +87,13 @@ def test_the_state_kernel_skips_odd_states_only_where_nobody_reads_them(monkeypa
     assert seen == [expected] and torch.isfinite(o).all()
 
 
-def test_default_config_leaves_pairs_off():
-    assert not tc.default_config(8, 6, 512, 1, 256).out_pair
-    assert not tc.default_config(1, 6, 512, 1, 256).out_pair
+def test_default_config_pairs_where_q_k_comes_from_the_kkt_kernel():
+    """On at n_h = 1 with out_aqk (dk > 128: GDN default); off at dk = 128 (no out_aqk) and at n_h > 1."""
+    for B in (1, 8):
+        d = tc.default_config(B, 6, 512, 1, 256)
+        assert d.out_pair and d.out_aqk
+    assert not tc.default_config(8, 32, 128, 1, 128).out_pair
+    assert not tc.default_config(8, 6, 512, 2, 256).out_pair
 
 
 GPU_CASES = {
