@@ -36,6 +36,11 @@ import torch
 import triton
 from triton.runtime.errors import OutOfResources
 
+try:  # host-side tensor descriptors (Triton >= 3.4)
+    from triton.tools.tensor_descriptor import TensorDescriptor
+except ImportError:  # pragma: no cover - older Triton: pointer stores only
+    TensorDescriptor = None
+
 from kernels.naive import CHUNK_SIZE, check_inputs
 from kernels.triton_common import BLOCK, _interpreting, _num_sms, _pow2
 from kernels.triton_output import _output_kernel
@@ -89,6 +94,13 @@ class LaunchConfig:
     # (dv x 2 bytes a sub-step written and read back); with state_keys_ws, D = T (diag(beta) V - diag(c) (K S)) is
     # one product with T, as many as before, and the WY kernel is not launched (the kkt kernel writes the row scales)
     state_from_v: bool = False
+    # the sequential kernel stores the chunk states and the final state through tensor descriptors (TMA on Hopper)
+    # instead of pointer tensors, which it held in registers across its loop: ptxas sm_90 (Triton 3.6) spills a thread
+    # GDN default 848 -> 320 bytes, Qwen3-Next 800 -> 120, DeltaProduct n_h = 2 776 -> 216. Taken where dk is a power
+    # of two and dv rows are 16-byte multiples, on sm_90+ or in the interpreter (`_Phases.tma`). Off: H200, o + final
+    # against the pointer stores (fourteenth session), 0.56-0.59x at B = 1 (GDN default state kernel 0.941 -> 2.054
+    # ms), 0.99-1.02x at 8 x 4096 and packed; o, the final and the chunk states bit-identical
+    state_tma: bool = False
     tri_programs_per_sm: int = 8
     fuse_output: bool | None = None  # the state kernel writes o (no output kernel); None: default_config's
     # programs of the sequential kernel that share an SM's shared memory when its pipeline stages are sized; None:
@@ -322,6 +334,7 @@ class _Phases:
         self.aqk = self.fuse or bool(cfg.out_aqk)  # the intra-chunk attention from the kkt (else the WY) kernel
         self.pair = bool(cfg.out_pair) and n_h == 1 and self.aqk and cfg.tri_split and not self.fuse
         self.bnd_every = 2 if self.pair and not boundaries_returned else 1  # (the output kernel reads even ones only)
+        self.tma = bool(cfg.state_tma) and not self.fuse and _tma_takes(K, V, bnd, dev=q.device, interp=interp)
         dtype, dev, f32 = q.dtype, q.device, torch.float32
         rows = NCT * n_h * BLOCK  # sub-step rows per value head
         self.Ti = torch.empty(HV, rows, BLOCK, dtype=dtype, device=dev)
@@ -389,6 +402,8 @@ class _Phases:
         # illegal memory access (packed) on an H200 (thirteenth session); 4 warps, the default, is GPU-tested
         if self.from_v and BV < 64 and cfg.state_warps > 4:
             cfg = replace(cfg, state_warps=4)
+        if self.tma:  # states as [states * heads * dk, dv] rows, a [dk half, value tile] box each store
+            consts.update(TMA=True, bnd_desc=_rows_desc(self.bnd, BKH, BV), ht_desc=_rows_desc(self.ht, BKH, BV))
         _launch(_state_kernel, (triton.cdiv(self.V, BV), self.N * self.HV), cfg, args, consts, smem)
 
     def output(self) -> None:
@@ -405,6 +420,21 @@ class _Phases:
             PAIR=self.pair,
             **self.common,
         )  # fmt: skip
+
+
+def _tma_takes(K: int, V: int, bnd: torch.Tensor, *, dev: torch.device, interp: bool) -> bool:
+    """Whether the state kernel's stores can go through tensor descriptors: a box of dk's key rows must not run into
+    the next head's (dk a power of two), dv rows 16-byte multiples (bf16 states and fp32 final), Hopper or later."""
+    if TensorDescriptor is None or K != _pow2(K) or (V * bnd.element_size()) % 16 or V % 4:
+        return False
+    return interp or (dev.type == "cuda" and torch.cuda.get_device_capability(dev) >= (9, 0))
+
+
+def _rows_desc(x: torch.Tensor | None, rows: int, cols: int):
+    """A tensor descriptor over x [..., dv] as 2-D rows (None for None or an empty x: nothing stored)."""
+    if x is None or x.numel() == 0:
+        return None
+    return TensorDescriptor.from_tensor(x.view(-1, x.shape[-1]), [rows, cols])
 
 
 SMEM_PER_SM = 225 * 1024  # shared memory a sequential kernel's resident programs may take (H100/H200: 227 KiB)

@@ -24,6 +24,16 @@ def _store_state(base, b_h1, b_h2, p_h1, p_h2, m_h1, m_h2, SPLIT: tl.constexpr, 
 
 
 @triton.jit
+def _store_state_tma(desc, row, col, b_h1, b_h2, BKH: tl.constexpr, SPLIT: tl.constexpr):
+    """A state's tile (its key halves with SPLIT) through a tensor descriptor over [states * heads * dk, dv] rows
+    (TMA on Hopper): no [key rows, value tile] pointer or mask tensors held in registers across the loop (ptxas
+    sm_90, Triton 3.6, dk 256, 32-wide value tiles: 848 bytes a thread spilled with pointers, 304 with this)."""
+    desc.store([row, col], b_h1.to(desc.dtype))
+    if SPLIT:
+        desc.store([row + BKH, col], b_h2.to(desc.dtype))
+
+
+@triton.jit
 def _block_bv(v_base, beta_base, s, m_s, o_v, m_v, HV: tl.constexpr, V: tl.constexpr):
     """diag(beta) V of one 64-row block (rows s), fp32: what U = T diag(beta) V multiplies."""
     b_v = tl.load(v_base + s[:, None] * (HV * V) + o_v[None, :], mask=m_s[:, None] & m_v[None, :], other=0.0)
@@ -196,6 +206,9 @@ def _state_kernel(
     FROM_V: tl.constexpr = False,
     EVICT: tl.constexpr = False,
     BND_EVERY: tl.constexpr = 1,
+    bnd_desc=None,
+    ht_desc=None,
+    TMA: tl.constexpr = False,
 ):
     """One program per (value tile, sequence * value head), looping over the sequence's 64-row blocks (n_h a
     chunk; `_state_block`, in one flat loop unless FUSE_O): store S_c (at chunk starts), D_a = U_a - W_a S_a and
@@ -205,7 +218,9 @@ def _state_kernel(
     FUSE_O: also o = scale (e^G q S_c + A D) for this value tile (A, Aqk, from the kkt or WY kernel), so that
     neither D nor the fp32 boundary states are read back by an output kernel. EVICT: the boundary states and D are
     stored evict-first (the output kernel reads them after this kernel ends; the keys of later steps stay in L2).
-    BND_EVERY = 2: only even chunks' starting states are stored (the output kernel's PAIR reads no others; n_h = 1)."""
+    BND_EVERY = 2: only even chunks' starting states are stored (the output kernel's PAIR reads no others; n_h = 1).
+    TMA (not with FUSE_O): the unfused loop's states and the final state are stored through `bnd_desc` and `ht_desc`
+    (dk a power of two; EVICT then applies to D only)."""
     i_v, i_nh = tl.program_id(0), tl.program_id(1)
     i_n, i_h = i_nh // HV, i_nh % HV
     if IS_VARLEN:  # longest sequences first (`order`), so that they do not start in the last wave
@@ -283,13 +298,23 @@ def _state_kernel(
         for blk in range(NC * NH):
             if STORE_BND:
                 if blk % (NH * BND_EVERY) == 0:  # every chunk's start, or (2) every other one's
-                    _store_state(bnd_base + (blk // NH) * (HV * K * V), b_h1, b_h2, p_h1, p_h2, m_h1, m_h2, SPLIT,
-                                 EVICT)
+                    if TMA:
+                        _store_state_tma(bnd_desc, ((gc0 + i_n + blk // NH) * HV + i_h) * K, i_v * BV, b_h1, b_h2,
+                                         BKH, SPLIT)
+                    else:
+                        _store_state(bnd_base + (blk // NH) * (HV * K * V), b_h1, b_h2, p_h1, p_h2, m_h1, m_h2,
+                                     SPLIT, EVICT)
             b_h1, b_h2, b_d = _state_block(
                 *blocks, b_h1, b_h2, blk, HK=HK, HV=HV, NH=NH, K=K, V=V, SPLIT=SPLIT, F32=F32, PREC=PREC,
                 STORE_D=True, KEYS_WS=KEYS_WS, FROM_V=FROM_V, EVICT=EVICT,
             )
-    if STORE_BND:
-        _store_state(bnd_base + NC * (HV * K * V), b_h1, b_h2, p_h1, p_h2, m_h1, m_h2, SPLIT)
-    if STORE_FINAL:
-        _store_state(ht + i_nh.to(tl.int64) * K * V, b_h1, b_h2, p_h1, p_h2, m_h1, m_h2, SPLIT)
+    if TMA:  # (no pointer tensor live across the loop)
+        if STORE_BND:
+            _store_state_tma(bnd_desc, ((gc0 + i_n + NC) * HV + i_h) * K, i_v * BV, b_h1, b_h2, BKH, SPLIT)
+        if STORE_FINAL:
+            _store_state_tma(ht_desc, i_nh * K, i_v * BV, b_h1, b_h2, BKH, SPLIT)
+    else:
+        if STORE_BND:
+            _store_state(bnd_base + NC * (HV * K * V), b_h1, b_h2, p_h1, p_h2, m_h1, m_h2, SPLIT)
+        if STORE_FINAL:
+            _store_state(ht + i_nh.to(tl.int64) * K * V, b_h1, b_h2, p_h1, p_h2, m_h1, m_h2, SPLIT)
