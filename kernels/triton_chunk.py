@@ -101,6 +101,11 @@ class LaunchConfig:
     # against the pointer stores (fourteenth session), 0.56-0.59x at B = 1 (GDN default state kernel 0.941 -> 2.054
     # ms), 0.99-1.02x at 8 x 4096 and packed; o, the final and the chunk states bit-identical
     state_tma: bool = False
+    # registers a thread of the sequential kernel (Triton's maxnreg; None: the compiler's choice, 255 at dk 256): 168
+    # lets three 4-warp programs share an SM instead of two (GDN default 8 x 4096: 768 programs in two waves, not three).
+    # Lost on an H200 (fourteenth session, o + final): GDN default 0.76-0.83x (state kernel 0.717 -> 1.051 ms at
+    # 8 x 4096), with state_tma 0.56-0.82x, Qwen3-Next 0.94x, DeltaProduct n_h = 2 0.80x
+    state_maxnreg: int | None = None
     tri_programs_per_sm: int = 8
     fuse_output: bool | None = None  # the state kernel writes o (no output kernel); None: default_config's
     # programs of the sequential kernel that share an SM's shared memory when its pipeline stages are sized; None:
@@ -448,6 +453,9 @@ def _launch(kernel, grid, cfg: LaunchConfig, args: tuple, consts: dict, smem_per
     if resident is not None:
         per_sm = min(per_sm, resident)
     stages = max(1, min(cfg.state_stages, SMEM_PER_SM // max(per_sm * smem_per_stage, 1)))
+    maxnreg = getattr(cfg, "state_maxnreg", None)
+    if maxnreg is not None:
+        consts = dict(consts, maxnreg=maxnreg)
     try:
         kernel[grid](*args, num_warps=cfg.state_warps, num_stages=stages, **consts)
     except OutOfResources:

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call's worth of GPU work, by section; logs and JSON go to $OUT (the device tool's folder).
 #   usage (on the device, from the repo root, after the wheel install line of ../shared/device/README.md):
-#     bash scripts/device_run.sh s4 | tests | kernels | kda | analysis | probes | store | dist | attention | rwkv7fix | rwkv7 | verify | reduce | table | secular | spectra19 | statetile | keysws | aqk | fromv | fromvw | keysfv | evict | pair | tma | outload | devmap [more ...]
+#     bash scripts/device_run.sh s4 | tests | kernels | kda | analysis | probes | store | dist | attention | rwkv7fix | rwkv7 | verify | reduce | table | secular | spectra19 | statetile | keysws | aqk | fromv | fromvw | keysfv | evict | pair | tma | maxnreg | outload | devmap [more ...]
 # s4:      continue the bundled S4 model (trained up to length 128) at 128, then 256, and evaluate it
 # tests:   the GPU-marked tests (realistic shapes, fla 0.6.0 comparisons)
 # kernels: python -m benchmarks.kernels (forward vs fla, accuracy; ~9 min on an H100, so a call of its own)
@@ -36,6 +36,7 @@
 # fromvw:  U from v on the W path (B = 1), 32- and 64-wide value tiles (GPU tests, vs default and fla)
 # evict:   L2 eviction hints on the chunk states and D (GPU tests, then vs the default and fla)
 # tma:     the state kernel's stores through tensor descriptors (state_tma: GPU tests, then vs the default and fla)
+# maxnreg: the state kernel at 168 registers a thread (state_maxnreg), alone and with state_tma, vs the default and fla
 # pair:    the output chunk pairs with q K'^T from the kkt kernel (out_pair: GPU tests, then vs the default and fla)
 # fromv:   U from v in the sequential kernel (state_from_v; GPU tests, W-path errors, vs reading U and fla)
 # outload: the output kernel with its loads a key block ahead (out_prefetch: GPU tests, then vs the default and fla)
@@ -262,6 +263,15 @@ for section in "$@"; do
         --change state_tma=True,state_bv=64,state_warps=8 2>&1 | grep -v Warn | tee -a "$OUT/tma.txt"
       timeout 200 python3 scripts/config_ab.py --shape "Qwen3-Next grouped" --shape "DeltaProduct n_h=2" \
         --shape "DeltaProduct n_h=3" --profile --change state_tma=True 2>&1 | grep -v Warn | tee -a "$OUT/tma.txt" ;;
+    maxnreg)
+      # #17: the sequential kernel capped at 168 registers a thread (state_maxnreg), three 4-warp programs an SM
+      # instead of two (GDN default 8 x 4096: 768 programs in two waves, not three), alone and with state_tma (ptxas
+      # sm_90, Triton 3.6: 856 / 1472 bytes spilled with / without); ~4 minutes
+      timeout 170 python3 scripts/config_ab.py --shape "GDN fla default" --profile --change state_maxnreg=168 \
+        --change state_maxnreg=168,state_tma=True 2>&1 | grep -v Warn | tee -a "$OUT/maxnreg.txt"
+      timeout 150 python3 scripts/config_ab.py --shape "Qwen3-Next grouped" --shape "DeltaProduct n_h=2" \
+        --sizes 8x4096,varlen --profile --change state_maxnreg=168,state_tma=True 2>&1 | grep -v Warn \
+        | tee -a "$OUT/maxnreg.txt" ;;
     fromv)
       # #17: U from v in the sequential kernel (state_from_v, the default on the keys path since the twelfth session:
       # 8x4096 GDN default 1.11x, Qwen3-Next 1.15x, DeltaProduct n_h = 3 1.13x against reading U; the state kernel
