@@ -127,14 +127,15 @@ MAX_K, MAX_V = 256, 512  # head dims the Triton path takes (dispatch falls back 
 MAX_NH = 3  # Householder steps a token: the output kernel keeps one q K^T accumulator per step
 
 
-def default_config(B: int, H: int, V: int, n_h: int = 1, K: int = 128) -> LaunchConfig:
+def default_config(B: int, H: int, V: int, n_h: int = 1, K: int = 128, half_states: bool = True) -> LaunchConfig:
     """Value tiles of the sequential kernel: 32, or 64 for dk <= 128 and n_h <= 2 once sequences * value
     heads give about a program per SM (W and K are re-read per tile). The output kernel stays separate: fusing
     it into the sequential kernel measured 0.9-1.1x at the real-model shapes on an H100 (kernels/NOTES.md).
     Never 16 with dk = 128 (nor 32 with dk = 256 unsplit): on an H100 (Triton 3.6) the compiled state kernel
     with 16-wide tiles faulted (n_h = 3) or returned wrong states (n_h = 1) at B = 8, T >= 1024, while the
     interpreter and T = 300 agreed with the reference; see tests/kernels/test_triton_chunk.py.
-    B counts sequences (of a packed batch too), H value heads.
+    B counts sequences (of a packed batch too), H value heads; half_states: the chunk states the output kernel reads
+    are in the inputs' half dtype (no boundary states returned), not fp32.
     """
     n_sm = _num_sms()
     bv = 32
@@ -182,8 +183,14 @@ def default_config(B: int, H: int, V: int, n_h: int = 1, K: int = 128) -> Launch
     # every other state when nobody returns them. H200, o + final against the default (fourteenth session,
     # scripts/config_ab.py): GDN default 1x32768 1.06x (state kernel 1.051 -> 0.939 ms, output 0.341 -> 0.313, kkt
     # 0.119 -> 0.141), 8x4096 1.04x, packed 1.03x; the kkt kernel at 8 warps lost it (0.95-1.01x)
+    # dv 512: the output kernel in two 256-wide value tiles (q, Aqk and the key loop's loads shared by twice the
+    # columns). H200, o + final against 128 (fourteenth session, scripts/config_ab.py, o bit-identical at every real
+    # row): GDN default 8x4096 output kernel 0.312 -> 0.293 ms (1.02x), DeltaProduct n_h = 2 packed 1.07x. Not with
+    # fp32 chunk states (boundary states returned): GDN default 8x4096 1.556 -> 2.193 ms there
+    out_bv = 256 if V > 256 and half_states else LaunchConfig.out_bv
     return LaunchConfig(
         state_bv=min(bv, _pow2(V)), fuse_output=False, resident_per_sm=1, state_stages=stages, out_bk=out_bk,
+        out_bv=out_bv,
         state_keys_ws=keys_ws, state_from_v=keys_ws, out_prefetch=K > out_bk and n_h == 1, out_aqk=aqk,
         out_evict_first=K <= 128, out_pair=aqk and n_h == 1,
     )
@@ -286,7 +293,7 @@ def triton_delta_product(
     interp = _interpreting()
     F32 = interp or dtype == torch.float32  # fp32 operands in tl.dot (the interpreter's bf16 dot is wrong)
     PREC = "ieee" if dtype == torch.float32 else "tf32"
-    d = default_config(N, HV, V, n_h, K)
+    d = default_config(N, HV, V, n_h, K, half_states=not output_boundary_states and dtype != torch.float32)
     given = config or d
     cfg = replace(
         given,
