@@ -102,7 +102,7 @@ class LaunchConfig:
     # ms), 0.99-1.02x at 8 x 4096 and packed; o, the final and the chunk states bit-identical
     state_tma: bool = False
     # registers a thread of the sequential kernel (Triton's maxnreg; None: the compiler's choice, 255 at dk 256): 168
-    # lets three 4-warp programs share an SM instead of two (GDN default 8 x 4096: 768 programs in two waves, not three)
+    # lets three 4-warp programs share an SM instead of two (GDN default 8 x 4096: 768 programs in 2 waves, not 3).
     # Lost on an H200 (fourteenth session, o + final): GDN default 0.76-0.83x (state kernel 0.717 -> 1.051 ms at
     # 8 x 4096), with state_tma 0.56-0.82x, Qwen3-Next 0.94x, DeltaProduct n_h = 2 0.80x
     state_maxnreg: int | None = None
