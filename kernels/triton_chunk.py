@@ -84,7 +84,8 @@ class LaunchConfig:
     # n_h = 1 with out_aqk and tri_split: an odd chunk's output program reads the previous chunk's state and adds that
     # chunk's share through q K'^T from the kkt kernel (Aqp), so the sequential kernel stores only even chunks' states
     # when nobody returns them. A first form (its own key loop in the output kernel) lost: the state kernel gained
-    # 0.03-0.10 ms, the output kernel lost 0.13 (H200, kernels/NOTES.md); this one adds one A D product there
+    # 0.03-0.10 ms, the output kernel lost 0.13 (H200, kernels/NOTES.md); this one adds one A D product there and
+    # won (GDN default 1.03-1.06x): default_config's wherever out_aqk is at n_h = 1
     out_pair: bool = False
     # the sequential kernel forms W S as T (diag(c) (K S)) from the keys it loads for the state update and the
     # block's 64 x 64 T, instead of reading W (64 x dk a block; the WY kernel then writes no W): fewer bytes a step
