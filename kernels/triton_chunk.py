@@ -107,6 +107,14 @@ class LaunchConfig:
     # Lost on an H200 (fourteenth session, o + final): GDN default 0.76-0.83x (state kernel 0.717 -> 1.051 ms at
     # 8 x 4096), with state_tma 0.56-0.82x, Qwen3-Next 0.94x, DeltaProduct n_h = 2 0.80x
     state_maxnreg: int | None = None
+    # the sequential kernel holds the state transposed, S^T [value tile, dk], so that each product of the step takes
+    # its left operand from registers (S^T K^T, X^T T^T, D^T K) and nothing computed is stored to shared memory
+    # within the step's chain (`_state_block_t`); not with fuse_output or state_tma
+    state_trans: bool = False
+    # the inverse kernel writes zeros above T's diagonal, so the sequential kernel loads T without a mask, which is
+    # what lets Triton pipeline that load (cp.async a stage ahead): a mask that varies along a row is not (tri_split;
+    # the one-kernel `_tri_kernel` writes the zeros anyway)
+    state_t_full: bool = False
     tri_programs_per_sm: int = 8
     fuse_output: bool | None = None  # the state kernel writes o (no output kernel); None: default_config's
     # programs of the sequential kernel that share an SM's shared memory when its pipeline stages are sized; None:
@@ -348,6 +356,8 @@ class _Phases:
         self.pair = bool(cfg.out_pair) and n_h == 1 and self.aqk and cfg.tri_split and not self.fuse
         self.bnd_every = 2 if self.pair and not boundaries_returned else 1  # (the output kernel reads even ones only)
         self.tma = bool(cfg.state_tma) and not self.fuse and _tma_takes(K, V, bnd, dev=q.device, interp=interp)
+        self.trans = bool(cfg.state_trans) and not self.fuse and not self.tma
+        self.t_full = bool(cfg.state_t_full) and (self.keys_ws or self.from_v)  # (only then does it read T)
         dtype, dev, f32 = q.dtype, q.device, torch.float32
         rows = NCT * n_h * BLOCK  # sub-step rows per value head
         self.Ti = torch.empty(HV, rows, BLOCK, dtype=dtype, device=dev)
@@ -379,7 +389,7 @@ class _Phases:
                 STORE_AQK=self.aqk, STORE_SCALES=self.scales_in_kkt, PAIR=self.pair, num_warps=cfg.kkt_warps,
                 num_stages=kkt_stages, **common,
             )  # fmt: skip
-            launch_inverse(A, self.Ti, n_jobs, cfg.inv_warps, self.PREC)
+            launch_inverse(A, self.Ti, n_jobs, cfg.inv_warps, self.PREC, upper_zeros=self.t_full)
         else:
             n_prog = min(n_jobs, 3 if self.interp else _num_sms() * cfg.tri_programs_per_sm)
             scratch = torch.empty(n_prog, BLOCK, BLOCK, dtype=torch.float32, device=q.device)
@@ -402,7 +412,9 @@ class _Phases:
         consts = dict(
             V=self.V, BKH=BKH, SPLIT=BKH < BK, BV=BV, HAS_H0=self.h0 is not None, STORE_FINAL=self.ht is not None,
             STORE_BND=self.bnd.shape[0] > 0, FUSE_O=self.fuse, NORM=self.norm, KEYS_WS=self.keys_ws,
-            FROM_V=self.from_v, EVICT=self.cfg.state_evict_first, BND_EVERY=self.bnd_every, **self.common,
+            FROM_V=self.from_v, EVICT=self.cfg.state_evict_first, BND_EVERY=self.bnd_every, TRANS=self.trans,
+            T_FULL=self.t_full,
+            **self.common,
         )  # fmt: skip
         # one block's W (or T), K and U tiles per pipeline stage (and q and A when fused)
         t_tile = 64 if self.keys_ws or self.from_v else 0  # T's 64 x 64

@@ -34,6 +34,16 @@ def _store_state_tma(desc, row, col, b_h1, b_h2, BKH: tl.constexpr, SPLIT: tl.co
 
 
 @triton.jit
+def _load_t(Ti, rows, o_r, T_FULL: tl.constexpr):
+    """A block's 64 x 64 T = (I + A)^-1 (lower triangular). T_FULL: Ti holds zeros above the diagonal, so the load
+    needs no mask, and Triton pipelines (cp.async) only loads whose mask is constant along a row's 16-byte runs."""
+    if T_FULL:
+        return tl.load(Ti + rows[:, None] * 64 + o_r[None, :])
+    else:
+        return tl.load(Ti + rows[:, None] * 64 + o_r[None, :], mask=o_r[:, None] >= o_r[None, :], other=0.0)
+
+
+@triton.jit
 def _block_bv(v_base, beta_base, s, m_s, o_v, m_v, HV: tl.constexpr, V: tl.constexpr):
     """diag(beta) V of one 64-row block (rows s), fp32: what U = T diag(beta) V multiplies."""
     b_v = tl.load(v_base + s[:, None] * (HV * V) + o_v[None, :], mask=m_s[:, None] & m_v[None, :], other=0.0)
@@ -42,12 +52,12 @@ def _block_bv(v_base, beta_base, s, m_s, o_v, m_v, HV: tl.constexpr, V: tl.const
 
 @triton.jit
 def _block_u(U, Ti, v_base, beta_base, rows, s, m_s, o_r, o_v, m_v, ref, HV: tl.constexpr, V: tl.constexpr,
-             F32: tl.constexpr, PREC: tl.constexpr, FROM_V: tl.constexpr):
+             F32: tl.constexpr, PREC: tl.constexpr, FROM_V: tl.constexpr, T_FULL: tl.constexpr):
     """U of one 64-row block: read (`_wu_kernel` wrote it, in its dtype), or with FROM_V formed here (fp32) as
     T (diag(beta) V)."""
     if FROM_V:
         b_bv = _dot_in(_block_bv(v_base, beta_base, s, m_s, o_v, m_v, HV, V), ref, F32)
-        b_t = tl.load(Ti + rows[:, None] * 64 + o_r[None, :], mask=o_r[:, None] >= o_r[None, :], other=0.0)
+        b_t = _load_t(Ti, rows, o_r, T_FULL)
         b_u = tl.dot(_dot_in(b_t, ref, F32), b_bv, input_precision=PREC)
     else:
         b_u = tl.load(U + rows[:, None] * V + o_v[None, :], mask=m_v[None, :], other=0.0)
@@ -88,20 +98,20 @@ def _keys_times_state(b_k1, b_k2, b_h1, b_h2, ref, SPLIT: tl.constexpr, F32: tl.
 @triton.jit
 def _u_minus_tcks(U, Ti, wsc, v_base, beta_base, rows, s, m_s, o_r, o_v, m_v, b_k1, b_k2, b_h1, b_h2, ref,
                   HV: tl.constexpr, V: tl.constexpr, SPLIT: tl.constexpr, F32: tl.constexpr, PREC: tl.constexpr,
-                  FROM_V: tl.constexpr):
+                  FROM_V: tl.constexpr, T_FULL: tl.constexpr):
     """U - W S for one 64-row block as U - T (diag(c) (K S)), W = T diag(c) K (`_wu_kernel`): from the block's
     keys, which the state update loads anyway, and its 64 x 64 T, instead of W's 64 x dk rows. FROM_V: as
     T (diag(beta) V - diag(c) (K S)), one product with T and no U read (`_wu_kernel` writes none)."""
     if FROM_V:
         b_ks = _keys_times_state(b_k1, b_k2, b_h1, b_h2, ref, SPLIT, F32, PREC)
         b_x = _block_bv(v_base, beta_base, s, m_s, o_v, m_v, HV, V) - b_ks * tl.load(wsc + rows)[:, None]
-        b_t = tl.load(Ti + rows[:, None] * 64 + o_r[None, :], mask=o_r[:, None] >= o_r[None, :], other=0.0)
+        b_t = _load_t(Ti, rows, o_r, T_FULL)
         return tl.dot(_dot_in(b_t, ref, F32), _dot_in(b_x, ref, F32), input_precision=PREC)
     else:  # (the measured order of loads and products)
         b_u = tl.load(U + rows[:, None] * V + o_v[None, :], mask=m_v[None, :], other=0.0)
         b_ks = _keys_times_state(b_k1, b_k2, b_h1, b_h2, ref, SPLIT, F32, PREC)
         b_x = _dot_in(b_ks * tl.load(wsc + rows)[:, None], ref, F32)
-        b_t = tl.load(Ti + rows[:, None] * 64 + o_r[None, :], mask=o_r[:, None] >= o_r[None, :], other=0.0)
+        b_t = _load_t(Ti, rows, o_r, T_FULL)
         return b_u.to(tl.float32) - tl.dot(_dot_in(b_t, ref, F32), b_x, input_precision=PREC)
 
 
@@ -130,7 +140,7 @@ def _state_block(
     k, k_base, W, U, D, gcum, rstd, Ti, wsc, v_base, beta_base, aux0, Tn, o_r, o_k1, o_k2, m_k1, m_k2, o_v, m_v,
     b_h1, b_h2, blk, HK: tl.constexpr, HV: tl.constexpr, NH: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     SPLIT: tl.constexpr, F32: tl.constexpr, PREC: tl.constexpr, STORE_D: tl.constexpr, KEYS_WS: tl.constexpr,
-    FROM_V: tl.constexpr, EVICT: tl.constexpr = False,
+    FROM_V: tl.constexpr, EVICT: tl.constexpr = False, T_FULL: tl.constexpr = False,
 ):
     """One 64-row block `blk` of a sequence (block blk % NH of chunk blk // NH): D = U - W S and
     S' = e^{G'} S + sum_s e^{G' - G_s} k_s d_s^T (G' the log decay to the block's end, from the chunk's start;
@@ -144,9 +154,9 @@ def _state_block(
     if KEYS_WS:  # the keys first: W S needs them
         b_k1, b_k2 = _block_keys(k_base, s, m_s, o_k1, o_k2, m_k1, m_k2, HK, K, SPLIT)
         b_d = _u_minus_tcks(U, Ti, wsc, v_base, beta_base, rows, s, m_s, o_r, o_v, m_v, b_k1, b_k2, b_h1, b_h2, k,
-                            HV, V, SPLIT, F32, PREC, FROM_V)
+                            HV, V, SPLIT, F32, PREC, FROM_V, T_FULL)
     else:
-        b_u = _block_u(U, Ti, v_base, beta_base, rows, s, m_s, o_r, o_v, m_v, k, HV, V, F32, PREC, FROM_V)
+        b_u = _block_u(U, Ti, v_base, beta_base, rows, s, m_s, o_r, o_v, m_v, k, HV, V, F32, PREC, FROM_V, T_FULL)
         b_d = _u_minus_ws(b_u, W, rows, o_k1, o_k2, m_k1, m_k2, b_h1, b_h2, k, K, SPLIT, F32, PREC)
     if STORE_D:
         p_d = D + rows[:, None] * V + o_v[None, :]
@@ -159,6 +169,78 @@ def _state_block(
     if not KEYS_WS:
         b_k1, b_k2 = _block_keys(k_base, s, m_s, o_k1, o_k2, m_k1, m_k2, HK, K, SPLIT)
     b_h1, b_h2 = _update_state(b_h1, b_h2, b_k1, b_k2, b_ds, tl.exp(b_G1 - b_G0), k, SPLIT, F32, PREC)
+    return b_h1, b_h2, b_d
+
+
+@triton.jit
+def _state_t_times_keys(b_k1, b_k2, b_h1, b_h2, ref, SPLIT: tl.constexpr, F32: tl.constexpr, PREC: tl.constexpr):
+    """(K S)^T = S^T K^T for one 64-row block, fp32, [value tile, 64]: the state held transposed is the product's
+    left operand, which stays in registers (no store of S to shared memory for it)."""
+    b_y = tl.dot(_dot_in(b_h1, ref, F32), tl.trans(_dot_in(b_k1, ref, F32)), input_precision=PREC)
+    if SPLIT:
+        b_y += tl.dot(_dot_in(b_h2, ref, F32), tl.trans(_dot_in(b_k2, ref, F32)), input_precision=PREC)
+    return b_y
+
+
+@triton.jit
+def _block_bv_t(v_base, beta_base, s, m_s, o_v, m_v, HV: tl.constexpr, V: tl.constexpr):
+    """(diag(beta) V)^T of one 64-row block, fp32, [value tile, 64]."""
+    b_v = tl.load(v_base + s[None, :] * (HV * V) + o_v[:, None], mask=m_s[None, :] & m_v[:, None], other=0.0)
+    return b_v.to(tl.float32) * tl.load(beta_base + s * HV, mask=m_s, other=0.0).to(tl.float32)[None, :]
+
+
+@triton.jit
+def _times_t_t(b_x, Ti, rows, o_r, ref, F32: tl.constexpr, PREC: tl.constexpr, T_FULL: tl.constexpr):
+    """X^T T^T for one block's 64 x 64 lower-triangular T, fp32: (T X)^T with X^T in registers."""
+    b_t = _load_t(Ti, rows, o_r, T_FULL)
+    return tl.dot(_dot_in(b_x, ref, F32), tl.trans(_dot_in(b_t, ref, F32)), input_precision=PREC)
+
+
+@triton.jit
+def _state_block_t(
+    k, k_base, W, U, D, gcum, rstd, Ti, wsc, v_base, beta_base, aux0, Tn, o_r, o_k1, o_k2, m_k1, m_k2, o_v, m_v,
+    b_h1, b_h2, blk, HK: tl.constexpr, HV: tl.constexpr, NH: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+    SPLIT: tl.constexpr, F32: tl.constexpr, PREC: tl.constexpr, KEYS_WS: tl.constexpr, FROM_V: tl.constexpr,
+    EVICT: tl.constexpr = False, T_FULL: tl.constexpr = False,
+):
+    """`_state_block` with the state held transposed, S^T [value tile, dk] (its key halves with SPLIT): every
+    product of the step, S^T K^T (or S^T W^T), X^T T^T and (scaled D)^T K, takes its left operand from registers,
+    so the chain stores nothing to shared memory but the loaded K, T (W) tiles. Returns S'^T and D^T (stored)."""
+    rows = aux0 + blk * 64 + o_r
+    s = blk * 64 + o_r
+    m_s = s < Tn * NH
+    b_G0, b_G1 = _block_decays(gcum, aux0, blk, NH)
+    b_k1, b_k2 = _block_keys(k_base, s, m_s, o_k1, o_k2, m_k1, m_k2, HK, K, SPLIT)
+    if KEYS_WS:  # (W S)^T = (T diag(c) K S)^T
+        b_y = _state_t_times_keys(b_k1, b_k2, b_h1, b_h2, k, SPLIT, F32, PREC) * tl.load(wsc + rows)[None, :]
+        if FROM_V:
+            b_d = _times_t_t(_block_bv_t(v_base, beta_base, s, m_s, o_v, m_v, HV, V) - b_y, Ti, rows, o_r, k, F32,
+                             PREC, T_FULL)
+        else:
+            b_u = tl.load(U + rows[None, :] * V + o_v[:, None], mask=m_v[:, None], other=0.0)
+            b_d = b_u.to(tl.float32) - _times_t_t(b_y, Ti, rows, o_r, k, F32, PREC, T_FULL)
+    else:  # (W S)^T = S^T W^T from W's rows
+        if FROM_V:
+            b_u = _times_t_t(_block_bv_t(v_base, beta_base, s, m_s, o_v, m_v, HV, V), Ti, rows, o_r, k, F32, PREC,
+                             T_FULL)
+        else:
+            b_u = tl.load(U + rows[None, :] * V + o_v[:, None], mask=m_v[:, None], other=0.0).to(tl.float32)
+        b_w1 = tl.load(W + rows[:, None] * K + o_k1[None, :], mask=m_k1[None, :], other=0.0)
+        b_w2 = b_w1
+        if SPLIT:
+            b_w2 = tl.load(W + rows[:, None] * K + o_k2[None, :], mask=m_k2[None, :], other=0.0)
+        b_d = b_u - _state_t_times_keys(b_w1, b_w2, b_h1, b_h2, k, SPLIT, F32, PREC)
+    p_d = D + rows[None, :] * V + o_v[:, None]
+    if EVICT:
+        tl.store(p_d, b_d.to(D.dtype.element_ty), mask=m_v[:, None], eviction_policy="evict_first")
+    else:
+        tl.store(p_d, b_d.to(D.dtype.element_ty), mask=m_v[:, None])
+    b_scale = tl.load(rstd + rows) * tl.exp(b_G1 - tl.load(gcum + rows))  # key norm, e^{G' - G_s}
+    b_ds = _dot_in(b_d * b_scale[None, :], k, F32)
+    b_gam = tl.exp(b_G1 - b_G0)
+    b_h1 = b_h1 * b_gam + tl.dot(b_ds, _dot_in(b_k1, k, F32), input_precision=PREC)
+    if SPLIT:
+        b_h2 = b_h2 * b_gam + tl.dot(b_ds, _dot_in(b_k2, k, F32), input_precision=PREC)
     return b_h1, b_h2, b_d
 
 
@@ -209,6 +291,8 @@ def _state_kernel(
     bnd_desc=None,
     ht_desc=None,
     TMA: tl.constexpr = False,
+    TRANS: tl.constexpr = False,
+    T_FULL: tl.constexpr = False,
 ):
     """One program per (value tile, sequence * value head), looping over the sequence's 64-row blocks (n_h a
     chunk; `_state_block`, in one flat loop unless FUSE_O): store S_c (at chunk starts), D_a = U_a - W_a S_a and
@@ -220,7 +304,8 @@ def _state_kernel(
     stored evict-first (the output kernel reads them after this kernel ends; the keys of later steps stay in L2).
     BND_EVERY = 2: only even chunks' starting states are stored (the output kernel's PAIR reads no others; n_h = 1).
     TMA (not with FUSE_O): the unfused loop's states and the final state are stored through `bnd_desc` and `ht_desc`
-    (dk a power of two; EVICT then applies to D only)."""
+    (dk a power of two; EVICT then applies to D only). TRANS (not with FUSE_O or TMA): the state held transposed,
+    S^T [value tile, dk], in the unfused loop (`_state_block_t`); what is stored is the same."""
     i_v, i_nh = tl.program_id(0), tl.program_id(1)
     i_n, i_h = i_nh // HV, i_nh % HV
     if IS_VARLEN:  # longest sequences first (`order`), so that they do not start in the last wave
@@ -244,22 +329,29 @@ def _state_kernel(
     m_k1 = o_k1 < K
     m_k2 = o_k2 < K
     m_v = o_v < V
-    m_h1 = m_k1[:, None] & m_v[None, :]
-    m_h2 = m_k2[:, None] & m_v[None, :]
+    if TRANS:  # tiles [value tile, key rows]
+        m_h1 = m_k1[None, :] & m_v[:, None]
+        m_h2 = m_k2[None, :] & m_v[:, None]
+        p_h1 = o_k1[None, :] * V + o_v[:, None]
+        p_h2 = o_k2[None, :] * V + o_v[:, None]
+        b_h2 = tl.zeros([BV, BKH], dtype=tl.float32)
+    else:
+        m_h1 = m_k1[:, None] & m_v[None, :]
+        m_h2 = m_k2[:, None] & m_v[None, :]
+        p_h1 = o_k1[:, None] * V + o_v[None, :]
+        p_h2 = o_k2[:, None] * V + o_v[None, :]
+        b_h2 = tl.zeros([BKH, BV], dtype=tl.float32)
     k_base = k + bos * NH * (HK * K) + i_hk * K
     q_base = q + bos * (HK * K) + i_hk * K
     aux0 = (i_h.to(tl.int64) * NCT + gc0) * L
-    p_h1 = o_k1[:, None] * V + o_v[None, :]
-    p_h2 = o_k2[:, None] * V + o_v[None, :]
     bnd_base = bnd + ((gc0 + i_n).to(tl.int64) * HV + i_h) * K * V  # this sequence's first boundary
-    b_h2 = tl.zeros([BKH, BV], dtype=tl.float32)
     if HAS_H0:
         h0_base = h0 + i_nh.to(tl.int64) * K * V
         b_h1 = tl.load(h0_base + p_h1, mask=m_h1, other=0.0).to(tl.float32)
         if SPLIT:
             b_h2 = tl.load(h0_base + p_h2, mask=m_h2, other=0.0).to(tl.float32)
     else:
-        b_h1 = tl.zeros([BKH, BV], dtype=tl.float32)
+        b_h1 = tl.zeros_like(b_h2)
     v_base = v + bos * NH * (HV * V) + i_h * V
     beta_base = beta + bos * NH * HV + i_h
     blocks = (k, k_base, W, U, D, gcum, rstd, Ti, wsc, v_base, beta_base, aux0, Tn, o_r, o_k1, o_k2, m_k1, m_k2, o_v,
@@ -288,7 +380,7 @@ def _state_kernel(
             for a in tl.static_range(NH):
                 b_h1, b_h2, b_d = _state_block(
                     *blocks, b_h1, b_h2, c * NH + a, HK=HK, HV=HV, NH=NH, K=K, V=V, SPLIT=SPLIT, F32=F32,
-                    PREC=PREC, STORE_D=False, KEYS_WS=KEYS_WS, FROM_V=FROM_V,
+                    PREC=PREC, STORE_D=False, KEYS_WS=KEYS_WS, FROM_V=FROM_V, T_FULL=T_FULL,
                 )
                 b_a = tl.load(Aqk + (aux // NH + o_r)[:, None] * L + a * 64 + o_r[None, :])
                 b_o += tl.dot(_dot_in(b_a, k, F32), _dot_in(b_d, k, F32), input_precision=PREC)
@@ -304,10 +396,16 @@ def _state_kernel(
                     else:
                         _store_state(bnd_base + (blk // NH) * (HV * K * V), b_h1, b_h2, p_h1, p_h2, m_h1, m_h2,
                                      SPLIT, EVICT)
-            b_h1, b_h2, b_d = _state_block(
-                *blocks, b_h1, b_h2, blk, HK=HK, HV=HV, NH=NH, K=K, V=V, SPLIT=SPLIT, F32=F32, PREC=PREC,
-                STORE_D=True, KEYS_WS=KEYS_WS, FROM_V=FROM_V, EVICT=EVICT,
-            )
+            if TRANS:
+                b_h1, b_h2, b_d = _state_block_t(
+                    *blocks, b_h1, b_h2, blk, HK=HK, HV=HV, NH=NH, K=K, V=V, SPLIT=SPLIT, F32=F32, PREC=PREC,
+                    KEYS_WS=KEYS_WS, FROM_V=FROM_V, EVICT=EVICT, T_FULL=T_FULL,
+                )
+            else:
+                b_h1, b_h2, b_d = _state_block(
+                    *blocks, b_h1, b_h2, blk, HK=HK, HV=HV, NH=NH, K=K, V=V, SPLIT=SPLIT, F32=F32, PREC=PREC,
+                    STORE_D=True, KEYS_WS=KEYS_WS, FROM_V=FROM_V, EVICT=EVICT, T_FULL=T_FULL,
+                )
     if TMA:  # (no pointer tensor live across the loop)
         if STORE_BND:
             _store_state_tma(bnd_desc, ((gc0 + i_n + NC) * HV + i_h) * K, i_v * BV, b_h1, b_h2, BKH, SPLIT)
