@@ -109,12 +109,17 @@ class LaunchConfig:
     state_maxnreg: int | None = None
     # the sequential kernel holds the state transposed, S^T [value tile, dk], so that each product of the step takes
     # its left operand from registers (S^T K^T, X^T T^T, D^T K) and nothing computed is stored to shared memory
-    # within the step's chain (`_state_block_t`); not with fuse_output or state_tma
+    # within the step's chain (`_state_block_t`); not with fuse_output or state_tma. Lost on an H200 (fifteenth session,
+    # with state_t_full, o + final): GDN default 0.73x at 1x32768 (64 wide 0.45x, at 8 warps 0.60x), 0.86-0.89x at
+    # 8x4096, packed 0.86x (64 wide 1.03x against the masked T, i.e. below state_t_full alone); Qwen3-Next 0.98-1.00x;
+    # DeltaProduct n_h = 2 0.89-0.90x (64 wide 0.96-1.06x)
     state_trans: bool = False
     # the inverse kernel writes zeros above T's diagonal, so the sequential kernel loads T without a mask, which is
     # what lets Triton pipeline that load (cp.async a stage ahead): a mask that varies along a row is not (tri_split;
-    # the one-kernel `_tri_kernel` writes the zeros anyway)
-    state_t_full: bool = False
+    # the one-kernel `_tri_kernel` writes the zeros anyway). H200, o + final against the masked load (fifteenth
+    # session, scripts/config_ab.py, o bit-identical): GDN default 8x4096 1.10x (state kernel 0.718 -> 0.613 ms),
+    # packed 1.09x; Qwen3-Next 1.02-1.03x; DeltaProduct n_h = 2 1.11-1.12x; B = 1 (the W path reads no T) 1.00x
+    state_t_full: bool = True
     tri_programs_per_sm: int = 8
     fuse_output: bool | None = None  # the state kernel writes o (no output kernel); None: default_config's
     # programs of the sequential kernel that share an SM's shared memory when its pipeline stages are sized; None:
