@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call's worth of GPU work, by section; logs and JSON go to $OUT (the device tool's folder).
 #   usage (on the device, from the repo root, after the wheel install line of ../shared/device/README.md):
-#     bash scripts/device_run.sh s4 | tests | kernels | kda | analysis | probes | store | dist | attention | rwkv7fix | rwkv7 | verify | reduce | table | secular | spectra19 | statetile | keysws | aqk | fromv | fromvw | keysfv | evict | pair | tma | trans | maxnreg | outload | devmap [more ...]
+#     bash scripts/device_run.sh s4 | tests | kernels | kda | analysis | probes | store | dist | attention | rwkv7fix | rwkv7 | verify | reduce | table | secular | spectra19 | statetile | keysws | aqk | fromv | fromvw | keysfv | evict | pair | tma | trans | tfull | maxnreg | outload | devmap [more ...]
 # s4:      continue the bundled S4 model (trained up to length 128) at 128, then 256, and evaluate it
 # tests:   the GPU-marked tests (realistic shapes, fla 0.6.0 comparisons)
 # kernels: python -m benchmarks.kernels (forward vs fla, accuracy; ~9 min on an H100, so a call of its own)
@@ -278,6 +278,15 @@ for section in "$@"; do
       timeout 270 python3 scripts/config_ab.py --shape "Qwen3-Next grouped" --shape "DeltaProduct n_h=2" \
         --sizes 8x4096,varlen --profile --change state_t_full=True --change state_t_full=True,state_trans=True \
         --change state_t_full=True,state_trans=True,state_bv=64 2>&1 | grep -v Warn | tee -a "$OUT/trans.txt" ;;
+    tfull)
+      # #17: with T unmasked (the default now), the GPU tests of test_triton_trans.py's t_full cases, then GDN
+      # default's sequential kernel at 64-wide tiles (4 and 8 warps), three stages, 168 registers and evict-first
+      # stores against the new default and fla; ~7 minutes
+      timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_triton_trans.py -k t_full 2>&1 \
+        | tail -4 | tee -a "$OUT/tfull.txt"
+      timeout 330 python3 scripts/config_ab.py --shape "GDN fla default" --sizes 8x4096,varlen --profile \
+        --change state_bv=64 --change state_bv=64,state_warps=8 --change state_stages=3 \
+        --change state_maxnreg=168 --change state_evict_first=True 2>&1 | grep -v Warn | tee -a "$OUT/tfull.txt" ;;
     maxnreg)
       # #17: the sequential kernel capped at 168 registers a thread (state_maxnreg), three 4-warp programs an SM
       # instead of two (GDN default 8 x 4096: 768 programs in two waves, not three), alone and with state_tma (ptxas
