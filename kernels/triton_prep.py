@@ -194,10 +194,10 @@ def _tri_kernel(
 
 
 @triton.jit
-def _gates_before(g, bos, t, m_t, o_r, i_h, a, HV: tl.constexpr, NH: tl.constexpr):
-    """Sum of the chunk's log gates before WY block a (tokens t whose first sub-step comes before the block)."""
-    m_before = m_t & (o_r * NH < a * 64)
-    return tl.sum(tl.load(g + (bos + t) * HV + i_h, mask=m_before, other=0.0).to(tl.float32), 0)
+def _gates_before(b_gt, o_r, a, NH: tl.constexpr):
+    """Sum of the chunk's log gates b_gt (a token a row, 0 past the sequence) before WY block a (tokens whose first
+    sub-step comes before the block)."""
+    return tl.sum(tl.where(o_r * NH < a * 64, b_gt, 0.0), 0)
 
 
 @triton.jit
@@ -261,6 +261,13 @@ def _kkt_kernel(
     odd = (o_r * 0 + c % 2) == 1  # [64]: this chunk is odd (a pair's second)
     b_qp = tl.zeros([64, 64], dtype=tl.float32)  # PAIR: q K'^T
     b_pp = tl.zeros([64], dtype=tl.float32)  # PAIR: |k'|^2
+    # the epilogue's beta and gates, loaded before the key loop so that their latency overlaps its products
+    b_beta = tl.load(beta + (bos * NH + s) * HV + i_h, mask=m_s, other=0.0).to(tl.float32)
+    if USE_G:
+        b_g = tl.load(g + (bos + s // NH) * HV + i_h, mask=m_s & (s % NH == 0), other=0.0).to(tl.float32)
+        b_gt = tl.load(g + (bos + t) * HV + i_h, mask=m_t, other=0.0).to(tl.float32)  # the chunk's tokens
+        if PAIR:  # the previous chunk's (odd chunks only)
+            b_gp = tl.load(g + (bos + t - 64) * HV + i_h, mask=odd, other=0.0).to(tl.float32)
     for kb in range(0, BK, BKC):
         o_k = kb + tl.arange(0, BKC)
         b_k = tl.load(p_k + o_k[None, :], mask=m_s[:, None] & (o_k < K)[None, :], other=0.0)
@@ -284,10 +291,8 @@ def _kkt_kernel(
         b_rs = tl.full([64], 1.0, dtype=tl.float32)
     rows = (i_h.to(tl.int64) * NCT + gc) * L + a * 64 + o_r
     tl.store(rstd + rows, b_rs)
-    b_beta = tl.load(beta + (bos * NH + s) * HV + i_h, mask=m_s, other=0.0).to(tl.float32)
     if USE_G:
-        m_g = m_s & (s % NH == 0)
-        b_G = tl.cumsum(tl.load(g + (bos + s // NH) * HV + i_h, mask=m_g, other=0.0).to(tl.float32), 0)
+        b_G = tl.cumsum(b_g, 0)
         b_A = b_kk * tl.exp(tl.where(m_low, b_G[:, None] - b_G[None, :], 0.0))
     else:
         b_A = b_kk
@@ -296,7 +301,7 @@ def _kkt_kernel(
     tl.store(A + rows[:, None] * 64 + o_r[None, :], b_A, mask=m_blk)
     if STORE_SCALES:
         if USE_G:
-            tl.store(gcum + rows, b_G + _gates_before(g, bos, t, m_t, o_r, i_h, a, HV, NH))
+            tl.store(gcum + rows, b_G + _gates_before(b_gt, o_r, a, NH))
             tl.store(wsc + rows, b_beta * b_rs * tl.exp(b_G))
         else:
             tl.store(gcum + rows, tl.zeros([64], dtype=tl.float32))
@@ -309,8 +314,8 @@ def _kkt_kernel(
         tok = (a * 64 + o_r) // NH  # the chunk's token of each sub-step
         m_a = tok[None, :] <= o_r[:, None]
         if USE_G:  # Gamma from the chunk start: the queries' (each token's gate, at its first sub-step), the block's
-            b_Gq = tl.cumsum(tl.load(g + (bos + t) * HV + i_h, mask=m_t, other=0.0).to(tl.float32), 0)
-            b_carry = _gates_before(g, bos, t, m_t, o_r, i_h, a, HV, NH)
+            b_Gq = tl.cumsum(b_gt, 0)
+            b_carry = _gates_before(b_gt, o_r, a, NH)
             b_s = b_qk * tl.exp(tl.where(m_a, b_Gq[:, None] - (b_G + b_carry)[None, :], 0.0))
         else:
             b_s = b_qk
@@ -324,7 +329,6 @@ def _kkt_kernel(
                 b_rp = tl.full([64], 1.0, dtype=tl.float32)
             b_x = b_qp * b_rq[:, None] * b_rp[None, :]
             if USE_G:  # Gamma' from chunk c-1's start, and its total (the decay between S_{c-1} and S_c)
-                b_gp = tl.load(g + (bos + t - 64) * HV + i_h, mask=odd, other=0.0).to(tl.float32)
                 b_x = b_x * tl.exp(b_Gq[:, None] + tl.sum(b_gp, 0) - tl.cumsum(b_gp, 0)[None, :])
             p_x = Aqp + ((i_h.to(tl.int64) * NCT + gc) * 64 + o_r)[:, None] * 64 + o_r[None, :]
             tl.store(p_x, b_x.to(Aqp.dtype.element_ty), mask=odd[:, None])
