@@ -96,8 +96,9 @@ class LaunchConfig:
     # one product with T, as many as before, and the WY kernel is not launched (the kkt kernel writes the row scales)
     state_from_v: bool = False
     # the sequential kernel stores the chunk states and the final state through tensor descriptors (TMA on Hopper)
-    # instead of pointer tensors, which it held in registers across its loop: ptxas sm_90 (Triton 3.6) spills a thread
-    # GDN default 848 -> 320 bytes, Qwen3-Next 800 -> 120, DeltaProduct n_h = 2 776 -> 216. Taken where dk is a power
+    # instead of pointer tensors held in registers across its loop (the spills it was built against, 848 -> 320 bytes
+    # a thread at GDN default, were an offline compile's without the pointer alignment a launch gives; with it, ptxas
+    # sm_90 (Triton 3.6) spills 8 -> 8 bytes, and none either way with state_t_full). Taken where dk is a power
     # of two and dv rows are 16-byte multiples, on sm_90+ or in the interpreter (`_Phases.tma`). Off: H200, o + final
     # against the pointer stores (fourteenth session), 0.56-0.59x at B = 1 (GDN default state kernel 0.941 -> 2.054
     # ms), 0.99-1.02x at 8 x 4096 and packed; o, the final and the chunk states bit-identical
@@ -429,7 +430,9 @@ class _Phases:
         args = (self.q, self.k, self.v, self.beta, self.W, self.U, self.D, self.Aqk, self.gcum, self.rstd, self.Ti,
                 self.wsc, self.bnd, self.ht, self.h0, self.o, T, cu, coff, self.order, NCT, self.scale)  # fmt: skip
         # U from v on the W path: wrong (or NaN) o and states at BV 32 and 2-3 stages on an H100, right at one stage
-        # and at BV 64 at any (scripts/fromv_check.py, twelfth session; the interpreter agrees at all), so one there
+        # and at BV 64 at any (scripts/fromv_check.py, twelfth session; the interpreter agrees at all), so one there.
+        # With T loaded unmasked (state_t_full) it was right at 2-3 stages on an H200 (scripts/fromv_guard_ab.py,
+        # fifteenth session) but slower at the one shape that would take it, so the guard stays
         one_stage = self.from_v and not self.keys_ws and BV < 64
         cfg = replace(self.cfg, state_stages=1) if one_stage else self.cfg
         # U from v at BV 32 and 8 warps: NaN o (keys path, GDN default and DeltaProduct n_h = 2 at 8 x 4096) and an
