@@ -134,6 +134,9 @@ class LaunchConfig:
     kkt_warps: int = 4
     kkt_bk: int = 64
     kkt_stages: int = 2
+    # grouped heads (Hv / Hk a power of two): one kkt program serves the value heads of a key head, forming K K^T and
+    # q K^T once for them (they differ in beta and gates only) instead of once per value head
+    kkt_group: bool = False
     inv_warps: int = 1  # the inverse's 16 x 16 tiles in one warp: no cross-warp reductions (2 warps: 0.095 / 0.505 ms
     # at the shapes above, 4 warps 0.18 / 0.99); fp32 inputs take 2 (ptxas sm_90: 824 bytes of spills at 1)
 
@@ -389,10 +392,11 @@ class _Phases:
             # other real rows), so two there whatever is asked
             kkt_stages = min(cfg.kkt_stages, 2) if self.n_h > 1 and self.common["IS_VARLEN"] else cfg.kkt_stages
             A = torch.empty(self.HV, NCT * self.n_h * BLOCK, BLOCK, dtype=torch.float32, device=q.device)
-            _kkt_kernel[(n_jobs,)](
+            kg = _kkt_heads(cfg, self.common["HK"], self.HV)
+            _kkt_kernel[(n_jobs // kg,)](
                 q, k, beta, g, A, self.Aqk, self.Aqp, self.rstd, self.gcum, self.wsc, *self.seq_args,
                 BK=self.BK, BKC=min(_pow2(cfg.kkt_bk), self.BK), USE_G=g is not None, NORM=self.norm,
-                STORE_AQK=self.aqk, STORE_SCALES=self.scales_in_kkt, PAIR=self.pair, num_warps=cfg.kkt_warps,
+                STORE_AQK=self.aqk, STORE_SCALES=self.scales_in_kkt, PAIR=self.pair, KG=kg, num_warps=cfg.kkt_warps,
                 num_stages=kkt_stages, **common,
             )  # fmt: skip
             launch_inverse(A, self.Ti, n_jobs, cfg.inv_warps, self.PREC, upper_zeros=self.t_full)
@@ -457,6 +461,13 @@ class _Phases:
             PAIR=self.pair,
             **self.common,
         )  # fmt: skip
+
+
+def _kkt_heads(cfg: LaunchConfig, HK: int, HV: int) -> int:
+    """Value heads a kkt program serves: the whole group of a key head with `kkt_group` where Hv / Hk is a power
+    of two (the kernel takes them as one [64, KG] tile), else one."""
+    group = HV // HK
+    return group if cfg.kkt_group and group > 1 and group & (group - 1) == 0 else 1
 
 
 def _tma_takes(K: int, V: int, bnd: torch.Tensor, *, dev: torch.device, interp: bool) -> bool:

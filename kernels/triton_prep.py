@@ -231,6 +231,7 @@ def _kkt_kernel(
     STORE_AQK: tl.constexpr,
     STORE_SCALES: tl.constexpr = False,
     PAIR: tl.constexpr = False,
+    KG: tl.constexpr = 1,
 ):
     """Split T, step 1 (`LaunchConfig.tri_split`): one program per (64-sub-step block, value head), value heads
     adjacent so that a group's programs share its key block in L2. A_ij = beta_i e^{Gamma_i - Gamma_j} r_i r_j
@@ -241,11 +242,13 @@ def _kkt_kernel(
     c = beta e^{Gamma - Gamma_a} / |k|, all the keys path with U from v needs of `_wu_kernel` (not launched then).
     PAIR (with STORE_AQK, n_h = 1): for an odd chunk of a sequence also its queries against the previous chunk's keys,
     (q K'^T * e^{Gamma_q + Gamma_end' - Gamma'}) / (|q| |k'|) (primes: chunk c-1), to Aqp: the output kernel's share of
-    chunk c-1 when it reads S_{c-1} instead of S_c (`LaunchConfig.out_pair`)."""
+    chunk c-1 when it reads S_{c-1} instead of S_c (`LaunchConfig.out_pair`). KG > 1 (`LaunchConfig.kkt_group`): one
+    program serves KG value heads of one key head, forming K K^T, q K^T (and q K'^T) once for them."""
     job = tl.program_id(0)
-    i_h, gb = job % HV, job // HV
+    i_g, gb = job % (HV // KG), job // (HV // KG)
     gc, a = gb // NH, gb % NH
     i_n, c, bos, Tn = _chunk_seq(gc, T, cu, cidx, coff, IS_VARLEN)
+    i_h = i_g * KG  # (the first of the program's value heads)
     i_hk = i_h // (HV // HK)
     L: tl.constexpr = 64 * NH
     o_r = tl.arange(0, 64)
@@ -261,13 +264,17 @@ def _kkt_kernel(
     odd = (o_r * 0 + c % 2) == 1  # [64]: this chunk is odd (a pair's second)
     b_qp = tl.zeros([64, 64], dtype=tl.float32)  # PAIR: q K'^T
     b_pp = tl.zeros([64], dtype=tl.float32)  # PAIR: |k'|^2
-    # the epilogue's beta and gates, loaded before the key loop so that their latency overlaps its products
-    b_beta = tl.load(beta + (bos * NH + s) * HV + i_h, mask=m_s, other=0.0).to(tl.float32)
+    # the epilogue's beta and gates ([64, KG]: the program's value heads, adjacent in memory), loaded before the key
+    # loop so that their latency overlaps its products; the block's gates (at sub-steps), the chunk's (at tokens) and,
+    # for pairs, the previous chunk's (odd chunks only)
+    o_g = tl.arange(0, KG)
+    b_beta = _head_rows(beta, (bos * NH + s) * HV + i_h, o_g, m_s)
+    b_g, b_gt, b_gp = b_beta, b_beta, b_beta  # (unused without gates)
     if USE_G:
-        b_g = tl.load(g + (bos + s // NH) * HV + i_h, mask=m_s & (s % NH == 0), other=0.0).to(tl.float32)
-        b_gt = tl.load(g + (bos + t) * HV + i_h, mask=m_t, other=0.0).to(tl.float32)  # the chunk's tokens
-        if PAIR:  # the previous chunk's (odd chunks only)
-            b_gp = tl.load(g + (bos + t - 64) * HV + i_h, mask=odd, other=0.0).to(tl.float32)
+        b_g = _head_rows(g, (bos + s // NH) * HV + i_h, o_g, m_s & (s % NH == 0))
+        b_gt = _head_rows(g, (bos + t) * HV + i_h, o_g, m_t)
+        if PAIR:
+            b_gp = _head_rows(g, (bos + t - 64) * HV + i_h, o_g, odd)
     for kb in range(0, BK, BKC):
         o_k = kb + tl.arange(0, BKC)
         b_k = tl.load(p_k + o_k[None, :], mask=m_s[:, None] & (o_k < K)[None, :], other=0.0)
@@ -284,11 +291,51 @@ def _kkt_kernel(
                 b_kpf = b_kp.to(tl.float32)
                 b_pp += tl.sum(b_kpf * b_kpf, 1)
                 b_qp += tl.dot(_dot_in(b_q, k, F32), tl.trans(_dot_in(b_kp, k, F32)), input_precision=PREC)
-    m_low = o_r[:, None] > o_r[None, :]
     if NORM:  # |k_i|^2 is K K^T's diagonal (exact bf16 products, fp32 sums): no second pass over the keys
         b_rs = 1.0 / tl.sqrt(tl.sum(tl.where(o_r[:, None] == o_r[None, :], b_kk, 0.0), 1) + 1e-6)
+        b_rq = 1.0 / tl.sqrt(b_qq + 1e-6)
+        b_rp = 1.0 / tl.sqrt(b_pp + 1e-6)
     else:
         b_rs = tl.full([64], 1.0, dtype=tl.float32)
+        b_rq, b_rp = b_rs, b_rs
+    norms = (b_kk, b_rs, b_qk, b_rq, b_qp, b_rp)
+    dests = (A, Aqk, Aqp, rstd, gcum, wsc, NCT, gc, a, o_r, odd)
+    if KG == 1:
+        _kkt_head(*dests, i_h, *norms, _head(b_beta, o_g, 0), _head(b_g, o_g, 0), _head(b_gt, o_g, 0),
+                  _head(b_gp, o_g, 0), NH, USE_G, STORE_AQK, STORE_SCALES, PAIR)
+    else:
+        for j in tl.static_range(KG):
+            _kkt_head(*dests, i_h + j, *norms, _head(b_beta, o_g, j), _head(b_g, o_g, j), _head(b_gt, o_g, j),
+                      _head(b_gp, o_g, j), NH, USE_G, STORE_AQK, STORE_SCALES, PAIR)
+
+
+@triton.jit
+def _head_rows(x, offs, o_g, m):
+    """x at offs + h for the program's value heads h < KG (o_g), fp32 [64, KG] ([64] for one head), 0 where m is
+    false."""
+    if o_g.shape[0] == 1:
+        return tl.load(x + offs, mask=m, other=0.0).to(tl.float32)
+    else:
+        return tl.load(x + offs[:, None] + o_g[None, :], mask=m[:, None], other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _head(x, o_g, j: tl.constexpr):
+    """The j-th value head's rows of `_head_rows`' tile."""
+    if len(x.shape) == 1:
+        return x
+    else:
+        return tl.sum(tl.where(o_g[None, :] == j, x, 0.0), 1)
+
+
+@triton.jit
+def _kkt_head(A, Aqk, Aqp, rstd, gcum, wsc, NCT, gc, a, o_r, odd, i_h, b_kk, b_rs, b_qk, b_rq, b_qp, b_rp, b_beta, b_g,
+              b_gt, b_gp, NH: tl.constexpr, USE_G: tl.constexpr, STORE_AQK: tl.constexpr,
+              STORE_SCALES: tl.constexpr, PAIR: tl.constexpr):
+    """The kkt kernel's outputs for value head i_h from the block's key products (shared by the value heads of a key
+    head): the key norms, A, with STORE_SCALES Gamma and the row scales, with STORE_AQK Aqk (and Aqp with PAIR)."""
+    L: tl.constexpr = 64 * NH
+    m_low = o_r[:, None] > o_r[None, :]
     rows = (i_h.to(tl.int64) * NCT + gc) * L + a * 64 + o_r
     tl.store(rstd + rows, b_rs)
     if USE_G:
@@ -307,10 +354,6 @@ def _kkt_kernel(
             tl.store(gcum + rows, tl.zeros([64], dtype=tl.float32))
             tl.store(wsc + rows, b_beta * b_rs)
     if STORE_AQK:
-        if NORM:
-            b_rq = 1.0 / tl.sqrt(b_qq + 1e-6)
-        else:
-            b_rq = tl.full([64], 1.0, dtype=tl.float32)
         tok = (a * 64 + o_r) // NH  # the chunk's token of each sub-step
         m_a = tok[None, :] <= o_r[:, None]
         if USE_G:  # Gamma from the chunk start: the queries' (each token's gate, at its first sub-step), the block's
@@ -323,10 +366,6 @@ def _kkt_kernel(
         p_a = Aqk + ((i_h.to(tl.int64) * NCT + gc) * 64 + o_r)[:, None] * L + a * 64 + o_r[None, :]
         tl.store(p_a, b_s.to(Aqk.dtype.element_ty))
         if PAIR:
-            if NORM:
-                b_rp = 1.0 / tl.sqrt(b_pp + 1e-6)
-            else:
-                b_rp = tl.full([64], 1.0, dtype=tl.float32)
             b_x = b_qp * b_rq[:, None] * b_rp[None, :]
             if USE_G:  # Gamma' from chunk c-1's start, and its total (the decay between S_{c-1} and S_c)
                 b_x = b_x * tl.exp(b_Gq[:, None] + tl.sum(b_gp, 0) - tl.cumsum(b_gp, 0)[None, :])

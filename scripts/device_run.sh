@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call's worth of GPU work, by section; logs and JSON go to $OUT (the device tool's folder).
 #   usage (on the device, from the repo root, after the wheel install line of ../shared/device/README.md):
-#     bash scripts/device_run.sh s4 | tests | kernels | kda | analysis | probes | store | dist | attention | rwkv7fix | rwkv7 | verify | reduce | table | secular | spectra19 | statetile | keysws | aqk | fromv | fromvw | keysfv | evict | pair | tma | trans | tfull | maxnreg | outload | devmap [more ...]
+#     bash scripts/device_run.sh s4 | tests | kernels | kda | analysis | probes | store | dist | attention | rwkv7fix | rwkv7 | verify | reduce | table | secular | spectra19 | statetile | keysws | aqk | fromv | fromvw | keysfv | evict | pair | tma | trans | tfull | kktgroup | maxnreg | outload | devmap [more ...]
 # s4:      continue the bundled S4 model (trained up to length 128) at 128, then 256, and evaluate it
 # tests:   the GPU-marked tests (realistic shapes, fla 0.6.0 comparisons)
 # kernels: python -m benchmarks.kernels (forward vs fla, accuracy; ~9 min on an H100, so a call of its own)
@@ -287,6 +287,16 @@ for section in "$@"; do
       timeout 330 python3 scripts/config_ab.py --shape "GDN fla default" --sizes 8x4096,varlen --profile \
         --change state_bv=64 --change state_bv=64,state_warps=8 --change state_stages=3 \
         --change state_maxnreg=168 --change state_evict_first=True 2>&1 | grep -v Warn | tee -a "$OUT/tfull.txt" ;;
+    kktgroup)
+      # #17: one kkt program for the value heads of a key head (kkt_group): GPU tests, then Qwen3-Next against the
+      # default and fla, and the default's kernels at GDN default and DeltaProduct n_h = 2 (the kkt kernel's epilogue
+      # became a function of the value head); ~4 minutes
+      timeout 120 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_triton_kkt_group.py 2>&1 \
+        | tail -3 | tee -a "$OUT/kktgroup.txt"
+      timeout 150 python3 scripts/config_ab.py --shape "Qwen3-Next grouped" --profile --change kkt_group=True 2>&1 \
+        | grep -v Warn | tee -a "$OUT/kktgroup.txt"
+      timeout 100 python3 scripts/config_ab.py --shape "GDN fla default" --shape "DeltaProduct n_h=2" --sizes 8x4096 \
+        --profile 2>&1 | grep -v Warn | tee -a "$OUT/kktgroup.txt" ;;
     maxnreg)
       # #17: the sequential kernel capped at 168 registers a thread (state_maxnreg), three 4-warp programs an SM
       # instead of two (GDN default 8 x 4096: 768 programs in two waves, not three), alone and with state_tma (ptxas
