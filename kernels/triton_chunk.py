@@ -135,8 +135,10 @@ class LaunchConfig:
     kkt_bk: int = 64
     kkt_stages: int = 2
     # grouped heads (Hv / Hk a power of two): one kkt program serves the value heads of a key head, forming K K^T and
-    # q K^T once for them (they differ in beta and gates only) instead of once per value head
-    kkt_group: bool = False
+    # q K^T once for them (they differ in beta and gates only) instead of once per value head. H200, Qwen3-Next (two
+    # value heads a key head), o + final against one head a program (fifteenth session, scripts/config_ab.py, o
+    # bit-identical): 1.01x at 1x32768, 8x4096 and packed (kkt kernel 0.169 -> 0.148, 0.172 -> 0.156, 0.174 -> 0.162 ms)
+    kkt_group: bool = True
     inv_warps: int = 1  # the inverse's 16 x 16 tiles in one warp: no cross-warp reductions (2 warps: 0.095 / 0.505 ms
     # at the shapes above, 4 warps 0.18 / 0.99); fp32 inputs take 2 (ptxas sm_90: 824 bytes of spills at 1)
 
