@@ -7,11 +7,9 @@ from __future__ import annotations
 import dataclasses
 from functools import partial
 
-import torch
-
 import kernels.triton_chunk as tc
 from benchmarks.kernels import REAL_SHAPES, _profile, make_real_inputs, timeit
-from tests.kernels.delta_rule_cases import GPU_REAL_CASES, check_choice
+from scripts.fromv_check import report
 
 
 def _lift_guard() -> None:
@@ -21,16 +19,7 @@ def _lift_guard() -> None:
 
 def main() -> None:
     _lift_guard()
-    for name, dtype in [("GDN default", torch.bfloat16), ("grouped n_h=3", torch.bfloat16),
-                        ("grouped n_h=3", torch.float16), ("Qwen3-Next packed", torch.bfloat16)]:  # fmt: skip
-        for stages in (2, 3):
-            off = dict(state_keys_ws=False, state_stages=stages, state_bv=32)
-            try:
-                errs = check_choice(GPU_REAL_CASES[name], dtype, dict(off, state_from_v=True), off, device="cuda")
-                text = " ".join(f"{e:.1e}" for e in errs)
-            except AssertionError as err:
-                text = "FAIL " + str(err).splitlines()[0][-160:]
-            print(f"{name} {str(dtype)[6:]} stages {stages} bv 32: {text}", flush=True)
+    report(stage_counts=(2, 3), tiles=(32,))
     _, Hk, Hv, K, V, n_h = next(s for s in REAL_SHAPES if s[0].startswith("Qwen"))
     x = make_real_inputs(1, 32768, Hk, Hv, K, V, n_h)
     base = tc.default_config(1, Hv, V, n_h, K)
