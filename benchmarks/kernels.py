@@ -244,6 +244,22 @@ def real_verdict(rows: list[dict]) -> str:
     )
 
 
+def grid_verdict(rows: list[dict]) -> str:
+    """The grid's 1.3x line, judged as the real rows' (`real_verdict`): on o+fin, the strict column's worst beside."""
+    ok = [r for r in rows if r["speedup_o_final_vs_fla"] == r["speedup_o_final_vs_fla"]]  # fla ran
+    if not ok:
+        return "   target >= 1.3x fla on every grid point: not judged (fla did not run)"
+    worst = min(ok, key=lambda r: r["speedup_o_final_vs_fla"])
+    missed = [r for r in ok if r["speedup_o_final_vs_fla"] < 1.3]
+    verdict = "MET" if not missed else f"NOT MET at {len(missed)} of {len(ok)} points"
+    gate = "on" if worst["gate"] else "off"
+    return (
+        f"   target >= 1.3x fla on every grid point (o+fin, the outputs fla returns): {verdict} (worst"
+        f" {worst['speedup_o_final_vs_fla']:.2f}x: B={worst['B']} T={worst['T']} n_h={worst['n_h']} gate {gate});"
+        f" with fp32 boundary states too, worst {min(r['speedup_vs_fla'] for r in ok):.2f}x"
+    )
+
+
 def make_inputs(B, T, H, K, V, n_h, gate, dtype=torch.bfloat16, seed=0, h0=False):
     gen = torch.Generator(device="cuda").manual_seed(seed)
     q = torch.randn(B, T, H, K, device="cuda", generator=gen).to(dtype)
@@ -311,6 +327,8 @@ def _forward_point(B, T, n_h, gate, bw, peak, sweep, fla) -> dict:
             times[repr(c)] = float("inf")
             print(f"      config failed: {c}: {type(exc).__name__}: {str(exc)[:120]}", flush=True)
     ours = times[repr(cfg)]
+    # what fla returns (o and the final state; the chunk states the output kernel reads are then bf16)
+    lean = timeit(partial(triton_delta_product, *x, normalize_qk=True, output_boundary_states=False))
     t_fla = timeit(partial(fla_call, fla, *x)) if fla is not None else float("nan")
     nbytes, nflop = floors(B, T, H, K, K, n_h, gate)
     mem_ms, flop_ms = nbytes / bw * 1e3, nflop / peak * 1e3
@@ -323,8 +341,10 @@ def _forward_point(B, T, n_h, gate, bw, peak, sweep, fla) -> dict:
         n_h=n_h,
         gate=gate,
         ours_ms=ours,
+        ours_o_final_ms=lean,
         fla_ms=t_fla,
         speedup_vs_fla=t_fla / ours,
+        speedup_o_final_vs_fla=t_fla / lean,
         mem_floor_ms=mem_ms,
         flop_floor_ms=flop_ms,
         x_mem_floor=ours / mem_ms,
@@ -351,17 +371,20 @@ def bench_forward(quick: bool, bw: float, peak: float, sweep: bool, log, rows: l
         "n_h",
         "gate",
         "ours ms",
+        "o+fin ms",
         "fla ms",
         "fla/ours",
+        "fla/o+fin",
         "mem floor",
         "x floor",
         "flop floor",
         "x flop",
         "config",
     ]
-    widths = [2, 5, 3, 4, 8, 8, 8, 9, 7, 10, 6, 16]
+    widths = [2, 5, 3, 4, 8, 8, 8, 8, 9, 9, 7, 10, 6, 16]
     log("\n== forward: triton_delta_product vs fla chunk_gated_delta_product (bf16, H=8, dk=dv=128) ==")
-    log("   ours: o, final state and the fp32 boundary states (every 64 tokens); fla: o and final state.")
+    log("   ours: o, final state and the fp32 boundary states (every 64 tokens); o+fin: ours returning what fla")
+    log("   returns (o and final state); fla: o and final state.")
     log("   floors: bytes of the inputs + o + fp32 states / peak bandwidth; WY/UT chunk FLOPs / peak bf16.")
     if fla is None:
         log(f"   fla column empty: {why}")
@@ -381,8 +404,10 @@ def bench_forward(quick: bool, bw: float, peak: float, sweep: bool, log, rows: l
                                 n_h,
                                 "on" if gate else "off",
                                 f"{r['ours_ms']:.3f}",
+                                f"{r['ours_o_final_ms']:.3f}",
                                 f"{r['fla_ms']:.3f}",
                                 f"{r['speedup_vs_fla']:.2f}x",
+                                f"{r['speedup_o_final_vs_fla']:.2f}x",
                                 f"{r['mem_floor_ms']:.3f}",
                                 f"{r['x_mem_floor']:.1f}x",
                                 f"{r['flop_floor_ms']:.3f}",
@@ -395,14 +420,7 @@ def bench_forward(quick: bool, bw: float, peak: float, sweep: bool, log, rows: l
                     if "best" in r:
                         log(f"      best {r['best']['ms']:.3f} ms with {r['best']['config']}")
                     torch.cuda.empty_cache()
-    ok = [r for r in rows if r["speedup_vs_fla"] == r["speedup_vs_fla"]]
-    if ok:
-        worst = min(ok, key=lambda r: r["speedup_vs_fla"])
-        log(
-            f"   target >= 1.3x fla on every point: {'MET' if worst['speedup_vs_fla'] >= 1.3 else 'NOT MET'}"
-            f" (worst {worst['speedup_vs_fla']:.2f}x at B={worst['B']} T={worst['T']} n_h={worst['n_h']}"
-            f" gate={worst['gate']})"
-        )
+    log(grid_verdict(rows))
     return rows
 
 

@@ -1,8 +1,8 @@
-"""The real-model rows' helpers of `benchmarks.kernels` (the timings themselves need a GPU)."""
+"""The real-model rows' and the grid's helpers of `benchmarks.kernels` (the timings themselves need a GPU)."""
 
 from __future__ import annotations
 
-from benchmarks.kernels import mixed_lengths, real_floors, real_verdict
+from benchmarks.kernels import grid_verdict, mixed_lengths, real_floors, real_verdict
 
 
 def test_mixed_lengths_are_deterministic_documents_summing_to_the_total():
@@ -33,3 +33,17 @@ def test_real_verdict_judges_the_outputs_fla_returns_and_counts_the_misses():
     assert "MET (worst 1.37x: Qwen varlen)" in real_verdict(rows[1:])
     nan = float("nan")
     assert "not judged" in real_verdict([_row("GDN", nan, nan)])
+
+
+def _point(B, n_h, gate, o_final, strict):
+    return dict(B=B, T=8192, n_h=n_h, gate=gate, speedup_o_final_vs_fla=o_final, speedup_vs_fla=strict)
+
+
+def test_grid_verdict_judges_the_outputs_fla_returns_and_names_the_worst_point():
+    rows = [_point(1, 3, False, 1.12, 0.95), _point(8, 1, True, 1.95, 1.60), _point(1, 1, True, 1.25, 1.01)]
+    line = grid_verdict(rows)
+    assert "NOT MET at 2 of 3 points" in line and "worst 1.12x: B=1 T=8192 n_h=3 gate off" in line
+    assert "fp32 boundary states too, worst 0.95x" in line
+    assert "MET (worst 1.95x: B=8 T=8192 n_h=1 gate on)" in grid_verdict(rows[1:2])
+    nan = float("nan")
+    assert "not judged" in grid_verdict([_point(1, 1, True, nan, nan)])
