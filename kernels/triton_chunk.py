@@ -121,6 +121,10 @@ class LaunchConfig:
     # session, scripts/config_ab.py, o bit-identical): GDN default 8x4096 1.10x (state kernel 0.718 -> 0.613 ms),
     # packed 1.09x; Qwen3-Next 1.02-1.03x; DeltaProduct n_h = 2 1.11-1.12x; B = 1 (the W path reads no T) 1.00x
     state_t_full: bool = True
+    # n_h > 1: the sequential kernel loads a block's starting log decay G without a mask (clamped address, zeroed at a
+    # chunk's first block), so Triton pipelines it as it does G'; masked, it stayed a synchronous scalar load in every
+    # block's chain (aligned TTGIR, sm_90, Triton 3.6, n_h = 3). Not yet measured on a GPU, hence off
+    state_g0_ahead: bool = False
     tri_programs_per_sm: int = 8
     fuse_output: bool | None = None  # the state kernel writes o (no output kernel); None: default_config's
     # programs of the sequential kernel that share an SM's shared memory when its pipeline stages are sized; None:
@@ -425,7 +429,7 @@ class _Phases:
             V=self.V, BKH=BKH, SPLIT=BKH < BK, BV=BV, HAS_H0=self.h0 is not None, STORE_FINAL=self.ht is not None,
             STORE_BND=self.bnd.shape[0] > 0, FUSE_O=self.fuse, NORM=self.norm, KEYS_WS=self.keys_ws,
             FROM_V=self.from_v, EVICT=self.cfg.state_evict_first, BND_EVERY=self.bnd_every, TRANS=self.trans,
-            T_FULL=self.t_full,
+            T_FULL=self.t_full, G0_AHEAD=bool(self.cfg.state_g0_ahead),
             **self.common,
         )  # fmt: skip
         # one block's W (or T), K and U tiles per pipeline stage (and q and A when fused)

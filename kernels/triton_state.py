@@ -116,10 +116,15 @@ def _u_minus_tcks(U, Ti, wsc, v_base, beta_base, rows, s, m_s, o_r, o_v, m_v, b_
 
 
 @triton.jit
-def _block_decays(gcum, aux0, blk, NH: tl.constexpr):
-    """(G, G'): the chunk's log decay before block `blk` (0 at a chunk's first block) and at its end."""
+def _block_decays(gcum, aux0, blk, b_G1p, NH: tl.constexpr, G0_AHEAD: tl.constexpr = False):
+    """(G, G'): the chunk's log decay before block `blk` (0 at a chunk's first block) and at its end. G0_AHEAD: G is
+    the previous block's G' (b_G1p, the same row of gcum) instead of a load: Triton left that masked scalar load
+    synchronous in the loop (aligned TTGIR, n_h = 3), a memory latency in every block's chain, while it pipelines
+    the load of G'."""
     if NH == 1:
         b_G0 = 0.0
+    elif G0_AHEAD:
+        b_G0 = tl.where(blk % NH > 0, b_G1p, 0.0)
     else:
         b_G0 = tl.load(gcum + aux0 + blk * 64 - 1, mask=blk % NH > 0, other=0.0)
     return b_G0, tl.load(gcum + aux0 + blk * 64 + 63)
@@ -138,9 +143,9 @@ def _update_state(b_h1, b_h2, b_k1, b_k2, b_ds, b_gam, ref, SPLIT: tl.constexpr,
 @triton.jit
 def _state_block(
     k, k_base, W, U, D, gcum, rstd, Ti, wsc, v_base, beta_base, aux0, Tn, o_r, o_k1, o_k2, m_k1, m_k2, o_v, m_v,
-    b_h1, b_h2, blk, HK: tl.constexpr, HV: tl.constexpr, NH: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+    b_h1, b_h2, blk, b_G1p, HK: tl.constexpr, HV: tl.constexpr, NH: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     SPLIT: tl.constexpr, F32: tl.constexpr, PREC: tl.constexpr, STORE_D: tl.constexpr, KEYS_WS: tl.constexpr,
-    FROM_V: tl.constexpr, EVICT: tl.constexpr = False, T_FULL: tl.constexpr = False,
+    FROM_V: tl.constexpr, EVICT: tl.constexpr = False, T_FULL: tl.constexpr = False, G0_AHEAD: tl.constexpr = False,
 ):
     """One 64-row block `blk` of a sequence (block blk % NH of chunk blk // NH): D = U - W S and
     S' = e^{G'} S + sum_s e^{G' - G_s} k_s d_s^T (G' the log decay to the block's end, from the chunk's start;
@@ -150,7 +155,7 @@ def _state_block(
     rows = aux0 + blk * 64 + o_r
     s = blk * 64 + o_r
     m_s = s < Tn * NH
-    b_G0, b_G1 = _block_decays(gcum, aux0, blk, NH)
+    b_G0, b_G1 = _block_decays(gcum, aux0, blk, b_G1p, NH, G0_AHEAD)
     if KEYS_WS:  # the keys first: W S needs them
         b_k1, b_k2 = _block_keys(k_base, s, m_s, o_k1, o_k2, m_k1, m_k2, HK, K, SPLIT)
         b_d = _u_minus_tcks(U, Ti, wsc, v_base, beta_base, rows, s, m_s, o_r, o_v, m_v, b_k1, b_k2, b_h1, b_h2, k,
@@ -169,7 +174,7 @@ def _state_block(
     if not KEYS_WS:
         b_k1, b_k2 = _block_keys(k_base, s, m_s, o_k1, o_k2, m_k1, m_k2, HK, K, SPLIT)
     b_h1, b_h2 = _update_state(b_h1, b_h2, b_k1, b_k2, b_ds, tl.exp(b_G1 - b_G0), k, SPLIT, F32, PREC)
-    return b_h1, b_h2, b_d
+    return b_h1, b_h2, b_d, b_G1
 
 
 @triton.jit
@@ -199,9 +204,9 @@ def _times_t_t(b_x, Ti, rows, o_r, ref, F32: tl.constexpr, PREC: tl.constexpr, T
 @triton.jit
 def _state_block_t(
     k, k_base, W, U, D, gcum, rstd, Ti, wsc, v_base, beta_base, aux0, Tn, o_r, o_k1, o_k2, m_k1, m_k2, o_v, m_v,
-    b_h1, b_h2, blk, HK: tl.constexpr, HV: tl.constexpr, NH: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+    b_h1, b_h2, blk, b_G1p, HK: tl.constexpr, HV: tl.constexpr, NH: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     SPLIT: tl.constexpr, F32: tl.constexpr, PREC: tl.constexpr, KEYS_WS: tl.constexpr, FROM_V: tl.constexpr,
-    EVICT: tl.constexpr = False, T_FULL: tl.constexpr = False,
+    EVICT: tl.constexpr = False, T_FULL: tl.constexpr = False, G0_AHEAD: tl.constexpr = False,
 ):
     """`_state_block` with the state held transposed, S^T [value tile, dk] (its key halves with SPLIT): every
     product of the step, S^T K^T (or S^T W^T), X^T T^T and (scaled D)^T K, takes its left operand from registers,
@@ -209,7 +214,7 @@ def _state_block_t(
     rows = aux0 + blk * 64 + o_r
     s = blk * 64 + o_r
     m_s = s < Tn * NH
-    b_G0, b_G1 = _block_decays(gcum, aux0, blk, NH)
+    b_G0, b_G1 = _block_decays(gcum, aux0, blk, b_G1p, NH, G0_AHEAD)
     b_k1, b_k2 = _block_keys(k_base, s, m_s, o_k1, o_k2, m_k1, m_k2, HK, K, SPLIT)
     if KEYS_WS:  # (W S)^T = (T diag(c) K S)^T
         b_y = _state_t_times_keys(b_k1, b_k2, b_h1, b_h2, k, SPLIT, F32, PREC) * tl.load(wsc + rows)[None, :]
@@ -241,7 +246,7 @@ def _state_block_t(
     b_h1 = b_h1 * b_gam + tl.dot(b_ds, _dot_in(b_k1, k, F32), input_precision=PREC)
     if SPLIT:
         b_h2 = b_h2 * b_gam + tl.dot(b_ds, _dot_in(b_k2, k, F32), input_precision=PREC)
-    return b_h1, b_h2, b_d
+    return b_h1, b_h2, b_d, b_G1
 
 
 @triton.jit
@@ -293,6 +298,7 @@ def _state_kernel(
     TMA: tl.constexpr = False,
     TRANS: tl.constexpr = False,
     T_FULL: tl.constexpr = False,
+    G0_AHEAD: tl.constexpr = False,
 ):
     """One program per (value tile, sequence * value head), looping over the sequence's 64-row blocks (n_h a
     chunk; `_state_block`, in one flat loop unless FUSE_O): store S_c (at chunk starts), D_a = U_a - W_a S_a and
@@ -356,6 +362,7 @@ def _state_kernel(
     beta_base = beta + bos * NH * HV + i_h
     blocks = (k, k_base, W, U, D, gcum, rstd, Ti, wsc, v_base, beta_base, aux0, Tn, o_r, o_k1, o_k2, m_k1, m_k2, o_v,
               m_v)
+    b_G1p = tl.zeros([], dtype=tl.float32)  # the previous block's G' (G0_AHEAD)
     if FUSE_O:
         for c in range(NC):
             if STORE_BND:
@@ -378,9 +385,10 @@ def _state_kernel(
             b_Gq = tl.load(gcum + aux + o_r * NH + NH - 1)
             b_o = b_o * (b_rq * tl.exp(b_Gq))[:, None]
             for a in tl.static_range(NH):
-                b_h1, b_h2, b_d = _state_block(
-                    *blocks, b_h1, b_h2, c * NH + a, HK=HK, HV=HV, NH=NH, K=K, V=V, SPLIT=SPLIT, F32=F32,
+                b_h1, b_h2, b_d, b_G1p = _state_block(
+                    *blocks, b_h1, b_h2, c * NH + a, b_G1p, HK=HK, HV=HV, NH=NH, K=K, V=V, SPLIT=SPLIT, F32=F32,
                     PREC=PREC, STORE_D=False, KEYS_WS=KEYS_WS, FROM_V=FROM_V, T_FULL=T_FULL,
+                    G0_AHEAD=G0_AHEAD,
                 )
                 b_a = tl.load(Aqk + (aux // NH + o_r)[:, None] * L + a * 64 + o_r[None, :])
                 b_o += tl.dot(_dot_in(b_a, k, F32), _dot_in(b_d, k, F32), input_precision=PREC)
@@ -397,14 +405,16 @@ def _state_kernel(
                         _store_state(bnd_base + (blk // NH) * (HV * K * V), b_h1, b_h2, p_h1, p_h2, m_h1, m_h2,
                                      SPLIT, EVICT)
             if TRANS:
-                b_h1, b_h2, b_d = _state_block_t(
-                    *blocks, b_h1, b_h2, blk, HK=HK, HV=HV, NH=NH, K=K, V=V, SPLIT=SPLIT, F32=F32, PREC=PREC,
+                b_h1, b_h2, b_d, b_G1p = _state_block_t(
+                    *blocks, b_h1, b_h2, blk, b_G1p, HK=HK, HV=HV, NH=NH, K=K, V=V, SPLIT=SPLIT, F32=F32, PREC=PREC,
                     KEYS_WS=KEYS_WS, FROM_V=FROM_V, EVICT=EVICT, T_FULL=T_FULL,
+                    G0_AHEAD=G0_AHEAD,
                 )
             else:
-                b_h1, b_h2, b_d = _state_block(
-                    *blocks, b_h1, b_h2, blk, HK=HK, HV=HV, NH=NH, K=K, V=V, SPLIT=SPLIT, F32=F32, PREC=PREC,
+                b_h1, b_h2, b_d, b_G1p = _state_block(
+                    *blocks, b_h1, b_h2, blk, b_G1p, HK=HK, HV=HV, NH=NH, K=K, V=V, SPLIT=SPLIT, F32=F32, PREC=PREC,
                     STORE_D=True, KEYS_WS=KEYS_WS, FROM_V=FROM_V, EVICT=EVICT, T_FULL=T_FULL,
+                    G0_AHEAD=G0_AHEAD,
                 )
     if TMA:  # (no pointer tensor live across the loop)
         if STORE_BND:

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call's worth of GPU work, by section; logs and JSON go to $OUT (the device tool's folder).
 #   usage (on the device, from the repo root, after the wheel install line of ../shared/device/README.md):
-#     bash scripts/device_run.sh s4 | tests | kernels | kda | analysis | probes | store | dist | attention | rwkv7fix | rwkv7 | verify | reduce | table | secular | spectra19 | statetile | keysws | aqk | fromv | fromvw | keysfv | evict | pair | tma | trans | tfull | kktgroup | maxnreg | outload | devmap [more ...]
+#     bash scripts/device_run.sh s4 | tests | kernels | kda | analysis | probes | store | dist | attention | rwkv7fix | rwkv7 | verify | reduce | table | secular | spectra19 | statetile | keysws | aqk | fromv | fromvw | keysfv | evict | pair | tma | trans | tfull | kktgroup | g0 | grid | maxnreg | outload | devmap [more ...]
 # s4:      continue the bundled S4 model (trained up to length 128) at 128, then 256, and evaluate it
 # tests:   the GPU-marked tests (realistic shapes, fla 0.6.0 comparisons)
 # kernels: python -m benchmarks.kernels (forward vs fla, accuracy; ~9 min on an H100, so a call of its own)
@@ -297,6 +297,21 @@ for section in "$@"; do
         | grep -v Warn | tee -a "$OUT/kktgroup.txt"
       timeout 100 python3 scripts/config_ab.py --shape "GDN fla default" --shape "DeltaProduct n_h=2" --sizes 8x4096 \
         --profile 2>&1 | grep -v Warn | tee -a "$OUT/kktgroup.txt" ;;
+    g0)
+      # #17 (unmeasured, fifteenth session): n_h > 1 blocks take their starting log decay from the previous block
+      # (state_g0_ahead) instead of a synchronous scalar load in every block's chain. GPU tests (bit-identical), then
+      # grid points and the DeltaProduct rows against the default and fla; ~6 minutes
+      timeout 120 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_triton_g0_ahead.py 2>&1 \
+        | tail -3 | tee -a "$OUT/g0.txt"
+      timeout 120 python3 scripts/grid_ab.py --point 1,8192,2,off --point 1,8192,3,off --point 1,8192,3,on \
+        --point 8,8192,3,on --change state_g0_ahead=True --profile 2>&1 | grep -v Warn | tee -a "$OUT/g0.txt"
+      timeout 150 python3 scripts/config_ab.py --shape "DeltaProduct n_h=2" --shape "DeltaProduct n_h=3" --profile \
+        --change state_g0_ahead=True 2>&1 | grep -v Warn | tee -a "$OUT/g0.txt" ;;
+    grid)
+      # #17: the grid alone (B 1, 8 x T 2048, 8192 x n_h 1-3 x gate; o+fin judged), JSON to $OUT; over 4 minutes on a
+      # fresh machine (fla's autotuning of the grid shapes), so a call of its own
+      timeout 560 python3 -m benchmarks.kernels --skip real,accuracy,analysis --json "$OUT/grid.json" 2>&1 \
+        | grep -v Warn | tee -a "$OUT/grid.txt" ;;
     maxnreg)
       # #17: the sequential kernel capped at 168 registers a thread (state_maxnreg), three 4-warp programs an SM
       # instead of two (GDN default 8 x 4096: 768 programs in two waves, not three), alone and with state_tma (ptxas
