@@ -125,6 +125,10 @@ class LaunchConfig:
     # chunk's first block), so Triton pipelines it as it does G'; masked, it stayed a synchronous scalar load in every
     # block's chain (aligned TTGIR, sm_90, Triton 3.6, n_h = 3). Not yet measured on a GPU, hence off
     state_g0_ahead: bool = False
+    # the WY kernel loads T unmasked too (the inverse kernel then writes zeros above T's diagonal wherever the WY kernel
+    # runs): its masked [64, 64] load is one 2-byte load an element, the unmasked one vectorises. Not yet measured on a
+    # GPU (the W path at B = 1: WY kernel 0.350 ms at Qwen3-Next 1x32768), hence off
+    wu_t_full: bool = False
     tri_programs_per_sm: int = 8
     fuse_output: bool | None = None  # the state kernel writes o (no output kernel); None: default_config's
     # programs of the sequential kernel that share an SM's shared memory when its pipeline stages are sized; None:
@@ -373,6 +377,7 @@ class _Phases:
         self.tma = bool(cfg.state_tma) and not self.fuse and _tma_takes(K, V, bnd, dev=q.device, interp=interp)
         self.trans = bool(cfg.state_trans) and not self.fuse and not self.tma
         self.t_full = bool(cfg.state_t_full) and (self.keys_ws or self.from_v)  # (only then does it read T)
+        self.wu_t_full = bool(cfg.wu_t_full) and cfg.tri_split and not self.scales_in_kkt  # (the WY kernel runs)
         dtype, dev, f32 = q.dtype, q.device, torch.float32
         rows = NCT * n_h * BLOCK  # sub-step rows per value head
         self.Ti = torch.empty(HV, rows, BLOCK, dtype=dtype, device=dev)
@@ -405,7 +410,7 @@ class _Phases:
                 STORE_AQK=self.aqk, STORE_SCALES=self.scales_in_kkt, PAIR=self.pair, KG=kg, num_warps=cfg.kkt_warps,
                 num_stages=kkt_stages, **common,
             )  # fmt: skip
-            launch_inverse(A, self.Ti, n_jobs, cfg.inv_warps, self.PREC, upper_zeros=self.t_full)
+            launch_inverse(A, self.Ti, n_jobs, cfg.inv_warps, self.PREC, upper_zeros=self.t_full or self.wu_t_full)
         else:
             n_prog = min(n_jobs, 3 if self.interp else _num_sms() * cfg.tri_programs_per_sm)
             scratch = torch.empty(n_prog, BLOCK, BLOCK, dtype=torch.float32, device=q.device)
@@ -418,6 +423,7 @@ class _Phases:
                 q, k, v, beta, g, self.Ti, self.W, self.U, self.Aqk, self.gcum, self.rstd, self.wsc, *self.seq_args,
                 V=self.V, BK=self.BK, BV=min(cfg.wu_bv, self.BVF), USE_G=g is not None, NORM=self.norm,
                 STORE_AQK=self.aqk and not cfg.tri_split, KEYS_WS=self.keys_ws, STORE_U=not self.from_v,
+                T_FULL=self.wu_t_full,
                 num_warps=cfg.wu_warps, **common,
             )  # fmt: skip
 

@@ -457,6 +457,7 @@ def _wu_kernel(
     PREC: tl.constexpr,
     KEYS_WS: tl.constexpr,
     STORE_U: tl.constexpr = True,
+    T_FULL: tl.constexpr = False,
 ):
     """One program per (global chunk, value head): Gamma from the chunk start, and each block's own WY factors
     W_a = T_aa diag(beta e^{Gamma - Gamma_a}) K_a, U_a = T_aa diag(beta) V_a (Gamma_a: Gamma at the block start);
@@ -464,7 +465,8 @@ def _wu_kernel(
     attention A = q K^T * decay * mask [64 tokens, 64 n_h sub-steps] (normalised), which the output (fused or
     not) reads instead of forming q K^T once per value tile.
     KEYS_WS: the row scales c = beta e^{Gamma - Gamma_a} / |k| instead of W (the state kernel forms W S from K).
-    Without STORE_U no U (the state kernel forms it from v, `LaunchConfig.state_from_v`)."""
+    Without STORE_U no U (the state kernel forms it from v, `LaunchConfig.state_from_v`). T_FULL: Ti holds zeros above
+    the diagonal (the inverse kernel's UPPER_ZEROS), so T loads unmasked."""
     gc, i_h = tl.program_id(0), tl.program_id(1)
     i_n, c, bos, Tn = _chunk_seq(gc, T, cu, cidx, coff, IS_VARLEN)
     i_hk = i_h // (HV // HK)
@@ -514,7 +516,10 @@ def _wu_kernel(
         b_rs = tl.load(rstd + aux + a * 64 + o_r)
         rows = aux + a * 64 + o_r
         if STORE_U or not KEYS_WS:
-            b_Ti = _dot_in(tl.load(Ti + rows[:, None] * 64 + o_r[None, :], mask=m_tri, other=0.0), W, F32)
+            if T_FULL:  # zeros above the diagonal: no per-element mask, so the load vectorises
+                b_Ti = _dot_in(tl.load(Ti + rows[:, None] * 64 + o_r[None, :]), W, F32)
+            else:
+                b_Ti = _dot_in(tl.load(Ti + rows[:, None] * 64 + o_r[None, :], mask=m_tri, other=0.0), W, F32)
         if KEYS_WS:
             tl.store(wsc + rows, b_beta * b_rs * b_dec)
         else:

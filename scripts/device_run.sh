@@ -306,7 +306,10 @@ for section in "$@"; do
       timeout 120 python3 scripts/grid_ab.py --point 1,8192,2,off --point 1,8192,3,off --point 1,8192,3,on \
         --point 8,8192,3,on --change state_g0_ahead=True --profile 2>&1 | grep -v Warn | tee -a "$OUT/g0.txt"
       timeout 150 python3 scripts/config_ab.py --shape "DeltaProduct n_h=2" --shape "DeltaProduct n_h=3" --profile \
-        --change state_g0_ahead=True 2>&1 | grep -v Warn | tee -a "$OUT/g0.txt" ;;
+        --change state_g0_ahead=True 2>&1 | grep -v Warn | tee -a "$OUT/g0.txt"
+      # and the WY kernel's T load unmasked (wu_t_full) on the W path (B = 1 rows)
+      timeout 120 python3 scripts/config_ab.py --shape "Qwen3-Next grouped" --shape "GDN fla default" --sizes 1x32768 \
+        --profile --change wu_t_full=True 2>&1 | grep -v Warn | tee -a "$OUT/g0.txt" ;;
     grid)
       # #17: the grid alone (B 1, 8 x T 2048, 8192 x n_h 1-3 x gate; o+fin judged), JSON to $OUT; over 4 minutes on a
       # fresh machine (fla's autotuning of the grid shapes), so a call of its own

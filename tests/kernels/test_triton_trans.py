@@ -4,8 +4,8 @@ inverse kernel writes zeros above T's diagonal, so Triton can pipeline that load
 products are formed, so o, the final and the boundary states must match float64 within the dtype's bound and the
 default path within half of it, on every path of the step (W or keys, U read or formed from v), for dk 256 in key
 halves, grouped heads at n_h = 2, packed sequences with one shorter than a chunk, and T from the one-kernel
-inverse. `state_t_full` is the default (H200: GDN default 8x4096 1.10x); `state_trans` lost and is off
-(kernels/NOTES.md). GPU tests are marked.
+inverse; also the WY kernel's T load unmasked (`wu_t_full`, off until measured). `state_t_full` is the default
+(H200: GDN default 8x4096 1.10x); `state_trans` lost and is off (kernels/NOTES.md). GPU tests are marked.
 """
 
 from __future__ import annotations
@@ -116,3 +116,18 @@ def test_gpu_transposed_state_and_unmasked_t(name, dtype, choice):
 def test_default_config_loads_t_unmasked_and_keeps_the_state_upright(B, H, V, n_h, K):
     cfg = tc.default_config(B, H, V, n_h, K)
     assert cfg.state_t_full and not cfg.state_trans
+
+
+@cpu_only
+@pytest.mark.parametrize("name", list(CPU_CASES))
+@pytest.mark.parametrize("keys_ws", [False, True], ids=["W path", "keys path, U read"])
+def test_wy_kernel_loads_t_unmasked_with_the_same_result(monkeypatch, name, keys_ws):
+    """`wu_t_full`: the WY kernel's T load without a mask, the inverse then writing the zeros above the diagonal."""
+    zeros = []
+    real_inverse = tc.launch_inverse
+    monkeypatch.setattr(tc, "launch_inverse", lambda *a, **kw: (zeros.append(kw["upper_zeros"]),
+                                                                 real_inverse(*a, **kw))[1])  # fmt: skip
+    case = CPU_CASES[name]
+    errs = check_choice(case, torch.float32, _config(case, keys_ws, False, wu_t_full=True, state_t_full=False),
+                        _config(case, keys_ws, False, state_t_full=False))  # fmt: skip
+    assert errs[3:] == (0.0, 0.0, 0.0) and zeros == [True, False]
