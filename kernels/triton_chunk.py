@@ -121,9 +121,10 @@ class LaunchConfig:
     # session, scripts/config_ab.py, o bit-identical): GDN default 8x4096 1.10x (state kernel 0.718 -> 0.613 ms),
     # packed 1.09x; Qwen3-Next 1.02-1.03x; DeltaProduct n_h = 2 1.11-1.12x; B = 1 (the W path reads no T) 1.00x
     state_t_full: bool = True
-    # n_h > 1: the sequential kernel loads a block's starting log decay G without a mask (clamped address, zeroed at a
-    # chunk's first block), so Triton pipelines it as it does G'; masked, it stayed a synchronous scalar load in every
-    # block's chain (aligned TTGIR, sm_90, Triton 3.6, n_h = 3). Not yet measured on a GPU, hence off
+    # n_h > 1: the sequential kernel takes a block's starting log decay G from the previous block's G' (the same row of
+    # gcum, carried in the loop; 0 at a chunk's first block) instead of loading it: that masked scalar load stayed
+    # synchronous inside the loop (aligned TTGIR, sm_90, Triton 3.6, n_h = 3), while G' is prefetched a stage ahead.
+    # Not yet measured on a GPU, hence off
     state_g0_ahead: bool = False
     # the WY kernel loads T unmasked too (the inverse kernel then writes zeros above T's diagonal wherever the WY kernel
     # runs): its masked [64, 64] load is one 2-byte load an element, the unmasked one vectorises. Not yet measured on a
