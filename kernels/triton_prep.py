@@ -300,13 +300,9 @@ def _kkt_kernel(
         b_rq, b_rp = b_rs, b_rs
     norms = (b_kk, b_rs, b_qk, b_rq, b_qp, b_rp)
     dests = (A, Aqk, Aqp, rstd, gcum, wsc, NCT, gc, a, o_r, odd)
-    if KG == 1:
-        _kkt_head(*dests, i_h, *norms, _head(b_beta, o_g, 0), _head(b_g, o_g, 0), _head(b_gt, o_g, 0),
-                  _head(b_gp, o_g, 0), NH, USE_G, STORE_AQK, STORE_SCALES, PAIR)
-    else:
-        for j in tl.static_range(KG):
-            _kkt_head(*dests, i_h + j, *norms, _head(b_beta, o_g, j), _head(b_g, o_g, j), _head(b_gt, o_g, j),
-                      _head(b_gp, o_g, j), NH, USE_G, STORE_AQK, STORE_SCALES, PAIR)
+    for j in tl.static_range(KG):
+        _kkt_head(*dests, i_h + j, *norms, _head(b_beta, o_g, j), _head(b_g, o_g, j), _head(b_gt, o_g, j),
+                  _head(b_gp, o_g, j), NH, USE_G, STORE_AQK, STORE_SCALES, PAIR)
 
 
 @triton.jit

@@ -11,16 +11,20 @@ from kernels.triton_common import _dot_in
 
 
 @triton.jit
+def _store(p, x, mask, EVICT: tl.constexpr):
+    """x at p in p's dtype; EVICT: first out of L2 (read back only after this kernel, by another)."""
+    if EVICT:
+        tl.store(p, x.to(p.dtype.element_ty), mask=mask, eviction_policy="evict_first")
+    else:
+        tl.store(p, x.to(p.dtype.element_ty), mask=mask)
+
+
+@triton.jit
 def _store_state(base, b_h1, b_h2, p_h1, p_h2, m_h1, m_h2, SPLIT: tl.constexpr, EVICT: tl.constexpr = False):
     """A state's tile (its key halves with SPLIT) at `base`; EVICT: first out of L2 (read back only much later)."""
-    if EVICT:
-        tl.store(base + p_h1, b_h1, mask=m_h1, eviction_policy="evict_first")
-        if SPLIT:
-            tl.store(base + p_h2, b_h2, mask=m_h2, eviction_policy="evict_first")
-    else:
-        tl.store(base + p_h1, b_h1, mask=m_h1)
-        if SPLIT:
-            tl.store(base + p_h2, b_h2, mask=m_h2)
+    _store(base + p_h1, b_h1, m_h1, EVICT)
+    if SPLIT:
+        _store(base + p_h2, b_h2, m_h2, EVICT)
 
 
 @triton.jit
@@ -163,12 +167,8 @@ def _state_block(
     else:
         b_u = _block_u(U, Ti, v_base, beta_base, rows, s, m_s, o_r, o_v, m_v, k, HV, V, F32, PREC, FROM_V, T_FULL)
         b_d = _u_minus_ws(b_u, W, rows, o_k1, o_k2, m_k1, m_k2, b_h1, b_h2, k, K, SPLIT, F32, PREC)
-    if STORE_D:
-        p_d = D + rows[:, None] * V + o_v[None, :]
-        if EVICT:  # read back by the output kernel only: first out of L2, which keeps the keys the next steps read
-            tl.store(p_d, b_d.to(D.dtype.element_ty), mask=m_v[None, :], eviction_policy="evict_first")
-        else:
-            tl.store(p_d, b_d.to(D.dtype.element_ty), mask=m_v[None, :])
+    if STORE_D:  # (EVICT: read back by the output kernel only; L2 keeps the keys the next steps read)
+        _store(D + rows[:, None] * V + o_v[None, :], b_d, m_v[None, :], EVICT)
     b_scale = tl.load(rstd + rows) * tl.exp(b_G1 - tl.load(gcum + rows))  # key norm, e^{G' - G_s}
     b_ds = _dot_in(b_d * b_scale[:, None], k, F32)
     if not KEYS_WS:
@@ -235,11 +235,7 @@ def _state_block_t(
         if SPLIT:
             b_w2 = tl.load(W + rows[:, None] * K + o_k2[None, :], mask=m_k2[None, :], other=0.0)
         b_d = b_u - _state_t_times_keys(b_w1, b_w2, b_h1, b_h2, k, SPLIT, F32, PREC)
-    p_d = D + rows[None, :] * V + o_v[:, None]
-    if EVICT:
-        tl.store(p_d, b_d.to(D.dtype.element_ty), mask=m_v[:, None], eviction_policy="evict_first")
-    else:
-        tl.store(p_d, b_d.to(D.dtype.element_ty), mask=m_v[:, None])
+    _store(D + rows[None, :] * V + o_v[:, None], b_d, m_v[:, None], EVICT)
     b_scale = tl.load(rstd + rows) * tl.exp(b_G1 - tl.load(gcum + rows))  # key norm, e^{G' - G_s}
     b_ds = _dot_in(b_d * b_scale[None, :], k, F32)
     b_gam = tl.exp(b_G1 - b_G0)
