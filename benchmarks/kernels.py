@@ -356,8 +356,22 @@ def _forward_point(B, T, n_h, gate, bw, peak, sweep, fla) -> dict:
     return row
 
 
-def bench_forward(quick: bool, bw: float, peak: float, sweep: bool, log, rows: list, dump) -> list[dict]:
-    """Fill `rows` point by point (dump() after each, so a killed run keeps what it measured)."""
+def parse_grid_sizes(text: str) -> set[tuple[int, int]]:
+    """'1x8192,8x2048' -> {(1, 8192), (8, 2048)}: the grid's (B, T) pairs to run."""
+    try:
+        sizes = {(int(b), int(t)) for b, t in (item.split("x") for item in text.split(",") if item)}
+    except ValueError:
+        raise ValueError(f"--grid-sizes wants BxT pairs like 1x8192,8x2048, got {text!r}") from None
+    unknown = sizes - {(b, t) for b in GRID["B"] for t in GRID["T"]}
+    if unknown:
+        raise ValueError(f"--grid-sizes {sorted(unknown)} not on the grid (B in {GRID['B']}, T in {GRID['T']})")
+    return sizes
+
+
+def bench_forward(
+    quick: bool, bw: float, peak: float, sweep: bool, log, rows: list, dump, sizes: set | None = None
+) -> list[dict]:
+    """Fill `rows` point by point (dump() after each, so a killed run keeps what it measured); `sizes` limits (B, T)."""
     fla, why = load_fla()
     Bs, Ts = ((1, 8), (2048,)) if quick else (GRID["B"], GRID["T"])
     nhs = (1, 3) if quick else GRID["n_h"]
@@ -387,6 +401,8 @@ def bench_forward(quick: bool, bw: float, peak: float, sweep: bool, log, rows: l
     log(_fmt_row(head, widths))
     for B in Bs:
         for T in Ts:
+            if sizes is not None and (B, T) not in sizes:
+                continue
             for n_h in nhs:
                 for gate in GRID["gate"]:
                     r = _forward_point(B, T, n_h, gate, bw, peak, sweep, fla)
@@ -595,8 +611,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--profile", action="store_true", help="per-kernel breakdown of a few points")
     ap.add_argument("--skip", default="", help="comma list of sections to skip: forward,real,accuracy,analysis")
     ap.add_argument("--only", default="", help="real-model rows whose shape name contains one of these (comma list)")
+    ap.add_argument("--grid-sizes", default="", help="grid (B, T) pairs to run, e.g. 1x8192,8x2048 (default: all)")
     ap.add_argument("--no-fla", action="store_true", help="time ours alone (no fla column, no fla autotuning)")
     args = ap.parse_args(argv)
+    try:
+        sizes = parse_grid_sizes(args.grid_sizes) if args.grid_sizes else None
+    except ValueError as exc:
+        ap.error(str(exc))
     if not torch.cuda.is_available():
         print("benchmarks.kernels needs a CUDA GPU", file=sys.stderr)
         return 2
@@ -631,7 +652,7 @@ def main(argv: list[str] | None = None) -> int:
     log(f"device: {name}; peak {bw / 1e12:.2f} TB/s, {peak / 1e12:.0f} TFLOP/s bf16; {results['fla']}")
     if "forward" not in skip:
         results["forward"] = []
-        bench_forward(args.quick, bw, peak, args.sweep, log, results["forward"], dump)
+        bench_forward(args.quick, bw, peak, args.sweep, log, results["forward"], dump, sizes)
         dump()
     if "real" not in skip:
         results["real"] = []

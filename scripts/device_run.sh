@@ -312,8 +312,9 @@ for section in "$@"; do
         --profile --change wu_t_full=True 2>&1 | grep -v Warn | tee -a "$OUT/g0.txt" ;;
     grid)
       # #17: the grid alone (B 1, 8 x T 2048, 8192 x n_h 1-3 x gate; o+fin judged), JSON to $OUT; over 4 minutes on a
-      # fresh machine (fla's autotuning of the grid shapes), so a call of its own
-      timeout 560 python3 -m benchmarks.kernels --skip real,accuracy,analysis --json "$OUT/grid.json" 2>&1 \
+      # fresh machine (fla's autotuning of the grid shapes), so a call of its own; GRID_SIZES=1x8192,8x2048 limits it
+      timeout 560 python3 -m benchmarks.kernels --skip real,accuracy,analysis --json "$OUT/grid.json" \
+        ${GRID_SIZES:+--grid-sizes "$GRID_SIZES"} 2>&1 \
         | grep -v Warn | tee -a "$OUT/grid.txt" ;;
     maxnreg)
       # #17: the sequential kernel capped at 168 registers a thread (state_maxnreg), three 4-warp programs an SM

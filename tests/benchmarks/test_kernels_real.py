@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from benchmarks.kernels import grid_verdict, mixed_lengths, real_floors, real_verdict
+import pytest
+
+from benchmarks.kernels import grid_verdict, mixed_lengths, parse_grid_sizes, real_floors, real_verdict
 
 
 def test_mixed_lengths_are_deterministic_documents_summing_to_the_total():
@@ -47,3 +49,11 @@ def test_grid_verdict_judges_the_outputs_fla_returns_and_names_the_worst_point()
     assert "MET (worst 1.95x: B=8 T=8192 n_h=1 gate on)" in grid_verdict(rows[1:2])
     nan = float("nan")
     assert "not judged" in grid_verdict([_point(1, 1, True, nan, nan)])
+
+
+def test_grid_sizes_parse_pairs_and_refuse_points_off_the_grid():
+    assert parse_grid_sizes("1x8192,8x2048") == {(1, 8192), (8, 2048)}
+    with pytest.raises(ValueError, match="not on the grid"):
+        parse_grid_sizes("4x8192")
+    with pytest.raises(ValueError, match="BxT pairs"):
+        parse_grid_sizes("8-2048")
