@@ -124,12 +124,14 @@ class LaunchConfig:
     # n_h > 1: the sequential kernel takes a block's starting log decay G from the previous block's G' (the same row of
     # gcum, carried in the loop; 0 at a chunk's first block) instead of loading it: that masked scalar load stayed
     # synchronous inside the loop (aligned TTGIR, sm_90, Triton 3.6, n_h = 3), while G' is prefetched a stage ahead.
-    # Not yet measured on a GPU, hence off
-    state_g0_ahead: bool = False
+    # H200 (sixteenth session, scripts/grid_ab.py, o bit-identical): state kernel 0.406 -> 0.396 ms at B=1 T=8192 H=8
+    # n_h=2, 0.607 -> 0.590 at n_h=3, 0.812 -> 0.803 at B=8 n_h=3 (1.00-1.02x in all)
+    state_g0_ahead: bool = True
     # the WY kernel loads T unmasked too (the inverse kernel then writes zeros above T's diagonal wherever the WY kernel
-    # runs): its masked [64, 64] load is one 2-byte load an element, the unmasked one vectorises. Not yet measured on a
-    # GPU (the W path at B = 1: WY kernel 0.350 ms at Qwen3-Next 1x32768), hence off
-    wu_t_full: bool = False
+    # runs): its masked [64, 64] load is one 2-byte load an element, the unmasked one vectorises. H200 (sixteenth
+    # session, scripts/config_ab.py, o bit-identical): Qwen3-Next 1x32768 WY kernel 0.351 -> 0.327 ms (1.01x), GDN
+    # default 1x32768 1.00x
+    wu_t_full: bool = True
     tri_programs_per_sm: int = 8
     fuse_output: bool | None = None  # the state kernel writes o (no output kernel); None: default_config's
     # programs of the sequential kernel that share an SM's shared memory when its pipeline stages are sized; None:
@@ -174,17 +176,17 @@ def default_config(B: int, H: int, V: int, n_h: int = 1, K: int = 128, half_stat
     # 8 a SM, else two. H200, o + final: GDN default (dk, dv = 256, 512) 1x32768 1.885 -> 1.816 ms, 8x4096 1.793 ->
     # 1.582, packed (3,072 short programs, two stages) 2.492 -> 2.244; Qwen3-Next (16/32 heads of 128) 1x32768 2.511
     # -> 2.238, 8x4096 2.189 -> 2.050, packed 2.264 -> 2.135 (benchmarks.kernels --sweep, sixth session)
-    # dk <= 128 with n_h > 1 keeps stages sized for all programs and the 64-wide output key loop: at B=1 T=2048 H=8
-    # n_h=3 this rule measured 0.890 / 0.572 ms (gate off / on) against 0.439 / 0.211 (scripts/grid_ab.py, H200;
-    # B=8 T=8192 3.408 vs 3.350), while at n_h = 1 it measured 0.193 / 0.463 against 0.387 / 0.440
+    # dk <= 128 with n_h > 1 took LaunchConfig's plain defaults (two stages, 64-wide output key blocks) until the
+    # sixteenth session: with the kernels as they are now the rules below won at every grid point tried (H200,
+    # scripts/grid_ab.py, ours with fp32 boundary states, H = 8, dk = dv = 128, gate off unless said): B=1 T=8192
+    # n_h=2 0.568 -> 0.484 ms, n_h=3 0.827 -> 0.676; B=8 T=8192 n_h=2 1.690 -> 1.498 (W path, three stages; 1.425 on
+    # the keys path, two), n_h=3 gate on 2.508 -> 1.984 (keys path, U from v)
     # q K^T from the kkt kernel (out_aqk) at dk > 128, where the output kernel would form it once per value tile and
     # n_h times a key-block loop: H100, o + final against forming it there (eleventh session, scripts/config_ab.py):
     # DeltaProduct n_h = 3 8x4096 1.10x, 1x32768 1.07x (output kernel 1.223 -> 0.676 ms, kkt 0.164 -> 0.345);
     # GDN default 1.02x / 1.01x. At dk = 128 the kkt kernel's cost about doubles and outweighs the output kernel's gain:
     # Qwen3-Next 0.92-0.93x (kkt 0.200 -> 0.435 ms); grid points H = 8, n_h = 2, 3 0.97-1.00x (scripts/grid_ab.py)
     aqk = K > 128
-    if K <= 128 and n_h > 1:
-        return LaunchConfig(state_bv=min(bv, _pow2(V)), fuse_output=False)
     programs = B * H * triton.cdiv(V, bv)
     stages = 3 if programs <= 8 * n_sm else 2
     # More programs than SMs: W S from the keys and T (state_keys_ws), at two stages. H100, o + final against the

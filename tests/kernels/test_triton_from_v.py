@@ -109,3 +109,14 @@ def test_u_from_v_at_32_wide_tiles_runs_at_four_warps(monkeypatch, path, bv, war
     when packed): 4 warps there; 64-wide tiles keep the warps asked for."""
     on = dict(state_from_v=True, state_warps=8, state_bv=bv, **PATHS[path])
     assert _launched_state_config(monkeypatch, on, dict(PATHS[path], state_bv=bv)).state_warps == warps
+
+
+def test_default_config_at_dk_128_with_several_householder_steps_follows_the_general_rules():
+    """dk <= 128, n_h > 1 (the grid's H = 8 points) gets the stages, output key block and paths of every other shape
+    (it took LaunchConfig's plain defaults until the sixteenth session: H200 B=1 T=8192 n_h=3 0.827 -> 0.676 ms)."""
+    from kernels.triton_chunk import default_config
+
+    one = default_config(1, 8, 128, 3, 128)  # 32 programs on 132 SMs: the W path at three stages, one key block
+    assert (one.state_stages, one.out_bk, one.resident_per_sm, one.state_keys_ws) == (3, 128, 1, False)
+    many = default_config(8, 8, 128, 3, 128)  # 256 programs: the keys path with U from v, two stages
+    assert (many.state_stages, many.state_keys_ws, many.state_from_v, many.state_bv) == (2, True, True, 32)
