@@ -189,6 +189,11 @@ def default_config(B: int, H: int, V: int, n_h: int = 1, K: int = 128, half_stat
     aqk = K > 128
     programs = B * H * triton.cdiv(V, bv)
     stages = 3 if programs <= 8 * n_sm else 2
+    # Four where at most half the SMs have a program and dk <= 128 (a stage's tiles take ~40 KB): H200, ours with fp32
+    # boundary states, H = 8, dk = dv = 128, 32 programs (sixteenth session, scripts/grid_ab.py, o bit-identical): B=1
+    # T=8192 n_h=2 state kernel 0.333 -> 0.326 ms, n_h=3 0.460 -> 0.436 (1.01x / 1.04x in all)
+    if K <= 128 and 2 * programs <= n_sm:
+        stages = 4
     # More programs than SMs: W S from the keys and T (state_keys_ws), at two stages. H100, o + final against the
     # W path (tenth session, scripts/config_ab.py): GDN default 8x4096 1.03x, packed 1.12x; Qwen3-Next 8x4096 1.06x,
     # packed 1.08x; DeltaProduct n_h = 2 / 3 8x4096 1.02x / 1.04x, packed 1.17x / 1.21x; at three stages 0.85-0.93x

@@ -116,7 +116,8 @@ def test_default_config_at_dk_128_with_several_householder_steps_follows_the_gen
     (it took LaunchConfig's plain defaults until the sixteenth session: H200 B=1 T=8192 n_h=3 0.827 -> 0.676 ms)."""
     from kernels.triton_chunk import default_config
 
-    one = default_config(1, 8, 128, 3, 128)  # 32 programs on 132 SMs: the W path at three stages, one key block
-    assert (one.state_stages, one.out_bk, one.resident_per_sm, one.state_keys_ws) == (3, 128, 1, False)
+    one = default_config(1, 8, 128, 3, 128)  # 32 programs on 132 SMs: the W path at four stages, one key block
+    assert (one.state_stages, one.out_bk, one.resident_per_sm, one.state_keys_ws) == (4, 128, 1, False)
+    assert default_config(1, 6, 512, 3, 256).state_stages == 3  # dk 256: a stage's tiles twice the size
     many = default_config(8, 8, 128, 3, 128)  # 256 programs: the keys path with U from v, two stages
     assert (many.state_stages, many.state_keys_ws, many.state_from_v, many.state_bv) == (2, True, True, 32)
