@@ -30,7 +30,7 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--point", action="append", type=parse_point, help="B,T,n_h,on|off (repeatable)")
     p.add_argument("--change", action="append", default=[], type=parse_change, help="k=v[,k=v] of LaunchConfig")
-    p.add_argument("--profile", action="store_true", help="also each config's kernels (torch.profiler, GPU ms)")
+    p.add_argument("--profile", action="store_true", help="also the kernels of each config and fla (GPU ms)")
     args = p.parse_args(argv)
     fla, why = load_fla()
     print(f"fla: {why or 'fla 0.6.0'}; ms (median); o's max rel difference from the default's")
@@ -45,6 +45,8 @@ def main(argv: list[str] | None = None) -> None:
               f"({t_fla / t_base:.2f}x fla), fla {t_fla:.3f}", flush=True)  # fmt: skip
         if args.profile:
             print("      kernels: " + _kernels(partial(run, config=base)))
+            if fla is not None:
+                print("      fla's kernels: " + _kernels(partial(fla_call, fla, q, k, v, beta, g)))
         for change in args.change:
             cfg = dataclasses.replace(base, **change)
             t = timeit(partial(run, config=cfg))
