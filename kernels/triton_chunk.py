@@ -443,7 +443,7 @@ class _Phases:
             V=self.V, BKH=BKH, SPLIT=BKH < BK, BV=BV, HAS_H0=self.h0 is not None, STORE_FINAL=self.ht is not None,
             STORE_BND=self.bnd.shape[0] > 0, FUSE_O=self.fuse, NORM=self.norm, KEYS_WS=self.keys_ws,
             FROM_V=self.from_v, EVICT=self.cfg.state_evict_first, BND_EVERY=self.bnd_every, TRANS=self.trans,
-            T_FULL=self.t_full, G0_AHEAD=bool(self.cfg.state_g0_ahead),
+            T_FULL=self.t_full, G0_AHEAD=bool(self.cfg.state_g0_ahead), USE_G=self.g is not None,
             **self.common,
         )  # fmt: skip
         # one block's W (or T), K and U tiles per pipeline stage (and q and A when fused)

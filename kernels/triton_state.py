@@ -120,11 +120,14 @@ def _u_minus_tcks(U, Ti, wsc, v_base, beta_base, rows, s, m_s, o_r, o_v, m_v, b_
 
 
 @triton.jit
-def _block_decays(gcum, aux0, blk, b_G1p, NH: tl.constexpr, G0_AHEAD: tl.constexpr = False):
+def _block_decays(gcum, aux0, blk, b_G1p, NH: tl.constexpr, G0_AHEAD: tl.constexpr = False,
+                  USE_G: tl.constexpr = True):
     """(G, G'): the chunk's log decay before block `blk` (0 at a chunk's first block) and at its end. G0_AHEAD: G is
     the previous block's G' (b_G1p, the same row of gcum) instead of a load: Triton left that masked scalar load
     synchronous in the loop (aligned TTGIR, n_h = 3), a memory latency in every block's chain, while it pipelines
-    the load of G'."""
+    the load of G'. Without gates both are b_G1p, which stays 0 (nothing read)."""
+    if not USE_G:
+        return b_G1p, b_G1p
     if NH == 1:
         b_G0 = 0.0
     elif G0_AHEAD:
@@ -135,12 +138,32 @@ def _block_decays(gcum, aux0, blk, b_G1p, NH: tl.constexpr, G0_AHEAD: tl.constex
 
 
 @triton.jit
-def _update_state(b_h1, b_h2, b_k1, b_k2, b_ds, b_gam, ref, SPLIT: tl.constexpr, F32: tl.constexpr,
-                  PREC: tl.constexpr):
-    """S' = gamma S + K^T (scaled D), the state in its key halves with SPLIT."""
-    b_h1 = b_h1 * b_gam + tl.dot(tl.trans(_dot_in(b_k1, ref, F32)), b_ds, input_precision=PREC)
+def _row_scales(gcum, rstd, rows, b_G1, USE_G: tl.constexpr):
+    """A block's row scales of D before K^T D: the key norm times e^{G' - G_s}; without gates the key norm alone (no
+    gcum read, no exp in the step's chain)."""
+    if USE_G:
+        return tl.load(rstd + rows) * tl.exp(b_G1 - tl.load(gcum + rows))
+    else:
+        return tl.load(rstd + rows)
+
+
+@triton.jit
+def _decayed(b_h, b_G0, b_G1, USE_G: tl.constexpr):
+    """e^{G' - G} S (S itself without gates)."""
+    if USE_G:
+        return b_h * tl.exp(b_G1 - b_G0)
+    else:
+        return b_h
+
+
+@triton.jit
+def _update_state(b_h1, b_h2, b_k1, b_k2, b_ds, b_G0, b_G1, ref, SPLIT: tl.constexpr, F32: tl.constexpr,
+                  PREC: tl.constexpr, USE_G: tl.constexpr):
+    """S' = e^{G' - G} S + K^T (scaled D), the state in its key halves with SPLIT."""
+    b_h1 = _decayed(b_h1, b_G0, b_G1, USE_G) + tl.dot(tl.trans(_dot_in(b_k1, ref, F32)), b_ds, input_precision=PREC)
     if SPLIT:
-        b_h2 = b_h2 * b_gam + tl.dot(tl.trans(_dot_in(b_k2, ref, F32)), b_ds, input_precision=PREC)
+        b_h2 = _decayed(b_h2, b_G0, b_G1, USE_G) + tl.dot(tl.trans(_dot_in(b_k2, ref, F32)), b_ds,
+                                                          input_precision=PREC)
     return b_h1, b_h2
 
 
@@ -150,6 +173,7 @@ def _state_block(
     b_h1, b_h2, blk, b_G1p, HK: tl.constexpr, HV: tl.constexpr, NH: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     SPLIT: tl.constexpr, F32: tl.constexpr, PREC: tl.constexpr, STORE_D: tl.constexpr, KEYS_WS: tl.constexpr,
     FROM_V: tl.constexpr, EVICT: tl.constexpr = False, T_FULL: tl.constexpr = False, G0_AHEAD: tl.constexpr = False,
+    USE_G: tl.constexpr = True,
 ):
     """One 64-row block `blk` of a sequence (block blk % NH of chunk blk // NH): D = U - W S and
     S' = e^{G'} S + sum_s e^{G' - G_s} k_s d_s^T (G' the log decay to the block's end, from the chunk's start;
@@ -159,7 +183,7 @@ def _state_block(
     rows = aux0 + blk * 64 + o_r
     s = blk * 64 + o_r
     m_s = s < Tn * NH
-    b_G0, b_G1 = _block_decays(gcum, aux0, blk, b_G1p, NH, G0_AHEAD)
+    b_G0, b_G1 = _block_decays(gcum, aux0, blk, b_G1p, NH, G0_AHEAD, USE_G)
     if KEYS_WS:  # the keys first: W S needs them
         b_k1, b_k2 = _block_keys(k_base, s, m_s, o_k1, o_k2, m_k1, m_k2, HK, K, SPLIT)
         b_d = _u_minus_tcks(U, Ti, wsc, v_base, beta_base, rows, s, m_s, o_r, o_v, m_v, b_k1, b_k2, b_h1, b_h2, k,
@@ -169,11 +193,10 @@ def _state_block(
         b_d = _u_minus_ws(b_u, W, rows, o_k1, o_k2, m_k1, m_k2, b_h1, b_h2, k, K, SPLIT, F32, PREC)
     if STORE_D:  # (EVICT: read back by the output kernel only; L2 keeps the keys the next steps read)
         _store(D + rows[:, None] * V + o_v[None, :], b_d, m_v[None, :], EVICT)
-    b_scale = tl.load(rstd + rows) * tl.exp(b_G1 - tl.load(gcum + rows))  # key norm, e^{G' - G_s}
-    b_ds = _dot_in(b_d * b_scale[:, None], k, F32)
+    b_ds = _dot_in(b_d * _row_scales(gcum, rstd, rows, b_G1, USE_G)[:, None], k, F32)
     if not KEYS_WS:
         b_k1, b_k2 = _block_keys(k_base, s, m_s, o_k1, o_k2, m_k1, m_k2, HK, K, SPLIT)
-    b_h1, b_h2 = _update_state(b_h1, b_h2, b_k1, b_k2, b_ds, tl.exp(b_G1 - b_G0), k, SPLIT, F32, PREC)
+    b_h1, b_h2 = _update_state(b_h1, b_h2, b_k1, b_k2, b_ds, b_G0, b_G1, k, SPLIT, F32, PREC, USE_G)
     return b_h1, b_h2, b_d, b_G1
 
 
@@ -207,6 +230,7 @@ def _state_block_t(
     b_h1, b_h2, blk, b_G1p, HK: tl.constexpr, HV: tl.constexpr, NH: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     SPLIT: tl.constexpr, F32: tl.constexpr, PREC: tl.constexpr, KEYS_WS: tl.constexpr, FROM_V: tl.constexpr,
     EVICT: tl.constexpr = False, T_FULL: tl.constexpr = False, G0_AHEAD: tl.constexpr = False,
+    USE_G: tl.constexpr = True,
 ):
     """`_state_block` with the state held transposed, S^T [value tile, dk] (its key halves with SPLIT): every
     product of the step, S^T K^T (or S^T W^T), X^T T^T and (scaled D)^T K, takes its left operand from registers,
@@ -214,7 +238,7 @@ def _state_block_t(
     rows = aux0 + blk * 64 + o_r
     s = blk * 64 + o_r
     m_s = s < Tn * NH
-    b_G0, b_G1 = _block_decays(gcum, aux0, blk, b_G1p, NH, G0_AHEAD)
+    b_G0, b_G1 = _block_decays(gcum, aux0, blk, b_G1p, NH, G0_AHEAD, USE_G)
     b_k1, b_k2 = _block_keys(k_base, s, m_s, o_k1, o_k2, m_k1, m_k2, HK, K, SPLIT)
     if KEYS_WS:  # (W S)^T = (T diag(c) K S)^T
         b_y = _state_t_times_keys(b_k1, b_k2, b_h1, b_h2, k, SPLIT, F32, PREC) * tl.load(wsc + rows)[None, :]
@@ -236,12 +260,10 @@ def _state_block_t(
             b_w2 = tl.load(W + rows[:, None] * K + o_k2[None, :], mask=m_k2[None, :], other=0.0)
         b_d = b_u - _state_t_times_keys(b_w1, b_w2, b_h1, b_h2, k, SPLIT, F32, PREC)
     _store(D + rows[None, :] * V + o_v[:, None], b_d, m_v[:, None], EVICT)
-    b_scale = tl.load(rstd + rows) * tl.exp(b_G1 - tl.load(gcum + rows))  # key norm, e^{G' - G_s}
-    b_ds = _dot_in(b_d * b_scale[None, :], k, F32)
-    b_gam = tl.exp(b_G1 - b_G0)
-    b_h1 = b_h1 * b_gam + tl.dot(b_ds, _dot_in(b_k1, k, F32), input_precision=PREC)
+    b_ds = _dot_in(b_d * _row_scales(gcum, rstd, rows, b_G1, USE_G)[None, :], k, F32)
+    b_h1 = _decayed(b_h1, b_G0, b_G1, USE_G) + tl.dot(b_ds, _dot_in(b_k1, k, F32), input_precision=PREC)
     if SPLIT:
-        b_h2 = b_h2 * b_gam + tl.dot(b_ds, _dot_in(b_k2, k, F32), input_precision=PREC)
+        b_h2 = _decayed(b_h2, b_G0, b_G1, USE_G) + tl.dot(b_ds, _dot_in(b_k2, k, F32), input_precision=PREC)
     return b_h1, b_h2, b_d, b_G1
 
 
@@ -295,6 +317,7 @@ def _state_kernel(
     TRANS: tl.constexpr = False,
     T_FULL: tl.constexpr = False,
     G0_AHEAD: tl.constexpr = False,
+    USE_G: tl.constexpr = True,
 ):
     """One program per (value tile, sequence * value head), looping over the sequence's 64-row blocks (n_h a
     chunk; `_state_block`, in one flat loop unless FUSE_O): store S_c (at chunk starts), D_a = U_a - W_a S_a and
@@ -384,7 +407,7 @@ def _state_kernel(
                 b_h1, b_h2, b_d, b_G1p = _state_block(
                     *blocks, b_h1, b_h2, c * NH + a, b_G1p, HK=HK, HV=HV, NH=NH, K=K, V=V, SPLIT=SPLIT, F32=F32,
                     PREC=PREC, STORE_D=False, KEYS_WS=KEYS_WS, FROM_V=FROM_V, T_FULL=T_FULL,
-                    G0_AHEAD=G0_AHEAD,
+                    G0_AHEAD=G0_AHEAD, USE_G=USE_G,
                 )
                 b_a = tl.load(Aqk + (aux // NH + o_r)[:, None] * L + a * 64 + o_r[None, :])
                 b_o += tl.dot(_dot_in(b_a, k, F32), _dot_in(b_d, k, F32), input_precision=PREC)
@@ -404,13 +427,13 @@ def _state_kernel(
                 b_h1, b_h2, b_d, b_G1p = _state_block_t(
                     *blocks, b_h1, b_h2, blk, b_G1p, HK=HK, HV=HV, NH=NH, K=K, V=V, SPLIT=SPLIT, F32=F32, PREC=PREC,
                     KEYS_WS=KEYS_WS, FROM_V=FROM_V, EVICT=EVICT, T_FULL=T_FULL,
-                    G0_AHEAD=G0_AHEAD,
+                    G0_AHEAD=G0_AHEAD, USE_G=USE_G,
                 )
             else:
                 b_h1, b_h2, b_d, b_G1p = _state_block(
                     *blocks, b_h1, b_h2, blk, b_G1p, HK=HK, HV=HV, NH=NH, K=K, V=V, SPLIT=SPLIT, F32=F32, PREC=PREC,
                     STORE_D=True, KEYS_WS=KEYS_WS, FROM_V=FROM_V, EVICT=EVICT, T_FULL=T_FULL,
-                    G0_AHEAD=G0_AHEAD,
+                    G0_AHEAD=G0_AHEAD, USE_G=USE_G,
                 )
     if TMA:  # (no pointer tensor live across the loop)
         if STORE_BND:
