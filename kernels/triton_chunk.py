@@ -478,7 +478,7 @@ class _Phases:
             self.scale,
             V=self.V, BK=min(_pow2(cfg.out_bk), self.BK), BV=obv, NORM=self.norm, num_warps=cfg.out_warps,
             num_stages=cfg.out_stages, PREFETCH=cfg.out_prefetch, AQK=self.aqk, EVICT=cfg.out_evict_first,
-            PAIR=self.pair,
+            PAIR=self.pair, USE_G=self.g is not None,
             **self.common,
         )  # fmt: skip
 

@@ -91,6 +91,7 @@ def _output_kernel(
     AQK: tl.constexpr = False,
     EVICT: tl.constexpr = False,
     PAIR: tl.constexpr = False,
+    USE_G: tl.constexpr = True,
 ):
     """One program per (value tile, global chunk, value head): o = scale (e^G q S_c + (q K^T * decay * mask) D).
     The key dimension runs in blocks of BK (a loop, so that the next block's q, K and S_c rows load during this
@@ -100,7 +101,7 @@ def _output_kernel(
     tiles). PAIR (n_h = 1, with AQK): an odd chunk c of a sequence reads S_{c-1}, not S_c, and adds chunk c-1's
     share, o = scale (e^{G + G_end'} q S_{c-1} + Aqp D' + Aqk D) (primes: chunk c-1; Aqp = (q K'^T * e^{G + G_end' -
     G'}) / (|q| |k'|) from `_kkt_kernel`), so that the state kernel stores only even chunks' states when nobody returns
-    them."""
+    them. Without gates (USE_G false) every decay is e^0: no log decay is read and no exponential formed."""
     i_v, gc, i_h = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_n, c, bos, Tn = _chunk_seq(gc, T, cu, cidx, coff, IS_VARLEN)
     i_hk = i_h // (HV // HK)
@@ -158,11 +159,14 @@ def _output_kernel(
         b_rq = 1.0 / tl.sqrt(b_qq + 1e-6)
     else:
         b_rq = tl.full([64], 1.0, dtype=tl.float32)
-    b_Gq = tl.load(gcum + aux + o_r * NH + NH - 1)
-    b_Gs = b_Gq  # the log decay from the state read to each query
-    if PAIR:  # an odd chunk's S_{c-1} decays over chunk c-1 first (G_end'; no load for an even chunk)
-        b_Gs += tl.load(gcum + aux - 1 + o_r * 0, mask=(o_r * 0 + par) == 1, other=0.0)
-    b_o = b_o * (b_rq * tl.exp(b_Gs))[:, None]
+    if USE_G:
+        b_Gq = tl.load(gcum + aux + o_r * NH + NH - 1)
+        b_Gs = b_Gq  # the log decay from the state read to each query
+        if PAIR:  # an odd chunk's S_{c-1} decays over chunk c-1 first (G_end'; no load for an even chunk)
+            b_Gs += tl.load(gcum + aux - 1 + o_r * 0, mask=(o_r * 0 + par) == 1, other=0.0)
+        b_o = b_o * (b_rq * tl.exp(b_Gs))[:, None]
+    else:
+        b_o = b_o * b_rq[:, None]
     if PAIR:
         if par == 1:  # chunk c-1's share
             b_x = tl.load(Aqp + (aux // NH + o_r)[:, None] * 64 + o_r[None, :])
@@ -179,12 +183,16 @@ def _output_kernel(
                 b_s = b_s1
             else:
                 b_s = b_s2
-            b_G = tl.load(gcum + rows)
+            if USE_G:
+                b_G = tl.load(gcum + rows)
             b_rs = tl.load(rstd + rows)
             tok = (a * 64 + o_r) // NH
             m_a = tok[None, :] <= o_r[:, None]
-            b_dec = tl.exp(tl.where(m_a, b_Gq[:, None] - b_G[None, :], 0.0))
-            b_s = tl.where(m_a, b_s * b_rq[:, None] * b_rs[None, :] * b_dec, 0.0)
+            if USE_G:
+                b_dec = tl.exp(tl.where(m_a, b_Gq[:, None] - b_G[None, :], 0.0))
+                b_s = tl.where(m_a, b_s * b_rq[:, None] * b_rs[None, :] * b_dec, 0.0)
+            else:
+                b_s = tl.where(m_a, b_s * b_rq[:, None] * b_rs[None, :], 0.0)
         b_d = tl.load(D + rows[:, None] * V + o_v[None, :], mask=m_v[None, :], other=0.0)
         b_o += tl.dot(_dot_in(b_s, k, F32), _dot_in(b_d, k, F32), input_precision=PREC)
     p_o = o + (bos + t)[:, None] * (HV * V) + i_h * V + o_v[None, :]

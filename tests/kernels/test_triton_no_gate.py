@@ -1,8 +1,8 @@
-"""The sequential kernel without gates (`USE_G` false when g is None): it reads no log decays and forms no
-exponentials, since every one would be e^0. So o, the final and the boundary states must equal, bit for bit, those
-of the same inputs with all-zero log decays (which take the gated code), and match float64, on every path of the
-step (W or keys, U read or formed from v, transposed, fused output), n_h 1 to 3, packed with a sequence shorter than
-a chunk. GPU tests are marked.
+"""The sequential and output kernels without gates (`USE_G` false when g is None): they read no log decays and
+form no exponentials, since every one would be e^0. So o, the final and the boundary states must equal, bit for bit,
+those of the same inputs with all-zero log decays (which take the gated code), and match float64, on every path of
+the step (W or keys, U read or formed from v, transposed, fused output) and of the output kernel (q K^T its own or
+the kkt kernel's, chunk pairs), n_h 1 to 3, packed with a sequence shorter than a chunk. GPU tests are marked.
 """
 
 from __future__ import annotations
@@ -29,7 +29,8 @@ CPU_CASES = {
     "n_h=2 packed 2, 1, 3 chunks": (1, None, 1, 2, 32, 16, 2, [70, 5, 130]),
 }
 PATHS = {"W path": {}, "keys path, U from v": dict(state_keys_ws=True, state_from_v=True),
-         "transposed": dict(state_trans=True), "fused output": dict(fuse_output=True)}  # fmt: skip
+         "transposed": dict(state_trans=True), "fused output": dict(fuse_output=True),
+         "q K^T from the kkt kernel, chunk pairs": dict(out_aqk=True, out_pair=True)}  # fmt: skip
 
 
 def _no_gate_against_zero_gates(case: tuple, dtype: torch.dtype, choice: dict, device: str = "cpu") -> None:
