@@ -319,6 +319,12 @@ for section in "$@"; do
         | tee -a "$OUT/nogate.txt"
       timeout 60 python3 scripts/grid_ab.py --point 1,8192,3,off --point 1,8192,2,off --profile 2>&1 | grep -v Warn \
         | tee -a "$OUT/nogate.txt"
+      # every kernel on mma.sync (v2) instead of wgmma: at B = 1 the state kernel's step latency binds (32 programs),
+      # and fla's h kernel, 7% faster there, may run at 2 warps, i.e. on v2 (a cache-invalidating variable: its own
+      # compiles); the profile's state kernel line is the figure to compare
+      echo "== DISABLE_MMA_V3=1" | tee -a "$OUT/nogate.txt"
+      DISABLE_MMA_V3=1 timeout 60 python3 scripts/grid_ab.py --point 1,8192,3,off --point 1,8192,2,off --profile 2>&1 \
+        | grep -v Warn | tee -a "$OUT/nogate.txt"
       for run in 1 2; do
         timeout 110 python3 -m benchmarks.kernels --skip real,accuracy,analysis --json "$OUT/grid$run.json" 2>&1 \
           | grep -v Warn | tee -a "$OUT/nogate.txt"
