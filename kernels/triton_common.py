@@ -27,6 +27,16 @@ def _dot_in(x, ref, F32: tl.constexpr):
 
 
 @triton.jit
+def _load_t(Ti, rows, o_r, T_FULL: tl.constexpr):
+    """A block's 64 x 64 T = (I + A)^-1 (lower triangular). T_FULL: Ti holds zeros above the diagonal, so the load
+    needs no mask, and Triton pipelines (cp.async) only loads whose mask is constant along a row's 16-byte runs."""
+    if T_FULL:
+        return tl.load(Ti + rows[:, None] * 64 + o_r[None, :])
+    else:
+        return tl.load(Ti + rows[:, None] * 64 + o_r[None, :], mask=o_r[:, None] >= o_r[None, :], other=0.0)
+
+
+@triton.jit
 def _chunk_seq(gc, T, cu, cidx, coff, IS_VARLEN: tl.constexpr):
     """(sequence, chunk within it, its first token (int64), its length) of global chunk gc."""
     if IS_VARLEN:

@@ -183,7 +183,7 @@ def _output_kernel(
                 b_s = b_s1
             else:
                 b_s = b_s2
-            if USE_G:
+            if USE_G:  # (loaded before rstd, as the gated kernel always did: one branch reorders its TTGIR)
                 b_G = tl.load(gcum + rows)
             b_rs = tl.load(rstd + rows)
             tok = (a * 64 + o_r) // NH

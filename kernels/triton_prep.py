@@ -8,7 +8,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.triton_common import _chunk_seq, _dot_in
+from kernels.triton_common import _chunk_seq, _dot_in, _load_t
 
 
 @triton.jit
@@ -470,7 +470,6 @@ def _wu_kernel(
     o_r = tl.arange(0, 64)
     o_k = tl.arange(0, BK)
     m_k = o_k < K
-    m_tri = o_r[:, None] >= o_r[None, :]
     k_base = k + bos * NH * (HK * K) + i_hk * K
     v_base = v + bos * NH * (HV * V) + i_h * V
     aux = (i_h.to(tl.int64) * NCT + gc) * L  # row of this chunk in Ti/W/U/gcum/rstd
@@ -512,10 +511,7 @@ def _wu_kernel(
         b_rs = tl.load(rstd + aux + a * 64 + o_r)
         rows = aux + a * 64 + o_r
         if STORE_U or not KEYS_WS:
-            if T_FULL:  # zeros above the diagonal: no per-element mask, so the load vectorises
-                b_Ti = _dot_in(tl.load(Ti + rows[:, None] * 64 + o_r[None, :]), W, F32)
-            else:
-                b_Ti = _dot_in(tl.load(Ti + rows[:, None] * 64 + o_r[None, :], mask=m_tri, other=0.0), W, F32)
+            b_Ti = _dot_in(_load_t(Ti, rows, o_r, T_FULL), W, F32)  # (T_FULL: unmasked, so it vectorises)
         if KEYS_WS:
             tl.store(wsc + rows, b_beta * b_rs * b_dec)
         else:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from kernels.triton_common import _dot_in
+from kernels.triton_common import _dot_in, _load_t
 
 
 @triton.jit
@@ -35,16 +35,6 @@ def _store_state_tma(desc, row, col, b_h1, b_h2, BKH: tl.constexpr, SPLIT: tl.co
     desc.store([row, col], b_h1.to(desc.dtype))
     if SPLIT:
         desc.store([row + BKH, col], b_h2.to(desc.dtype))
-
-
-@triton.jit
-def _load_t(Ti, rows, o_r, T_FULL: tl.constexpr):
-    """A block's 64 x 64 T = (I + A)^-1 (lower triangular). T_FULL: Ti holds zeros above the diagonal, so the load
-    needs no mask, and Triton pipelines (cp.async) only loads whose mask is constant along a row's 16-byte runs."""
-    if T_FULL:
-        return tl.load(Ti + rows[:, None] * 64 + o_r[None, :])
-    else:
-        return tl.load(Ti + rows[:, None] * 64 + o_r[None, :], mask=o_r[:, None] >= o_r[None, :], other=0.0)
 
 
 @triton.jit
