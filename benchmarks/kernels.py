@@ -146,6 +146,7 @@ def bench_real(bw: float, peak: float, log, rows: list, dump, only: str = "", sw
     log("\n== real-model shapes (bf16, gate on, beta in (0,2)): ours vs fla 0.6.0 (GDN kernel for n_h=1) ==")
     log(f"   varlen: {len(lengths)} documents, {sum(lengths)} tokens, lengths {min(lengths)}-{max(lengths)}")
     log("   first: seconds of the first call at the shape (compile + fla's autotuning), ours / fla.")
+    log(f"   ms: each side's fastest of {ROUNDS} medians (do_bench), the sides taking turns.")
     if fla is None:
         log(f"   fla column empty: {why}")
     log("   ours: o, final and fp32 boundary states; o+fin: ours returning what fla returns (o and final state; the")
@@ -163,16 +164,17 @@ def bench_real(bw: float, peak: float, log, rows: list, dump, only: str = "", sw
             cu = torch.tensor([0, *itertools.accumulate(lengths)], device="cuda") if varlen else None
             ours = partial(triton_delta_product, *x, normalize_qk=True, cu_seqlens=cu)
             first_ours = first_call_s(ours)
-            t_ours = timeit(ours)
-            t_lean = timeit(partial(ours, output_boundary_states=False))
-            first_fla = t_fla = float("nan")
+            sides = dict(ours=ours, lean=partial(ours, output_boundary_states=False))
+            first_fla = float("nan")
             if fla is not None:
                 peer = partial(fla_real_call, *x, cu_seqlens=cu)
                 try:
                     first_fla = first_call_s(peer)
-                    t_fla = timeit(peer)
+                    sides["fla"] = peer
                 except Exception as exc:  # noqa: BLE001 - a shape fla refuses is a result
                     log(f"      fla failed: {type(exc).__name__}: {str(exc)[:160]}")
+            t = time_interleaved(sides)
+            t_ours, t_lean, t_fla = t["ours"], t["lean"], t.get("fla", float("nan"))
             nbytes, nflop = real_floors(lengths if varlen else [T] * B, Hk, Hv, K, V, n_h)
             mem_ms = nbytes / bw * 1e3
             size = f"varlen {len(lengths)}" if varlen else f"{B}x{T}"
@@ -302,6 +304,26 @@ def timeit(fn) -> float:
     return float(do_bench(fn, warmup=25, rep=100, return_mode="median"))
 
 
+ROUNDS = 3  # --rounds: interleaved timings of ours and fla at each point
+
+
+def time_interleaved(fns: dict, rounds: int | None = None, timer=None) -> dict[str, float]:
+    """Each callable timed `rounds` times, the sides taking turns; its fastest median (host noise only adds time).
+
+    At B = 1 the kernels wait on the host's launches, and the host's speed drifts within a run: one timing each
+    hands whichever side ran during a slow spell a ratio it did not earn. Taking turns gives both the same spells.
+    """
+    rounds = ROUNDS if rounds is None else rounds
+    if rounds < 1:
+        raise ValueError(f"rounds must be at least 1, got {rounds}")
+    timer = timeit if timer is None else timer
+    best = {name: math.inf for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            best[name] = min(best[name], timer(fn))
+    return best
+
+
 def _fmt_row(cols, widths):
     return "  ".join(str(c).rjust(w) for c, w in zip(cols, widths))
 
@@ -312,20 +334,24 @@ def _forward_point(B, T, n_h, gate, bw, peak, sweep, fla) -> dict:
     H, K = GRID["H"], GRID["K"]
     x = make_inputs(B, T, H, K, K, n_h, gate)[:5]
     cfg = default_config(B, H, K, n_h)
-    cands = [cfg]
+    # ours (o, final and fp32 boundary states), lean (what fla returns: o and the final state; the chunk states the
+    # output kernel reads are then bf16) and fla, taking turns
+    sides = dict(
+        ours=partial(triton_delta_product, *x, normalize_qk=True, config=cfg),
+        lean=partial(triton_delta_product, *x, normalize_qk=True, output_boundary_states=False),
+    )
+    if fla is not None:
+        sides["fla"] = partial(fla_call, fla, *x)
+    t = time_interleaved(sides)
+    ours, lean, t_fla = t["ours"], t["lean"], t.get("fla", float("nan"))
+    times = {repr(cfg): ours}
     if sweep and B >= 8 and T >= 8192 and gate:  # alternatives where the GPU is full (B=1: see the report)
-        cands += [replace(cfg, state_bv=bv) for bv in (32, 64, 128) if bv != cfg.state_bv]
-    times = {}
-    for c in cands:
-        try:
-            times[repr(c)] = timeit(partial(triton_delta_product, *x, normalize_qk=True, config=c))
-        except Exception as exc:  # noqa: BLE001 - a config that does not fit is a result, not a crash
-            times[repr(c)] = float("inf")
-            print(f"      config failed: {c}: {type(exc).__name__}: {str(exc)[:120]}", flush=True)
-    ours = times[repr(cfg)]
-    # what fla returns (o and the final state; the chunk states the output kernel reads are then bf16)
-    lean = timeit(partial(triton_delta_product, *x, normalize_qk=True, output_boundary_states=False))
-    t_fla = timeit(partial(fla_call, fla, *x)) if fla is not None else float("nan")
+        for c in [replace(cfg, state_bv=bv) for bv in (32, 64, 128) if bv != cfg.state_bv]:
+            try:
+                times[repr(c)] = timeit(partial(triton_delta_product, *x, normalize_qk=True, config=c))
+            except Exception as exc:  # noqa: BLE001 - a config that does not fit is a result, not a crash
+                times[repr(c)] = float("inf")
+                print(f"      config failed: {c}: {type(exc).__name__}: {str(exc)[:120]}", flush=True)
     nbytes, nflop = floors(B, T, H, K, K, n_h, gate)
     mem_ms, flop_ms = nbytes / bw * 1e3, nflop / peak * 1e3
     row = dict(
@@ -396,6 +422,7 @@ def bench_forward(
     log("   ours: o, final state and the fp32 boundary states (every 64 tokens); o+fin: ours returning what fla")
     log("   returns (o and final state); fla: o and final state.")
     log("   floors: bytes of the inputs + o + fp32 states / peak bandwidth; WY/UT chunk FLOPs / peak bf16.")
+    log(f"   ms: each side's fastest of {ROUNDS} medians (do_bench), the sides taking turns.")
     if fla is None:
         log(f"   fla column empty: {why}")
     log(_fmt_row(head, widths))
@@ -604,6 +631,7 @@ def bench_analysis_rows(quick: bool, log):
 
 
 def main(argv: list[str] | None = None) -> int:
+    global NO_FLA, ROUNDS
     ap = argparse.ArgumentParser(prog="python -m benchmarks.kernels", description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="a few grid points only")
     ap.add_argument("--json", metavar="OUT", help="write all results to this JSON file")
@@ -613,7 +641,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", default="", help="real-model rows whose shape name contains one of these (comma list)")
     ap.add_argument("--grid-sizes", default="", help="grid (B, T) pairs to run, e.g. 1x8192,8x2048 (default: all)")
     ap.add_argument("--no-fla", action="store_true", help="time ours alone (no fla column, no fla autotuning)")
+    ap.add_argument("--rounds", type=int, default=ROUNDS, help="interleaved timings a side at each row (its fastest)")
     args = ap.parse_args(argv)
+    if args.rounds < 1:
+        ap.error(f"--rounds must be at least 1, got {args.rounds}")
     try:
         sizes = parse_grid_sizes(args.grid_sizes) if args.grid_sizes else None
     except ValueError as exc:
@@ -622,8 +653,8 @@ def main(argv: list[str] | None = None) -> int:
         print("benchmarks.kernels needs a CUDA GPU", file=sys.stderr)
         return 2
     skip = set(filter(None, args.skip.split(",")))
-    global NO_FLA
     NO_FLA = args.no_fla
+    ROUNDS = args.rounds
     name, bw, peak = device_peaks()
     results: dict = dict(
         device=name,

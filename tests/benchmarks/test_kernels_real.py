@@ -57,3 +57,29 @@ def test_grid_sizes_parse_pairs_and_refuse_points_off_the_grid():
         parse_grid_sizes("4x8192")
     with pytest.raises(ValueError, match="BxT pairs"):
         parse_grid_sizes("8-2048")
+
+
+def test_time_interleaved_takes_turns_and_keeps_each_sides_fastest():
+    from benchmarks.kernels import time_interleaved
+
+    calls: list[str] = []
+    slow_spell = iter([5.0, 5.0, 5.0, 1.0, 2.0, 3.0])  # the host slows down the first round for everyone
+
+    def timer(fn):
+        calls.append(fn())
+        return next(slow_spell)
+
+    got = time_interleaved(dict(ours=lambda: "ours", lean=lambda: "lean", fla=lambda: "fla"), rounds=2, timer=timer)
+    assert calls == ["ours", "lean", "fla"] * 2  # turns, not one side's rounds back to back
+    assert got == dict(ours=1.0, lean=2.0, fla=3.0)
+    with pytest.raises(ValueError, match="rounds must be at least 1"):
+        time_interleaved(dict(ours=lambda: None), rounds=0, timer=timer)
+
+
+def test_rounds_below_one_is_a_one_line_cli_error(capsys):
+    from benchmarks.kernels import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["--rounds", "0"])
+    assert exc.value.code == 2
+    assert "--rounds must be at least 1, got 0" in capsys.readouterr().err
