@@ -4,7 +4,8 @@
 #     bash scripts/device_run.sh s4 | tests | kernels | kda | analysis | probes | store | dist | attention | rwkv7fix | rwkv7 | verify | reduce | table | secular | spectra19 | statetile | keysws | aqk | fromv | fromvw | keysfv | evict | pair | tma | trans | tfull | kktgroup | g0 | nogate | grid | maxnreg | outload | devmap [more ...]
 # s4:      continue the bundled S4 model (trained up to length 128) at 128, then 256, and evaluate it
 # tests:   the GPU-marked tests (realistic shapes, fla 0.6.0 comparisons)
-# kernels: python -m benchmarks.kernels (forward vs fla, accuracy; ~9 min on an H100, so a call of its own)
+# kernels: python -m benchmarks.kernels (forward vs fla, accuracy; ~10 min on an H200 at 3 rounds with .triton-autotune
+#          carried, so a call of its own; the accuracy table runs last and compiles per dtype)
 # kda:     (KDA_TESTS=0 skips the tests; KDA_BUDGET, default 240 s, bounds the benchmark) the Triton KDA forward's GPU tests (float64, fla's chunk_kda when importable) and python -m benchmarks.kda
 #          (ours vs fla, same run; no new row after 240 s, then our per-kernel profile): under ~8 min on an H100
 # analysis: python -m benchmarks.kernels_analysis (spectra incl. windows, state ranks vs the authors' loop)
@@ -314,7 +315,7 @@ for section in "$@"; do
     nogate)
       # #17 (sixteenth session): the output kernel without gates (USE_G false, built after the device budget was spent:
       # interpreter only) and the state kernel's (GPU-tested): GPU tests, the worst grid point's kernels against fla's,
-      # then the grid twice (fla's B = 1 times move with the host); ~5 minutes with .triton-autotune carried
+      # then the grid twice (fla's B = 1 times move with the host); 5-9 minutes with .triton-autotune carried
       timeout 100 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_triton_no_gate.py 2>&1 | tail -3 \
         | tee -a "$OUT/nogate.txt"
       timeout 60 python3 scripts/grid_ab.py --point 1,8192,3,off --point 1,8192,2,off --profile 2>&1 | grep -v Warn \
@@ -323,7 +324,7 @@ for section in "$@"; do
       # and fla's h kernel, 7% faster there, may run at 2 warps, i.e. on v2 (a cache-invalidating variable: its own
       # compiles); the profile's state kernel line is the figure to compare
       echo "== DISABLE_MMA_V3=1" | tee -a "$OUT/nogate.txt"
-      DISABLE_MMA_V3=1 timeout 60 python3 scripts/grid_ab.py --point 1,8192,3,off --point 1,8192,2,off --profile 2>&1 \
+      DISABLE_MMA_V3=1 timeout 240 python3 scripts/grid_ab.py --point 1,8192,3,off --point 1,8192,2,off --profile 2>&1 \
         | grep -v Warn | tee -a "$OUT/nogate.txt"
       for run in 1 2; do
         timeout 110 python3 -m benchmarks.kernels --skip real,accuracy,analysis --json "$OUT/grid$run.json" 2>&1 \
