@@ -191,15 +191,17 @@ def bench_real(bw: float, peak: float, log, rows: list, dump, only: str = "", sw
                 base = default_config(len(lengths) if varlen else B, Hv, V, n_h, K)  # each choice: a change of it
                 want = ours()[0].float()  # each choice's o against the default's (a miscompile shows here)
                 r["sweep_err"] = {}
+                choices = {}
                 for kw in SWEEP_REAL if not varlen else SWEEP_REAL_VARLEN:
                     fn = partial(lean, config=dataclasses.replace(base, **kw))
                     try:
-                        r["sweep"][repr(kw)] = timeit(fn)
                         got = fn()[0].float()
                         r["sweep_err"][repr(kw)] = float((got - want).abs().max() / want.abs().max())
+                        choices[repr(kw)] = fn
                     except Exception as exc:  # noqa: BLE001 - a config that does not fit is a result
                         r["sweep"][repr(kw)] = float("inf")
                         log(f"      config {kw} failed: {type(exc).__name__}: {str(exc)[:100]}")
+                r["sweep"].update(time_interleaved(choices))  # timed as the o+fin column was
                 log("      sweep (o+fin ms, o's max rel difference from the default's): " + ", ".join(
                     f"{k} {v:.3f} ({r['sweep_err'].get(k, float('nan')):.0e})" for k, v in r["sweep"].items()))
             rows.append(r)
@@ -346,12 +348,16 @@ def _forward_point(B, T, n_h, gate, bw, peak, sweep, fla) -> dict:
     ours, lean, t_fla = t["ours"], t["lean"], t.get("fla", float("nan"))
     times = {repr(cfg): ours}
     if sweep and B >= 8 and T >= 8192 and gate:  # alternatives where the GPU is full (B=1: see the report)
+        alts = {}
         for c in [replace(cfg, state_bv=bv) for bv in (32, 64, 128) if bv != cfg.state_bv]:
+            alts[repr(c)] = partial(triton_delta_product, *x, normalize_qk=True, config=c)
             try:
-                times[repr(c)] = timeit(partial(triton_delta_product, *x, normalize_qk=True, config=c))
+                alts[repr(c)]()  # (compiles: a config that does not fit fails here)
             except Exception as exc:  # noqa: BLE001 - a config that does not fit is a result, not a crash
                 times[repr(c)] = float("inf")
+                del alts[repr(c)]
                 print(f"      config failed: {c}: {type(exc).__name__}: {str(exc)[:120]}", flush=True)
+        times.update(time_interleaved(alts))  # timed as the default was
     nbytes, nflop = floors(B, T, H, K, K, n_h, gate)
     mem_ms, flop_ms = nbytes / bw * 1e3, nflop / peak * 1e3
     row = dict(
