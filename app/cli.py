@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from app import cmd_app, cmd_info, cmd_probe, cmd_prune, cmd_store, cmd_tasks, cmd_train, cmd_train_lm
+from deltalab.app import cmd_app, cmd_info, cmd_probe, cmd_prune, cmd_store, cmd_tasks, cmd_train, cmd_train_lm
 
 app = typer.Typer(
     name="deltalab",

@@ -9,13 +9,14 @@ from pathlib import Path
 
 import typer
 
-from app.errors import fail
+from deltalab.app.errors import fail
 
 
 def streamlit_argv(store: Path | None, port: int, host: str) -> list[str]:
-    """The command line that serves the dashboard (python -m app.serve HOST PORT [STORE]: streamlit's st.App with
+    """The command line that serves the dashboard (python -m deltalab.app.serve HOST PORT [STORE]: streamlit's st.App
+    with
     the first page's modules imported while the server starts)."""
-    argv = [sys.executable, "-m", "app.serve", host, str(port)]
+    argv = [sys.executable, "-m", "deltalab.app.serve", host, str(port)]
     if store is not None:
         argv.append(str(store))
     return argv
@@ -25,8 +26,8 @@ def _checkpoint_store(checkpoint: Path) -> Path:
     """Capture and probe `checkpoint` into its cached store (once), with a progress bar; fail in one line."""
     from tqdm.auto import tqdm
 
-    from app.default_store import DefaultStoreError, checkpoint_store_path, ensure_checkpoint_store
-    from models import CheckpointError
+    from deltalab.app.default_store import DefaultStoreError, checkpoint_store_path, ensure_checkpoint_store
+    from deltalab.models import CheckpointError
 
     typer.echo(f"{checkpoint} is a checkpoint: opening its store {checkpoint_store_path(checkpoint)} "
                "(captured and probed on first use)", err=True)
@@ -54,12 +55,12 @@ def app_command(
 ) -> None:
     """Open the dashboard: betas, key PCA in 3-D, spectra on the complex plane, effective rank over time, probes."""
     if store is not None and store.is_dir():
-        from app.default_store import is_checkpoint_folder
+        from deltalab.app.default_store import is_checkpoint_folder
 
         if is_checkpoint_folder(store):
             store = _checkpoint_store(store)
     if store is not None:
-        import store as store_mod
+        import deltalab.store as store_mod
 
         try:
             store_mod.check_store(store)
@@ -67,7 +68,7 @@ def app_command(
             fail(str(err))
         store = store.resolve()
     else:
-        from app.default_store import bundled_checkpoint, default_store_path, has_bundled_checkpoint, is_built
+        from deltalab.app.default_store import bundled_checkpoint, default_store_path, has_bundled_checkpoint, is_built
 
         if is_built():
             typer.echo(f"no STORE given: opening the default store {default_store_path()}", err=True)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import typer
 
-from app.errors import fail
+from deltalab.app.errors import fail
 
 
 def info(
@@ -15,8 +15,8 @@ def info(
     as_json: bool = typer.Option(False, "--json", help="Print the config as JSON."),
 ) -> None:
     """Print a checkpoint's architecture and parameter count."""
-    from models import CheckpointError, load_checkpoint
-    from models.hf.loader import describe
+    from deltalab.models import CheckpointError, load_checkpoint
+    from deltalab.models.hf.loader import describe
 
     try:
         hf = describe(checkpoint)  # transformers folders: config and safetensors headers, no weights loaded

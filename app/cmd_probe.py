@@ -1,7 +1,7 @@
 """`deltalab probe NAME --store STORE [--checkpoint CKPT] [--json]`: run one of the probes/ analyses.
 
 Each sub-command hands its arguments to the probe's own parser (`probes.base.run_module`), so
-`deltalab probe NAME ...` and `python -m probes.NAME ...` are the same program; `--help` after NAME
+`deltalab probe NAME ...` and `python -m deltalab.probes.NAME ...` are the same program; `--help` after NAME
 lists the probe's options.
 """
 
@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import typer
 
-from probes import PROBES  # names and one-line help only: no heavy imports
+from deltalab.probes import PROBES  # names and one-line help only: no heavy imports
 
 probe_app = typer.Typer(
     help="Analyses over a capture store; results go into STORE/results/NAME. "
-         "`deltalab probe NAME --help` shows a probe's options (same as `python -m probes.NAME --help`).",
+         "`deltalab probe NAME --help` shows a probe's options (same as `python -m deltalab.probes.NAME --help`).",
     no_args_is_help=True,
 )
 
@@ -23,7 +23,7 @@ _PASS_THROUGH = {"allow_extra_args": True, "ignore_unknown_options": True, "help
 def _register(name: str, help_text: str) -> None:
     @probe_app.command(name, help=help_text, context_settings=_PASS_THROUGH, add_help_option=False)
     def _command(ctx: typer.Context) -> None:
-        from probes.base import run_module
+        from deltalab.probes.base import run_module
 
         code = run_module(name, list(ctx.args))
         if code:

@@ -1,7 +1,7 @@
 """`deltalab prune CHECKPOINT ...`: the key/query channel-pruning study (train.prune_study).
 
 It works on a checkpoint, not on a capture store, so it has its own parser; the arguments pass through
-unchanged, and `deltalab prune ...` is the same program as `python -m train.prune_study ...`.
+unchanged, and `deltalab prune ...` is the same program as `python -m deltalab.train.prune_study ...`.
 `deltalab probe prune ...` still runs it for one release, after a deprecation line on stderr.
 """
 
@@ -19,7 +19,7 @@ _PASS_THROUGH = {"allow_extra_args": True, "ignore_unknown_options": True, "help
 
 def prune(ctx: typer.Context) -> None:
     """Hand the arguments to train.prune_study.main (lazy import keeps `deltalab --help` fast)."""
-    from train.prune_study import main
+    from deltalab.train.prune_study import main
 
     code = main(list(ctx.args))
     if code:

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import typer
 
-from app.errors import fail
-from store.schema import human_bytes
+from deltalab.app.errors import fail
+from deltalab.store.schema import human_bytes
 
 store_app = typer.Typer(help="Inspect capture stores.", no_args_is_help=True)
 
@@ -59,13 +59,13 @@ def capture(
     as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
 ) -> None:
     """Run CHECKPOINT over --data under nnsight and write its hook points into the zarr store --out."""
-    from models import CheckpointError
-    from probes.reduce import CaptureReductions, parse_reductions, stored_hooks
-    from store import StoreError
-    from store import capture as run_capture
-    from store.capture import parse_list
-    from store.errors import corrupt_chunk_line, reraise_unless_input_error
-    from store.schema import DEFAULT_HOOKS
+    from deltalab.models import CheckpointError
+    from deltalab.probes.reduce import CaptureReductions, parse_reductions, stored_hooks
+    from deltalab.store import StoreError
+    from deltalab.store import capture as run_capture
+    from deltalab.store.capture import parse_list
+    from deltalab.store.errors import corrupt_chunk_line, reraise_unless_input_error
+    from deltalab.store.schema import DEFAULT_HOOKS
 
     command_line = ["deltalab", *sys.argv[1:]]
     try:
@@ -105,7 +105,7 @@ def info(
     as_json: bool = typer.Option(False, "--json", help="Print everything as JSON."),
 ) -> None:
     """Variables, sizes, completeness and provenance of a capture store."""
-    import store
+    from deltalab import store
 
     try:
         summary = store.info(store_path)

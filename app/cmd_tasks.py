@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from app.errors import fail
+from deltalab.app.errors import fail
 
 
 def data(
@@ -28,7 +28,7 @@ def data(
     """Write TASK sequences and their labels as `seed,input,target` rows (space-separated indices)."""
     import numpy as np
 
-    from tasks.state_tracking import GroupWordTask, TaskError, get_task, reference_sequences, write_csv
+    from deltalab.tasks.state_tracking import GroupWordTask, TaskError, get_task, reference_sequences, write_csv
 
     if out.exists() and not force:
         fail(f"{out} exists: pass --force to overwrite it or choose another --out")

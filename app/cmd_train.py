@@ -7,8 +7,8 @@ from pathlib import Path
 
 import typer
 
-from app.errors import fail
-from app.train_options import LOWER_BOUND, NUM_V_HEADS
+from deltalab.app.errors import fail
+from deltalab.app.train_options import LOWER_BOUND, NUM_V_HEADS
 
 TASK_HELP = "S4, A5, Z60, D8, S3xZ2, S5swaps, S5m3, parity, modarith, modarith_brackets ..."
 
@@ -67,9 +67,9 @@ def train(
     as_json: bool = typer.Option(False, "--json", help="Print the final log entry as JSON."),
 ) -> None:
     """Train a DeltaProduct-family model on TASK (defaults: the DeltaProduct paper's state-tracking setup)."""
-    from train.run import TrainError
-    from train.state_tracking import TrainConfig
-    from train.state_tracking import train as run_training
+    from deltalab.train.run import TrainError
+    from deltalab.train.state_tracking import TrainConfig
+    from deltalab.train.state_tracking import train as run_training
 
     try:
         lengths = _parse_lengths(eval_lengths) if eval_lengths else None
@@ -127,12 +127,12 @@ def evaluate(
     """
     import torch
 
-    from models import CheckpointError, load_checkpoint
-    from models.run_files import TASK_FILE, read_task_file, training_length
-    from tasks.state_tracking import TaskError, get_task
-    from train.evaluate import evaluate as run_eval
-    from train.evaluate import save_length_curve
-    from train.run import TrainError, resolve_device
+    from deltalab.models import CheckpointError, load_checkpoint
+    from deltalab.models.run_files import TASK_FILE, read_task_file, training_length
+    from deltalab.tasks.state_tracking import TaskError, get_task
+    from deltalab.train.evaluate import evaluate as run_eval
+    from deltalab.train.evaluate import save_length_curve
+    from deltalab.train.run import TrainError, resolve_device
 
     try:
         wanted = _parse_lengths(lengths)

@@ -16,8 +16,8 @@ import click
 import typer
 from typer.core import TyperCommand
 
-from app.errors import fail
-from app.train_options import LOWER_BOUND, NUM_V_HEADS
+from deltalab.app.errors import fail
+from deltalab.app.train_options import LOWER_BOUND, NUM_V_HEADS
 
 lm_app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
 
@@ -72,8 +72,8 @@ def train_lm(
     """Train DeltaNet / Gated DeltaNet / Gated DeltaProduct / KDA on the Python standard library, byte-level."""
     import torch
 
-    from train.lm import LMTrainConfig, LMTrainError
-    from train.lm import train_lm as run
+    from deltalab.train.lm import LMTrainConfig, LMTrainError
+    from deltalab.train.lm import train_lm as run
 
     if threads:
         torch.set_num_threads(threads)

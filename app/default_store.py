@@ -19,7 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from models.run_files import training_length
+from deltalab.models.run_files import training_length
 
 STORE_NAME = "default-s4.zarr"
 CHECKPOINT_NAME = "s4-deltaproduct2"
@@ -42,7 +42,7 @@ class DefaultStoreError(ValueError):
 
 def zoo_dir() -> Path:
     """models/zoo: the bundled checkpoints ship inside the models package (importing it loads no torch)."""
-    import models
+    from deltalab import models
 
     return Path(models.__file__).resolve().parent / "zoo"
 
@@ -130,7 +130,7 @@ def is_built(out: Path | None = None, checkpoint: Path | None = None, samples: i
         built = json.loads(_marker(out).read_text())
     except (OSError, ValueError):
         return False
-    from store.reader import read_attrs
+    from deltalab.store.reader import read_attrs
 
     return read_attrs(out) is not None and has_bundled_checkpoint(checkpoint) and \
         built == _fingerprint(checkpoint, spec or data_spec(checkpoint, samples))
@@ -138,7 +138,7 @@ def is_built(out: Path | None = None, checkpoint: Path | None = None, samples: i
 
 def _probe_done(out: Path, name: str) -> bool:
     """Whether probe `name` finished writing its results into the store (the group's `complete` attr)."""
-    from store.reader import read_attrs
+    from deltalab.store.reader import read_attrs
 
     return bool((read_attrs(out, f"results/{name}") or {}).get("complete"))
 
@@ -149,7 +149,7 @@ def run_probe(out: Path, name: str, extra: list[str] | None = None) -> None:
     import contextlib
     import io
 
-    from probes.base import run_module
+    from deltalab.probes.base import run_module
 
     out_buf, err_buf = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out_buf), contextlib.redirect_stderr(err_buf):
@@ -187,11 +187,11 @@ def ensure_default_store(progress: Progress | None = None, *, checkpoint: str | 
         _marker(out).unlink(missing_ok=True)
         _reset_if_stale(out, checkpoint, spec)
         names = list(probes or probes_for(spec))
-        names += ["intervene"] if importlib.util.find_spec("probes.intervene") else []
+        names += ["intervene"] if importlib.util.find_spec("deltalab.probes.intervene") else []
         steps = 1 + len(names)
         report(0.0, f"capturing {spec} from {checkpoint.name} into {out} (step 1/{steps})")
-        from store import StoreError
-        from store import capture as run_capture
+        from deltalab.store import StoreError
+        from deltalab.store import capture as run_capture
 
         try:
             run_capture(checkpoint, spec, out, batch_size=16, progress=False,
@@ -214,8 +214,8 @@ def _reset_if_stale(out: Path, checkpoint: Path, spec: str) -> None:
     """Remove a cached store captured from other weights or data (it is a cache: nothing is lost)."""
     import shutil
 
-    from store.capture import checkpoint_digest
-    from store.reader import read_attrs
+    from deltalab.store.capture import checkpoint_digest
+    from deltalab.store.reader import read_attrs
 
     attrs = read_attrs(out)
     stale = attrs is None or attrs.get("checkpoint_digest") != checkpoint_digest(checkpoint) \
@@ -258,7 +258,7 @@ def is_checkpoint_folder(path: Path) -> bool:
 def sample_text_folder(root: Path | None = None) -> Path:
     """A small folder of .txt documents (the first stdlib modules by name, about SAMPLE_TEXT_BYTES), written
     once into the cache: the text a text model's dashboard store is captured over."""
-    from tasks.corpus import source_files, stdlib_root
+    from deltalab.tasks.corpus import source_files, stdlib_root
 
     folder = cache_dir() / "sample-text"
     if (folder / "done").is_file():
@@ -280,7 +280,7 @@ def sample_text_folder(root: Path | None = None) -> Path:
 
 def checkpoint_data_spec(checkpoint: Path, samples: int | None = None) -> str:
     """Task models (a task.json beside them) capture their task; language models capture sample text."""
-    from models.run_files import read_task_file
+    from deltalab.models.run_files import read_task_file
 
     task = read_task_file(checkpoint).get("name")
     if task:

@@ -3,12 +3,13 @@
 Full rows of alpha for a T-token window of one head (B = 1, dk = dv = 128), one row per (n_h, gate), gate
 'scalar' ([B, T, H]) or 'channel' (per-channel, Kimi Delta Attention [B, T, H, dk]); every column of a row is
 measured in the same run on the same device:
-- `triton`: kernels.attention_triton.triton_attention (float32 inputs; 'tf32x3' dot: float32 accuracy on tensor
+- `triton`: kernels.attention.triton_attention.triton_attention (float32 inputs; 'tf32x3' dot: float32 accuracy on
+tensor
   cores), full rows;
 - `triton_top8`: the same with top_k=8 (ranked by contribution): the running top-k inside the kernel;
-- `chunked_fp32` / `chunked_fp64`: kernels.attention.delta_attention in float32 / float64 (the float64 one is
+- `chunked_fp32` / `chunked_fp64`: kernels.attention.chunk.delta_attention in float32 / float64 (the float64 one is
   what the GPU tests compare against);
-- `reference_fp64` (extrapolated): the float64 oracle kernels.attention_naive.naive_attention (dense transitions
+- `reference_fp64` (extrapolated): the float64 oracle kernels.attention.naive.naive_attention (dense transitions
   multiplied out), timed on a short window and scaled by the number of (query, source) pairs;
 - `dense_phi` (extrapolated): materialising every Phi(t, u) as a dk x dk matrix (P <- P A_u walking back from
   each query), timed on a few query rows and scaled likewise.
@@ -25,8 +26,8 @@ from functools import partial
 
 import torch
 
-from kernels.attention import delta_attention
-from kernels.attention_naive import naive_attention, transitions
+from deltalab.kernels.attention.chunk import delta_attention
+from deltalab.kernels.attention.naive import naive_attention, transitions
 
 
 def _sync(device: str) -> None:
@@ -75,7 +76,7 @@ def make_inputs(T: int, n_h: int, gate: str, device: str) -> list[torch.Tensor]:
 
 def bench_one(T: int, n_h: int, gate: str, device: str, sample_rows: int, repeat: int = 3) -> dict:
     """One table row: times in ms (measured, or extrapolated where named so) and the triton rows' error."""
-    from kernels.attention_triton import triton_attention
+    from deltalab.kernels.attention.triton_attention import triton_attention
 
     x = make_inputs(T, n_h, gate, device)
     x64 = [t.double() for t in x]

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from kernels.constants import CHUNK_SIZE
+from deltalab.kernels.constants import CHUNK_SIZE
 
 DASHBOARD = Path(__file__).resolve().parents[1] / "app" / "dashboard.py"
 
@@ -31,8 +31,8 @@ def build(out: Path, gb: float, *, layers: int = 4, heads: int = 8, dk: int = 32
     """Write a store of about `gb` GB (logical = on-disk file sizes) at `out`; returns its facts."""
     from datetime import datetime, timezone
 
-    from store import schema
-    from store.writer import StoreWriter
+    from deltalab.store import schema
+    from deltalab.store.writer import StoreWriter
 
     rng = np.random.default_rng(seed)
     nc = schema.n_chunks(length)
@@ -104,14 +104,15 @@ def add_results(store: Path, n_seqs: int) -> dict[str, float]:
     for name in RESULT_PROBES:
         extra = ["--every", str(CHUNK_SIZE)] if name == "erank" else []
         t = time.perf_counter()
-        subprocess.run([sys.executable, "-m", f"probes.{name}", "--store", str(store), "--max-seqs", str(n_seqs),
+        subprocess.run([sys.executable, "-m", f"deltalab.probes.{name}", "--store", str(store),
+                        "--max-seqs", str(n_seqs),
                         *extra], check=True, stdout=subprocess.DEVNULL, env={**os.environ, "TQDM_DISABLE": "1"})
         seconds[name] = time.perf_counter() - t
     return seconds
 
 
 def _tiny(out: Path) -> None:
-    from probes.synthetic import write_synthetic_store
+    from deltalab.probes.synthetic import write_synthetic_store
 
     write_synthetic_store(out, n_seq=4, length=64, n_layers=1, n_heads=4, dk=4, dv=4)
 
@@ -124,7 +125,7 @@ def time_pages(store: Path, warm: Path, pages: list[str]) -> dict[str, float]:
 
     from streamlit.testing.v1 import AppTest
 
-    from app import serve
+    from deltalab.app import serve
 
     async def lifespan() -> None:  # what `deltalab app` does before it serves (app.serve)
         async with serve.preload(None):
@@ -136,7 +137,7 @@ def time_pages(store: Path, warm: Path, pages: list[str]) -> dict[str, float]:
     at.run()
     out: dict[str, float] = {}
     os.environ["DELTALAB_STORE"] = str(store)
-    import store as store_mod
+    import deltalab.store as store_mod
 
     n_heads = int(store_mod.open(store).sizes["head"])
     at = AppTest.from_file(str(DASHBOARD), default_timeout=300)
@@ -175,7 +176,7 @@ def bare_first_page(store: Path, warm: Path) -> float:
     import contextlib
     import io
 
-    from app.dash import main as dash_main
+    from deltalab.app.dash import main as dash_main
 
     os.environ["DELTALAB_STORE"] = str(warm)
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
@@ -255,7 +256,7 @@ def browser_first_page(store: Path, port: int = 8599) -> dict[str, float]:
     same for the bare Streamlit + plotly peer page in the same run; `ratio` = ours / peer (second visits)."""
     import tempfile
 
-    from app.cmd_app import streamlit_argv
+    from deltalab.app.cmd_app import streamlit_argv
 
     up, (first, second) = _serve_and_visit(streamlit_argv(store, port, "127.0.0.1"), port, 2)
     with tempfile.TemporaryDirectory() as tmp:
@@ -301,7 +302,7 @@ def main(argv: list[str] | None = None) -> int:
             facts["probes_s"] = add_results(out, args.with_results)
         _tiny(tmp / "warm.zarr")
         facts["cold_first_page_s"] = cold_first_page(out)
-        import store
+        from deltalab import store
 
         store.open(tmp / "warm.zarr")  # imports (xarray, zarr, dask) out of the timing
         t = time.perf_counter()

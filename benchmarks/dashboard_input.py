@@ -25,11 +25,11 @@ ZOO = Path(__file__).resolve().parents[1] / "models" / "zoo"
 
 def store_attrs(checkpoint: Path, tokens: int) -> dict:
     """The attributes a default capture of `checkpoint` would record (the Input page copies its store's)."""
-    from kernels.constants import CHUNK_SIZE
-    from models import ModelConfig
-    from models.run_files import read_task_file
-    from store import schema
-    from store.capture import checkpoint_digest
+    from deltalab.kernels.constants import CHUNK_SIZE
+    from deltalab.models import ModelConfig
+    from deltalab.models.run_files import read_task_file
+    from deltalab.store import schema
+    from deltalab.store.capture import checkpoint_digest
 
     cfg = ModelConfig.from_dict(json.loads((checkpoint / "config.json").read_text()))
     task = read_task_file(checkpoint)
@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> None:
 
     import torch
 
-    from app.dash import own_input, previews, textgrid
+    from deltalab.app.dash import own_input, previews, textgrid
 
     torch.set_num_threads(max(1, torch.get_num_threads()))
     attrs = store_attrs(args.checkpoint, args.tokens)
@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> None:
     model = own_input.get_model(args.checkpoint, args.device)
     once["load + warm up the model (in the background)"] = time.perf_counter() - t0
     for probe in ("betas", "keys", "spectra", "erank"):  # imports (scikit-learn, kernels) as a warm server has them
-        importlib.import_module(f"probes.{probe}")
+        importlib.import_module(f"deltalab.probes.{probe}")
 
     rows: dict[str, list[float]] = {}
 
@@ -98,7 +98,7 @@ def main(argv: list[str] | None = None) -> None:
         add("= input on every page (Run pressed -> data ready)", time.perf_counter() - t_all)
         for probe in ("betas", "keys", "spectra", "erank"):
             t0 = time.perf_counter()
-            previews.compute(importlib.import_module(f"probes.{probe}"), ds)
+            previews.compute(importlib.import_module(f"deltalab.probes.{probe}"), ds)
             add(f"page preview: {probe}", time.perf_counter() - t0)
         t0 = time.perf_counter()
         k = np.asarray(ds["k"].isel(seq=0, layer=0, head=0).values)

@@ -2,7 +2,8 @@
 
 A random model built from its Config class, bf16, on the GPU, one softmax-attention layer in four: OLMo-Hybrid
 (default; beta in (0, 2), grouped heads), Qwen3.5 (`--family qwen3_5_text`, grouped heads) or Kimi Linear
-(`--family kimi_linear`, per-channel gates: deltalab's Triton KDA forward, `kernels.triton_kda`). Timed per batch
+(`--family kimi_linear`, per-channel gates: deltalab's Triton KDA forward, `kernels.delta_rule.triton_kda`). Timed per
+batch
 (B x T tokens):
 - `plain`: the untouched transformers forward (fla's Triton kernels when fla is importable, else its torch path);
 - `hooked`: the same model with deltalab's hooks attached (deltalab's kernel, chunk-boundary states), no nnsight;
@@ -10,7 +11,8 @@ A random model built from its Config class, bf16, on the GPU, one softmax-attent
   `deltalab capture` computes per batch, before the device-to-host copy);
 - `capture+host`: the same plus their copy into pinned host memory (asynchronous, as `store.capture`).
 Accuracy: hooked vs plain logits (relative error, Frobenius), and the first linear layer's captured inputs
-run through kernels.naive in float64 against the hooked kernel output. Kimi Linear's bf16 logits differ far more
+run through kernels.delta_rule.naive in float64 against the hooked kernel output. Kimi Linear's bf16 logits differ far
+more
 than its kernels do because its random MoE routers flip on bf16 differences (scripts/kimi_gap.py, README).
 """
 
@@ -87,9 +89,9 @@ def main() -> None:
     args = p.parse_args()
     from nnsight import NNsight
 
-    from kernels.naive import naive_delta_product
-    from models.hf.families import FAMILIES
-    from models.hf.hooked import HookedHFModel
+    from deltalab.kernels.delta_rule.naive import naive_delta_product
+    from deltalab.models.hf.families import FAMILIES
+    from deltalab.models.hf.hooked import HookedHFModel
 
     shape = dict(hidden=512, layers=4, k_heads=4, v_heads=8, head_dim=64) if args.quick else \
         dict(hidden=2048, layers=8, k_heads=8, v_heads=16, head_dim=128)

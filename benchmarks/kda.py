@@ -1,10 +1,12 @@
 """Benchmark: the Kimi Delta Attention forward (per-channel gates) against fla 0.6.0's `chunk_kda`, same run.
 
 Rows: B in {1, 8}, T in {2048, 8192}, H in {16, 32}, dk = dv = 128, bf16 inputs, unit keys, beta in (0, 1),
-log decays g in (-0.5, 0) per channel. Ours is `kernels.dispatch.delta_product_forward`, which runs the Triton
-KDA forward (`kernels.triton_kda`) on CUDA. Each row: our ms, fla's ms, fla/ours, the first call of each side, and
+log decays g in (-0.5, 0) per channel. Ours is `kernels.delta_rule.dispatch.delta_product_forward`, which runs the
+Triton
+KDA forward (`kernels.delta_rule.triton_kda`) on CUDA. Each row: our ms, fla's ms, fla/ours, the first call of each
+side, and
 the same two by triton's do_bench (median of back-to-back calls: host time hidden), the max error of each against
-the PyTorch chunked form in float32 (`kernels.chunk`, an independent path) relative
+the PyTorch chunked form in float32 (`kernels.delta_rule.chunk`, an independent path) relative
 to the output's max. `--budget S` starts no new row after S seconds (fla autotunes at each new shape);
 `--profile` prints our per-kernel CUDA times at the last row measured, `--sweep` our times there for each
 prep-kernel launch choice, persistent (`_prep_kernel`) and split (`KdaConfig.split_prep`: `_intra_kernel` +
@@ -23,8 +25,8 @@ from typing import Any
 
 import torch
 
-from kernels.chunk import chunk_delta_product
-from kernels.dispatch import delta_product_forward
+from deltalab.kernels.delta_rule.chunk import chunk_delta_product
+from deltalab.kernels.delta_rule.dispatch import delta_product_forward
 
 GRID = dict(B=(1, 8), T=(2048, 8192), H=(16, 32))
 K = V = 128
@@ -78,7 +80,7 @@ def ours(q, k, v, beta, g) -> torch.Tensor:
 def ours_lean(q, k, v, beta, g) -> torch.Tensor:
     """Ours returning what fla returns (o and the final state): the Triton KDA forward without boundary states,
     which it then keeps in bf16 for its own output kernel (o bit-identical, tests/kernels/test_triton_kda.py)."""
-    from kernels.triton_kda import triton_kda
+    from deltalab.kernels.delta_rule.triton_kda import triton_kda
 
     with torch.no_grad():
         return triton_kda(q, k.unsqueeze(2), v.unsqueeze(2), beta.unsqueeze(2).float(), g, scale=K**-0.5,
@@ -187,9 +189,10 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def sweep(x: tuple[torch.Tensor, ...]) -> None:
-    """Our forward's time at one shape for each prep-kernel launch choice (`kernels.triton_kda.KdaConfig`): the
+    """Our forward's time at one shape for each prep-kernel launch choice (`kernels.delta_rule.triton_kda.KdaConfig`):
+    the
     persistent prep kernel, then the split prep (intra-kernel warps and register cap, WY-kernel warps)."""
-    from kernels.triton_kda import KdaConfig
+    from deltalab.kernels.delta_rule.triton_kda import KdaConfig
 
     q = x[0]
     print(f"prep-kernel launch choices at B={q.shape[0]} T={q.shape[1]} H={q.shape[2]} (ms, best of 3)")
@@ -202,7 +205,7 @@ def sweep(x: tuple[torch.Tensor, ...]) -> None:
 
 
 def _sweep_row(x: tuple[torch.Tensor, ...], cfg: Any, label: str) -> None:
-    from kernels.triton_kda import triton_kda
+    from deltalab.kernels.delta_rule.triton_kda import triton_kda
 
     q, k, v, beta, g = x
     try:

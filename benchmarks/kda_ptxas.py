@@ -24,8 +24,8 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-import kernels.triton_kda as tk
-import kernels.triton_prep as tp
+import deltalab.kernels.delta_rule.triton_kda as tk
+import deltalab.kernels.delta_rule.triton_prep as tp
 
 PTR_DTYPES = {"bf16": "bf16", "fp16": "fp16", "fp32": "fp32"}
 

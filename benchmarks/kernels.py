@@ -139,7 +139,7 @@ def first_call_s(fn) -> float:
 
 def bench_real(bw: float, peak: float, log, rows: list, dump, only: str = "", sweep: bool = False) -> list[dict]:
     """The real-model rows: shapes at (1, 32768), (8, 4096) and a packed batch of mixed lengths."""
-    from kernels.triton_chunk import default_config, triton_delta_product
+    from deltalab.kernels.delta_rule.triton_chunk import default_config, triton_delta_product
 
     fla, why = load_fla()
     lengths = mixed_lengths(REAL_SIZES[-1][1])
@@ -331,7 +331,7 @@ def _fmt_row(cols, widths):
 
 
 def _forward_point(B, T, n_h, gate, bw, peak, sweep, fla) -> dict:
-    from kernels.triton_chunk import default_config, triton_delta_product
+    from deltalab.kernels.delta_rule.triton_chunk import default_config, triton_delta_product
 
     H, K = GRID["H"], GRID["K"]
     x = make_inputs(B, T, H, K, K, n_h, gate)[:5]
@@ -475,8 +475,8 @@ def _rel(a, b) -> float:
 
 def bench_accuracy(log, B: int = 1, T: int = 512, H: int = 8, K: int = 128) -> list[dict]:
     """Max relative error (max |x - ref| / max |ref|) vs a float64 token loop on the same rounded inputs."""
-    from kernels.naive import naive_delta_product
-    from kernels.triton_chunk import triton_delta_product
+    from deltalab.kernels.delta_rule.naive import naive_delta_product
+    from deltalab.kernels.delta_rule.triton_chunk import triton_delta_product
 
     fla, why = load_fla()
     log(
@@ -571,7 +571,7 @@ def _profile(fn, reps: int = 5) -> list[tuple[str, float]]:
 
 def profile_breakdown(points, log) -> list[dict]:
     """Per-kernel GPU time of one forward, ours and fla's, to see where the time goes."""
-    from kernels.triton_chunk import triton_delta_product
+    from deltalab.kernels.delta_rule.triton_chunk import triton_delta_product
 
     fla, _ = load_fla()
     out = []
@@ -598,7 +598,7 @@ REAL_PROFILE += [("DeltaProduct n_h=3", 8, 4096), ("GDN fla default", "varlen", 
 
 def profile_real(log, only: str = "") -> list[dict]:
     """Per-kernel GPU time at real-model shapes (ours as o+fin; fla's too unless --no-fla), `--only` as the rows."""
-    from kernels.triton_chunk import triton_delta_product
+    from deltalab.kernels.delta_rule.triton_chunk import triton_delta_product
 
     fla, _ = load_fla()
     shapes = {s[0]: s[1:] for s in REAL_SHAPES}

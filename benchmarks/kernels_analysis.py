@@ -16,12 +16,12 @@ from typing import Any
 
 import torch
 
-from kernels.chunk import chunk_delta_product
-from kernels.naive import l2_normalize
-from kernels.ranks import RankMetrics, metrics_from_singular_values, state_rank_metrics
-from kernels.ranks_naive import naive_state_ranks
-from kernels.spectra import householder_spectra
-from kernels.spectra_naive import dense_products, naive_spectra
+from deltalab.kernels.delta_rule.chunk import chunk_delta_product
+from deltalab.kernels.delta_rule.naive import l2_normalize
+from deltalab.kernels.ranks.chunk import RankMetrics, metrics_from_singular_values, state_rank_metrics
+from deltalab.kernels.ranks.naive import naive_state_ranks
+from deltalab.kernels.spectra.householder import householder_spectra
+from deltalab.kernels.spectra.naive import dense_products, naive_spectra
 
 
 def _sync(device: torch.device) -> None:
@@ -177,8 +177,8 @@ def ranks_rows(
 
 def solver_rows(device: torch.device, n: int, K: int, n_slow: int) -> list[dict]:
     """Singular-value back ends on n realistic states (a replayed chunk), seconds per matrix; failures are rows."""
-    from kernels import cusolver_eigh, triton_svd
-    from kernels.ranks import _gram, replay_chunks
+    from deltalab.kernels.linalg import cusolver_eigh, triton_svd
+    from deltalab.kernels.ranks.chunk import _gram, replay_chunks
 
     B, H, n_h = 1, 8, 3
     T = max(64, -(-n // H))

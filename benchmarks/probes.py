@@ -14,8 +14,8 @@ from typing import Any
 
 import xarray as xr
 
-from probes import data
-from probes.base import ProbeResult, run_module
+from deltalab.probes import data
+from deltalab.probes.base import ProbeResult, run_module
 
 NAME = "bench"
 WRITES = False
@@ -25,7 +25,7 @@ SUMMARY_KEYS = ["probe", "device", "tokens", "seconds", "tokens_per_s", "token_h
 def run(ds: xr.Dataset, *, probes: tuple[str, ...] = ("erank", "spectra"), repeat: int = 1, window: int = 4,
         budget: int = 1 << 30, device: str = "cpu") -> ProbeResult:
     """Time each probe's per-token computation over the whole of `ds`."""
-    from probes import erank, spectra
+    from deltalab.probes import erank, spectra
 
     builders = {"erank": lambda: erank.per_token(ds, budget=budget, device=device),
                 "spectra": lambda: spectra.per_token(ds, window=window, budget=budget, device=device)}
@@ -56,7 +56,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def from_args(ds: xr.Dataset, args: argparse.Namespace, sink: Any) -> ProbeResult:
-    from probes.base import ProbeError
+    from deltalab.probes.base import ProbeError
 
     chosen = tuple(x.strip() for x in args.probes.split(",") if x.strip())
     bad = [x for x in chosen if x not in ("erank", "spectra")]

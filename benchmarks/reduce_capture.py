@@ -42,8 +42,8 @@ from benchmarks.hf_capture import DEVICE, _default_model, _model, _sync
 
 
 def _data(n: int, length: int, vocab: int, seed: int):
-    from models import IGNORE_INDEX
-    from store.data import Data
+    from deltalab.models import IGNORE_INDEX
+    from deltalab.store.data import Data
 
     rng = np.random.default_rng(seed)
     tokens = rng.integers(3, vocab, size=(n, length), dtype=np.int32)
@@ -96,10 +96,10 @@ def main() -> None:
     p.add_argument("--profile", action="store_true", help="profile the first reduce run; print the top operators")
     p.add_argument("--profile-rows", type=int, default=20, help="operators per profile table (default 20)")
     args = p.parse_args()
-    from models.hf.families import FAMILIES
-    from models.hf.hooked import HookedHFModel
-    from probes.reduce import CaptureReductions
-    from store import capture
+    from deltalab.models.hf.families import FAMILIES
+    from deltalab.models.hf.hooked import HookedHFModel
+    from deltalab.probes.reduce import CaptureReductions
+    from deltalab.store import capture
 
     torch.manual_seed(0)
     if args.quick:
@@ -239,7 +239,7 @@ def _stages(run, names: list[str], every: int | None, rows: int) -> list[str]:
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
-    from probes.reduce import CaptureReductions
+    from deltalab.probes.reduce import CaptureReductions
 
     kept: dict = {}
     compute = CaptureReductions.compute

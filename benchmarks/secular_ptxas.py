@@ -1,4 +1,4 @@
-"""Registers, spills and shared memory of the Triton secular-solver kernels (`kernels.triton_secular`), compiled
+"""Registers, spills and shared memory of the Triton secular-solver kernels (`kernels.linalg.triton_secular`), compiled
 for a GPU architecture without a GPU (Triton's bundled ptxas; see `benchmarks.kda_ptxas`). It also catches
 compile errors that TRITON_INTERPRET=1 does not. `python -m benchmarks.secular_ptxas [--dk 128] [--arch 90]`.
 """
@@ -10,7 +10,7 @@ import os
 
 import triton
 
-import kernels.triton_secular as ts
+import deltalab.kernels.linalg.triton_secular as ts
 from benchmarks.kda_ptxas import resources
 
 POINTERS = {"DP": "*fp64", "Z": "*fp64", "RHO": "*fp64", "DPO": "*fp64", "ZO": "*fp64", "KEPT": "*i8",

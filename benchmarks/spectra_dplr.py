@@ -1,5 +1,5 @@
 """Benchmark: exact spectra of diagonal-plus-rank-one transitions (Kimi Delta Attention) by the secular equation,
-the Triton solver (`kernels.triton_secular`) and the torch one, against dense torch.linalg.eigvals of the same
+the Triton solver (`kernels.linalg.triton_secular`) and the torch one, against dense torch.linalg.eigvals of the same
 dk x dk matrices, all measured in the same run on the same device.
 
 Each row: token-heads per second of the Triton solver (`--batch` transitions), the torch solver (the first
@@ -20,9 +20,9 @@ from typing import Any
 
 import torch
 
-from kernels.spectra_dplr import dplr_eigvals
-from kernels.spectra_naive import dplr_eigvals_dense
-from kernels.triton_secular import secular_eigvals
+from deltalab.kernels.linalg.triton_secular import secular_eigvals
+from deltalab.kernels.spectra.dplr import dplr_eigvals
+from deltalab.kernels.spectra.naive import dplr_eigvals_dense
 
 
 def _timed(fn: Callable[[], Any], device: torch.device, repeat: int = 3) -> tuple[float, Any]:

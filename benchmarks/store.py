@@ -28,7 +28,7 @@ from typing import Any
 def _model(args: argparse.Namespace) -> Any:
     import torch
 
-    from models import DeltaProductForCausalLM, ModelConfig
+    from deltalab.models import DeltaProductForCausalLM, ModelConfig
 
     torch.manual_seed(0)
     cfg = ModelConfig(model_type="gated_deltaproduct", vocab_size=24, hidden_size=args.hidden,
@@ -54,10 +54,10 @@ def bench_throughput(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     import numpy as np
     import torch
 
-    from models import save_checkpoint
-    from store import capture, info, schema
-    from store.data import load_data
-    from store.runner import HookedRunner
+    from deltalab.models import save_checkpoint
+    from deltalab.store import capture, info, schema
+    from deltalab.store.data import load_data
+    from deltalab.store.runner import HookedRunner
 
     model = _model(args)
     ckpt = save_checkpoint(model.cpu(), work / "ckpt")
@@ -107,8 +107,8 @@ def bench_write(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     """StoreWriter rate on captured-shaped arrays vs `dd` of the same byte count into the same folder."""
     import numpy as np
 
-    from store import schema
-    from store.writer import StoreWriter
+    from deltalab.store import schema
+    from deltalab.store.writer import StoreWriter
 
     src = work / "bench.zarr"
     attrs = json.loads((src / "zarr.json").read_text())["attributes"]
@@ -202,8 +202,8 @@ def child_main(args: argparse.Namespace) -> None:
     """One capture in a fresh process: RSS growth above the warmed-up baseline, and the Python-heap peak."""
     import tracemalloc
 
-    from models import save_checkpoint
-    from store import capture
+    from deltalab.models import save_checkpoint
+    from deltalab.store import capture
 
     work = Path(args.work)
     model = _model(args)
@@ -232,7 +232,7 @@ def child_main(args: argparse.Namespace) -> None:
 def bench_memory(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     """The same capture at n and 10n sequences. n defaults to 10 batches: past the first QUEUE_DEPTH + 2 the
     write pipeline is full, so both runs reach the bound on batches held in memory at once."""
-    from store.capture import QUEUE_DEPTH
+    from deltalab.store.capture import QUEUE_DEPTH
 
     n = args.mem_samples or 10 * args.batch_size
     small = _child(args, n, work)

@@ -10,25 +10,25 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from kernels.chunk import chunk_delta_product
-    from kernels.dispatch import delta_product_forward
-    from kernels.dplr import dplr_forward
-    from kernels.dplr_chunk import chunk_dplr
-    from kernels.dplr_naive import naive_dplr
-    from kernels.naive import naive_delta_product
-    from kernels.ranks import state_rank_metrics, state_ranks
-    from kernels.spectra import householder_spectra
+    from deltalab.kernels.delta_rule.chunk import chunk_delta_product
+    from deltalab.kernels.delta_rule.dispatch import delta_product_forward
+    from deltalab.kernels.delta_rule.naive import naive_delta_product
+    from deltalab.kernels.dplr.chunk import chunk_dplr
+    from deltalab.kernels.dplr.dispatch import dplr_forward
+    from deltalab.kernels.dplr.naive import naive_dplr
+    from deltalab.kernels.ranks.chunk import state_rank_metrics, state_ranks
+    from deltalab.kernels.spectra.householder import householder_spectra
 
 _HOMES = {
-    "chunk_delta_product": "kernels.chunk",
-    "chunk_dplr": "kernels.dplr_chunk",
-    "delta_product_forward": "kernels.dispatch",
-    "dplr_forward": "kernels.dplr",
-    "householder_spectra": "kernels.spectra",
-    "naive_dplr": "kernels.dplr_naive",
-    "naive_delta_product": "kernels.naive",
-    "state_rank_metrics": "kernels.ranks",
-    "state_ranks": "kernels.ranks",
+    "chunk_delta_product": "deltalab.kernels.delta_rule.chunk",
+    "chunk_dplr": "deltalab.kernels.dplr.chunk",
+    "delta_product_forward": "deltalab.kernels.delta_rule.dispatch",
+    "dplr_forward": "deltalab.kernels.dplr.dispatch",
+    "householder_spectra": "deltalab.kernels.spectra.householder",
+    "naive_dplr": "deltalab.kernels.dplr.naive",
+    "naive_delta_product": "deltalab.kernels.delta_rule.naive",
+    "state_rank_metrics": "deltalab.kernels.ranks.chunk",
+    "state_ranks": "deltalab.kernels.ranks.chunk",
 }
 """Public name -> the module defining it."""
 

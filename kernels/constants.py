@@ -5,9 +5,10 @@ CHUNK_SIZE = 64
 `state` hook holds the state before tokens 0, 64, 128, ... plus the final state."""
 
 SECULAR_PRECISIONS = ("float64", "float32")
-"""Precisions of the secular-equation solves (`kernels.spectra_dplr`, `kernels.triton_secular`, the spectra probe):
+"""Precisions of the secular-equation solves (`kernels.spectra.dplr`, `kernels.linalg.triton_secular`, the spectra
+probe):
 float64 is the exact default, float32 the fast path for transitions of bf16/fp16/fp32 models."""
 
 SECULAR_ITERATIONS = 64
-"""Cap on the secular-equation steps per eigenvalue (`kernels.spectra_dplr` and the Triton solver
-`kernels.triton_secular`); the roots converge in 3-12 middle-way steps, so the cap only stops a runaway."""
+"""Cap on the secular-equation steps per eigenvalue (`kernels.spectra.dplr` and the Triton solver
+`kernels.linalg.triton_secular`); the roots converge in 3-12 middle-way steps, so the cap only stops a runaway."""

@@ -10,23 +10,23 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from models.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
-    from models.config import ConfigError, ModelConfig
-    from models.hooks import HookPoint
-    from models.labels import IGNORE_INDEX
-    from models.lm import DeltaProductForCausalLM
-    from models.rwkv7 import RWKV7ForCausalLM
+    from deltalab.models.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+    from deltalab.models.config import ConfigError, ModelConfig
+    from deltalab.models.hooks import HookPoint
+    from deltalab.models.labels import IGNORE_INDEX
+    from deltalab.models.lm import DeltaProductForCausalLM
+    from deltalab.models.rwkv7 import RWKV7ForCausalLM
 
 _HOMES = {
-    "CheckpointError": "models.checkpoint",
-    "ConfigError": "models.config",
-    "DeltaProductForCausalLM": "models.lm",
-    "HookPoint": "models.hooks",
-    "IGNORE_INDEX": "models.labels",
-    "ModelConfig": "models.config",
-    "RWKV7ForCausalLM": "models.rwkv7",
-    "load_checkpoint": "models.checkpoint",
-    "save_checkpoint": "models.checkpoint",
+    "CheckpointError": "deltalab.models.checkpoint",
+    "ConfigError": "deltalab.models.config",
+    "DeltaProductForCausalLM": "deltalab.models.lm",
+    "HookPoint": "deltalab.models.hooks",
+    "IGNORE_INDEX": "deltalab.models.labels",
+    "ModelConfig": "deltalab.models.config",
+    "RWKV7ForCausalLM": "deltalab.models.rwkv7",
+    "load_checkpoint": "deltalab.models.checkpoint",
+    "save_checkpoint": "deltalab.models.checkpoint",
 }
 """Public name -> the module defining it."""
 

@@ -14,12 +14,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kernels.dispatch import delta_product_forward
-from kernels.naive import l2_normalize
-from models.config import ModelConfig
-from models.hooks import HookPoint
-from models.layers import GatedRMSNorm, RMSNorm, ShortConvolution
-from models.replay import check_state_shape, replay_patched
+from deltalab.kernels.delta_rule.dispatch import delta_product_forward
+from deltalab.kernels.delta_rule.naive import l2_normalize
+from deltalab.models.config import ModelConfig
+from deltalab.models.hooks import HookPoint
+from deltalab.models.layers import GatedRMSNorm, RMSNorm, ShortConvolution
+from deltalab.models.replay import check_state_shape, replay_patched
 
 
 class DeltaProductAttention(nn.Module):

@@ -11,13 +11,13 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from models.config import MODEL_TYPES, ConfigError, ModelConfig
-from models.errors import CheckpointError as CheckpointError  # re-exported: callers import it from here
-from models.lm import DeltaProductForCausalLM
-from models.rwkv7 import RWKV7ForCausalLM
+from deltalab.models.config import MODEL_TYPES, ConfigError, ModelConfig
+from deltalab.models.errors import CheckpointError as CheckpointError  # re-exported: callers import it from here
+from deltalab.models.lm import DeltaProductForCausalLM
+from deltalab.models.rwkv7 import RWKV7ForCausalLM
 
 if TYPE_CHECKING:
-    from models.hf.hooked import HookedHFModel
+    from deltalab.models.hf.hooked import HookedHFModel
 
 WEIGHTS = "model.safetensors"
 LEGACY_WEIGHTS = "pytorch_model.bin"
@@ -49,7 +49,7 @@ def _read_config(folder: Path, raw: dict | None = None) -> ModelConfig:
         raise CheckpointError(f"model_type {raw['model_type']!r} in {path} is RWKV-6 or older: deltalab loads RWKV-7 "
                               "only (fla's 'rwkv7' checkpoints); supported: " + ", ".join(MODEL_TYPES))
     if raw.get("model_type") not in MODEL_TYPES:
-        from models.hf.families import supported_types
+        from deltalab.models.hf.families import supported_types
 
         raise CheckpointError(f"unknown model_type {raw.get('model_type')!r} in {path}: no delta-rule layer deltalab "
                               f"opens; supported: {', '.join(MODEL_TYPES)} (fla), {supported_types()} (transformers)")
@@ -148,10 +148,10 @@ def load_checkpoint(
     if not folder.is_dir():
         raise CheckpointError(f"{folder} is a file, not a checkpoint folder: pass the folder that holds config.json")
     raw = _read_raw_config(folder)
-    from models.hf.families import family_of
+    from deltalab.models.hf.families import family_of
 
     if raw.get("auto_map") or family_of(str(raw.get("model_type"))) is not None:
-        from models.hf.loader import load_hf_checkpoint
+        from deltalab.models.hf.loader import load_hf_checkpoint
 
         return load_hf_checkpoint(folder, raw, device=device, dtype=dtype, device_map=device_map)
     if device_map is not None:

@@ -12,12 +12,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from models.attention import DeltaProductAttention
-from models.config import ModelConfig
-from models.hooks import HookPoint
-from models.labels import IGNORE_INDEX
-from models.layers import GatedMLP, RMSNorm
-from models.softmax_attention import SoftmaxAttention
+from deltalab.models.attention import DeltaProductAttention
+from deltalab.models.config import ModelConfig
+from deltalab.models.hooks import HookPoint
+from deltalab.models.labels import IGNORE_INDEX
+from deltalab.models.layers import GatedMLP, RMSNorm
+from deltalab.models.softmax_attention import SoftmaxAttention
 
 
 @dataclass

@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 import torch
 
-from kernels.constants import CHUNK_SIZE
+from deltalab.kernels.constants import CHUNK_SIZE
 
 ChunkStep = Callable[[torch.Tensor, slice, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 """(sequence rows, token slice of one chunk, state before it) -> (that chunk's outputs, the state after it)."""

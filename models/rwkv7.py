@@ -1,6 +1,6 @@
 """RWKV-7 ("Goose"), fla 0.6.0's `rwkv7` model type, top to bottom, with every recurrence input on a hook point.
 
-Per layer and head the time mixer runs the generalised delta rule (kernels.dplr)
+Per layer and head the time mixer runs the generalised delta rule (kernels.dplr.dispatch)
     H_t = (diag(exp g_t) + b_t a_t^T) H_{t-1} + k_t v_t^T,   o_t = H_t^T r_t   (scale 1),
 with a = -kappa, b = kappa * a_rwkv: diag(w) minus a rank-one removal along the unit key kappa, at per-channel
 strength a_rwkv in (0, 1). Parameter names and shapes are fla's (config.json + model.safetensors load unchanged).
@@ -20,12 +20,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kernels.dplr import dplr_forward
-from models.config import ModelConfig
-from models.hooks import HookPoint
-from models.labels import IGNORE_INDEX
-from models.lm import CausalLMOutput
-from models.replay import check_state_shape, replay_patched
+from deltalab.kernels.dplr.dispatch import dplr_forward
+from deltalab.models.config import ModelConfig
+from deltalab.models.hooks import HookPoint
+from deltalab.models.labels import IGNORE_INDEX
+from deltalab.models.lm import CausalLMOutput
+from deltalab.models.replay import check_state_shape, replay_patched
 
 W_SCALE = math.exp(-0.5)
 """log w = -exp(-0.5) * sigmoid(.): each channel keeps at least exp(-0.607) = 0.545 of its state per token."""

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from models.hooks import HookPoint
+from deltalab.models.hooks import HookPoint
 
 
 def rotary_tables(seq_len: int, head_dim: int, theta: float, device: torch.device,

@@ -2,7 +2,7 @@
 
 Every probe is a library function `probes.NAME.run(ds, ...) -> ProbeResult` (an xarray.Dataset
 of results plus JSON records) and a command: `deltalab probe NAME --store STORE [--json]`,
-or equivalently `python -m probes.NAME`. This module stays import-light (no numpy/torch).
+or equivalently `python -m deltalab.probes.NAME`. This module stays import-light (no numpy/torch).
 """
 
 PROBES: dict[str, str] = {

@@ -1,13 +1,13 @@
 """Exact attention maps of delta-rule layers: top-k sources of every token and the GLA approximation's error.
 
 o_t = (initial-state term) + sum_u alpha_{t,u} v_u exactly, alpha_{t,u} = scale b_u q_t^T Phi(t, u) k_u over the
-Householder sub-steps u = (s, j) (`kernels.attention`). Per sequence, layer, query token and head this stores the
+Householder sub-steps u = (s, j) (`kernels.attention.chunk`). Per sequence, layer, query token and head this stores the
 top-k sources (token s and step j) with their signed weights alpha and contribution norms |alpha| ||v_u||, the
 norm of the initial-state term, the same for the gated-linear-attention approximation (Phi replaced by the
 product of the gates, i.e. the delta rule's key removal dropped), the approximation's error over all sources,
 and, where the store has the read-out `o`, how well o is rebuilt from the map (a check of the whole chain).
 On rwkv7 stores (diagonal-plus-rank-one transitions diag(e^g) - kappa (kappa * beta)^T, scale 1) the sources are
-tokens (step 0) and the maps come from `kernels.dplr_attention`; the approximation keeps only the diagonal decays.
+tokens (step 0) and the maps come from `kernels.attention.dplr_chunk`; the approximation keeps only the diagonal decays.
 With --context N only the N tokens before the window (rounded down to a chunk start) are separate sources;
 earlier ones are folded into the initial-state term through the stored chunk-start state.
 """
@@ -20,9 +20,9 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
-from probes import data, linalg
-from probes.base import ProbeError, ProbeResult, exit_main
-from probes.lazy import LayerPlan
+from deltalab.probes import data, linalg
+from deltalab.probes.base import ProbeError, ProbeResult, exit_main
+from deltalab.probes.lazy import LayerPlan
 
 NAME = "attention"
 SUMMARY_KEYS = ["layer", "head", "gla_weight_error_mean", "gla_output_error_mean", "top1_share_mean",
@@ -73,8 +73,8 @@ def plan(ds: xr.Dataset, *, window: tuple[int, int] | None = None, top_k: int = 
     def fn(a: dict[str, Any]) -> dict[str, np.ndarray]:
         import torch
 
-        from kernels.attention import compare_attention
-        from kernels.dplr_attention import compare_dplr_attention
+        from deltalab.kernels.attention.chunk import compare_attention
+        from deltalab.kernels.attention.dplr_chunk import compare_dplr_attention
 
         def t(x: Any) -> torch.Tensor:
             return linalg.as_tensor(x[:, first:stop], device)
@@ -119,7 +119,7 @@ def plan(ds: xr.Dataset, *, window: tuple[int, int] | None = None, top_k: int = 
     # working memory: the carried queries, a chunk's factors and the running top-k, beside the inputs
     per_seq = data.bytes_per_seq(ds, ["q", "k", "v", "beta", "g", "state"]) / max(1, ds.sizes["layer"])
     work = H * (Tw * (ds.sizes["dk"] + 4 * top_k + 2 * C * n_h) + (C * n_h) ** 2 * 4) * 4 * 3
-    if dplr:  # sub-block decay factors of kernels.dplr_attention (about 8 of [C, dk] x (C / 16 + 16))
+    if dplr:  # sub-block decay factors of kernels.attention.dplr_chunk (about 8 of [C, dk] x (C / 16 + 16))
         work += H * 8 * C * ds.sizes["dk"] * (C // 16 + 16) * 4
     names = ["q", "k", "v", "beta", "g", *(["kappa"] if dplr else []), *(["state"] if "state" in ds else []),
              *(["o"] if has_o else [])]
@@ -209,7 +209,7 @@ def from_args(ds: xr.Dataset, args: argparse.Namespace, sink: Any) -> ProbeResul
 
 
 def main(argv: list[str] | None = None) -> None:
-    """`python -m probes.attention --store STORE [--window A:B] [--top-k K] [--json]`."""
+    """`python -m deltalab.probes.attention --store STORE [--window A:B] [--top-k K] [--json]`."""
     exit_main(NAME, argv)
 
 

@@ -2,7 +2,7 @@
 
 A probe module defines NAME, `run(ds, ...) -> ProbeResult`, `add_arguments(parser)` and
 `from_args(ds, args, sink) -> ProbeResult`; `run_module(NAME, argv)` runs it as a script, for both
-`python -m probes.NAME` (its `main()` is `exit_main(NAME)`) and `deltalab probe NAME`.
+`python -m deltalab.probes.NAME` (its `main()` is `exit_main(NAME)`) and `deltalab probe NAME`.
 """
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
-from models.run_files import clean_json, deltalab_version
-from probes.core import ProbeError as ProbeError  # re-exported: probes import both from here
-from probes.core import ProbeResult as ProbeResult
-from store.cliparse import OneLineParser
+from deltalab.models.run_files import clean_json, deltalab_version
+from deltalab.probes.core import ProbeError as ProbeError  # re-exported: probes import both from here
+from deltalab.probes.core import ProbeResult as ProbeResult
+from deltalab.store.cliparse import OneLineParser
 
 # --- argument parsing ---------------------------------------------------------------------
 
@@ -105,7 +105,7 @@ ProbeFn = Callable[[xr.Dataset, argparse.Namespace, Any], ProbeResult]
 
 def error_line(err: BaseException, store: str | Path) -> str:
     """One line for a probe's failure (a corrupt chunk: `store.errors.corrupt_chunk_line`)."""
-    from store.errors import corrupt_chunk_line
+    from deltalab.store.errors import corrupt_chunk_line
 
     return corrupt_chunk_line(err, store) or (str(err).strip().splitlines()[0] if str(err).strip()
                                                 else type(err).__name__)
@@ -123,7 +123,7 @@ def cli_main(name: str, description: str, add_arguments: Callable[[argparse.Argu
     args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
     sink = None
     try:
-        from probes import data, results
+        from deltalab.probes import data, results
 
         ds = data.open_store(args.store)
         ds = data.select(ds, layers=args.layers, max_seqs=args.max_seqs)
@@ -140,7 +140,7 @@ def cli_main(name: str, description: str, add_arguments: Callable[[argparse.Argu
     except (ValueError, KeyError, OSError, RuntimeError) as err:  # bad input, failed write (disk full), corrupt chunk
         if sink is not None:
             sink.abort()
-        from store.errors import reraise_unless_input_error
+        from deltalab.store.errors import reraise_unless_input_error
 
         reraise_unless_input_error(err)
         print(f"error: {error_line(err, args.store)}", file=sys.stderr)
@@ -164,7 +164,7 @@ def run_module(name: str, argv: Sequence[str] | None = None, module: ModuleType 
     """
     import importlib
 
-    module = module or importlib.import_module(f"probes.{name}")
+    module = module or importlib.import_module(f"deltalab.probes.{name}")
     description = (module.__doc__ or name).strip().splitlines()[0]
     try:
         return cli_main(module.NAME, description, module.add_arguments, module.from_args, argv,
@@ -177,7 +177,7 @@ def run_module(name: str, argv: Sequence[str] | None = None, module: ModuleType 
 
 
 def exit_main(name: str, argv: Sequence[str] | None = None) -> None:
-    """`python -m probes.<name>`: `run_module` then `sys.exit` with its code."""
+    """`python -m deltalab.probes.<name>`: `run_module` then `sys.exit` with its code."""
     sys.exit(run_module(name, argv))
 
 

@@ -18,8 +18,8 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
-from probes import data
-from probes.base import ProbeError, ProbeResult, exit_main
+from deltalab.probes import data
+from deltalab.probes.base import ProbeError, ProbeResult, exit_main
 
 NAME = "betas"
 QUANTILES = (0.05, 0.25, 0.5, 0.75, 0.95)
@@ -207,7 +207,7 @@ def from_args(ds: xr.Dataset, args: argparse.Namespace, sink: Any) -> ProbeResul
 
 
 def main(argv: list[str] | None = None) -> None:
-    """`python -m probes.betas --store STORE [--json]`."""
+    """`python -m deltalab.probes.betas --store STORE [--json]`."""
     exit_main(NAME, argv)
 
 

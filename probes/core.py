@@ -9,7 +9,7 @@ from typing import Any
 
 import xarray as xr
 
-from models.run_files import clean_json
+from deltalab.models.run_files import clean_json
 
 
 class ProbeError(ValueError):

@@ -15,9 +15,9 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
-from kernels.constants import CHUNK_SIZE
-from models.run_files import training_length
-from probes.core import ProbeError
+from deltalab.kernels.constants import CHUNK_SIZE
+from deltalab.models.run_files import training_length
+from deltalab.probes.core import ProbeError
 
 
 def open_store(path: str | Path) -> xr.Dataset:
@@ -45,12 +45,12 @@ def open_store(path: str | Path) -> xr.Dataset:
 
 def _store_opener():
     """`store.open` (or `store.reader.open`) when the store layer provides it."""
-    import store
+    from deltalab import store
 
     opener = getattr(store, "open", None)
     if opener is None:
         try:
-            from store.reader import open as opener
+            from deltalab.store.reader import open as opener
         except ImportError:
             return None
     return opener
@@ -229,7 +229,7 @@ def pick_device(name: str = "auto") -> str:
     if name.startswith("cuda") and not torch.cuda.is_available():
         raise ProbeError("--device cuda asked for but no CUDA GPU is visible: use --device cpu")
     if name.startswith("cuda"):
-        from probes.linalg import warm_up
+        from deltalab.probes.linalg import warm_up
 
         warm_up(name)  # before dask's threads call the kernels
     return name

@@ -17,8 +17,8 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
-from probes import data
-from probes.base import ProbeError, ProbeResult, exit_main
+from deltalab.probes import data
+from deltalab.probes.base import ProbeError, ProbeResult, exit_main
 
 NAME = "decays"
 SUMMARY_KEYS = ["layer", "head", "channels", "memory_mean_decay", "memory_median", "frac_long", "longest_channels"]
@@ -124,7 +124,7 @@ def from_args(ds: xr.Dataset, args: argparse.Namespace, sink: Any) -> ProbeResul
 
 
 def main(argv: list[str] | None = None) -> None:
-    """`python -m probes.decays --store STORE [--json]`."""
+    """`python -m deltalab.probes.decays --store STORE [--json]`."""
     exit_main(NAME, argv)
 
 

@@ -16,9 +16,9 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
-from probes import data, linalg
-from probes.base import ProbeError, ProbeResult, exit_main
-from probes.lazy import LayerPlan
+from deltalab.probes import data, linalg
+from deltalab.probes.base import ProbeError, ProbeResult, exit_main
+from deltalab.probes.lazy import LayerPlan
 
 NAME = "erank"
 FIELDS = ("erank", "stable_rank", "rank_utilisation", "state_norm")
@@ -214,7 +214,7 @@ def from_args(ds: xr.Dataset, args: argparse.Namespace, sink: Any) -> ProbeResul
 
 
 def main(argv: list[str] | None = None) -> None:
-    """`python -m probes.erank --store STORE [--json]`."""
+    """`python -m deltalab.probes.erank --store STORE [--json]`."""
     exit_main(NAME, argv)
 
 

@@ -26,9 +26,9 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
-from models import IGNORE_INDEX
-from probes import data
-from probes.base import ProbeError, ProbeResult, exit_main
+from deltalab.models import IGNORE_INDEX
+from deltalab.probes import data
+from deltalab.probes.base import ProbeError, ProbeResult, exit_main
 
 NAME = "intervene"
 NEEDS_CHECKPOINT = True
@@ -121,7 +121,7 @@ def parse_surgery(kind: str, text: str) -> Edit:
 
 def state_edit(e: Edit):
     """The `probes.surgery.StateEdit` of a surgery Edit."""
-    from probes.surgery import StateEdit
+    from deltalab.probes.surgery import StateEdit
 
     return StateEdit(e.kind, e.head, e.position, step=e.step, source=e.source, channel=e.channel,
                      factor=e.value if e.value is not None else 0.0)
@@ -151,7 +151,7 @@ def _key_bases(ds: xr.Dataset, store_path: str | None, edits: list[Edit], budget
         return {}
     pca = None
     if store_path is not None:
-        from probes import results
+        from deltalab.probes import results
 
         try:
             pca = results.read_results(store_path, "keys")
@@ -159,7 +159,7 @@ def _key_bases(ds: xr.Dataset, store_path: str | None, edits: list[Edit], budget
             pca = None
     layers = sorted({e.layer for e in wanted})
     if pca is None or not set(layers) <= {int(x) for x in pca["layer"].values}:
-        from probes import keys
+        from deltalab.probes import keys
 
         pca = keys.run(data.select(ds, layers=layers), budget=budget).dataset
     out = {}
@@ -232,7 +232,7 @@ def _apply(nn_model: Any, edits: list[Edit], bases: dict[tuple, tuple], gated: b
                         proj = proj / proj.norm(dim=-1, keepdim=True).clamp_min(1e-6)
                         out[:, :, s, hh] = proj
             if hook == "hook_o" and surgery:
-                from probes.surgery import edited_output
+                from deltalab.probes.surgery import edited_output
 
                 new = out
                 q, k = seen["hook_q"], seen["hook_k"]
@@ -396,7 +396,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def from_args(ds: xr.Dataset, args: argparse.Namespace, sink: Any) -> ProbeResult:
-    from models import load_checkpoint
+    from deltalab.models import load_checkpoint
 
     edits = ([parse_edit("set_beta", s) for s in args.set_beta]
              + [parse_edit("ablate_head", s) for s in args.ablate_head]
@@ -415,7 +415,7 @@ def from_args(ds: xr.Dataset, args: argparse.Namespace, sink: Any) -> ProbeResul
 
 
 def main(argv: list[str] | None = None) -> None:
-    """`python -m probes.intervene --store STORE --checkpoint CKPT [--set-beta 0:6:1=0] [--json]`."""
+    """`python -m deltalab.probes.intervene --store STORE --checkpoint CKPT [--set-beta 0:6:1=0] [--json]`."""
     exit_main(NAME, argv)
 
 

@@ -16,8 +16,8 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
-from probes import data
-from probes.base import ProbeError, ProbeResult, exit_main
+from deltalab.probes import data
+from deltalab.probes.base import ProbeError, ProbeResult, exit_main
 
 NAME = "keys"
 SUMMARY_KEYS = ["layer", "head", "step", "joint", "n_samples", "explained_variance_3", "n_components_95", "method"]
@@ -216,7 +216,7 @@ def from_args(ds: xr.Dataset, args: argparse.Namespace, sink: Any) -> ProbeResul
 
 
 def main(argv: list[str] | None = None) -> None:
-    """`python -m probes.keys --store STORE [--json]`."""
+    """`python -m deltalab.probes.keys --store STORE [--json]`."""
     exit_main(NAME, argv)
 
 

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 import xarray as xr
 
-from probes import data
+from deltalab.probes import data
 
 BlockFn = Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]
 

@@ -14,9 +14,9 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
-from models import IGNORE_INDEX
-from probes import data
-from probes.base import ProbeResult, exit_main
+from deltalab.models import IGNORE_INDEX
+from deltalab.probes import data
+from deltalab.probes.base import ProbeResult, exit_main
 
 NAME = "lengthgen"
 SUMMARY_KEYS = ["pos_start", "pos_end", "n", "accuracy", "sequence_accuracy", "loss", "beyond_train"]
@@ -106,7 +106,7 @@ def from_args(ds: xr.Dataset, args: argparse.Namespace, sink: Any) -> ProbeResul
 
 
 def main(argv: list[str] | None = None) -> None:
-    """`python -m probes.lengthgen --store STORE [--json]`."""
+    """`python -m deltalab.probes.lengthgen --store STORE [--json]`."""
     exit_main(NAME, argv)
 
 

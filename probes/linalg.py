@@ -14,10 +14,10 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from kernels.constants import CHUNK_SIZE
+from deltalab.kernels.constants import CHUNK_SIZE
 
 if TYPE_CHECKING:
-    from kernels.ranks import RankMetrics
+    from deltalab.kernels.ranks.chunk import RankMetrics
 
 RANK_FIELDS = ("erank", "stable_rank", "rank_utilisation", "frobenius", "spectral", "nuclear")
 
@@ -73,7 +73,7 @@ def token_spectra(k: np.ndarray, beta: np.ndarray, g: np.ndarray | None = None, 
                   stride: int = 1, device: str = "cpu") -> np.ndarray:
     """Non-trivial eigenvalues of each token's (window's) product: k [B,T,n_h,H,K], beta [B,T,n_h,H] ->
     complex [B,T',H,w*n_h], sorted by angle then modulus; with g [B,T,H] those of A = exp(sum g) P."""
-    from kernels.spectra import householder_spectra
+    from deltalab.kernels.spectra.householder import householder_spectra
 
     with torch.profiler.record_function(f"deltalab.linalg.spectra_w{window}"):
         kt = _t(k, device, k.dtype) if isinstance(k, torch.Tensor) else _t(k, device)  # converted once, in blocks
@@ -86,16 +86,16 @@ def channel_gate_spectra(k: np.ndarray, beta: np.ndarray, g: np.ndarray, *, wind
     """All dk eigenvalues of each token's (window's) per-channel-gated transition, A_t = P_t diag(exp g_t):
     k [B,T,n_h,H,K], beta [B,T,n_h,H], g [B,T,H,K] -> complex [B,T',H,K].
 
-    One token with n_h = 1: real values, ascending, exact by the secular equation (`kernels.spectra_dplr`).
-    Otherwise the transitions are multiplied out in float64 and solved densely (`kernels.spectra_channel`),
+    One token with n_h = 1: real values, ascending, exact by the secular equation (`kernels.spectra.dplr`).
+    Otherwise the transitions are multiplied out in float64 and solved densely (`kernels.spectra.channel`),
     sorted by angle, then modulus. `precision` "float32": the secular solve in float32 (one token, n_h = 1)."""
     if window == 1 and k.shape[2] == 1:
-        from kernels.spectra_dplr import dplr_eigvals
+        from deltalab.kernels.spectra.dplr import dplr_eigvals
 
         kk, bb = _t(k[:, :, 0], device, torch.float64), _t(beta[:, :, 0], device, torch.float64)
         d = _t(g, device, torch.float64).exp()
         return _out(k, dplr_eigvals(d, kk, bb, precision=precision), torch.complex64)
-    from kernels.spectra_channel import channel_spectra
+    from deltalab.kernels.spectra.channel import channel_spectra
 
     spec = channel_spectra(_t(k, device, torch.float64), _t(beta, device, torch.float64),
                            _t(g, device, torch.float64), window=window, stride=stride)
@@ -105,8 +105,8 @@ def channel_gate_spectra(k: np.ndarray, beta: np.ndarray, g: np.ndarray, *, wind
 def dplr_spectra(g: np.ndarray, kappa: np.ndarray, beta: np.ndarray, *, device: str = "cpu") -> np.ndarray:
     """Eigenvalues of each RWKV-7 token transition diag(e^g) - kappa (kappa * beta)^T: g, kappa, beta [B,T,H,K]
     (the store's kappa and beta with their step axis dropped) -> complex [B,T,H,K] (real values, ascending), exact
-    by the secular equation (`kernels.spectra_dplr.dplr_eigvals_general`, a = -kappa, b = kappa * beta)."""
-    from kernels.spectra_dplr import dplr_eigvals_general
+    by the secular equation (`kernels.spectra.dplr.dplr_eigvals_general`, a = -kappa, b = kappa * beta)."""
+    from deltalab.kernels.spectra.dplr import dplr_eigvals_general
 
     kk, bb = as_tensor(kappa, device, torch.float64), as_tensor(beta, device, torch.float64)
     d = as_tensor(g, device, torch.float64).exp()
@@ -119,10 +119,11 @@ def removal_spectra(kappa: np.ndarray, beta: np.ndarray, *, window: int = 1, str
     transition without its decay) and of their products over windows of `window` tokens (the first rightmost):
     kappa, beta [B,T,H,K] -> complex [B,T',H,window], sorted by angle then modulus.
 
-    Compact WY as `kernels.spectra` for the delta product, with u_i != kappa_i: R_w ... R_1 = I - U M K^T with
+    Compact WY as `kernels.spectra.householder` for the delta product, with u_i != kappa_i: R_w ... R_1 = I - U M K^T
+    with
     M = (I + L)^{-1}, L = strictly lower part of G = K^T U, so the window's non-trivial eigenvalues are those of
     the w x w C = (I + L)^{-1} (I - triu(G)) (window 1: 1 - sum kappa_i^2 beta_i); float64, dense eig of C."""
-    from kernels.spectra import sort_eigenvalues
+    from deltalab.kernels.spectra.householder import sort_eigenvalues
 
     kk, bb = as_tensor(kappa, device, torch.float64), as_tensor(beta, device, torch.float64)
     u = kk * bb
@@ -143,14 +144,14 @@ def token_ranks(k: np.ndarray, v: np.ndarray, beta: np.ndarray, g: np.ndarray | 
                 boundary: np.ndarray | None, *, chunk_size: int = CHUNK_SIZE, device: str = "cpu",
                 dtype: torch.dtype = torch.float32, every: int = 1,
                 picked: bool = False) -> dict[str, np.ndarray | torch.Tensor]:
-    """Rank statistics of every token's state (`kernels.ranks`): dict of [B,T,H] arrays (RANK_FIELDS).
+    """Rank statistics of every token's state (`kernels.ranks.chunk`): dict of [B,T,H] arrays (RANK_FIELDS).
 
     k [B,T,n_h,H,K], v [B,T,n_h,H,V], beta [B,T,n_h,H], g [B,T,H]|None, boundary [B,NC,H,K,V]|None
     (the store's chunk-start states; None = recomputed from a zero start). Only a group of chunks of
     per-token states is ever held. `every=N`: only the states after tokens N-1, 2N-1, ... (NaN elsewhere).
-    `picked`: boundary holds only the states those ranks read (`kernels.ranks.ranked_boundaries`).
+    `picked`: boundary holds only the states those ranks read (`kernels.ranks.chunk.ranked_boundaries`).
     """
-    from kernels.ranks import state_rank_metrics
+    from deltalab.kernels.ranks.chunk import state_rank_metrics
 
     with torch.no_grad(), torch.profiler.record_function("deltalab.linalg.ranks"):
         if picked:
@@ -165,7 +166,7 @@ def token_ranks(k: np.ndarray, v: np.ndarray, beta: np.ndarray, g: np.ndarray | 
 def _picked_ranks(boundary: np.ndarray | torch.Tensor | None, T: int, chunk_size: int, every: int, device: str,
                   dtype: torch.dtype) -> RankMetrics:
     """Ranks from only the boundary states `every` reads (a capture kept no others): their SVDs, no replay."""
-    from kernels.ranks import ranks_at_boundaries
+    from deltalab.kernels.ranks.chunk import ranks_at_boundaries
 
     return ranks_at_boundaries(as_tensor(boundary, device, dtype), T, chunk_size, every, "auto", "auto", picked=True)
 
@@ -176,8 +177,8 @@ def dplr_token_ranks(k: np.ndarray, v: np.ndarray, kappa: np.ndarray, beta: np.n
                      picked: bool = False) -> dict[str, np.ndarray | torch.Tensor]:
     """`token_ranks` for RWKV-7 stores: k, kappa, beta [B,T,H,K], v [B,T,H,V], g [B,T,H,K]|None, boundary
     [B,NC,H,K,V]|None; the states follow H <- (diag(e^g) - kappa (kappa * beta)^T) H + k v^T
-    (`kernels.dplr_ranks.dplr_state_rank_metrics`, a = -kappa, b = kappa * beta)."""
-    from kernels.dplr_ranks import dplr_state_rank_metrics
+    (`kernels.ranks.dplr.dplr_state_rank_metrics`, a = -kappa, b = kappa * beta)."""
+    from deltalab.kernels.ranks.dplr import dplr_state_rank_metrics
 
     with torch.no_grad():
         if picked:
@@ -195,7 +196,7 @@ def token_states(k: np.ndarray, v: np.ndarray, beta: np.ndarray, g: np.ndarray |
                  device: str = "cpu") -> np.ndarray:
     """States after tokens lo..hi-1 (one chunk: lo = c * chunk_size) [B, hi-lo, H, K, V], replayed from the
     chunk's stored start state (boundary [B,NC,H,K,V]; None = replay from zero up to lo)."""
-    from kernels.ranks import replay_chunks
+    from deltalab.kernels.ranks.chunk import replay_chunks
 
     B, _, _, H, K = k.shape
     V = v.shape[-1]
@@ -219,7 +220,7 @@ def readout(q: np.ndarray, k: np.ndarray, v: np.ndarray, beta: np.ndarray, g: np
             device: str = "cpu") -> np.ndarray:
     """The recurrence output o [B,T,H,V] (scale dk^-1/2) rebuilt from the stored inputs (chunked kernel;
     Triton on CUDA)."""
-    from kernels.dispatch import delta_product_forward
+    from deltalab.kernels.delta_rule.dispatch import delta_product_forward
 
     with torch.no_grad():
         o, _, _ = delta_product_forward(_t(q, device), _t(k, device), _t(v, device), _t(beta, device),

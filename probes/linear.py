@@ -17,9 +17,9 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
-from models import IGNORE_INDEX
-from probes import data, linalg
-from probes.base import ProbeError, ProbeResult, exit_main
+from deltalab.models import IGNORE_INDEX
+from deltalab.probes import data, linalg
+from deltalab.probes.base import ProbeError, ProbeResult, exit_main
 
 NAME = "linear"
 SUMMARY_KEYS = ["layer", "head", "features", "accuracy", "train_accuracy", "chance", "n_train", "n_test"]
@@ -189,7 +189,7 @@ def from_args(ds: xr.Dataset, args: argparse.Namespace, sink: Any) -> ProbeResul
 
 
 def main(argv: list[str] | None = None) -> None:
-    """`python -m probes.linear --store STORE [--features o] [--json]`."""
+    """`python -m deltalab.probes.linear --store STORE [--features o] [--json]`."""
     exit_main(NAME, argv)
 
 

@@ -23,13 +23,13 @@ import numpy as np
 import torch
 import xarray as xr
 
-from models.run_files import deltalab_version
-from probes import attention, erank, spectra
-from probes.base import clean_json
-from probes.data import clean_encoding, head_numbers, positional_heads, relabel_heads
-from probes.lazy import LayerPlan
-from probes.linalg import warm_up
-from probes.results import ResultSink, read_results, results_group
+from deltalab.models.run_files import deltalab_version
+from deltalab.probes import attention, erank, spectra
+from deltalab.probes.base import clean_json
+from deltalab.probes.data import clean_encoding, head_numbers, positional_heads, relabel_heads
+from deltalab.probes.lazy import LayerPlan
+from deltalab.probes.linalg import warm_up
+from deltalab.probes.results import ResultSink, read_results, results_group
 
 REDUCTIONS: dict[str, ModuleType] = {"ranks": erank, "spectra": spectra, "attention": attention}
 """`--reduce` names -> the probe whose results they write."""
@@ -94,7 +94,7 @@ def _template(attrs: dict[str, Any], n: int, names: list[str]) -> xr.Dataset:
     (q/k per value head): what a probe's `plan` reads to decide what it computes."""
     import dask.array as da
 
-    from store import schema
+    from deltalab.store import schema
 
     sizes = {d: s for d, s in attrs["sizes"].items() if d != "key_head"}
     data_vars = {}
@@ -110,7 +110,7 @@ def _layer_inputs(attrs: dict[str, Any], tensors: dict[str, torch.Tensor], missi
     """{var: tensor [layer, seq, ...]} laid out as probes.lazy hands a layer to a plan: q and k per value head
     (`key_head_of`), float inputs zero at padding, states zero past a sequence's first padded token
     (`state_chunks`: the boundaries the states are, when the capture kept only those)."""
-    from store import schema
+    from deltalab.store import schema
 
     sizes = attrs["sizes"]
     stacked: dict[str, torch.Tensor] = {}
@@ -173,7 +173,7 @@ class CaptureReductions:
         chunk size), or None when they need every one: capture keeps no others of a batch."""
         if "ranks" not in self.names:
             return None
-        from kernels.ranks import ranked_boundaries
+        from deltalab.kernels.ranks.chunk import ranked_boundaries
 
         return ranked_boundaries(length, chunk_size, self.rank_every)
 
@@ -198,7 +198,7 @@ class CaptureReductions:
     def check(self, attrs: dict[str, Any], variables: list[str]) -> None:
         """Build every reduction's plan on a data-free template of the capture (root `attrs`, captured `variables`)
         before anything is written: a reduction the model cannot have is a one-line ValueError."""
-        from probes.base import ProbeError
+        from deltalab.probes.base import ProbeError
 
         if self.rank_every is None:
             sizes = attrs["sizes"]
@@ -318,7 +318,7 @@ class CaptureReductions:
             import shutil
 
             shutil.rmtree(group)
-        from store.schema import checksummed
+        from deltalab.store.schema import checksummed
 
         empty = checksummed(empty, level=1)  # zstd level 1: ~2x zstd's default speed; crc32c: see write_results
         empty.to_zarr(str(path), group=results_group(probe), mode="w", zarr_format=3, consolidated=False,
@@ -344,7 +344,7 @@ class CaptureReductions:
     def finish(self, path: Path) -> dict[str, int]:
         """Reduce the store's sequences no batch reduced, then summarise each probe and mark it complete;
         {probe: sequences computed from the store here}."""
-        import store
+        from deltalab import store
 
         t0 = time.perf_counter()
         ds = store.open(path)

@@ -19,9 +19,9 @@ from typing import Any
 
 import xarray as xr
 
-from models.run_files import clean_json
-from probes.core import ProbeError, ProbeResult
-from probes.data import clean_encoding, relabel_heads
+from deltalab.models.run_files import clean_json
+from deltalab.probes.core import ProbeError, ProbeResult
+from deltalab.probes.data import clean_encoding, relabel_heads
 
 
 def results_group(name: str) -> str:
@@ -40,7 +40,7 @@ def _progress(ds: xr.Dataset):
 
 def write_results(path: str | Path, name: str, ds: xr.Dataset, attrs: dict[str, Any] | None = None) -> xr.Dataset:
     """Replace `results/<name>` with `ds` (lazy arrays are computed chunk by chunk); return it lazily reopened."""
-    from store import write_results as store_write
+    from deltalab.store import write_results as store_write
 
     ds = clean_encoding(ds)
     ds.attrs = clean_json({**ds.attrs, **(attrs or {})})
@@ -53,7 +53,7 @@ def append_results(path: str | Path, name: str, ds: xr.Dataset) -> xr.Dataset:
     """Add variables to an existing `results/<name>` group (dims must agree with what is there)."""
     import zarr
 
-    from store.schema import checksummed
+    from deltalab.store.schema import checksummed
 
     ds = checksummed(clean_encoding(ds))  # new arrays get zstd + crc32c, as write_results' do
     group = zarr.open_group(str(path), path=results_group(name), mode="r", zarr_format=3)
@@ -74,7 +74,7 @@ def update_attrs(path: str | Path, name: str, attrs: dict[str, Any]) -> None:
 def read_results(path: str | Path, name: str, *, dask: bool = True) -> xr.Dataset:
     """The results of probe run `name` as a lazy xarray.Dataset (attrs: provenance, records, complete); `dask`
     as in store.open_results."""
-    from store import open_results
+    from deltalab.store import open_results
 
     if not (Path(path) / results_group(name) / "zarr.json").exists():
         have = list_results(path) if Path(path).exists() else []
@@ -85,7 +85,7 @@ def read_results(path: str | Path, name: str, *, dask: bool = True) -> xr.Datase
 
 def list_results(path: str | Path) -> list[str]:
     """Names of the result groups in a store."""
-    from store import list_results as store_list
+    from deltalab.store import list_results as store_list
 
     return store_list(path)
 
@@ -99,7 +99,7 @@ class ResultSink:
 
     def __init__(self, path: str | Path, name: str, attrs: dict[str, Any] | None = None,
                  heads: list[int] | None = None, staged: bool = False) -> None:
-        from store import partial_results_name
+        from deltalab.store import partial_results_name
 
         self.path = Path(path)
         self.final = name

@@ -1,6 +1,6 @@
 """Eigenvalues of every token's Householder product P_t and transition A_t = exp(g_t) P_t; rotations; windows.
 
-Exact and cheap through the n_h x n_h reduction (`kernels.spectra`): the n_h non-trivial eigenvalues
+Exact and cheap through the n_h x n_h reduction (`kernels.spectra.householder`): the n_h non-trivial eigenvalues
 per token and head (the other dk - n_h are 1, times exp(g_t) for A_t). A token's transition is a
 *rotation* when its non-trivial eigenvalues lie on the unit circle and multiply to +1 (a conjugate
 pair e^{+-i theta} turns by theta; two reflections whose planes meet at phi turn by 2 phi).
@@ -18,10 +18,10 @@ import numpy as np
 import torch
 import xarray as xr
 
-from kernels.constants import SECULAR_PRECISIONS
-from probes import data, linalg
-from probes.base import ProbeError, ProbeResult, exit_main
-from probes.lazy import LayerPlan
+from deltalab.kernels.constants import SECULAR_PRECISIONS
+from deltalab.probes import data, linalg
+from deltalab.probes.base import ProbeError, ProbeResult, exit_main
+from deltalab.probes.lazy import LayerPlan
 
 NAME = "spectra"
 PRECISIONS = SECULAR_PRECISIONS  # of the per-channel-gate secular solves
@@ -44,9 +44,9 @@ def plan(ds: xr.Dataset, *, window: int = 4, stride: int | None = None, device: 
 
     Per-channel gates (Kimi Delta Attention): eig_A has all dk eigenvalues of each token's transition (`aeig`),
     exact by the secular equation for n_h = 1, dense float64 for n_h > 1. window_eig_A [seq,layer,window,head,aeig]
-    multiplies each window's transitions out densely (`kernels.spectra_channel`; milliseconds per window and head
+    multiplies each window's transitions out densely (`kernels.spectra.channel`; milliseconds per window and head
     at dk = 128), so it is computed only with `channel_windows`. `precision` "float32" solves eig_A's secular
-    equations in float32 (`kernels.spectra_dplr`: about 7x faster on a GPU, within ~20 eps32 of each matrix's
+    equations in float32 (`kernels.spectra.dplr`: about 7x faster on a GPU, within ~20 eps32 of each matrix's
     spectral scale; the values are stored as complex64 either way)."""
     if precision not in PRECISIONS:
         raise ProbeError(f"--precision {precision!r} is not one of {', '.join(PRECISIONS)}: pick one of them")
@@ -79,7 +79,7 @@ def plan(ds: xr.Dataset, *, window: int = 4, stride: int | None = None, device: 
         # a capture's CUDA tensors with one key per token: eig_P (and a scalar gate's eig_A) in one Triton pass
         fused = isinstance(k, torch.Tensor) and k.shape[2] == 1 and torch.device(device).type == "cuda"
         if fused:
-            from kernels.triton_token_spectra import token_eigenvalues
+            from deltalab.kernels.spectra.triton_token import token_eigenvalues
 
             with torch.profiler.record_function("deltalab.linalg.spectra_w1_fused"):
                 gate = a["g"].to(device) if gated and not channel else None
@@ -340,7 +340,7 @@ def from_args(ds: xr.Dataset, args: argparse.Namespace, sink: Any) -> ProbeResul
 
 
 def main(argv: list[str] | None = None) -> None:
-    """`python -m probes.spectra --store STORE [--window W] [--json]`."""
+    """`python -m deltalab.probes.spectra --store STORE [--window W] [--json]`."""
     exit_main(NAME, argv)
 
 

@@ -5,7 +5,7 @@ read-out) is applied where it shows: in the head's outputs o_{t'} for t' >= t (t
 - erase along a unit key k:   H_t <- (I - k k^T) H_t;      write:  H_t <- H_t + k v^T.
   Both add dH to H_t, and the recurrence is linear in (state, values): the change of every later output is
   scale dH^T Phi(t', t)^T q_{t'}, i.e. the output of the same recurrence over tokens t.. with zero values,
-  token t's own transition skipped and dH as the initial state (`kernels.attention.chunk_recurrence`).
+  token t's own transition skipped and dH as the initial state (`kernels.attention.chunk.chunk_recurrence`).
 - scale_decay: multiply the head's forget factor a_t = exp(g_t) (or one dk channel of it, which makes the gate
   per-channel: H <- (I - b k k^T) diag(a) H + b k v^T) by `factor` from token t on; the head's outputs from t on
   are recomputed from H_{t-1}. factor 0 forgets everything before each token (taken as 1e-30).
@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from kernels.attention import chunk_recurrence
+from deltalab.kernels.attention.chunk import chunk_recurrence
 
 KINDS = ("erase", "write", "scale_decay")
 MIN_FACTOR = 1e-30

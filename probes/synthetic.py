@@ -18,8 +18,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from kernels.constants import CHUNK_SIZE
-from models import IGNORE_INDEX
+from deltalab.kernels.constants import CHUNK_SIZE
+from deltalab.models import IGNORE_INDEX
 
 ROTATION_HEAD, LOW_RANK_HEAD, COPY_HEAD = 0, 1, 2
 
@@ -32,7 +32,7 @@ def synthetic_arrays(n_seq: int = 8, length: int = 128, n_layers: int = 2, n_hea
                      dk: int = 8, dv: int = 8, vocab: int = 6, n_labels: int = 6, train_length: int = 64,
                      gated: bool = False, seed: int = 0) -> dict[str, np.ndarray]:
     """Arrays in the store schema's dim order ([seq,layer,pos,step,head,dk] ...), float32."""
-    from kernels import naive_delta_product
+    from deltalab.kernels import naive_delta_product
 
     rng = np.random.default_rng(seed)
     L, T, H = n_layers, length, n_heads
@@ -94,8 +94,8 @@ def write_synthetic_store(path: str | Path, *, batch_size: int = 4, train_length
     """Write `synthetic_arrays(**kwargs)` as a deltalab store (through store.writer) and return its path."""
     from datetime import datetime, timezone
 
-    from store import schema
-    from store.writer import StoreWriter
+    from deltalab.store import schema
+    from deltalab.store.writer import StoreWriter
 
     arrays = synthetic_arrays(train_length=train_length, **kwargs)
     n_seq, L, T, n_h, H, dk = arrays["k"].shape
@@ -110,7 +110,7 @@ def write_synthetic_store(path: str | Path, *, batch_size: int = 4, train_length
               "use_short_conv": False, "allow_neg_eigval": True}
     attrs = {
         "deltalab_format": schema.FORMAT_VERSION, "model_config": config, "checkpoint_digest": "sha256:synthetic",
-        "deltalab_version": "synthetic", "command_line": ["probes.synthetic"], "chunk_size": CHUNK_SIZE,
+        "deltalab_version": "synthetic", "command_line": ["deltalab.probes.synthetic"], "chunk_size": CHUNK_SIZE,
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"), "hooks": hooks,
         "variables": variables, "layers": list(range(L)), "dtype": "float32", "batch_size": batch_size,
         "sizes": sizes, "train_length": train_length,

@@ -62,8 +62,8 @@ def config(family: str, tiny: bool, layers: int | None):
 
 def data(n: int, length: int, vocab: int):
     """Random token sequences (labels ignored): the capture's input."""
-    from models import IGNORE_INDEX
-    from store.data import Data
+    from deltalab.models import IGNORE_INDEX
+    from deltalab.store.data import Data
 
     rng = np.random.default_rng(0)
     doc = np.zeros((n, length), bool)
@@ -91,7 +91,7 @@ def reset_memory() -> None:
 
 def compare(a_path: Path, b_path: Path) -> dict[str, float]:
     """Largest |a - b| of every float variable, relative to max |a| (0 where identical)."""
-    import store
+    from deltalab import store
 
     a, b = store.open(a_path), store.open(b_path)
     out = {}
@@ -110,8 +110,8 @@ def compare(a_path: Path, b_path: Path) -> dict[str, float]:
 def run_same(args) -> dict:
     import transformers as tf
 
-    from models.checkpoint import load_checkpoint
-    from store import capture
+    from deltalab.models.checkpoint import load_checkpoint
+    from deltalab.store import capture
 
     root = Path(args.dir or tempfile.mkdtemp(prefix="deltalab-devmap-"))
     ckpt = root / "ckpt"
@@ -198,10 +198,10 @@ def plain_forward(hf: Any, d: Any, batch: int) -> float:
 
 
 def run_big(args) -> dict:
-    from models.hf.families import FAMILIES
-    from models.hf.hooked import HookedHFModel
-    from probes.reduce import CaptureReductions
-    from store import capture
+    from deltalab.models.hf.families import FAMILIES
+    from deltalab.models.hf.hooked import HookedHFModel
+    from deltalab.probes.reduce import CaptureReductions
+    from deltalab.store import capture
 
     cfg = config(args.family, args.tiny, args.layers)
     torch.manual_seed(0)
@@ -229,7 +229,7 @@ def run_big(args) -> dict:
                       command_line=["scripts/device_map_check.py", "big"])
     seconds = summary["seconds"] - red.seconds["finish"]
     size = sum(f.stat().st_size for f in out.rglob("*") if f.is_file())
-    import store
+    from deltalab import store
 
     finite = float(np.isfinite(np.asarray(store.open(out)["beta"].values)).mean())  # the random model is sane
     row = dict(mode="big", family=args.family, params_b=params / 1e9, build_s=build_s, placement=placement(hf),

@@ -44,7 +44,8 @@ def main() -> None:
     single, dist = f"{args.workdir}/single.zarr", f"{args.workdir}/dist.zarr"
     common = [args.checkpoint, "--data", args.data, "--batch-size", str(args.batch_size), "--device", args.device]
     # warm-up: compile the Triton kernels into the on-disk cache, so neither timed run pays for it
-    run([sys.executable, "-m", "store.capture_dist", args.checkpoint, "--data", "S4:length=512,samples=2,seed=0",
+    run([sys.executable, "-m", "deltalab.store.capture_dist", args.checkpoint,
+         "--data", "S4:length=512,samples=2,seed=0",
          "--device", args.device, "--out", f"{args.workdir}/warm.zarr", "--no-progress"])
     t_dist, c_dist = run(
         [
@@ -55,16 +56,17 @@ def main() -> None:
             "--nproc-per-node",
             str(args.gpus),
             "-m",
-            "store.capture_dist",
+            "deltalab.store.capture_dist",
             *common,
             "--out",
             dist,
             "--no-progress",
         ]
     )
-    t_single, c_single = run([sys.executable, "-m", "store.capture_dist", *common, "--out", single, "--no-progress"])
+    t_single, c_single = run([sys.executable, "-m", "deltalab.store.capture_dist", *common, "--out", single,
+                              "--no-progress"])
 
-    import store
+    from deltalab import store
 
     a, b = store.open(dist), store.open(single)
     diffs = {}

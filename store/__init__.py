@@ -1,6 +1,6 @@
 """Capture hook points into zarr v3 stores and read them back as lazy xarray Datasets.
 
-    import store
+    from deltalab import store
     ds = store.open("runs/s4.zarr")                 # complete sequences only, dask-backed
     ds_l0 = store.select(ds, layer=0, head=3, step=1)
     store.info("runs/s4.zarr")                      # sizes, completeness, provenance
@@ -14,8 +14,8 @@ The schema (dims, variables, chunking, format version) is store.schema.
 
 from __future__ import annotations
 
-from store.capture import capture  # imports torch/nnsight lazily, inside the function
-from store.errors import (
+from deltalab.store.capture import capture  # imports torch/nnsight lazily, inside the function
+from deltalab.store.errors import (
     DataError,
     FormatVersionError,
     NotAStoreError,
@@ -24,7 +24,7 @@ from store.errors import (
     StoreWriteError,
     TruncatedStoreError,
 )
-from store.reader import (  # noqa: A004
+from deltalab.store.reader import (  # noqa: A004
     check_store,
     info,
     list_results,
@@ -37,8 +37,8 @@ from store.reader import (  # noqa: A004
     result_attrs,
     select,
 )
-from store.schema import FORMAT_VERSION
-from store.writer import StoreWriter, add_variables, write_results
+from deltalab.store.schema import FORMAT_VERSION
+from deltalab.store.writer import StoreWriter, add_variables, write_results
 
 __all__ = [
     "FORMAT_VERSION",

@@ -23,15 +23,15 @@ from typing import Any
 
 import numpy as np
 
-from kernels.constants import CHUNK_SIZE
-from models.run_files import deltalab_version, training_length
-from store import schema
-from store.data import Data, load_data
-from store.errors import StoreError, StoreMismatchError
-from store.reducer import BackgroundReducer
-from store.runner import HookedRunner, HostBatch
-from store.schema import human_bytes
-from store.writer import Segment, StoreWriter
+from deltalab.kernels.constants import CHUNK_SIZE
+from deltalab.models.run_files import deltalab_version, training_length
+from deltalab.store import schema
+from deltalab.store.data import Data, load_data
+from deltalab.store.errors import StoreError, StoreMismatchError
+from deltalab.store.reducer import BackgroundReducer
+from deltalab.store.runner import HookedRunner, HostBatch
+from deltalab.store.schema import human_bytes
+from deltalab.store.writer import Segment, StoreWriter
 
 QUEUE_DEPTH = 2
 """Batches computed but not yet written; bounds memory (plus one being computed, one being written)."""
@@ -268,7 +268,7 @@ def _store_batch_size(out: Path) -> int | None:
     """batch_size of an existing store at `out` (None if there is none)."""
     if not (out / "zarr.json").exists():
         return None
-    from store.reader import check_store
+    from deltalab.store.reader import check_store
 
     return int(check_store(out)["batch_size"])
 
@@ -311,7 +311,7 @@ def capture(checkpoint: str | Path, data: str | Data, out: str | Path, *,
         device = f"cuda:{local_rank}"
     data = data if isinstance(data, Data) else load_data(data, checkpoint)  # bad data fails before the model loads
     if model is None:
-        from models import load_checkpoint
+        from deltalab.models import load_checkpoint
 
         dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
         if model_dtype not in dtypes:

@@ -10,13 +10,13 @@ from __future__ import annotations
 import json
 import sys
 
-from store.capture import capture
-from store.cliparse import OneLineParser
-from store.errors import StoreError
+from deltalab.store.capture import capture
+from deltalab.store.cliparse import OneLineParser
+from deltalab.store.errors import StoreError
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = OneLineParser(prog="python -m store.capture_dist", description=__doc__.splitlines()[0])
+    p = OneLineParser(prog="python -m deltalab.store.capture_dist", description=__doc__.splitlines()[0])
     p.add_argument("checkpoint")
     p.add_argument("--data", required=True)
     p.add_argument("--out", required=True)
@@ -29,13 +29,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-progress", action="store_true")
     args = p.parse_args(argv)
     try:
-        from models import CheckpointError
+        from deltalab.models import CheckpointError
     except ImportError:  # pragma: no cover - models is part of the distribution
         CheckpointError = ValueError  # noqa: N806
     try:
         summary = capture(args.checkpoint, args.data, args.out, hooks=args.hooks, layers=args.layers, heads=args.heads,
                           batch_size=args.batch_size, device=args.device, dtype=args.dtype,
-                          progress=not args.no_progress, command_line=["python", "-m", "store.capture_dist",
+                          progress=not args.no_progress, command_line=["python", "-m", "deltalab.store.capture_dist",
                                                                        *(argv or sys.argv[1:])])
     except (StoreError, CheckpointError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)

@@ -30,9 +30,9 @@ from typing import Any
 
 import numpy as np
 
-from models import IGNORE_INDEX
-from store.errors import DataError
-from store.text_docs import TEXT_SUFFIXES, hf_separators, read_documents
+from deltalab.models import IGNORE_INDEX
+from deltalab.store.errors import DataError
+from deltalab.store.text_docs import TEXT_SUFFIXES, hf_separators, read_documents
 
 TEXT_DEFAULT_LENGTH = 256
 
@@ -119,7 +119,7 @@ _SPLIT_HINT = " (several smaller specs, e.g. other seeds, can go into one store:
 
 
 def _task(spec: str) -> Data:
-    from tasks.state_tracking import TaskError, get_task
+    from deltalab.tasks.state_tracking import TaskError, get_task
 
     name, _, options = spec.partition(":")
     opts = _parse_options(options, spec)
@@ -159,7 +159,7 @@ def task_padding(task: Any, tokens: np.ndarray, min_length: int | None) -> np.nd
 
 
 def _csv(path_text: str) -> Data:
-    from tasks.state_tracking import TaskError, read_csv
+    from deltalab.tasks.state_tracking import TaskError, read_csv
 
     path = Path(path_text).expanduser()
     try:

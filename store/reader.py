@@ -12,8 +12,8 @@ from typing import Any
 
 import numpy as np
 
-from store import schema
-from store.errors import FormatVersionError, NotAStoreError, TruncatedStoreError, corrupt_chunk_line
+from deltalab.store import schema
+from deltalab.store.errors import FormatVersionError, NotAStoreError, TruncatedStoreError, corrupt_chunk_line
 
 
 def _read_json(path: Path, store: Path, what: str) -> dict[str, Any]:

@@ -12,8 +12,8 @@ from typing import Any
 
 import numpy as np
 
-from models import IGNORE_INDEX
-from store import schema
+from deltalab.models import IGNORE_INDEX
+from deltalab.store import schema
 
 
 class HostBatch:

@@ -25,8 +25,8 @@ from typing import Any
 
 import numpy as np
 
-from kernels.constants import CHUNK_SIZE
-from models import IGNORE_INDEX
+from deltalab.kernels.constants import CHUNK_SIZE
+from deltalab.models import IGNORE_INDEX
 
 FORMAT_VERSION = 2
 """Newest store format this deltalab reads (root attr `deltalab_format`); readers refuse newer ones. Version 2

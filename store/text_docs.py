@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from store.errors import DataError
+from deltalab.store.errors import DataError
 
 TEXT_SUFFIXES = (".txt", ".jsonl")
 
@@ -53,7 +53,7 @@ def hf_separators(checkpoint: str | Path | None) -> tuple[str, int | None, int |
         raw = json.loads((Path(checkpoint) / "config.json").read_text())
     except (OSError, ValueError):
         return None
-    from models.hf.families import family_of
+    from deltalab.models.hf.families import family_of
 
     if not isinstance(raw, dict) or family_of(str(raw.get("model_type"))) is None:
         return None

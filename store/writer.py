@@ -23,9 +23,9 @@ from typing import Any
 import numpy as np
 import zarr
 
-from store import schema
-from store.errors import StoreMismatchError, StoreWriteError
-from store.shards import ShardLayout
+from deltalab.store import schema
+from deltalab.store.errors import StoreMismatchError, StoreWriteError
+from deltalab.store.shards import ShardLayout
 
 IDENTITY_KEYS = ("checkpoint_digest", "model_config", "variables", "layers", "heads", "dtype", "chunk_size",
                  "sizes", "batch_size")
@@ -110,7 +110,7 @@ class StoreWriter:
         (else StoreMismatchError); a data spec it already holds resumes that segment, a new one
         is appended after the existing sequences.
         """
-        from store.reader import check_store  # the reader owns "is this a readable store?"
+        from deltalab.store.reader import check_store  # the reader owns "is this a readable store?"
 
         path = Path(path)
         attrs = _json_clean(attrs)
@@ -300,7 +300,7 @@ def add_variables(path: str | Path, ds: Any, *, overwrite: bool = False) -> list
     sequences or layers may be written; the rest stay NaN/fill. Other dims shared with the store
     must have the store's sizes. Captured variables are never touched. Returns the names written.
     """
-    from store.reader import check_store
+    from deltalab.store.reader import check_store
 
     path = Path(path)
     check_store(path)
@@ -382,7 +382,7 @@ def write_results(path: str | Path, name: str, ds: Any, attrs: dict[str, Any] | 
     """
     import xarray as xr  # noqa: F401 - ds is an xarray.Dataset
 
-    from store.reader import PARTIAL_PREFIX, check_store
+    from deltalab.store.reader import PARTIAL_PREFIX, check_store
 
     path = Path(path)
     check_store(path)

@@ -26,8 +26,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from models.labels import IGNORE_INDEX
-from tasks.groups import Group, GroupSpecError, parse_group, symmetric
+from deltalab.models.labels import IGNORE_INDEX
+from deltalab.tasks.groups import Group, GroupSpecError, parse_group, symmetric
 
 
 class TaskError(ValueError):

@@ -84,6 +84,11 @@ def _dynamic_target(call: ast.Call) -> str | None:
     return prefix
 
 
+def _unprefixed(target: str) -> str:
+    """`deltalab.store.reader` -> `store.reader`: the installed name maps onto the repository's folders."""
+    return target.removeprefix("deltalab.") if target.startswith("deltalab.") else target
+
+
 def imports_of(root: Path, path: Path) -> list[Import]:
     """Every import in `path` (a .py file under `root`), with relative imports resolved."""
     module = _module_name(root, path)
@@ -96,7 +101,7 @@ def imports_of(root: Path, path: Path) -> list[Import]:
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             for alias in node.names:
-                out.append(Import(module, alias.name, rel, node.lineno, f"import {alias.name}"))
+                out.append(Import(module, _unprefixed(alias.name), rel, node.lineno, f"import {alias.name}"))
         elif isinstance(node, ast.ImportFrom):
             if node.level:
                 base = package.split(".") if package else []
@@ -109,12 +114,13 @@ def imports_of(root: Path, path: Path) -> list[Import]:
             text = f"from {'.' * node.level}{node.module or ''} import {names}"
             targets = []
             for alias in node.names:  # `from pkg import sub` imports the module pkg.sub when there is one
-                sub = f"{origin}.{alias.name}" if origin else alias.name
-                targets.append(sub if alias.name != "*" and _is_module(root, sub) else origin)
+                sub = _unprefixed(f"{origin}.{alias.name}" if origin else alias.name)
+                targets.append(sub if alias.name != "*" and _is_module(root, sub) else _unprefixed(origin))
             for target in dict.fromkeys(t for t in targets if t):
                 out.append(Import(module, target, rel, node.lineno, text))
         elif isinstance(node, ast.Call):
             target = _dynamic_target(node)
+            target = _unprefixed(target) if target else None
             if target:
                 call = ast.get_source_segment(source, node) or f"import_module({target!r})"
                 out.append(Import(module, target, rel, node.lineno, " ".join(call.split())))
@@ -278,23 +284,25 @@ def _tree(root: Path, files: dict[str, str]) -> Path:
 
 def test_clean_tree_passes(tmp_path):
     root = _tree(tmp_path, {
-        "kernels/naive.py": "import torch\nCHUNK_SIZE = 64\n",
-        "models/lm.py": "from kernels.naive import CHUNK_SIZE\n",
+        "kernels/delta_rule/naive.py": "import torch\nCHUNK_SIZE = 64\n",
+        "models/lm.py": "from kernels.delta_rule.naive import CHUNK_SIZE\n",
         "tasks/state_tracking.py": "from models.lm import IGNORE_INDEX\n",
         "store/data.py": "def f():\n    from tasks.state_tracking import get_task\n",
         "train/lm.py": "import store\nfrom . import evaluate\n",
         "train/evaluate.py": "from models import lm\n",
-        "probes/erank.py": "import importlib\nm = importlib.import_module('kernels.naive')\n",
+        "probes/erank.py": "import importlib\nm = importlib.import_module('deltalab.kernels.delta_rule.naive')\n",
         "app/cli.py": "from train import lm\nfrom probes import erank\n",
     })
     assert check_layers(root) == []
 
 
 def test_kernels_importing_models_fails(tmp_path):
-    root = _tree(tmp_path, {"models/lm.py": "X = 1\n", "kernels/chunk.py": "import torch\n\nfrom models.lm import X\n"})
+    root = _tree(tmp_path, {"models/lm.py": "X = 1\n",
+                            "kernels/delta_rule/chunk.py": "import torch\n\nfrom models.lm import X\n"})
     problems = check_layers(root)
     assert len(problems) == 1
-    assert problems[0].startswith("kernels/chunk.py:3: `from models.lm import X`: kernels (layer 0) imports models")
+    assert problems[0].startswith("kernels/delta_rule/chunk.py:3: `from models.lm import X`: kernels (layer 0) "
+                                  "imports models")
 
 
 def test_lazy_relative_and_dynamic_imports_count(tmp_path):
@@ -303,14 +311,15 @@ def test_lazy_relative_and_dynamic_imports_count(tmp_path):
         "store/reader.py": "",
         "tasks/corpus.py": "from ..app import cli\n",
         "app/cli.py": "",
-        "kernels/spectra.py": "import importlib\n\n\ndef g(name):\n"
-                              "    return importlib.import_module(f'probes.{name}')\n",
+        "kernels/spectra/householder.py": "import importlib\n\n\ndef g(name):\n"
+                              "    return importlib.import_module(f'deltalab.probes.{name}')\n",
     })
     problems = sorted(check_layers(root))
     assert any(p.startswith("models/lm.py:2: `import store.reader`: models (layer 1) imports store") for p in problems)
     assert any(p.startswith("tasks/corpus.py:1: `from ..app import cli`: tasks (layer 2) imports app")
                for p in problems)
-    assert any(p.startswith("kernels/spectra.py:5: `importlib.import_module(f'probes.{name}')`") for p in problems)
+    assert any(p.startswith("kernels/spectra/householder.py:5: `importlib.import_module(f'deltalab.probes.{name}')`")
+               for p in problems)
 
 
 def test_siblings_and_top_folders(tmp_path):
@@ -330,7 +339,7 @@ def test_siblings_and_top_folders(tmp_path):
 def test_cross_package_cycle_is_reported(tmp_path):
     root = _tree(tmp_path, {
         "kernels/a.py": "from models import b\n",
-        "models/b.py": "from kernels import a\n",
+        "models/b.py": "from deltalab.kernels import a\n",
     })
     problems = check_layers(root)
     cycle = [p for p in problems if p.startswith("import cycle")]

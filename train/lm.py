@@ -24,9 +24,9 @@ from typing import ClassVar
 import numpy as np
 import torch
 
-from models.config import ConfigError, ModelConfig
-from models.lm import DeltaProductForCausalLM
-from tasks.corpus import (
+from deltalab.models.config import ConfigError, ModelConfig
+from deltalab.models.lm import DeltaProductForCausalLM
+from deltalab.tasks.corpus import (
     DATA_FILE,
     EOS_ID,
     VOCAB_SIZE,
@@ -36,8 +36,8 @@ from tasks.corpus import (
     random_windows,
     write_tokenizer,
 )
-from train.evaluate import perplexity
-from train.run import Run, RunConfig, Trainer, TrainError, execute, open_run, write_json
+from deltalab.train.evaluate import perplexity
+from deltalab.train.run import Run, RunConfig, Trainer, TrainError, execute, open_run, write_json
 
 EVAL_FILE = "eval.json"
 CARD_FILE = "README.md"

@@ -9,7 +9,7 @@ state shrinks from dk x dv to dk' x dv (paper, Sec. 3):
 - ``wanda``   S-Wanda, s_j = sum_i (|W_q,ij| + sum_n |W_k,n,ij|) ||X_:i||_2 with X the layer input on the
               calibration set;
 - ``grad``    Taylor, s_j = sum_i |W_q,ij dL/dW_q,ij| + sum_n |W_k,n,ij dL/dW_k,n,ij| (calibration loss);
-- ``drrqr``   strong rank-revealing QR (kernels.rrqr) of the stacked activations [K_1; ...; K_nh; Q]
+- ``drrqr``   strong rank-revealing QR (kernels.linalg.rrqr) of the stacked activations [K_1; ...; K_nh; Q]
               (after the short conv and activation, before the L2 norm, as the authors' code does),
               a random subsample of `rrqr_rows` tokens per matrix (paper: 5k keys and 5k queries);
 - ``pca``     not axis-aligned: T = top-dk' eigenvectors of the (centred) covariance of the L2-normalised
@@ -39,9 +39,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from kernels.naive import l2_normalize
-from models.config import ModelConfig
-from models.lm import IGNORE_INDEX, DeltaProductForCausalLM
+from deltalab.kernels.delta_rule.naive import l2_normalize
+from deltalab.models.config import ModelConfig
+from deltalab.models.lm import IGNORE_INDEX, DeltaProductForCausalLM
 
 METHODS = ("l1", "random", "wanda", "grad", "drrqr", "pca")
 NEEDS_DATA = {"wanda", "grad", "drrqr", "pca"}
@@ -243,7 +243,7 @@ def top_channels(scores: torch.Tensor, keep: int) -> torch.Tensor:
 
 def drrqr_channels(stats: LayerStats, keep: int, f: float = 1.5) -> torch.Tensor:
     """Strong-RRQR selection per head on the stacked raw key and query rows."""
-    from kernels.rrqr import select_columns
+    from deltalab.kernels.linalg.rrqr import select_columns
 
     q = torch.cat(stats.rows_q)  # [n, H, dk]
     k = torch.cat(stats.rows_k)  # [n, n_h, H, dk]

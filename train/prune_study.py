@@ -1,13 +1,13 @@
 """Key/query channel pruning study (state-reduction paper): every method at every compression.
 
-`deltalab prune CHECKPOINT` (= `python -m train.prune_study CHECKPOINT`) scores key channels per head
+`deltalab prune CHECKPOINT` (= `python -m deltalab.train.prune_study CHECKPOINT`) scores key channels per head
 with each method of `train.prune`, cuts the checkpoint to the reduced key head dim and measures:
 
 - held-out perplexity (language models: the held-out files of the corpus in data.json beside the
   checkpoint; state-tracking models: perplexity over the label classes and token accuracy on fresh
   task sequences at the training length);
 - rank utilisation of the state, stable rank / min(dk', dv), and the stable rank itself, averaged over
-  tokens, heads and layers of a few held-out windows (kernels.ranks; chunk-boundary states replayed);
+  tokens, heads and layers of a few held-out windows (kernels.ranks.chunk; chunk-boundary states replayed);
 - forward throughput of the whole model and of the sequence mixer alone at the reduced key dim.
 
 Calibration data (S-Wanda, gradient, DRRQR, PCA) comes from the training split (LM) or from a task
@@ -32,11 +32,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from models.run_files import TASK_FILE, clean_json, deltalab_version, read_task_file, training_length
-from store.cliparse import OneLineParser
-from tasks.corpus import DATA_FILE, TOKENIZER_FILE, load_corpus, random_windows
-from tasks.corpus import eval_windows as held_windows
-from train.evaluate import perplexity
+from deltalab.models.run_files import TASK_FILE, clean_json, deltalab_version, read_task_file, training_length
+from deltalab.store.cliparse import OneLineParser
+from deltalab.tasks.corpus import DATA_FILE, TOKENIZER_FILE, load_corpus, random_windows
+from deltalab.tasks.corpus import eval_windows as held_windows
+from deltalab.train.evaluate import perplexity
 
 NAME = "prune"
 DEFAULT_COMPRESSIONS = (0.0, 0.3, 0.4, 0.5, 0.75)
@@ -85,8 +85,8 @@ def lm_data(checkpoint: Path, context_length: int | None, calib_windows: int, ev
 def task_data(checkpoint: Path, task_name: str | None, length: int | None, calib_samples: int, eval_samples: int,
               seed: int) -> StudyData:
     """Task sequences at the training length: calibration and evaluation from disjoint seeded streams."""
-    from tasks.state_tracking import get_task
-    from train.evaluate import eval_batch
+    from deltalab.tasks.state_tracking import get_task
+    from deltalab.train.evaluate import eval_batch
 
     name = task_name or read_task_file(checkpoint).get("name")
     if not name:
@@ -115,7 +115,7 @@ def evaluate(model: torch.nn.Module, data: StudyData, batch_size: int, device: t
 @torch.no_grad()
 def state_ranks(model: torch.nn.Module, x: torch.Tensor, device: torch.device) -> dict[str, float]:
     """Mean rank utilisation, stable rank and entropy effective rank of every token's state."""
-    from kernels.ranks import state_rank_metrics
+    from deltalab.kernels.ranks.chunk import state_rank_metrics
 
     grabbed: dict[str, torch.Tensor] = {}
     hooks = []
@@ -166,8 +166,8 @@ def model_throughput(model: torch.nn.Module, batch: int, length: int, device: to
 @torch.no_grad()
 def mixer_throughput(config, batch: int, length: int, device: torch.device, repeats: int = 3) -> float:
     """Tokens per second of the sequence mixer alone (the chunked delta product) at the config's dk, dv."""
-    from kernels.dispatch import delta_product_forward
-    from kernels.naive import l2_normalize
+    from deltalab.kernels.delta_rule.dispatch import delta_product_forward
+    from deltalab.kernels.delta_rule.naive import l2_normalize
 
     H, n_h, dk, dv = config.num_heads, config.num_householder, config.head_k_dim, config.head_v_dim
     gen = torch.Generator(device="cpu").manual_seed(0)
@@ -201,8 +201,8 @@ class StudySettings:
 def run_study(model, data: StudyData, settings: StudySettings, device: torch.device, model_name: str = "model",
               checkpoint: Path | None = None, progress: bool = True) -> list[dict[str, Any]]:
     """Baseline, then every method at every compression: one record each (see the module docstring)."""
-    from models import save_checkpoint
-    from train.prune import collect_calibration, gradient_scores, kept_dim, prune
+    from deltalab.models import save_checkpoint
+    from deltalab.train.prune import collect_calibration, gradient_scores, kept_dim, prune
 
     cfg = model.config
     dk, dv = cfg.head_k_dim, cfg.head_v_dim
@@ -386,11 +386,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = parser().parse_args(argv)
     except SystemExit as exc:
         return int(exc.code or 0) if not isinstance(exc.code, str) else 2
-    from models import CheckpointError, load_checkpoint
-    from tasks.corpus import CorpusError
-    from tasks.state_tracking import TaskError
-    from train.prune import PruneError, parse_methods
-    from train.run import resolve_device
+    from deltalab.models import CheckpointError, load_checkpoint
+    from deltalab.tasks.corpus import CorpusError
+    from deltalab.tasks.state_tracking import TaskError
+    from deltalab.train.prune import PruneError, parse_methods
+    from deltalab.train.run import resolve_device
 
     try:
         if args.threads:

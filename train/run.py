@@ -29,9 +29,9 @@ from pathlib import Path
 
 import torch
 
-from models.checkpoint import save_checkpoint
-from models.config import MODEL_TYPES
-from models.run_files import TRAIN_CONFIG_FILE
+from deltalab.models.checkpoint import save_checkpoint
+from deltalab.models.config import MODEL_TYPES
+from deltalab.models.run_files import TRAIN_CONFIG_FILE
 
 STATE_FILE = "trainer_state.pt"
 LOG_FILE = "train_log.jsonl"

@@ -26,13 +26,13 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from models.checkpoint import build_model
-from models.config import MODEL_TYPES, ConfigError, ModelConfig
-from models.lm import IGNORE_INDEX, DeltaProductForCausalLM
-from models.run_files import TASK_FILE
-from tasks.state_tracking import Task, get_task
-from train.evaluate import evaluate
-from train.run import (
+from deltalab.models.checkpoint import build_model
+from deltalab.models.config import MODEL_TYPES, ConfigError, ModelConfig
+from deltalab.models.lm import IGNORE_INDEX, DeltaProductForCausalLM
+from deltalab.models.run_files import TASK_FILE
+from deltalab.tasks.state_tracking import Task, get_task
+from deltalab.train.evaluate import evaluate
+from deltalab.train.run import (
     CONFIG_FILE,
     Run,
     RunConfig,
@@ -168,7 +168,7 @@ class BatchStream:
 
 def _init_weights_from(model: DeltaProductForCausalLM, path: str) -> None:
     """Start from another checkpoint's weights; its architecture must equal the run's."""
-    from models.checkpoint import CheckpointError, load_checkpoint
+    from deltalab.models.checkpoint import CheckpointError, load_checkpoint
 
     try:
         source = load_checkpoint(path)

@@ -9,9 +9,9 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from app.dash import figures
-from app.dash import traces as tr
-from app.dash.textgrid import Spec
+from deltalab.app.dash import figures
+from deltalab.app.dash import traces as tr
+from deltalab.app.dash.textgrid import Spec
 
 SCALE = "RdBu"
 """Diverging: negative weights red, positive blue, zero white."""

@@ -1,6 +1,7 @@
 """Exact attention maps of one stored sequence for the Attention page: rows of a bounded window of query tokens
-computed on demand in float64 (`kernels.attention.compare_attention`: the exact map and the gated-linear-attention
-approximation in one walk; on rwkv7 stores `kernels.dplr_attention.compare_dplr_attention`, whose approximation keeps
+computed on demand in float64 (`kernels.attention.chunk.compare_attention`: the exact map and the gated-linear-attention
+approximation in one walk; on rwkv7 stores `kernels.attention.dplr_chunk.compare_dplr_attention`, whose approximation
+keeps
 only the diagonal decays), the small maps of every head for the head grid, and the attention probe's stored
 top-k sources of one token. No Streamlit here (the page caches these).
 
@@ -85,7 +86,7 @@ class Inputs:
 def read_inputs(ds: Any, seq: int, li: int, start: int, stop: int) -> Inputs:
     """The stored inputs of tokens [start, stop) of sequence `seq`, layer index `li`, every value head (grouped
     stores: value head h reads key head key_head_of[h])."""
-    from store.reader import per_value_head
+    from deltalab.store.reader import per_value_head
 
     missing = [v for v in NEEDS if v not in ds]
     if missing:
@@ -118,14 +119,14 @@ def inputs(ds: Any, seq: int, li: int, heads: list[int], start: int, stop: int) 
 
 
 def compare(a: dict[str, Any], window: tuple[int, int] | None = None) -> Any:
-    """The exact map and its approximation (kernels.attention.AttentionComparison) of `pick`'s inputs: the delta
+    """The exact map and its approximation (kernels.attention.chunk.AttentionComparison) of `pick`'s inputs: the delta
     rule's (scale dk^-1/2), or on rwkv7 inputs (with "kappa") the DPLR map of diag(e^g) - kappa (kappa * beta)^T
     (scale 1, one step per token)."""
     if "kappa" not in a:
-        from kernels.attention import compare_attention
+        from deltalab.kernels.attention.chunk import compare_attention
 
         return compare_attention(a["q"], a["k"], a["v"], a["beta"], a["g"], window=window)
-    from kernels.dplr_attention import compare_dplr_attention
+    from deltalab.kernels.attention.dplr_chunk import compare_dplr_attention
 
     kap = a["kappa"][:, :, 0]
     return compare_dplr_attention(a["q"], a["k"][:, :, 0], a["v"][:, :, 0], -kap, kap * a["beta"][:, :, 0], a["g"],

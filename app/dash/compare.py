@@ -11,9 +11,9 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from app.dash import heads
-from app.dash import traces as tr
-from app.dash.figures import _layout, hline, strided, vline
+from deltalab.app.dash import heads
+from deltalab.app.dash import traces as tr
+from deltalab.app.dash.figures import _layout, hline, strided, vline
 
 COLORS = ("#1f77b4", "#d62728")
 

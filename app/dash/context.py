@@ -10,9 +10,9 @@ import numpy as np
 import streamlit as st
 import xarray as xr
 
-from app.dash import loading
-from app.dash.derive import name_of
-from app.dash.state import Selection
+from deltalab.app.dash import loading
+from deltalab.app.dash.derive import name_of
+from deltalab.app.dash.state import Selection
 
 
 @dataclass
@@ -67,7 +67,7 @@ class Context:
     @property
     def checkpoint(self) -> Path | None:
         if self._checkpoint is False:
-            from app.dash.derive import find_checkpoint
+            from deltalab.app.dash.derive import find_checkpoint
 
             self._checkpoint = find_checkpoint(self.attrs)
         return self._checkpoint
@@ -123,8 +123,8 @@ class Context:
         try:
             res, n = loading.preview(self.path, self.ds, probe, self.sel.layer)
         except (ValueError, KeyError, RuntimeError) as err:
-            from probes.base import error_line  # a corrupt chunk: the store and the fix
-            from store.errors import reraise_unless_input_error
+            from deltalab.probes.base import error_line  # a corrupt chunk: the store and the fix
+            from deltalab.store.errors import reraise_unless_input_error
 
             reraise_unless_input_error(err)
 

@@ -47,7 +47,7 @@ class Transition:
             return self.eigenvalues * self.gate
         import torch
 
-        from kernels.spectra_dplr import dplr_eigvals, dplr_eigvals_general
+        from deltalab.kernels.spectra.dplr import dplr_eigvals, dplr_eigvals_general
 
         if self.kappa is not None and self.channel_betas is not None:
             d, kap = (torch.as_tensor(x, dtype=torch.float64) for x in (self.channel_decays, self.kappa))
@@ -144,7 +144,7 @@ def find_checkpoint(attrs: dict[str, Any]) -> Path | None:
             p = Path(cmd[i + 1])
             if (p / "config.json").is_file():
                 return p
-    from app.default_store import bundled_checkpoint, has_bundled_checkpoint
+    from deltalab.app.default_store import bundled_checkpoint, has_bundled_checkpoint
 
     zoo = bundled_checkpoint()
     if has_bundled_checkpoint(zoo) and attrs.get("checkpoint_digest", "").startswith("sha256:"):
@@ -197,7 +197,7 @@ def token_names(attrs: dict[str, Any], vocab_size: int | None = None) -> list[st
     if not task:
         return None
     try:
-        from tasks.state_tracking import get_task
+        from deltalab.tasks.state_tracking import get_task
 
         names = list(get_task(task).token_names)
     except Exception:  # noqa: BLE001 - unknown or changed task: fall back to ids

@@ -9,7 +9,7 @@ import pandas as pd
 import streamlit as st
 import xarray as xr
 
-from app.dash import heads, loading
+from deltalab.app.dash import heads, loading
 
 PROBES = ("betas", "keys", "spectra", "erank", "linear")
 PREVIEWABLE = ("betas", "keys", "spectra", "erank")
@@ -67,7 +67,7 @@ def _table(path: str, stamp: float, key: tuple, names: tuple[str, ...] | None,
            layers: tuple[int, ...] | None = None) -> pd.DataFrame:
     ds = loading._open(path, stamp)
     src, _ = sources(Path(path), ds, layers=layers)
-    from app.dash.state import head_numbers
+    from deltalab.app.dash.state import head_numbers
 
     return heads.head_table(**src, token_names=list(names) if names else None, head_numbers=head_numbers(ds.attrs))
 

@@ -57,7 +57,7 @@ def _stamp(path: Path) -> float:
     """Cache key of an open store: changes when capture rewrites its root or `complete` metadata."""
     if str(path) in _MEMORY:
         return _MEMORY[str(path)][0]
-    from store import metadata_mtime
+    from deltalab.store import metadata_mtime
 
     return metadata_mtime(path) + metadata_mtime(path, "complete")
 
@@ -66,8 +66,8 @@ def _stamp(path: Path) -> float:
 def _open(path: str, stamp: float) -> xr.Dataset:
     if path in _MEMORY:
         return _MEMORY[path][1]
-    import store
-    from probes.data import positional_heads
+    from deltalab import store
+    from deltalab.probes.data import positional_heads
 
     # capture --heads: the dashboard indexes heads by position (as it does layers, by `li`); it shows the model's
     # numbers from the store's `heads` attr (state.head_number)
@@ -76,7 +76,7 @@ def _open(path: str, stamp: float) -> xr.Dataset:
 
 def open_store(path: Path) -> tuple[xr.Dataset | None, Problem | None]:
     """The store as a lazy Dataset, or the Problem that stops it from opening (never raises for bad input)."""
-    import store
+    from deltalab import store
 
     try:
         ds = _open(str(path), _stamp(path))
@@ -117,7 +117,7 @@ def show_problem(problem: Problem, path: Path) -> None:
 # --- probe results -----------------------------------------------------------------------------
 
 def _result_stamp(path: Path, name: str) -> float:
-    from store import metadata_mtime
+    from deltalab.store import metadata_mtime
 
     return metadata_mtime(path, f"results/{name}")
 
@@ -125,7 +125,7 @@ def _result_stamp(path: Path, name: str) -> float:
 @st.cache_data(show_spinner=False, ttl=5)
 def result_index(path: str) -> dict[str, dict[str, Any]]:
     """{group name: {probe, complete, created, n_seq}} of the result groups in the store (attrs only)."""
-    from store import result_attrs
+    from deltalab.store import result_attrs
 
     return {name: {"probe": attrs.get("probe"), "complete": bool(attrs.get("complete")),
                    "created": attrs.get("created"), "n_seq": attrs.get("n_seq"),
@@ -135,7 +135,7 @@ def result_index(path: str) -> dict[str, dict[str, Any]]:
 
 @st.cache_resource(show_spinner=False, max_entries=64)
 def _read_result(path: str, name: str, stamp: float) -> xr.Dataset:
-    from probes.results import read_results
+    from deltalab.probes.results import read_results
 
     return read_results(path, name, dask=False)  # a page reads a few slices: no task graph per read
 
@@ -190,14 +190,14 @@ def _preview(path: str, stamp: float, probe: str, n_seq: int, layer: int | None 
     dozens, and a page shows one) or of every layer (`layer` None: the head gallery)."""
     import importlib
 
-    from app.dash import previews
+    from deltalab.app.dash import previews
 
     ds = _open(path, stamp).isel(seq=slice(0, n_seq))
     if layer is not None and "layer" in ds.dims and layer in ds["layer"].values:
         ds = ds.sel(layer=[layer])
-    from probes.data import relabel_heads
+    from deltalab.probes.data import relabel_heads
 
-    out = previews.compute(importlib.import_module(f"probes.{probe}"), ds)
+    out = previews.compute(importlib.import_module(f"deltalab.probes.{probe}"), ds)
     return relabel_heads(out, None, ds.attrs.get("heads"))[0]  # labelled like stored results (capture --heads)
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import streamlit as st
 
-from app.dash import loading, state
+from deltalab.app.dash import loading, state
 
 ENV_STORE = "DELTALAB_STORE"
 STORE_PARAM = "store"
@@ -19,8 +19,21 @@ STORE_PARAM = "store"
 
 
 def _pages() -> dict[str, object]:
-    from app.views import attention, betas, compare, erank, head, heads, keys, overview, probes, spectra, text, token
-    from app.views import input as input_view
+    from deltalab.app.views import (
+        attention,
+        betas,
+        compare,
+        erank,
+        head,
+        heads,
+        keys,
+        overview,
+        probes,
+        spectra,
+        text,
+        token,
+    )
+    from deltalab.app.views import input as input_view
 
     return {"Overview": overview, "Input": input_view, "Betas": betas, "Keys": keys, "Spectra": spectra,
             "Effective rank": erank, "Probes": probes, "Token": token, "Text": text, "Attention": attention,
@@ -51,7 +64,7 @@ def _reload() -> None:
 def _default_store() -> Path | None:
     """The bundled default store, built on first use with a progress indicator; None (with a message) if
     the bundled checkpoint is not there."""
-    from app import default_store as dflt
+    from deltalab.app import default_store as dflt
 
     if dflt.is_built():
         return dflt.default_store_path()
@@ -82,19 +95,19 @@ def _default_store() -> Path | None:
 
 @st.cache_resource(show_spinner=False, max_entries=8)
 def _token_names(meta: str, vocab: int | None) -> list[str] | None:
-    from app.dash.derive import token_names
+    from deltalab.app.dash.derive import token_names
 
     return token_names(json.loads(meta), vocab)
 
 
 def _text_names(attrs: dict) -> list[str] | None:
     """For text stores: each token id's text (repr), through the checkpoint's tokenizer.json when it is found."""
-    from app.dash.textgrid import is_text_store
+    from deltalab.app.dash.textgrid import is_text_store
 
     if not is_text_store(attrs):
         return None
-    from app.dash.derive import find_checkpoint
-    from app.views.text import vocab_names
+    from deltalab.app.dash.derive import find_checkpoint
+    from deltalab.app.views.text import vocab_names
 
     return vocab_names(find_checkpoint(attrs), int((attrs.get("model_config") or {}).get("vocab_size") or 256))
 
@@ -134,13 +147,13 @@ def run() -> None:
     attrs = ds.attrs
     meta = json.dumps({k: attrs.get(k) for k in ("data_meta", "data_spec")}, sort_keys=True, default=str)
     # token names import tasks.state_tracking (and torch): not on the first page, unless already loaded
-    needs_names = st.session_state[state.PAGE_KEY] != "Overview" or "tasks.state_tracking" in sys.modules
+    needs_names = st.session_state[state.PAGE_KEY] != "Overview" or "deltalab.tasks.state_tracking" in sys.modules
     names = _token_names(meta, (attrs.get("model_config") or {}).get("vocab_size")) if needs_names else None
     if names is None:
         names = _text_names(dict(attrs))
     sel = state.sidebar_selection(ds, path, names)
 
-    from app.dash.context import Context
+    from deltalab.app.dash.context import Context
 
     ctx = Context(path, ds, sel, names)
     page = pages[st.session_state[state.PAGE_KEY]]
@@ -178,7 +191,7 @@ def _prewarm() -> None:
     import threading
 
     def work() -> None:
-        for name in ("tasks.state_tracking", "kernels.spectra", "sklearn.decomposition"):
+        for name in ("deltalab.tasks.state_tracking", "deltalab.kernels.spectra.householder", "sklearn.decomposition"):
             try:
                 importlib.import_module(name)
             except Exception:  # noqa: BLE001 - a missing optional module only costs time later
@@ -192,9 +205,9 @@ def _prewarm() -> None:
 
 def _render(page: object, ctx: object) -> None:
     """Run one page; errors a user can fix (bad store content, missing variables) become one message."""
-    from probes.base import ProbeError
-    from store import StoreError
-    from store.errors import corrupt_chunk_line
+    from deltalab.probes.base import ProbeError
+    from deltalab.store import StoreError
+    from deltalab.store.errors import corrupt_chunk_line
 
     try:
         page.render(ctx)  # type: ignore[attr-defined]

@@ -20,8 +20,8 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
-from models import IGNORE_INDEX
-from store import schema
+from deltalab.models import IGNORE_INDEX
+from deltalab.store import schema
 
 MAX_TOKENS = 8192
 
@@ -107,7 +107,7 @@ def task_labels(task: str | None, tokens: np.ndarray) -> tuple[np.ndarray, int |
     if not task:
         return none, None
     try:
-        from tasks.state_tracking import get_task
+        from deltalab.tasks.state_tracking import get_task
 
         t = get_task(task)
     except Exception:  # noqa: BLE001 - an unknown task: no labels
@@ -125,7 +125,7 @@ def task_labels(task: str | None, tokens: np.ndarray) -> tuple[np.ndarray, int |
 def encode(text: str, attrs: dict[str, Any], tokenizer: Path | None = None,
            names: Sequence[str] | None = None) -> Encoded:
     """The typed `text` as tokens for the store's model (text or task, from the store's data)."""
-    from app.dash.textgrid import is_text_store
+    from deltalab.app.dash.textgrid import is_text_store
 
     vocab = int((attrs.get("model_config") or {}).get("vocab_size") or 0)
     if is_text_store(attrs):
@@ -155,7 +155,7 @@ def load_model(checkpoint: Path, device: str = "cpu") -> Any:
     """The checkpoint as a float32 model in eval mode on `device`."""
     import torch
 
-    from models import load_checkpoint
+    from deltalab.models import load_checkpoint
 
     return load_checkpoint(checkpoint, device=device, dtype=torch.float32)
 
@@ -173,7 +173,7 @@ def get_model(checkpoint: Path | str, device: str = "cpu") -> Any:
         if key in _MODELS:
             return _MODELS[key]
         model = load_model(Path(checkpoint), device)
-        from store.runner import HookedRunner
+        from deltalab.store.runner import HookedRunner
 
         n = min(8, int(model.config.vocab_size))
         ids = np.arange(n, dtype=np.int64)[None] % max(1, int(model.config.vocab_size))
@@ -192,8 +192,8 @@ def is_loaded(checkpoint: Path | str, device: str = "cpu") -> bool:
 def run(model: Any, enc: Encoded, attrs: dict[str, Any], timing: Timing | None = None) -> xr.Dataset:
     """Run `model` with the store's hooks over one encoded sequence: a Dataset with the store's variables, dims,
     coordinates and attributes (data_spec 'input:text' or 'input:task'), holding one complete sequence."""
-    from store.capture import head_index
-    from store.runner import HookedRunner
+    from deltalab.store.capture import head_index
+    from deltalab.store.runner import HookedRunner
 
     timing = timing or Timing()
     t0 = time.perf_counter()
@@ -226,7 +226,7 @@ def run(model: Any, enc: Encoded, attrs: dict[str, Any], timing: Timing | None =
                  "sizes": {**(attrs.get("sizes") or {}), "pos": T, "chunk": n_chunks},
                  "input": {"kind": enc.kind, "tokens": T, "digest": digest, "note": enc.note},
                  "batch_size": 1, "command_line": list(attrs.get("command_line") or [])}
-    from store.reader import per_value_head
+    from deltalab.store.reader import per_value_head
 
     ds = xr.Dataset(data_vars, coords=coords, attrs=new_attrs)
     if "key_head" in ds.dims:  # grouped heads: which key head each value head reads, as store.open gives it

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import streamlit as st
 
-from app.dash import loading
-from app.dash.derive import Transition, dplr_transition, transition
+from deltalab.app.dash import loading
+from deltalab.app.dash.derive import Transition, dplr_transition, transition
 
 
 @st.cache_data(show_spinner=False, max_entries=256)

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import streamlit as st
 
-from models import IGNORE_INDEX
+from deltalab.models import IGNORE_INDEX
 
 KEYS = {"layer": "sel_layer", "head": "sel_head", "step": "sel_step", "seq": "sel_seq", "pos": "sel_pos"}
 PAGE_KEY = "page"
@@ -127,7 +127,7 @@ def go_to(page: str, **values: int) -> None:
 
 @st.cache_data(show_spinner=False, max_entries=256)
 def _token_row(path: str, stamp: float, seq: int, var: str) -> np.ndarray:
-    from app.dash.loading import _open
+    from deltalab.app.dash.loading import _open
 
     ds = _open(path, stamp)
     if var not in ds:  # captured without --hooks tokens/labels: no ids, no labels
@@ -137,7 +137,7 @@ def _token_row(path: str, stamp: float, seq: int, var: str) -> np.ndarray:
 
 def token_row(path: Any, seq: int, var: str = "tokens") -> np.ndarray:
     """Input tokens (or labels) of one sequence (one small read, cached)."""
-    from app.dash.loading import _stamp
+    from deltalab.app.dash.loading import _stamp
 
     return _token_row(str(path), _stamp(path), int(seq), var)
 
@@ -175,7 +175,7 @@ def sidebar_selection(ds: Any, path: Any, names: list[str] | None) -> Selection:
     tokens = token_row(path, seq)
     labels = token_row(path, seq, "labels")
     token, label = int(tokens[pos]), int(labels[pos])
-    from app.dash.derive import name_of
+    from deltalab.app.dash.derive import name_of
 
     label_text = "none" if label < 0 else name_of(names, label)
     side.markdown(f"Selected token: **{name_of(names, token)}** at seq {seq}, pos {pos}  \nlabel: {label_text}")

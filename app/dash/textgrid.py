@@ -17,8 +17,8 @@ from typing import Any
 import numpy as np
 import plotly.graph_objects as go
 
-import app.dash.figures  # noqa: F401  (sets the dashboard's default plotly template, plotly_white)
-from app.dash import traces as tr
+import deltalab.app.dash.figures  # noqa: F401  (sets the dashboard's default plotly template, plotly_white)
+from deltalab.app.dash import traces as tr
 
 SHOWN = {"\n": "↵", "\t": "→", "\r": "␍"}
 """Whitespace drawn visibly in a cell (a space stays blank)."""

@@ -13,8 +13,8 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
-from app.dash import attnfig, attnmap, export, loading, state, textgrid
-from app.views.text import _doc_start, token_strings
+from deltalab.app.dash import attnfig, attnmap, export, loading, state, textgrid
+from deltalab.app.views.text import _doc_start, token_strings
 
 
 @st.cache_data(show_spinner=False, max_entries=64)
@@ -91,7 +91,7 @@ def render(ctx) -> None:
                "query); hover a token for its weight, click it to make it the query.")
     if "kappa" in ctx.ds:
         st.caption("RWKV-7: Φ(t, s) is the product of the transitions diag(e^g) − κ (κ ⊙ a)^T after token s "
-                   "(`kernels.dplr_attention`, one step per token); the GLA approximation keeps only the decays.")
+                   "(`kernels.attention.dplr_chunk`, one step per token); the GLA approximation keeps only the decays.")
     missing = [v for v in attnmap.NEEDS if v not in ctx.ds]
     if missing:
         st.info(f"**This store has no {', '.join(missing)}**, which the exact map is computed from. Recapture with "

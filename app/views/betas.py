@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import streamlit as st
 
-from app.dash import export, figures, state
+from deltalab.app.dash import export, figures, state
 
 STATS = {"mean β": "beta_mean", "median β": "median", "fraction β > 1 (negative eigenvalue)": "frac_negative"}
 

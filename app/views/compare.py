@@ -10,9 +10,9 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
-from app.dash import compare, export, headdata, loading
-from app.dash.state import head_number, head_numbers
-from app.views.text import display_names
+from deltalab.app.dash import compare, export, headdata, loading
+from deltalab.app.dash.state import head_number, head_numbers
+from deltalab.app.views.text import display_names
 
 MODES = ("two heads", "two layers", "two stores")
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import streamlit as st
 
-from app.dash import export, figures, loading, state
+from deltalab.app.dash import export, figures, loading, state
 
 METRICS = {
     "entropy effective rank": ("erank", "erank_by_pos", "erank_mean"),

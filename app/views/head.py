@@ -8,9 +8,9 @@ import numpy as np
 import plotly.graph_objects as go
 import streamlit as st
 
-from app.dash import export, figures, headdata, heads, state
-from app.dash import traces as tr
-from app.views.text import display_names
+from deltalab.app.dash import export, figures, headdata, heads, state
+from deltalab.app.dash import traces as tr
+from deltalab.app.views.text import display_names
 
 LINKS = ("Betas", "Keys", "Spectra", "Effective rank", "Probes", "Text", "Token")
 

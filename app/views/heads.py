@@ -11,8 +11,8 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
-from app.dash import headdata, heads, loading, state
-from app.views.text import display_names
+from deltalab.app.dash import headdata, heads, loading, state
+from deltalab.app.views.text import display_names
 
 PER_PAGE = 12
 COLUMNS = 4

@@ -11,9 +11,9 @@ import numpy as np
 import plotly.graph_objects as go
 import streamlit as st
 
-from app.dash import export, figures, loading, own_input, state, textgrid
-from app.dash import traces as tr
-from app.dash.derive import name_of
+from deltalab.app.dash import export, figures, loading, own_input, state, textgrid
+from deltalab.app.dash import traces as tr
+from deltalab.app.dash.derive import name_of
 
 TEXT_EXAMPLE = ('def fib(n):\n    """Return the n-th Fibonacci number."""\n    a, b = 0, 1\n    for _ in range(n):\n'
                 '        a, b = b, a + b\n    return a\n')
@@ -102,8 +102,8 @@ def input_attention(ds, li: int, head: int) -> np.ndarray | None:
         return None
     import torch
 
-    from kernels.attention import delta_attention
-    from store.reader import per_value_head
+    from deltalab.kernels.attention.chunk import delta_attention
+    from deltalab.store.reader import per_value_head
 
     one = per_value_head(ds).isel(seq=[0], layer=li, head=[head])
 
@@ -111,7 +111,7 @@ def input_attention(ds, li: int, head: int) -> np.ndarray | None:
         return torch.as_tensor(np.asarray(one[name].values, dtype=np.float64))
 
     if "kappa" in one:  # rwkv7: diagonal-plus-rank-one transitions diag(e^g) - kappa (kappa * a)^T, scale 1
-        from kernels.dplr_attention import dplr_attention
+        from deltalab.kernels.attention.dplr_chunk import dplr_attention
 
         kap, a = t("kappa")[:, :, 0], t("beta")[:, :, 0]  # [1, T, 1, dk]
         g = t("g") if "g" in one else None

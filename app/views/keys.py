@@ -10,9 +10,9 @@ from __future__ import annotations
 import numpy as np
 import streamlit as st
 
-from app.dash import export, figures, loading, state
-from app.dash.derive import name_of, seqs_for_points
-from models import IGNORE_INDEX
+from deltalab.app.dash import export, figures, loading, state
+from deltalab.app.dash.derive import name_of, seqs_for_points
+from deltalab.models import IGNORE_INDEX
 
 
 @st.cache_data(show_spinner=False, max_entries=64)

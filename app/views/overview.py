@@ -11,9 +11,9 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
-from app.dash import export, figures, loading
-from app.dash.derive import model_summary, param_count, readme
-from store.schema import human_bytes
+from deltalab.app.dash import export, figures, loading
+from deltalab.app.dash.derive import model_summary, param_count, readme
+from deltalab.store.schema import human_bytes
 
 PROBES = ("betas", "keys", "spectra", "erank", "linear", "lengthgen", "intervene")
 
@@ -34,7 +34,7 @@ def _info(path: str, stamp: float) -> dict[str, Any]:
         complete_all = np.asarray(zarr.open_array(str(root / "complete"), mode="r")[:], dtype=bool)
     except Exception:  # noqa: BLE001 - fall back to the visible sequences
         complete_all = np.ones(ds.sizes["seq"], bool)
-    from store import schema
+    from deltalab.store import schema
 
     order = {name: i for i, name in enumerate(schema.VARIABLES)}
     variables = []

@@ -9,7 +9,7 @@ import numpy as np
 import streamlit as st
 import xarray as xr
 
-from app.dash import export, figures, loading
+from deltalab.app.dash import export, figures, loading
 
 
 def render(ctx) -> None:
@@ -39,7 +39,7 @@ def _decays(ctx) -> None:
         return
     import plotly.graph_objects as go
 
-    from app.dash import traces as tr
+    from deltalab.app.dash import traces as tr
 
     layers = [int(x) for x in res["layer"].values]
     li = layers.index(ctx.sel.layer) if ctx.sel.layer in layers else 0
@@ -202,7 +202,7 @@ def _intervention_chart(res: xr.Dataset, records: list[dict[str, Any]]) -> bool:
     """A bar chart of the change in accuracy/loss per intervention, from the records (whatever their keys)."""
     import plotly.graph_objects as go
 
-    from app.dash import traces as tr
+    from deltalab.app.dash import traces as tr
 
     metric = next((k for k in ("delta_accuracy", "accuracy_change", "delta_loss", "loss_change", "accuracy", "loss")
                    if records and all(isinstance(r.get(k), (int, float)) for r in records)), None)

@@ -10,8 +10,8 @@ from __future__ import annotations
 import numpy as np
 import streamlit as st
 
-from app.dash import export, figures, loading, reads, state
-from app.dash.derive import name_of, seqs_for_points
+from deltalab.app.dash import export, figures, loading, reads, state
+from deltalab.app.dash.derive import name_of, seqs_for_points
 
 
 @st.cache_data(show_spinner=False, max_entries=64)

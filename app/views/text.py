@@ -7,8 +7,8 @@ from __future__ import annotations
 import numpy as np
 import streamlit as st
 
-from app.dash import export, loading, state, textgrid
-from app.dash.derive import name_of
+from deltalab.app.dash import export, loading, state, textgrid
+from deltalab.app.dash.derive import name_of
 
 MAX_TOKENS = 2048
 """Tokens drawn at once; longer sequences show the window around the selected position."""
@@ -53,7 +53,7 @@ def _values(path: str, stamp: float, seq: int, li: int, quantity: str, head: int
     if quantity == "effective rank":
         if not all(v in ds for v in ("k", "v")):
             return np.full(T, np.nan)
-        from probes import erank
+        from deltalab.probes import erank
 
         sub = ds.isel(seq=slice(seq, seq + 1), layer=slice(li, li + 1), head=slice(head, head + 1))
         return np.asarray(erank.per_token(sub)["erank"].values, np.float64).reshape(-1)

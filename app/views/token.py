@@ -8,8 +8,8 @@ import html
 import numpy as np
 import streamlit as st
 
-from app.dash import export, figures, reads, state
-from app.dash.derive import name_of
+from deltalab.app.dash import export, figures, reads, state
+from deltalab.app.dash.derive import name_of
 
 CONTEXT = 12
 

@@ -1,6 +1,6 @@
 """Gated DeltaNet layers inside Hugging Face transformers models, with deltalab's hook points.
 
-    from models.hf import load_hf_checkpoint
+    from deltalab.models.hf import load_hf_checkpoint
     model = load_hf_checkpoint("olmo-hybrid-folder")      # HookedHFModel
     NNsight(model).layers[0].attn.hook_beta               # same names as deltalab's own models
 
@@ -8,11 +8,11 @@ families: supported model types; loader: local folders; route + adapter: the ker
 replaced by deltalab's hooked forward; hooked: the wrapper exposing `layers.{i}`.
 """
 
-from models.hf.adapter import DeltaRuleHooks, key_head_of
-from models.hf.config import HFModelConfig
-from models.hf.families import FAMILIES, Family, family_of, supported_types
-from models.hf.hooked import HookedHFModel
-from models.hf.loader import check_transformers, load_hf_checkpoint
+from deltalab.models.hf.adapter import DeltaRuleHooks, key_head_of
+from deltalab.models.hf.config import HFModelConfig
+from deltalab.models.hf.families import FAMILIES, Family, family_of, supported_types
+from deltalab.models.hf.hooked import HookedHFModel
+from deltalab.models.hf.loader import check_transformers, load_hf_checkpoint
 
 __all__ = [
     "FAMILIES",

@@ -11,10 +11,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from kernels.dispatch import delta_product_forward
-from kernels.naive import l2_normalize
-from models.attention import DeltaProductAttention
-from models.hooks import HookPoint
+from deltalab.kernels.delta_rule.dispatch import delta_product_forward
+from deltalab.kernels.delta_rule.naive import l2_normalize
+from deltalab.models.attention import DeltaProductAttention
+from deltalab.models.hooks import HookPoint
 
 _replay = DeltaProductAttention._replay
 """deltalab's hook_state replay (it reads only its arguments): edited chunk-start states restart the recurrence."""

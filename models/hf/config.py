@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from models.hf.families import LINEAR, Family
+from deltalab.models.hf.families import LINEAR, Family
 
 
 @dataclass

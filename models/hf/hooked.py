@@ -14,12 +14,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from models.hf.adapter import DeltaRuleHooks
-from models.hf.config import HFModelConfig
-from models.hf.families import Family
-from models.hf.route import attach, install_router
-from models.hooks import HookPoint
-from models.lm import IGNORE_INDEX
+from deltalab.models.hf.adapter import DeltaRuleHooks
+from deltalab.models.hf.config import HFModelConfig
+from deltalab.models.hf.families import Family
+from deltalab.models.hf.route import attach, install_router
+from deltalab.models.hooks import HookPoint
+from deltalab.models.lm import IGNORE_INDEX
 
 
 class LayerHooks(nn.Module):

@@ -16,9 +16,9 @@ from typing import Any
 
 import torch
 
-from models.errors import CheckpointError
-from models.hf.config import HFModelConfig
-from models.hf.families import (
+from deltalab.models.errors import CheckpointError
+from deltalab.models.hf.config import HFModelConfig
+from deltalab.models.hf.families import (
     FAMILIES,
     LINEAR,
     TRANSFORMERS_RANGE,
@@ -27,7 +27,7 @@ from models.hf.families import (
     family_of,
     supported_types,
 )
-from models.hf.hooked import HookedHFModel, summary_line
+from deltalab.models.hf.hooked import HookedHFModel, summary_line
 
 INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"

@@ -27,8 +27,8 @@ def _base(tmp_path_factory) -> Path:
 def probed_store(tmp_path_factory) -> Path:
     if "probed" not in _BUILT:
         os.environ.setdefault("TQDM_DISABLE", "1")
-        from app.default_store import run_probe
-        from probes.synthetic import write_synthetic_store
+        from deltalab.app.default_store import run_probe
+        from deltalab.probes.synthetic import write_synthetic_store
 
         path = write_synthetic_store(_base(tmp_path_factory) / "probed.zarr", n_seq=8, length=128, n_layers=2,
                                      n_heads=4, gated=True)
@@ -40,7 +40,7 @@ def probed_store(tmp_path_factory) -> Path:
 
 def bare_store(tmp_path_factory) -> Path:
     if "bare" not in _BUILT:
-        from probes.synthetic import write_synthetic_store
+        from deltalab.probes.synthetic import write_synthetic_store
 
         _BUILT["bare"] = write_synthetic_store(_base(tmp_path_factory) / "bare.zarr", n_seq=4, length=64,
                                                n_layers=1, n_heads=4, gated=False)
@@ -51,7 +51,7 @@ def tiny_checkpoint(folder: Path, train_length: int = 32) -> Path:
     """A random 1-layer, 2-head gated DeltaProduct_2 over the S4 vocabulary, with its training length beside it."""
     import torch
 
-    from models import DeltaProductForCausalLM, ModelConfig, save_checkpoint
+    from deltalab.models import DeltaProductForCausalLM, ModelConfig, save_checkpoint
 
     torch.manual_seed(0)
     cfg = ModelConfig(model_type="gated_deltaproduct", vocab_size=24, hidden_size=32, num_hidden_layers=1,
@@ -67,7 +67,7 @@ def default_store(tmp_path_factory) -> dict[str, Any]:
     """{checkpoint, cache, store, progress}: the default store built through ensure_default_store."""
     if "default" not in _BUILT:
         os.environ.setdefault("TQDM_DISABLE", "1")
-        from app.default_store import STORE_NAME, ensure_default_store
+        from deltalab.app.default_store import STORE_NAME, ensure_default_store
 
         base = _base(tmp_path_factory)
         ckpt = tiny_checkpoint(base / "s4-tiny")
@@ -85,13 +85,13 @@ def other_checkpoint_store(tmp_path_factory) -> Path:
     if "other" not in _BUILT:
         import torch
 
-        import store
-        from models import DeltaProductForCausalLM, save_checkpoint
+        from deltalab import store
+        from deltalab.models import DeltaProductForCausalLM, save_checkpoint
 
         built = default_store(tmp_path_factory)
         base = _base(tmp_path_factory)
         first = store.open(built["store"])
-        from models import load_checkpoint
+        from deltalab.models import load_checkpoint
 
         cfg = load_checkpoint(built["checkpoint"]).config
         torch.manual_seed(1)

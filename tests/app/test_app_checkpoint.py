@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-import store
-from app import cmd_app
-from app.cli import app as cli
-from app.default_store import checkpoint_data_spec, checkpoint_store_path, is_built, probes_for
+from deltalab import store
+from deltalab.app import cmd_app
+from deltalab.app.cli import app as cli
+from deltalab.app.default_store import checkpoint_data_spec, checkpoint_store_path, is_built, probes_for
 
 ZOO = Path(__file__).parents[2] / "models" / "zoo"
 HYBRID = Path(__file__).parents[1] / "fixtures" / "fla" / "gdn_hybrid_gva"
@@ -42,11 +42,11 @@ def test_text_checkpoint_opens_its_probed_store(launched, tmp_path):
     res = CliRunner().invoke(cli, ["app", str(ckpt)])
     assert res.exit_code == 0, res.output
     out = checkpoint_store_path(ckpt)
-    assert launched and launched[0][-1] == str(out) and launched[0][1:3] == ["-m", "app.serve"]
+    assert launched and launched[0][-1] == str(out) and launched[0][1:3] == ["-m", "deltalab.app.serve"]
     assert is_built(out, ckpt.resolve(), spec=spec)
     ds = store.open(out)
     assert ds.attrs["data_spec"] == spec and ds.sizes["pos"] == 256 and ds.sizes["seq"] >= 8
-    from store.reader import list_results
+    from deltalab.store.reader import list_results
 
     assert {"betas", "keys", "spectra", "erank", "lengthgen"} <= set(list_results(out))
     assert "linear" not in list_results(out)  # text stores skip it, and the marker records the probes run

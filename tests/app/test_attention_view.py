@@ -1,5 +1,5 @@
 """The Attention page (CircuitsVis-style exact maps on store pages): its weights are the dense float64 oracle's
-(kernels.attention_naive) and causal, the exact/GLA switch shows gla_attention's weights, the head grid has one map
+(kernels.attention.naive) and causal, the exact/GLA switch shows gla_attention's weights, the head grid has one map
 per head, the attention probe's stored top-k agree with the weights computed on the page; on a synthetic store
 with scalar gates, a grouped hybrid (OLMo-Hybrid: 2 key / 4 value heads, attention layer 2) and Kimi Linear
 (per-channel gates, attention layer 2). The click in a real browser is in test_browser_views.py."""
@@ -21,8 +21,8 @@ pytest.importorskip("streamlit")
 def _alpha(ds, seq: int, li: int, head: int, gla: bool = False) -> np.ndarray:
     """[query, source] token-summed weights of value head `head`, from the dense float64 oracle on the stored
     inputs (q, k per key head where the store groups them: the oracle expands them itself)."""
-    from kernels.attention_naive import naive_attention, naive_gla_attention
-    from store.reader import per_value_head
+    from deltalab.kernels.attention.naive import naive_attention, naive_gla_attention
+    from deltalab.store.reader import per_value_head
 
     kh = int(np.asarray(ds["key_head_of"].values)[head]) if "key_head" in ds.dims else head
     one = ds.isel(seq=[seq], layer=li)
@@ -63,8 +63,8 @@ def synthetic(tmp_path_factory):
     import os
 
     os.environ.setdefault("TQDM_DISABLE", "1")
-    from app.default_store import run_probe
-    from probes.synthetic import write_synthetic_store
+    from deltalab.app.default_store import run_probe
+    from deltalab.probes.synthetic import write_synthetic_store
 
     path = write_synthetic_store(tmp_path_factory.mktemp("attn_view") / "s.zarr", n_seq=3, length=96, n_layers=2,
                                  n_heads=4, gated=True)
@@ -75,9 +75,9 @@ def synthetic(tmp_path_factory):
 def test_window_cut_at_the_first_source_keeps_the_weights_exact(synthetic):
     """Rows of a window whose inputs start at src0 > 0 equal the oracle's over the whole sequence, entry by
     entry (alpha depends only on the transitions after its source), sub-steps separate."""
-    import store
-    from app.dash import attnmap
-    from kernels.attention_naive import naive_attention
+    from deltalab import store
+    from deltalab.app.dash import attnmap
+    from deltalab.kernels.attention.naive import naive_attention
 
     ds = store.open(synthetic)
     win = attnmap.window(70, 96, max_queries=16, max_sources=40)
@@ -98,8 +98,8 @@ def test_window_cut_at_the_first_source_keeps_the_weights_exact(synthetic):
 
 
 def test_view_weights_are_the_oracle_causal_gla_switch_and_head_grid(synthetic, monkeypatch):
-    import store
-    from kernels.attention import gla_attention
+    from deltalab import store
+    from deltalab.kernels.attention.chunk import gla_attention
 
     ds = store.open(synthetic)
     at = new_app(monkeypatch, synthetic)
@@ -122,7 +122,7 @@ def test_view_weights_are_the_oracle_causal_gla_switch_and_head_grid(synthetic, 
     at.segmented_control(key="attn_mode").set_value("GLA approximation").run()
     assert_clean(at)
     _, approx = _shown(at)
-    from app.dash import attnmap
+    from deltalab.app.dash import attnmap
 
     a = attnmap.inputs(ds, 1, 1, [2], 0, 96)
     want = gla_attention(a["q"], a["k"], a["v"], a["beta"], a["g"]).weights[0, 95, 0].sum(-1).numpy()
@@ -154,7 +154,7 @@ def test_stored_top_k_beside_the_weights_and_fast_clicks(synthetic, monkeypatch)
     np.testing.assert_allclose(table["α stored"], table["α computed here"], rtol=0, atol=1e-5)
     assert np.all(np.diff(np.abs(table["α stored"])) <= 1e-7)  # ranked by |alpha|
     assert any("Stored top-6 sources" in m.value for m in at.markdown)
-    from app.dash import attnfig, attnmap
+    from deltalab.app.dash import attnfig, attnmap
 
     calls: list[str] = []
     for module, name in ((attnmap, "rows"), (attnmap, "grid"), (attnfig, "head_grid_figure")):
@@ -175,8 +175,8 @@ def test_grouped_hybrid_store(tmp_path_factory, monkeypatch):
     pytest.importorskip("transformers")
     from typer.testing import CliRunner
 
-    import store
-    from app.cli import app as cli
+    from deltalab import store
+    from deltalab.app.cli import app as cli
     from tests.models.hf_tiny import save_tiny
 
     base = tmp_path_factory.mktemp("attn_grouped")
@@ -199,7 +199,7 @@ def test_grouped_hybrid_store(tmp_path_factory, monkeypatch):
 
 def test_per_channel_gates_kimi(tmp_path_factory, monkeypatch):
     pytest.importorskip("transformers")
-    import store
+    from deltalab import store
     from tests.models.kda_tiny import probed_kimi_store
 
     out = probed_kimi_store(tmp_path_factory.mktemp("attn_kimi"), "S4:length=40,samples=2,seed=0",
@@ -220,8 +220,8 @@ def test_per_channel_gates_kimi(tmp_path_factory, monkeypatch):
 def test_your_own_input(monkeypatch, tmp_path_factory):
     """A typed sequence (page Input, run through the store's checkpoint) on the Attention page: its weights are
     the Input page's exact map, row by row."""
-    from app.dash import loading
-    from app.views.input import input_attention
+    from deltalab.app.dash import loading
+    from deltalab.app.views.input import input_attention
     from tests.app.stores import default_store
 
     built = default_store(tmp_path_factory)

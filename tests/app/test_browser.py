@@ -46,7 +46,7 @@ def server(tmp_path_factory):
            "DELTALAB_DEFAULT_SAMPLES": "8", "TQDM_DISABLE": "1"}
     env.pop("DELTALAB_STORE", None)
     exe = Path(sys.executable).parent / "deltalab"
-    cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "app.cli"]
+    cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "deltalab.app.cli"]
     log = open(tmp_path_factory.mktemp("server") / "server.log", "w+")  # noqa: SIM115 - closed below
     proc = subprocess.Popen([*cmd, "app", "--port", str(port)], env=env, stdout=log, stderr=subprocess.STDOUT,
                             start_new_session=True)

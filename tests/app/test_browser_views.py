@@ -2,7 +2,8 @@
 input and seeing its charts, the text view's hover values and click selection, the head gallery sorted by a metric
 with one card opened, a comparison of two stores, and one download of each kind (the files are read and checked).
 
-The server is this checkout's `python -m app.cli app STORE` on the tiny S4 stand-in store (tests/app/stores.py).
+The server is this checkout's `python -m deltalab.app.cli app STORE` on the tiny S4 stand-in store
+(tests/app/stores.py).
 Screenshots go to a temporary folder, or to $DELTALAB_SCREENSHOTS when set (to keep them)."""
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ def server(tmp_path_factory):
     env = {**os.environ, "PYTHONPATH": str(ROOT), "TQDM_DISABLE": "1"}
     env.pop("DELTALAB_STORE", None)
     log = open(tmp_path_factory.mktemp("server_views") / "server.log", "w+")  # noqa: SIM115 - closed below
-    proc = subprocess.Popen([sys.executable, "-m", "app.cli", "app", str(built["store"]), "--port", str(port)],
+    proc = subprocess.Popen([sys.executable, "-m", "deltalab.app.cli", "app", str(built["store"]), "--port", str(port)],
                             cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from app.default_store import DEFAULT_TRAIN_LENGTH, data_spec, train_length
+from deltalab.app.default_store import DEFAULT_TRAIN_LENGTH, data_spec, train_length
 
 
 def test_train_length_reads_the_run_files_else_the_default(tmp_path):

@@ -12,7 +12,7 @@ pytest.importorskip("streamlit")
 
 from typer.testing import CliRunner  # noqa: E402
 
-from app.cli import app as cli_app  # noqa: E402
+from deltalab.app.cli import app as cli_app  # noqa: E402
 from tests.app.test_pages import assert_clean, goto, new_app  # noqa: E402
 
 ZOO = Path(__file__).resolve().parents[2] / "models" / "zoo" / "stdlib-gated-deltaproduct2"
@@ -68,8 +68,8 @@ def test_own_input_keeps_the_stores_heads(heads_store):
     """The Input page's run of a store sequence gives the --heads store's own arrays (the same heads)."""
     import numpy as np
 
-    import store
-    from app.dash import own_input
+    from deltalab import store
+    from deltalab.app.dash import own_input
 
     ds = store.open(heads_store)
     tokens = np.asarray(ds["tokens"].isel(seq=1).values)

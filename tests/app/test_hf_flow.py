@@ -15,8 +15,8 @@ pytest.importorskip("streamlit")
 from streamlit.testing.v1 import AppTest  # noqa: E402
 from typer.testing import CliRunner  # noqa: E402
 
-import store  # noqa: E402
-from app.cli import app as cli_app  # noqa: E402
+from deltalab import store  # noqa: E402
+from deltalab.app.cli import app as cli_app  # noqa: E402
 from tests.app.test_pages import DASHBOARD, PAGES, assert_clean, specs  # noqa: E402
 from tests.models.hf_tiny import LINEAR_LAYERS, save_tiny  # noqa: E402
 
@@ -87,7 +87,7 @@ def test_typed_input_on_grouped_heads_matches_the_store(flow, monkeypatch):
     every page draws it."""
     import numpy as np
 
-    from app.dash import loading
+    from deltalab.app.dash import loading
 
     folder, out, _ = flow
     monkeypatch.setenv("DELTALAB_STORE", str(out))

@@ -45,8 +45,8 @@ def test_token_transition_with_a_per_channel_gate_is_exact():
     import numpy as np
     import torch
 
-    from app.dash.derive import transition
-    from kernels.spectra_naive import dplr_eigvals_dense
+    from deltalab.app.dash.derive import transition
+    from deltalab.kernels.spectra.naive import dplr_eigvals_dense
 
     rng = np.random.default_rng(0)
     k = rng.standard_normal(8)

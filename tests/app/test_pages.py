@@ -189,7 +189,7 @@ def test_selection_carries_across_pages_and_drill_down(app):
 
 
 def test_transition_matches_dense_eigenvalues():
-    from app.dash.derive import transition
+    from deltalab.app.dash.derive import transition
 
     rng = np.random.default_rng(1)
     for n_h, dk in ((1, 5), (2, 8), (3, 6)):
@@ -346,7 +346,7 @@ def test_no_bundled_checkpoint_says_so(monkeypatch, tmp_path):
 
 def test_default_store_build_shows_progress(monkeypatch, tmp_path_factory):
     """With no store, the dashboard builds the default store with a progress bar inside an st.status."""
-    import app.default_store as dflt
+    import deltalab.app.default_store as dflt
 
     target = probed_store(tmp_path_factory)
     calls: list[float] = []
@@ -371,22 +371,22 @@ def test_default_store_build_shows_progress(monkeypatch, tmp_path_factory):
 # --- the default store, end to end ----------------------------------------------------------------
 
 def test_default_store_is_built_once_and_opens(monkeypatch, tmp_path_factory):
-    from app.default_store import ensure_default_store, is_built
+    from deltalab.app.default_store import ensure_default_store, is_built
 
     built = default_store(tmp_path_factory)
     fractions = [f for f, _ in built["progress"]]
     assert fractions == sorted(fractions) and fractions[-1] == 1.0
     assert any("probe intervene" in m for _, m in built["progress"])
     assert is_built(built["store"], built["checkpoint"], 8)
-    import probes.base
-    import store as store_mod
+    import deltalab.probes.base
+    import deltalab.store as store_mod
 
     def refuse(*args, **kwargs):
         raise AssertionError("an up-to-date default store must not be captured or probed again")
 
     with pytest.MonkeyPatch.context() as mp:  # cached: no capture, no probe
         mp.setattr(store_mod, "capture", refuse)
-        mp.setattr(probes.base, "run_module", refuse)
+        mp.setattr(deltalab.probes.base, "run_module", refuse)
         assert ensure_default_store(checkpoint=built["checkpoint"], out=built["store"], samples=8) == built["store"]
     at = new_app(monkeypatch, None, DELTALAB_CACHE=str(built["cache"]),
                  DELTALAB_DEFAULT_CHECKPOINT=str(built["checkpoint"]), DELTALAB_DEFAULT_SAMPLES="8")
@@ -406,24 +406,25 @@ def test_default_store_is_built_once_and_opens(monkeypatch, tmp_path_factory):
 def test_cli_app_rejects_bad_store_and_binds_localhost(tmp_path):
     from typer.testing import CliRunner
 
-    from app.cli import app as cli
-    from app.cmd_app import streamlit_argv
+    from deltalab.app.cli import app as cli
+    from deltalab.app.cmd_app import streamlit_argv
 
     result = CliRunner().invoke(cli, ["app", str(tmp_path / "missing.zarr")])
     assert result.exit_code == 2 and "does not exist" in result.output
     argv = streamlit_argv(Path("s.zarr"), 8600, "127.0.0.1")
-    assert argv[1:] == ["-m", "app.serve", "127.0.0.1", "8600", "s.zarr"]
+    assert argv[1:] == ["-m", "deltalab.app.serve", "127.0.0.1", "8600", "s.zarr"]
     assert streamlit_argv(None, 8600, "127.0.0.1")[-2:] == ["127.0.0.1", "8600"]
 
 
 def test_server_imports_the_first_pages_modules_before_it_serves(monkeypatch):
-    """app.serve hands st.App a lifespan that imports what every first page needs, and the server options keep it
+    """deltalab.app.serve hands st.App a lifespan that imports what every first page needs, and the server options keep
+    it
     headless on the given address; a bad command line is one usage line."""
     import sys
 
     import streamlit as st
 
-    from app import serve
+    from deltalab.app import serve
 
     started: dict = {}
 
@@ -447,7 +448,7 @@ def test_server_imports_the_first_pages_modules_before_it_serves(monkeypatch):
 
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.split()[-1] == "True" and "xarray" not in done.stdout  # imported by the lifespan itself
-    with pytest.raises(SystemExit, match="usage: python -m app.serve HOST PORT"):
+    with pytest.raises(SystemExit, match="usage: python -m deltalab.app.serve HOST PORT"):
         serve.main(["127.0.0.1", "port"])
 
 
@@ -488,7 +489,7 @@ def test_large_store_first_page_reads_no_captured_arrays(monkeypatch, tmp_path, 
     assert_clean(at)
     assert at.title[0].value == "Overview"
     # the corruption is real: a page that reads the keys fails on it
-    import store as store_mod
+    import deltalab.store as store_mod
 
     with pytest.raises(Exception):  # noqa: B017 - zarr's codec error type is not part of its API
         store_mod.open(tmp_path / "big.zarr")["k"].isel(seq=0, layer=0).load()
@@ -502,9 +503,9 @@ def test_previews_cover_the_selected_layer_only(monkeypatch, tmp_path, page, pro
     values equal the probe's on that layer, and switching layer previews the new one."""
     import importlib
 
-    import store as store_mod
-    from app.dash import loading, previews
-    from probes.synthetic import write_synthetic_store
+    import deltalab.store as store_mod
+    from deltalab.app.dash import loading, previews
+    from deltalab.probes.synthetic import write_synthetic_store
 
     path = write_synthetic_store(tmp_path / "s.zarr", gated=True)  # two layers, no probe results
     ds = store_mod.open(path)
@@ -519,15 +520,15 @@ def test_previews_cover_the_selected_layer_only(monkeypatch, tmp_path, page, pro
     n = loading.preview_n(ds, probe)
     got = loading._preview(str(path), loading._stamp(path), probe, n, layers[1])
     assert got["layer"].values.tolist() == [layers[1]]
-    want = previews.compute(importlib.import_module(f"probes.{probe}"), ds.isel(seq=slice(0, n)))
+    want = previews.compute(importlib.import_module(f"deltalab.probes.{probe}"), ds.isel(seq=slice(0, n)))
     np.testing.assert_allclose(np.asarray(got[var].values)[0], np.asarray(want[var].sel(layer=layers[1]).values),
                                rtol=1e-6, atol=1e-9)
 
 
 def test_gallery_of_a_large_model_previews_betas_only(monkeypatch, tmp_path):
     """Above PREVIEW_HEADS (layer, head) pairs the gallery previews only betas and says which probes to run."""
-    from app.dash import headdata
-    from probes.synthetic import write_synthetic_store
+    from deltalab.app.dash import headdata
+    from deltalab.probes.synthetic import write_synthetic_store
 
     path = write_synthetic_store(tmp_path / "s.zarr", gated=True)  # 2 layers x 4 heads, no probe results
     monkeypatch.setattr(headdata, "PREVIEW_HEADS", 4)
@@ -545,9 +546,9 @@ def test_compare_of_a_large_model_previews_only_its_two_layers(monkeypatch, tmp_
     the gallery's rows (the whole head table), and no other layer is previewed."""
     import pandas as pd
 
-    import store
-    from app.dash import headdata, loading
-    from probes.synthetic import write_synthetic_store
+    from deltalab import store
+    from deltalab.app.dash import headdata, loading
+    from deltalab.probes.synthetic import write_synthetic_store
 
     path = write_synthetic_store(tmp_path / "s.zarr", gated=True, n_layers=3)
     monkeypatch.setattr(headdata, "PREVIEW_HEADS", 4)
@@ -578,8 +579,8 @@ def test_compare_of_a_large_model_previews_only_its_two_layers(monkeypatch, tmp_
 def test_previews_of_a_large_model_wait_for_their_toggle(monkeypatch, tmp_path):
     """Above AUTO_PREVIEW_HEADS (layer, head) pairs a page opens at once with its preview off; the toggle
     computes it on demand."""
-    from app.dash import loading
-    from probes.synthetic import write_synthetic_store
+    from deltalab.app.dash import loading
+    from deltalab.probes.synthetic import write_synthetic_store
 
     path = write_synthetic_store(tmp_path / "s.zarr", gated=True)
     monkeypatch.setattr(loading, "AUTO_PREVIEW_HEADS", 4)

@@ -37,14 +37,14 @@ def test_every_page_renders(rwkv_store, page, monkeypatch):
 
 
 def test_page_list_is_the_dashboard_s():
-    from app.dash.main import _pages
+    from deltalab.app.dash.main import _pages
 
     assert list(_pages()) == ALL_PAGES
 
 
 def _stored_transition(store_path, seq: int, layer_index: int, pos: int, head: int) -> np.ndarray:
     """The dense float64 A_t = diag(e^g) - kappa (kappa * a)^T of one stored token."""
-    import store
+    from deltalab import store
 
     ds = store.open(store_path)
     one = ds.isel(seq=seq, layer=layer_index, pos=pos, head=head)
@@ -92,8 +92,8 @@ def test_spectra_page_shows_the_exact_dplr_eigenvalues(rwkv_store, monkeypatch):
 
 
 def test_betas_page_shows_per_channel_removal_strengths(rwkv_store, monkeypatch):
-    import store
-    from store.reader import open_results
+    from deltalab import store
+    from deltalab.store.reader import open_results
 
     at = new_app(monkeypatch, rwkv_store)
     at.run()
@@ -125,11 +125,11 @@ def test_your_own_input_on_every_page(rwkv_store, page, monkeypatch):
 
 
 def test_own_input_attention_map_rebuilds_the_recurrence_output(rwkv_store):
-    """On a short typed rwkv7 input the Input page's map (kernels.dplr_attention) is the float64 oracle's, and
+    """On a short typed rwkv7 input the Input page's map (kernels.attention.dplr_chunk) is the float64 oracle's, and
     sum_s alpha_ts v_s = o_t."""
-    import store
-    from app.dash import own_input
-    from app.views.input import input_attention
+    from deltalab import store
+    from deltalab.app.dash import own_input
+    from deltalab.app.views.input import input_attention
     from tests.models.rwkv7_tiny import FIXTURE
 
     attrs = dict(store.open(rwkv_store).attrs)
@@ -146,7 +146,7 @@ def test_own_input_attention_map_rebuilds_the_recurrence_output(rwkv_store):
 
 
 def test_text_page_colours_by_the_effective_beta(rwkv_store, monkeypatch):
-    import store
+    from deltalab import store
     from tests.app.test_pages import arr, traces
 
     at = new_app(monkeypatch, rwkv_store)
@@ -164,7 +164,7 @@ def test_text_page_colours_by_the_effective_beta(rwkv_store, monkeypatch):
 
 def test_text_page_colours_by_the_strong_removal_fraction(rwkv_store, monkeypatch):
     """'fraction β > 1' (never on RWKV-7: a in [0, 1]) is shown as the fraction of a above the probe's threshold."""
-    import store
+    from deltalab import store
     from tests.app.test_pages import arr, traces
 
     at = new_app(monkeypatch, rwkv_store)
@@ -185,7 +185,7 @@ def _dplr_oracle(ds, seq: int, li: int, head: int, removal: bool = True) -> np.n
     decay-only approximation, a = b = 0)."""
     import torch
 
-    from kernels.dplr_attention_naive import naive_dplr_attention
+    from deltalab.kernels.attention.dplr_naive import naive_dplr_attention
 
     one = ds.isel(seq=[seq], layer=li, head=[head])
 
@@ -201,8 +201,8 @@ def _dplr_oracle(ds, seq: int, li: int, head: int, removal: bool = True) -> np.n
 def test_attention_page_shows_the_dense_oracle_s_map(rwkv_store, monkeypatch):
     """The Attention page's weights are the float64 DPLR oracle's (exact and, switched, the decay-only map), rows
     of a window cut at src0 > 0 stay exact, the stored o is rebuilt, the head grid has a map per head."""
-    import store
-    from app.dash import attnmap
+    from deltalab import store
+    from deltalab.app.dash import attnmap
     from tests.app.test_attention_view import _select, _shown
 
     ds = store.open(rwkv_store)
@@ -254,7 +254,7 @@ def _card_values(at, label: str) -> dict[tuple[int, int], str]:
 def test_heads_and_head_pages_show_the_strong_removal_fraction(rwkv_store, monkeypatch):
     """RWKV-7's removal strength a lies in [0, 1], so β > 1 never happens: the cards, sort, table, Head page and
     Compare show the betas probe's fraction of a above its recorded --strong threshold instead."""
-    from store.reader import open_results
+    from deltalab.store.reader import open_results
 
     res = open_results(rwkv_store, "betas")
     assert float(res.attrs["strong_threshold"]) == STRONG
@@ -278,7 +278,7 @@ def test_heads_and_head_pages_show_the_strong_removal_fraction(rwkv_store, monke
     assert len(shown) == min(len(stored), 12)
     for key, value in shown.items():
         assert value == f"{stored[key]:.2f}", (key, value)
-    from app.views.heads import COLUMNS
+    from deltalab.app.views.heads import COLUMNS
 
     order = [b.key for b in at.button if b.key and b.key.startswith("open_")]  # column by column
     want = sorted(stored, key=lambda k: (-stored[k], k))[: len(order)]  # highest first, row by row

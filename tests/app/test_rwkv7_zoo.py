@@ -33,7 +33,7 @@ def zoo_store(tmp_path_factory):
 def test_every_probe_ran_and_the_attention_map_rebuilds_the_outputs(zoo_store):
     """Every probe completes on the trained model; the exact attention map of the generalised delta rule (RWKV-7)
     rebuilds each stored layer output o_t from its sources (float32 store)."""
-    from store.reader import open_results
+    from deltalab.store.reader import open_results
 
     for name in PROBES:
         assert open_results(zoo_store, name).attrs["complete"], name
@@ -43,8 +43,8 @@ def test_every_probe_ran_and_the_attention_map_rebuilds_the_outputs(zoo_store):
 
 
 def test_trained_spectra_are_the_dense_eigvals(zoo_store):
-    import store
-    from store.reader import open_results
+    from deltalab import store
+    from deltalab.store.reader import open_results
 
     ds = store.open(zoo_store).isel(seq=slice(0, 2))
     res = open_results(zoo_store, "spectra").isel(seq=slice(0, 2))

@@ -10,8 +10,8 @@ import plotly.graph_objects as go
 import pytest
 from plotly.utils import PlotlyJSONEncoder
 
-from app.dash import figures
-from app.dash import traces as tr
+from deltalab.app.dash import figures
+from deltalab.app.dash import traces as tr
 
 
 def _json(fig: go.Figure) -> str:
@@ -73,7 +73,7 @@ def test_rank_lines_draw_ranks_taken_every_nth_token():
 def test_compare_curves_join_strided_ranks():
     import pandas as pd
 
-    from app.dash import compare
+    from deltalab.app.dash import compare
 
     curve = np.full(64, np.nan)
     curve[15::16] = [1.0, 2.0, 3.0, 4.0]

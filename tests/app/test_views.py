@@ -20,7 +20,7 @@ ZOO_TEXT = Path(__file__).resolve().parents[2] / "models" / "zoo" / "stdlib-gate
 # --- text view: layout, tokens, rotation angles -----------------------------------------------------
 
 def test_layout_breaks_rows_at_newlines_document_starts_and_width():
-    from app.dash.textgrid import layout
+    from deltalab.app.dash.textgrid import layout
 
     strings = list("ab\ncdefg") + ["h", "i"]
     doc = np.zeros(len(strings), bool)
@@ -31,8 +31,8 @@ def test_layout_breaks_rows_at_newlines_document_starts_and_width():
 
 
 def test_rotation_angles_match_the_single_token_transition():
-    from app.dash.derive import transition
-    from app.dash.textgrid import rotation_angles
+    from deltalab.app.dash.derive import transition
+    from deltalab.app.dash.textgrid import rotation_angles
 
     rng = np.random.default_rng(0)
     k = rng.normal(size=(20, 2, 6))
@@ -47,7 +47,7 @@ def test_rotation_angles_match_the_single_token_transition():
 
 
 def test_vocab_strings_through_the_bundled_tokenizer_and_bytes():
-    from app.dash.textgrid import cell_text, vocab_strings
+    from deltalab.app.dash.textgrid import cell_text, vocab_strings
 
     tok = ZOO_TEXT / "tokenizer.json"
     names = vocab_strings(tok if tok.is_file() else None, 257)
@@ -59,7 +59,7 @@ def test_vocab_strings_through_the_bundled_tokenizer_and_bytes():
 # --- head table -------------------------------------------------------------------------------------
 
 def test_head_metrics_helpers():
-    from app.dash import heads
+    from deltalab.app.dash import heads
 
     evr = np.array([[0.5, 0.3, 0.16, 0.04], [0.25, 0.25, 0.25, 0.25]])
     assert list(heads.key_dim(evr)) == [3.0, 4.0]
@@ -78,8 +78,8 @@ def test_head_metrics_helpers():
 
 
 def test_head_table_finds_the_planted_rotation_head(tmp_path_factory):
-    from app.dash import heads
-    from probes.results import read_results
+    from deltalab.app.dash import heads
+    from deltalab.probes.results import read_results
 
     store = probed_store(tmp_path_factory)
     res = {p: read_results(store, p) for p in ("betas", "keys", "spectra", "erank", "linear")}
@@ -100,7 +100,7 @@ def test_head_table_finds_the_planted_rotation_head(tmp_path_factory):
 def test_figure_table_and_payloads():
     import plotly.graph_objects as go
 
-    from app.dash import export
+    from deltalab.app.dash import export
 
     fig = go.Figure([go.Heatmap(z=[[1, 2], [3, 4]], x=["h0", "h1"], y=["layer 0", "layer 1"]),
                      go.Scatter(x=[1, 2, 3], y=[4, 5, 6], name="line", customdata=[[7, 8], [9, 10], [11, 12]])])
@@ -176,7 +176,7 @@ def test_heads_gallery_sorts_and_opens_a_card(app):
 def test_delta_rule_heads_keep_the_beta_above_one_fraction(app, tmp_path_factory):
     """On a delta-rule store the cards, sort, table and Head page show the fraction β > 1 the betas probe stored
     (RWKV-7 stores show the strong-removal fraction instead: tests/app/test_rwkv7_pages.py)."""
-    from probes.results import read_results
+    from deltalab.probes.results import read_results
     from tests.app.test_rwkv7_pages import _card_values
 
     res = read_results(probed_store(tmp_path_factory), "betas")  # the store `app` shows (built once)
@@ -195,7 +195,7 @@ def test_delta_rule_heads_keep_the_beta_above_one_fraction(app, tmp_path_factory
 
 def test_compare_metrics_of_a_delta_rule_and_an_rwkv7_head():
     """Two stores of different families: each side's removal number under its own name, NaN on the other side."""
-    from app.dash import compare, heads
+    from deltalab.app.dash import compare, heads
 
     base = {m: 0.5 for m in heads.METRICS}
     delta = pd.Series({**base, "frac_beta_gt1": 0.25, heads.STRONG: np.nan, "strong_threshold": np.nan})
@@ -220,12 +220,12 @@ def test_heads_table_view(app):
 # --- your own input ---------------------------------------------------------------------------------
 
 def test_encode_task_and_text_inputs():
-    from app.dash import own_input
+    from deltalab.app.dash import own_input
 
     s4 = {"model_config": {"vocab_size": 24}, "data_meta": {"kind": "task", "task": {"name": "S4"}}}
     enc = own_input.encode("3, 17 5 0", s4)
     assert list(enc.tokens) == [3, 17, 5, 0] and enc.kind == "task" and enc.doc_start[0] and enc.num_classes == 24
-    from tasks.state_tracking import get_task
+    from deltalab.tasks.state_tracking import get_task
 
     assert list(enc.labels) == list(get_task("S4").group.scan(np.array([[3, 17, 5, 0]]))[0])
     with pytest.raises(own_input.InputError, match="outside the model's vocabulary"):
@@ -242,8 +242,8 @@ def test_encode_task_and_text_inputs():
 
 def test_own_input_matches_the_capture_of_the_same_tokens(tmp_path_factory):
     """Running a store's sequence through the Input path gives the store's own arrays."""
-    import store
-    from app.dash import own_input
+    from deltalab import store
+    from deltalab.app.dash import own_input
     from tests.app.stores import default_store
 
     built = default_store(tmp_path_factory)
@@ -290,9 +290,9 @@ def test_input_page_draws_the_exact_attention_map(monkeypatch, tmp_path_factory)
     """The typed sequence's signed attention map for the selected layer and head, equal to the exact kernel's."""
     import torch
 
-    from app.dash import loading
-    from app.views.input import input_attention
-    from kernels.attention_naive import naive_attention
+    from deltalab.app.dash import loading
+    from deltalab.app.views.input import input_attention
+    from deltalab.kernels.attention.naive import naive_attention
     from tests.app.stores import default_store
 
     built = default_store(tmp_path_factory)

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from benchmarks.attention import dense_phi_rows, make_inputs, table
-from kernels.attention_naive import naive_attention
+from deltalab.kernels.attention.naive import naive_attention
 
 
 @pytest.mark.parametrize("gate", ["scalar", "channel"])

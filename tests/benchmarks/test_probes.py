@@ -7,8 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from probes.results import list_results
-from probes.synthetic import write_synthetic_store
+from deltalab.probes.results import list_results
+from deltalab.probes.synthetic import write_synthetic_store
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -11,7 +11,7 @@ import os
 import pytest
 import torch
 
-from kernels.naive import naive_delta_product
+from deltalab.kernels.delta_rule.naive import naive_delta_product
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 ON_GPU = torch.cuda.is_available() and not INTERPRET
@@ -46,7 +46,7 @@ def check_choice(case: tuple, dtype: torch.dtype, on: dict, off: dict, device: s
                  decay: float = 0.7) -> tuple[float, ...]:
     """`LaunchConfig(**on)` against float64 (o, final, boundary states) and against `LaunchConfig(**off)` (the same
     three: the paths differ by rounding only). case: (B, T or None, Hk, Hv, K, V, n_h, gate, lengths or None)."""
-    from kernels.triton_chunk import LaunchConfig, triton_delta_product
+    from deltalab.kernels.delta_rule.triton_chunk import LaunchConfig, triton_delta_product
 
     B, T, Hk, Hv, K, V, n_h, gate, lengths = case
     T = sum(lengths) if lengths else T

@@ -7,9 +7,9 @@ import itertools
 import pytest
 import torch
 
-from kernels.attention import chunk_recurrence, compare_attention, delta_attention, gla_attention
-from kernels.attention_naive import naive_attention, naive_gla_attention, naive_recurrence
-from kernels.naive import naive_delta_product
+from deltalab.kernels.attention.chunk import chunk_recurrence, compare_attention, delta_attention, gla_attention
+from deltalab.kernels.attention.naive import naive_attention, naive_gla_attention, naive_recurrence
+from deltalab.kernels.delta_rule.naive import naive_delta_product
 
 GATES = [None, "scalar", "channel"]
 

@@ -13,8 +13,8 @@ import torch
 
 pytest.importorskip("triton")
 
-from kernels.attention import delta_attention  # noqa: E402
-from kernels.attention_naive import naive_attention, naive_recurrence  # noqa: E402
+from deltalab.kernels.attention.chunk import delta_attention  # noqa: E402
+from deltalab.kernels.attention.naive import naive_attention, naive_recurrence  # noqa: E402
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 cpu_only = pytest.mark.skipif(not INTERPRET, reason="CPU tests of the Triton kernels need TRITON_INTERPRET=1")
@@ -44,7 +44,7 @@ def rel(a, b):
 @pytest.mark.parametrize("n_h,gate", [(1, False), (2, True), (3, True)])
 def test_triton_matches_the_float64_oracle(n_h, gate):
     """Two chunks and a partial third (T = 140), grouped heads, an initial state, a window not on chunk bounds."""
-    from kernels.attention_triton import triton_attention
+    from deltalab.kernels.attention.triton_attention import triton_attention
 
     q, k, v, beta, g, s0 = make_inputs(1, 140, 1, 2, 16, 8, n_h, gate)
     m = triton_attention(q, k, v, beta, g, initial_state=s0, window=(60, 140), tile=64)
@@ -69,7 +69,7 @@ def test_triton_top_k_matches_the_chunked_form(n_h, gate, rank_by):
     """The running top-k inside the kernel (top_k <= KERNEL_TOP_K): index, signed weight, norm, rebuilt output.
 
     Small top_k and two chunks: the interpreter runs tl.topk's sorting network slowly."""
-    from kernels.attention_triton import triton_attention
+    from deltalab.kernels.attention.triton_attention import triton_attention
 
     q, k, v, beta, g, s0 = make_inputs(1, 100, 1, 2, 16, 8, n_h, gate)
     want = delta_attention(q, k, v, beta, g, initial_state=s0, top_k=3, rank_by=rank_by)
@@ -86,7 +86,7 @@ def test_triton_top_k_matches_the_chunked_form(n_h, gate, rank_by):
 @cpu_only
 def test_triton_top_k_in_the_kernel_equals_the_tiled_form(monkeypatch):
     """Both top-k paths of triton_attention (in the kernel, and tiles of full rows for top_k > KERNEL_TOP_K)."""
-    import kernels.attention_triton as at
+    import deltalab.kernels.attention.triton_attention as at
 
     q, k, v, beta, g, s0 = make_inputs(1, 140, 1, 1, 16, 8, 3, "channel")
     args = dict(initial_state=s0, window=(70, 140), top_k=2, rank_by="contribution", tile=64)
@@ -101,7 +101,7 @@ def test_triton_top_k_in_the_kernel_equals_the_tiled_form(monkeypatch):
 @cpu_only
 def test_triton_top_k_by_contribution_with_zero_values():
     """Sources with v_u = 0 (contribution 0) still report their exact signed weight, never NaN."""
-    from kernels.attention_triton import triton_attention
+    from deltalab.kernels.attention.triton_attention import triton_attention
 
     q, k, v, beta, g, s0 = make_inputs(1, 70, 1, 1, 16, 8, 1, "scalar")
     v[:, 3:60] = 0  # fewer than top_k sources with a non-zero contribution for the early rows
@@ -116,7 +116,7 @@ def test_triton_top_k_by_contribution_with_zero_values():
 @pytest.mark.parametrize("n_h,Hk,Hv", [(1, 1, 2), (2, 2, 4)])
 def test_triton_per_channel_gates_match_the_float64_oracle(n_h, Hk, Hv):
     """Kimi Delta Attention gates g [B, T, Hv, dk]: T = 140 (a partial third chunk), grouped heads, a state."""
-    from kernels.attention_triton import triton_attention
+    from deltalab.kernels.attention.triton_attention import triton_attention
 
     q, k, v, beta, g, s0 = make_inputs(1, 140, Hk, Hv, 16, 8, n_h, "channel")
     m = triton_attention(q, k, v, beta, g, initial_state=s0, window=(60, 140), tile=64)
@@ -135,7 +135,7 @@ def test_triton_per_channel_gates_match_the_float64_oracle(n_h, Hk, Hv):
 @pytest.mark.parametrize("gate", ["scalar", "channel"])
 def test_triton_strong_decays_stay_finite_and_exact(gate):
     """Log-decays down to -30 per token: every exponent is a difference Gamma_w - Gamma_z <= 0, nothing overflows."""
-    from kernels.attention_triton import triton_attention
+    from deltalab.kernels.attention.triton_attention import triton_attention
 
     q, k, v, beta, g, s0 = make_inputs(1, 130, 1, 2, 16, 8, 2, gate, decay=30.0)
     m = triton_attention(q, k, v, beta, g, initial_state=s0)
@@ -147,8 +147,8 @@ def test_triton_strong_decays_stay_finite_and_exact(gate):
 
 def test_per_channel_factors_do_not_depend_on_the_byte_budget():
     """The [L, L, dk] pairwise decays are built for groups of chunks; one chunk at a time gives the same factors."""
-    from kernels.attention import prepare_inputs
-    from kernels.attention_triton import _factors
+    from deltalab.kernels.attention.chunk import prepare_inputs
+    from deltalab.kernels.attention.triton_attention import _factors
 
     q, k, v, beta, g, _ = make_inputs(2, 150, 1, 2, 16, 8, 2, "channel")
     inp = prepare_inputs(*(x.float() for x in (q, k, v, beta, g)), None, None, False, 150)
@@ -157,7 +157,7 @@ def test_per_channel_factors_do_not_depend_on_the_byte_budget():
 
 
 def test_triton_refuses_a_bad_gate_shape():
-    from kernels.attention_triton import triton_attention
+    from deltalab.kernels.attention.triton_attention import triton_attention
 
     q, k, v, beta, _, _ = make_inputs(1, 8, 1, 1, 16, 8, 1, False)
     with pytest.raises(ValueError, match="g has shape") as err:
@@ -174,8 +174,8 @@ def test_triton_gpu_4096_tokens(n_h, gate):
     Full rows for a 1024-token window; the in-kernel top-k for all 4096 queries. Under a minute on an H100."""
     import time
 
-    from kernels.attention import chunk_recurrence
-    from kernels.attention_triton import triton_attention
+    from deltalab.kernels.attention.chunk import chunk_recurrence
+    from deltalab.kernels.attention.triton_attention import triton_attention
 
     q, k, v, beta, g, s0 = make_inputs(1, 4096, 1, 2, 128, 128, n_h, gate, device="cuda", decay=0.05)
     t0 = time.perf_counter()

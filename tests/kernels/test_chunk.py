@@ -7,7 +7,7 @@ import itertools
 import pytest
 import torch
 
-from kernels import chunk_delta_product, naive_delta_product
+from deltalab.kernels import chunk_delta_product, naive_delta_product
 
 
 def random_inputs(B, T, H, K, V, n_h, gate, init, dtype=torch.float64, beta_max=2.0):

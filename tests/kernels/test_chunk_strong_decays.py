@@ -3,7 +3,8 @@ decay per head (scalar, Gated DeltaNet) and one per key channel (Kimi Delta Atte
 
 Log decays of up to -20 per token sum to about -600 over a 64-token chunk; a decay between two sub-steps taken as
 the difference of two such running totals carries fp32's spacing there (6e-5) into the exponent. The chunked form
-sums each decay from the gates it spans instead (`kernels.chunk.pair_decays` / `tail_decays`), so float32 stays
+sums each decay from the gates it spans instead (`kernels.delta_rule.chunk.pair_decays` / `tail_decays`), so float32
+stays
 within 2e-6 of float64 (max |ours - ref| / max |ref| per output: o, final states, chunk-boundary states); before,
 the worst cases were 1.4e-5 (scalar) and 2.5e-5 (per channel). The reference gets the same float32 inputs in
 float64, so the bound measures the chunked form's arithmetic.
@@ -14,8 +15,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels.chunk import chunk_delta_product
-from kernels.naive import naive_delta_product
+from deltalab.kernels.delta_rule.chunk import chunk_delta_product
+from deltalab.kernels.delta_rule.naive import naive_delta_product
 
 TOL32 = 2e-6
 GATES = ("scalar", "channel")
@@ -119,7 +120,7 @@ def test_pair_and_tail_decays(channels):
     """`pair_decays` (one gate per sub-step: torch's cumulative sum; per channel: `_PairDecays`) is
     e^{Gamma_i - Gamma_j} on and below the diagonal and 0 above it, twice differentiable; `tail_decays` is
     e^{Gamma_L - Gamma_j} (float64)."""
-    from kernels.chunk import pair_decays, tail_decays
+    from deltalab.kernels.delta_rule.chunk import pair_decays, tail_decays
 
     gen = torch.Generator().manual_seed(4)
     strength = torch.tensor([20.0] if channels == 1 else [0.01, 3.0, 20.0], dtype=torch.float64)

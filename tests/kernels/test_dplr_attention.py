@@ -1,5 +1,5 @@
-"""The chunked exact attention map of DPLR transitions (kernels.dplr_attention) against the dense float64 oracle
-(kernels.dplr_attention_naive) on fresh random RWKV-7-shaped inputs: full rows, windows, initial states, decays
+"""The chunked exact attention map of DPLR transitions (kernels.attention.dplr_chunk) against the dense float64 oracle
+(kernels.attention.dplr_naive) on fresh random RWKV-7-shaped inputs: full rows, windows, initial states, decays
 down to e^-20 per token, chunk sizes that do and do not divide into sub-blocks; o rebuilt from the map; top-k;
 the decay-only approximation against the oracle without the rank-one term."""
 
@@ -8,10 +8,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels.dplr_attention import compare_dplr_attention, dplr_attention, dplr_gla_attention
-from kernels.dplr_attention_naive import naive_dplr_attention
-from kernels.dplr_chunk import chunk_dplr
-from kernels.dplr_naive import naive_dplr
+from deltalab.kernels.attention.dplr_chunk import compare_dplr_attention, dplr_attention, dplr_gla_attention
+from deltalab.kernels.attention.dplr_naive import naive_dplr_attention
+from deltalab.kernels.dplr.chunk import chunk_dplr
+from deltalab.kernels.dplr.naive import naive_dplr
 from tests.kernels.test_dplr_naive import rwkv7_inputs
 
 

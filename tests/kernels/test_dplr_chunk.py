@@ -9,10 +9,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels.dplr import dplr_forward
-from kernels.dplr_chunk import chunk_dplr
-from kernels.dplr_naive import naive_dplr
-from kernels.naive import boundary_offsets
+from deltalab.kernels.delta_rule.naive import boundary_offsets
+from deltalab.kernels.dplr.chunk import chunk_dplr
+from deltalab.kernels.dplr.dispatch import dplr_forward
+from deltalab.kernels.dplr.naive import naive_dplr
 from tests.kernels.test_dplr_naive import rwkv7_inputs
 
 

@@ -15,8 +15,8 @@ import math
 import pytest
 import torch
 
-from kernels.dplr_chunk import chunk_dplr
-from kernels.dplr_naive import naive_dplr
+from deltalab.kernels.dplr.chunk import chunk_dplr
+from deltalab.kernels.dplr.naive import naive_dplr
 
 TOL32 = 2e-6
 TOL32_RWKV7 = 5e-7
@@ -115,7 +115,7 @@ def test_gradients_at_strong_decays_across_sub_blocks():
 def test_loop_cumsum_values_and_second_derivatives():
     """`_Cumsum` (the loop cumulative sum behind the decays) is torch.cumsum forwards and from the end, with first
     and second derivatives that match finite differences (float64)."""
-    from kernels.dplr_chunk import _Cumsum
+    from deltalab.kernels.dplr.chunk import _Cumsum
 
     x = torch.randn(2, 5, 3, 4, generator=torch.Generator().manual_seed(4), dtype=torch.float64)
     torch.testing.assert_close(_Cumsum.apply(x, -3, False), x.cumsum(-3), rtol=1e-14, atol=1e-14)

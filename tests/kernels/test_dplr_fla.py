@@ -1,4 +1,4 @@
-"""fla's chunk_dplr_delta_rule behind the DPLR contract (kernels.dplr_fla) and its dispatch.
+"""fla's chunk_dplr_delta_rule behind the DPLR contract (kernels.dplr.fla) and its dispatch.
 
 On the CPU, without fla: a stand-in `fla.ops.generalized_delta_rule` whose kernel is a float64 token loop
 written in fla 0.6.0's own convention (head-first inside, S [K, V] updated as S e^{gk} + k v^T + b (a^T S),
@@ -18,11 +18,11 @@ import warnings
 import pytest
 import torch
 
-import kernels.dplr as dplr
-from kernels.dplr_chunk import chunk_dplr
-from kernels.dplr_fla import fla_dplr
-from kernels.dplr_naive import naive_dplr
-from kernels.naive import boundary_offsets
+import deltalab.kernels.dplr.dispatch as dplr
+from deltalab.kernels.delta_rule.naive import boundary_offsets
+from deltalab.kernels.dplr.chunk import chunk_dplr
+from deltalab.kernels.dplr.fla import fla_dplr
+from deltalab.kernels.dplr.naive import naive_dplr
 from tests.kernels.test_dplr_naive import rwkv7_inputs
 
 

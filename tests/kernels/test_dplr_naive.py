@@ -1,14 +1,14 @@
 """The DPLR (generalised delta rule, RWKV-7) token-loop reference against independent formulations:
 dense per-token transition matrices, fla's transposed S [V, K] convention, and the per-channel-gated delta
-rule (Kimi Delta Attention) of `kernels.naive`, which is a DPLR recurrence with a = e^g k, b = -beta k."""
+rule (Kimi Delta Attention) of `kernels.delta_rule.naive`, which is a DPLR recurrence with a = e^g k, b = -beta k."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from kernels.dplr_naive import naive_dplr
-from kernels.naive import boundary_offsets, naive_delta_product, num_boundaries
+from deltalab.kernels.delta_rule.naive import boundary_offsets, naive_delta_product, num_boundaries
+from deltalab.kernels.dplr.naive import naive_dplr
 
 
 def rwkv7_inputs(B, T, H, K, V, *, seed, decay=True, init=False, dtype=torch.float64, log_w_min=-5.0):

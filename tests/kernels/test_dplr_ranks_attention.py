@@ -7,12 +7,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels.attention_naive import naive_attention
-from kernels.dplr_attention_naive import naive_dplr_attention
-from kernels.dplr_chunk import chunk_dplr
-from kernels.dplr_naive import naive_dplr
-from kernels.dplr_ranks import dplr_state_rank_metrics
-from kernels.ranks import RankMetrics, metrics_from_singular_values
+from deltalab.kernels.attention.dplr_naive import naive_dplr_attention
+from deltalab.kernels.attention.naive import naive_attention
+from deltalab.kernels.dplr.chunk import chunk_dplr
+from deltalab.kernels.dplr.naive import naive_dplr
+from deltalab.kernels.ranks.chunk import RankMetrics, metrics_from_singular_values
+from deltalab.kernels.ranks.dplr import dplr_state_rank_metrics
 from tests.kernels.test_dplr_naive import rwkv7_inputs
 
 
@@ -37,7 +37,7 @@ def max_rel(ours: RankMetrics, ref: RankMetrics) -> float:
 @pytest.mark.parametrize("dtype,method,tol", [(torch.float32, "auto", 1e-3), (torch.float64, "auto", 1e-6),
                                               (torch.float64, "svd64", 1e-10)])
 def test_state_ranks_match_svd_per_step(dtype, method, tol):
-    """float32 boundaries: 1e-3 (kernels.ranks's target); float64 with the Gram (~1e-8 sigma_max absolute) or
+    """float32 boundaries: 1e-3 (kernels.ranks.chunk's target); float64 with the Gram (~1e-8 sigma_max absolute) or
     with svdvals."""
     q, k, v, a, b, g, s0 = rwkv7_inputs(2, 150, 2, 12, 16, seed=31, init=True)
     _, _, bounds = chunk_dplr(*(x.to(dtype) for x in (q, k, v, a, b, g)), scale=1.0, initial_state=s0.to(dtype))

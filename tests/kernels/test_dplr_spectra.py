@@ -9,7 +9,7 @@ import warnings
 import pytest
 import torch
 
-from kernels.spectra_dplr import dplr_eigvals_general
+from deltalab.kernels.spectra.dplr import dplr_eigvals_general
 
 
 def rwkv7_transitions(N: int, n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels.naive import naive_delta_product
+from deltalab.kernels.delta_rule.naive import naive_delta_product
 
 
 def _dense_oracle(q, k, v, beta, g, scale):
@@ -77,7 +77,7 @@ def _random(B, T, Hk, Hv, K, V, n_h, strength, seed, dtype=torch.float64):
     (1, 2, 2, 9, 0.5),       # shorter than one chunk
 ])
 def test_chunked_per_channel_gate_matches_reference_float64(n_h, Hk, Hv, T, strength):
-    from kernels.chunk import chunk_delta_product
+    from deltalab.kernels.delta_rule.chunk import chunk_delta_product
 
     q, k, v, beta, g = _random(2, T, Hk, Hv, 8, 5, n_h, strength, seed=T)
     h0 = torch.randn(2, Hv, 8, 5, dtype=torch.float64)
@@ -89,7 +89,7 @@ def test_chunked_per_channel_gate_matches_reference_float64(n_h, Hk, Hv, T, stre
 
 
 def test_chunked_per_channel_gate_packed_sequences_and_float32():
-    from kernels.chunk import chunk_delta_product
+    from deltalab.kernels.delta_rule.chunk import chunk_delta_product
 
     q, k, v, beta, g = _random(1, 140, 2, 4, 16, 8, 1, 1.0, seed=5)
     cu = torch.tensor([0, 20, 100, 140])
@@ -103,7 +103,7 @@ def test_chunked_per_channel_gate_packed_sequences_and_float32():
 
 
 def test_chunked_per_channel_gate_equal_across_channels_is_the_scalar_path():
-    from kernels.chunk import chunk_delta_product
+    from deltalab.kernels.delta_rule.chunk import chunk_delta_product
 
     q, k, v, beta, g = _random(1, 100, 2, 2, 8, 4, 2, 1.0, seed=9)
     scalar = chunk_delta_product(q, k, v, beta, g[..., 0])
@@ -117,7 +117,7 @@ def test_chunk_groups_do_not_change_the_result(monkeypatch):
     gives the same result as all at once."""
     from functools import partial
 
-    from kernels import chunk
+    from deltalab.kernels.delta_rule import chunk
 
     q, k, v, beta, g = _random(1, 200, 2, 2, 8, 4, 1, 1.0, seed=11)
     whole = chunk.chunk_delta_product(q, k, v, beta, g)

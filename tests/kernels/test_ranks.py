@@ -1,4 +1,4 @@
-"""State ranks over time (kernels.ranks) against a float64 replay with an SVD at every step."""
+"""State ranks over time (kernels.ranks.chunk) against a float64 replay with an SVD at every step."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import os
 import pytest
 import torch
 
-from kernels.chunk import chunk_delta_product
-from kernels.naive import l2_normalize, naive_delta_product
-from kernels.ranks import (
+from deltalab.kernels.delta_rule.chunk import chunk_delta_product
+from deltalab.kernels.delta_rule.naive import l2_normalize, naive_delta_product
+from deltalab.kernels.ranks.chunk import (
     RankMetrics,
     metrics_from_singular_values,
     singular_values,
@@ -17,7 +17,7 @@ from kernels.ranks import (
     state_rank_metrics,
     state_ranks,
 )
-from kernels.ranks_naive import naive_state_ranks
+from deltalab.kernels.ranks.naive import naive_state_ranks
 
 TOL = 1e-3  # the target: relative error against a float64 SVD
 
@@ -113,7 +113,7 @@ def test_singular_value_methods_agree():
 def test_triton_svdvals_interpreted(shape):
     """Full rank, rank 2 and zero; 40 x 24 pads to 64 and runs the trailing-half phase (64 -> 32; the 128 -> 64 -> 32
     phases are the same helpers, and the interpreter's paired reductions take minutes at 128)."""
-    from kernels.triton_svd import svdvals
+    from deltalab.kernels.linalg.triton_svd import svdvals
 
     h = torch.randn(3, *shape)
     h[1] = torch.randn(shape[0], 2) @ torch.randn(2, shape[1])  # rank 2
@@ -180,7 +180,7 @@ def test_every_ranks_only_every_nth_token_and_equals_the_full_run_there(every):
 def test_auto_method_avoids_the_triton_kernel_for_large_or_unequal_real_head_dims():
     """OLMo-Hybrid's 96 x 192 states would be padded to 256 x 256 by the Triton kernel (about 3 ms a matrix on an
     H100): auto takes the float64 Gram of the 96 side there, and the Triton kernel only up to 128 a side."""
-    from kernels.ranks import resolve_method
+    from deltalab.kernels.ranks.chunk import resolve_method
 
     cuda, cpu = torch.device("cuda"), torch.device("cpu")
     assert resolve_method("auto", cuda, (128, 128)) == "triton"
@@ -190,7 +190,7 @@ def test_auto_method_avoids_the_triton_kernel_for_large_or_unequal_real_head_dim
 
 def test_non_finite_states_are_one_line_naming_the_inputs():
     """LAPACK's eigensolver fails on NaN with an error code; ranks say what holds the NaN instead."""
-    from kernels.ranks import singular_values
+    from deltalab.kernels.ranks.chunk import singular_values
 
     h = torch.randn(3, 8, 6, dtype=torch.float64)
     h[1, 2, 3] = float("nan")

@@ -1,4 +1,4 @@
-"""Householder-product spectra (kernels.spectra) against dense float64 eigvals of the same products."""
+"""Householder-product spectra (kernels.spectra.householder) against dense float64 eigvals of the same products."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import math
 import pytest
 import torch
 
-from kernels.spectra import householder_spectra, small_eigenvalues, sort_eigenvalues
-from kernels.spectra_naive import dense_products, naive_spectra
+from deltalab.kernels.spectra.householder import householder_spectra, small_eigenvalues, sort_eigenvalues
+from deltalab.kernels.spectra.naive import dense_products, naive_spectra
 
 
 def matched_error(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -166,7 +166,7 @@ def test_nan_keys_of_wide_windows_raise_one_line_instead_of_crashing_lapack():
     k[0, 2, 0, 1, 0] = float("nan")
     with pytest.raises(ValueError, match="NaN or inf"):
         householder_spectra(k, beta, window=4)
-    from kernels.spectra import cpu_eigvals
+    from deltalab.kernels.spectra.householder import cpu_eigvals
 
     with pytest.raises(ValueError, match="NaN or inf"):
         cpu_eigvals(torch.full((2, 3, 3), float("nan"), dtype=torch.float64))

@@ -1,13 +1,13 @@
-"""Spectra of per-channel-gated windows (kernels.spectra_channel) against the recurrence itself and closed forms."""
+"""Spectra of per-channel-gated windows (kernels.spectra.channel) against the recurrence itself and closed forms."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from kernels.naive import naive_delta_product
-from kernels.spectra import householder_spectra
-from kernels.spectra_channel import channel_spectra, channel_window_products
+from deltalab.kernels.delta_rule.naive import naive_delta_product
+from deltalab.kernels.spectra.channel import channel_spectra, channel_window_products
+from deltalab.kernels.spectra.householder import householder_spectra
 
 
 def _inputs(B, T, n_h, H, K, strength=1.0, seed=0):

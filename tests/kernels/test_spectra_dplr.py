@@ -12,8 +12,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels.spectra_dplr import dplr_eigvals
-from kernels.spectra_naive import dplr_eigvals_dense
+from deltalab.kernels.spectra.dplr import dplr_eigvals
+from deltalab.kernels.spectra.naive import dplr_eigvals_dense
 
 
 def symmetric_reference(d, k, beta):

@@ -14,7 +14,7 @@ import torch
 
 triton = pytest.importorskip("triton")
 
-from kernels.naive import naive_delta_product, num_boundaries  # noqa: E402
+from deltalab.kernels.delta_rule.naive import naive_delta_product, num_boundaries  # noqa: E402
 
 ON_CPU = not torch.cuda.is_available()
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
@@ -44,7 +44,7 @@ TILINGS = {"default": dict(), "bv16": dict(state_bv=16), "bv64": dict(state_bv=6
 
 
 def _check_against_naive(shape, dtype, device="cpu", tiling="default", normalize=True, beta_max=2.0, seed=0):
-    from kernels.triton_chunk import LaunchConfig, triton_delta_product
+    from deltalab.kernels.delta_rule.triton_chunk import LaunchConfig, triton_delta_product
 
     B, T, H, K, V, n_h, gate, h0 = shape
     q, k, v, beta, g, s0 = _inputs(B, T, H, K, V, n_h, gate, h0, device, beta_max, seed)
@@ -97,7 +97,7 @@ def test_half_inputs_match_float64_reference(shape, dtype):
 @cpu_only
 def test_without_normalisation_and_reflections():
     """normalize_qk=False with unit keys and beta = 2 everywhere (pure reflections): states stay bounded."""
-    from kernels.triton_chunk import triton_delta_product
+    from deltalab.kernels.delta_rule.triton_chunk import triton_delta_product
 
     B, T, H, K, V, n_h = 1, 80, 1, 16, 16, 2
     q, k, v, _, g, _ = _inputs(B, T, H, K, V, n_h, True, False, seed=3)
@@ -110,7 +110,7 @@ def test_without_normalisation_and_reflections():
 
 @cpu_only
 def test_optional_outputs_and_chunk_boundary():
-    from kernels.triton_chunk import LaunchConfig, triton_delta_product
+    from deltalab.kernels.delta_rule.triton_chunk import LaunchConfig, triton_delta_product
 
     q, k, v, beta, g, _ = _inputs(1, 64, 1, 16, 16, 1, True, False, seed=5)
     for tiling in ("default", "bv16"):
@@ -132,7 +132,7 @@ def test_optional_outputs_and_chunk_boundary():
 
 @cpu_only
 def test_bad_input_raises_one_line_value_error():
-    from kernels.triton_chunk import triton_delta_product
+    from deltalab.kernels.delta_rule.triton_chunk import triton_delta_product
 
     q, k, v, beta, g, _ = _inputs(1, 16, 1, 16, 16, 1, True, False)
     with pytest.raises(ValueError, match="chunk_size"):
@@ -176,8 +176,8 @@ def test_gpu_fp16_fp32_vs_float64(dtype):
 def test_gpu_long_sequence_vs_chunked_float64(n_h, tiling):
     """B = 8, T = 2048 (a full GPU, T divisible by 16: Triton specialises on it) against the PyTorch chunked
     form in float64. Shapes like these caught 16-wide value tiles miscompiling while T = 300 passed."""
-    from kernels.chunk import chunk_delta_product
-    from kernels.triton_chunk import LaunchConfig, triton_delta_product
+    from deltalab.kernels.delta_rule.chunk import chunk_delta_product
+    from deltalab.kernels.delta_rule.triton_chunk import LaunchConfig, triton_delta_product
 
     q, k, v, beta, g, s0 = _inputs(8, 2048, 8, 128, 128, n_h, True, True, "cuda")
     qb, kb, vb = q.bfloat16(), k.bfloat16(), v.bfloat16()
@@ -198,7 +198,7 @@ def test_gpu_half_internal_states_leave_o_bit_identical(K, V, n_h):
     """Without boundary states asked for, the kernel keeps them in bf16 (the output kernel rounds them to bf16 for
     its product anyway): the final state and o are bit-identical to the call that returns fp32 states. This test
     caught the pipelined key-block loop's miscompile (o off by 50-90% at n_h = 1; LaunchConfig.out_stages)."""
-    from kernels.triton_chunk import triton_delta_product
+    from deltalab.kernels.delta_rule.triton_chunk import triton_delta_product
 
     q, k, v, beta, g, s0 = _inputs(2, 1000, 4, K, V, n_h, True, True, "cuda")
     args = (q.bfloat16(), k.bfloat16(), v.bfloat16(), beta, g)
@@ -211,7 +211,7 @@ def test_gpu_half_internal_states_leave_o_bit_identical(K, V, n_h):
 @gpu
 @needs_cuda
 def test_gpu_refuses_16_wide_value_tiles():
-    from kernels.triton_chunk import LaunchConfig, triton_delta_product
+    from deltalab.kernels.delta_rule.triton_chunk import LaunchConfig, triton_delta_product
 
     q, k, v, beta, g, _ = _inputs(1, 64, 8, 128, 128, 1, False, False, "cuda")
     with pytest.raises(ValueError, match="state_bv=16"):
@@ -224,7 +224,7 @@ def test_gpu_refuses_16_wide_value_tiles():
 @pytest.mark.parametrize("gate", [False, True])
 def test_gpu_matches_fla(n_h, gate):
     fla = pytest.importorskip("fla.ops.gated_delta_product")
-    from kernels.triton_chunk import triton_delta_product
+    from deltalab.kernels.delta_rule.triton_chunk import triton_delta_product
 
     B, T, H, K = 1, 1000, 8, 128
     q, k, v, beta, g, s0 = _inputs(B, T, H, K, K, n_h, gate, True, "cuda", beta_max=1.0)
@@ -246,8 +246,8 @@ def test_gpu_matches_fla(n_h, gate):
 
 
 def test_dispatch_falls_back_to_pytorch_on_cpu():
-    from kernels.chunk import chunk_delta_product
-    from kernels.dispatch import delta_product_forward
+    from deltalab.kernels.delta_rule.chunk import chunk_delta_product
+    from deltalab.kernels.delta_rule.dispatch import delta_product_forward
 
     q, k, v, beta, g, s0 = _inputs(1, 20, 2, 16, 16, 2, True, True)
     got = delta_product_forward(q, k, v, beta, g, initial_state=s0)
@@ -260,9 +260,9 @@ def test_every_forward_has_the_same_normalize_default():
     """naive, chunk, dispatch and Triton agree on `normalize_qk` (Triton used to default to True alone)."""
     import inspect
 
-    from kernels.chunk import chunk_delta_product
-    from kernels.dispatch import delta_product_forward
-    from kernels.triton_chunk import triton_delta_product
+    from deltalab.kernels.delta_rule.chunk import chunk_delta_product
+    from deltalab.kernels.delta_rule.dispatch import delta_product_forward
+    from deltalab.kernels.delta_rule.triton_chunk import triton_delta_product
 
     defaults = {fn.__name__: inspect.signature(fn).parameters["normalize_qk"].default
                 for fn in (naive_delta_product, chunk_delta_product, delta_product_forward, triton_delta_product)}
@@ -272,7 +272,7 @@ def test_every_forward_has_the_same_normalize_default():
 @cpu_only
 def test_default_call_matches_the_reference_on_unnormalised_keys():
     """Called with defaults on keys that are not unit vectors, Triton computes what the reference computes."""
-    from kernels.triton_chunk import triton_delta_product
+    from deltalab.kernels.delta_rule.triton_chunk import triton_delta_product
 
     q, k, v, beta, g, s0 = _inputs(1, 70, 2, 16, 16, 2, True, True, beta_max=0.2, seed=5)
     k = k * 0.25  # small keys keep the unnormalised recurrence contractive
@@ -284,8 +284,8 @@ def test_default_call_matches_the_reference_on_unnormalised_keys():
 def test_packed_tables_are_reused_until_the_offsets_change():
     """The chunk tables of a packed batch (one GPU sync to build) come back for the same cu_seqlens tensor, and are
     rebuilt after an in-place change; the validation likewise reads a tensor once, and again after a change."""
-    from kernels.naive import check_cu_seqlens
-    from kernels.triton_chunk import _varlen_tables
+    from deltalab.kernels.delta_rule.naive import check_cu_seqlens
+    from deltalab.kernels.delta_rule.triton_chunk import _varlen_tables
 
     cu = torch.tensor([0, 70, 79, 200], dtype=torch.int32)
     first = _varlen_tables(cu, torch.device("cpu"))

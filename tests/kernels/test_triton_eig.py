@@ -1,4 +1,4 @@
-"""The Francis QR Triton kernel (kernels.triton_eig) against LAPACK and dense float64 products.
+"""The Francis QR Triton kernel (kernels.linalg.triton_eig) against LAPACK and dense float64 products.
 
 On the CPU it runs under TRITON_INTERPRET=1 on a handful of small matrices; the GPU test runs it at scale.
 """
@@ -10,10 +10,10 @@ import os
 import pytest
 import torch
 
-from kernels.naive import l2_normalize
-from kernels.spectra import householder_spectra, wide_eigenvalues
-from kernels.spectra_naive import naive_spectra
-from kernels.triton_eig import householder_eigvals, triton_eigvals
+from deltalab.kernels.delta_rule.naive import l2_normalize
+from deltalab.kernels.linalg.triton_eig import householder_eigvals, triton_eigvals
+from deltalab.kernels.spectra.householder import householder_spectra, wide_eigenvalues
+from deltalab.kernels.spectra.naive import naive_spectra
 
 needs_triton = pytest.mark.skipif(
     not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1",
@@ -151,8 +151,8 @@ def test_cpu_path_survives_lapack_stall():
 
 def test_matrices_that_do_not_converge_go_to_the_fallback(monkeypatch):
     """A QR iteration that fails (faked here: the kernel reports no convergence) hands those matrices to the
-    fallback that kernels.spectra passes (its LAPACK path); without a fallback it is one clear error."""
-    import kernels.triton_eig as te
+    fallback that kernels.spectra.householder passes (its LAPACK path); without a fallback it is one clear error."""
+    import deltalab.kernels.linalg.triton_eig as te
 
     class NotConverging:
         def __getitem__(self, grid):

@@ -67,7 +67,7 @@ def test_gpu_from_v_w_path_64_wide_tiles_at_three_stages(name, dtype):
 
 def test_default_config_forms_u_from_v_on_the_keys_path_only():
     """Past one program a SM (8 x 4096, packed) the keys path with U from v; at B = 1 the W path reading U (132 SMs)."""
-    from kernels.triton_chunk import default_config
+    from deltalab.kernels.delta_rule.triton_chunk import default_config
 
     for B, H, V, n_h, K in [(8, 6, 512, 1, 256), (32, 6, 512, 3, 256), (8, 32, 128, 1, 128)]:
         cfg = default_config(B, H, V, n_h, K)
@@ -79,7 +79,7 @@ def test_default_config_forms_u_from_v_on_the_keys_path_only():
 
 def _launched_state_config(monkeypatch, on: dict, off: dict):
     """The LaunchConfig the sequential kernel was launched with for `on` (checked against float64 and `off` too)."""
-    import kernels.triton_chunk as tc
+    import deltalab.kernels.delta_rule.triton_chunk as tc
 
     seen = []
     real = tc._launch
@@ -114,7 +114,7 @@ def test_u_from_v_at_32_wide_tiles_runs_at_four_warps(monkeypatch, path, bv, war
 def test_default_config_at_dk_128_with_several_householder_steps_follows_the_general_rules():
     """dk <= 128, n_h > 1 (the grid's H = 8 points) gets the stages, output key block and paths of every other shape
     (it took LaunchConfig's plain defaults until the sixteenth session: H200 B=1 T=8192 n_h=3 0.827 -> 0.676 ms)."""
-    from kernels.triton_chunk import default_config
+    from deltalab.kernels.delta_rule.triton_chunk import default_config
 
     one = default_config(1, 8, 128, 3, 128)  # 32 programs on 132 SMs: the W path at four stages, one key block
     assert (one.state_stages, one.out_bk, one.resident_per_sm, one.state_keys_ws) == (4, 128, 1, False)

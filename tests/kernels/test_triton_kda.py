@@ -20,7 +20,7 @@ import torch
 
 pytest.importorskip("triton")
 
-from kernels.naive import boundary_offsets, naive_delta_product, num_boundaries  # noqa: E402
+from deltalab.kernels.delta_rule.naive import boundary_offsets, naive_delta_product, num_boundaries  # noqa: E402
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 ON_GPU = torch.cuda.is_available() and not INTERPRET
@@ -68,7 +68,7 @@ def _check(
     B, T, Hk, Hv, K, V, dtype=torch.float32, strength=1.0, lengths=None, h0=True, device="cpu", seed=0, config=None
 ):
     """Run triton_kda on fresh inputs and compare (o, final, boundary) with the float64 loop; return the errors."""
-    from kernels.triton_kda import KdaConfig, triton_kda
+    from deltalab.kernels.delta_rule.triton_kda import KdaConfig, triton_kda
 
     T = sum(lengths) if lengths else T
     N = len(lengths) if lengths else B
@@ -104,7 +104,7 @@ CPU_CASES = {
 @pytest.mark.parametrize("split", [False, True], ids=["persistent prep", "split prep"])
 @pytest.mark.parametrize("name", list(CPU_CASES))
 def test_fp32_matches_float64_reference(name, split):
-    from kernels.triton_kda import KdaConfig
+    from deltalab.kernels.delta_rule.triton_kda import KdaConfig
 
     *shape, kw = CPU_CASES[name]
     kw = dict(kw)
@@ -117,7 +117,7 @@ def test_fp32_matches_float64_reference(name, split):
 @pytest.mark.parametrize("split", [False, True], ids=["persistent prep", "split prep"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_half_inputs_match_float64_reference(dtype, split):
-    from kernels.triton_kda import KdaConfig
+    from deltalab.kernels.delta_rule.triton_kda import KdaConfig
 
     _check(1, None, 1, 2, 16, 32, dtype=dtype, lengths=[100, 30], strength=3.0, config=KdaConfig(split_prep=split))
 
@@ -129,7 +129,7 @@ def test_wy_variants_match_float64_reference(dtype, blocks):
     """The WY kernel's Kd factors e^{Gamma_last - Gamma_j} from the cumulative sums (`wy_kd_by_difference`), at
     strong decays (g down to -20 a token, so Gamma reaches -1280 within a chunk), in 8-wide key blocks and
     16-wide value tiles, looped in one program a chunk or one program each (`wy_blocks`)."""
-    from kernels.triton_kda import KdaConfig
+    from deltalab.kernels.delta_rule.triton_kda import KdaConfig
 
     cfg = KdaConfig(wy_kd_by_difference=True, wy_bk=8, wy_bv=16, wy_blocks=blocks)
     _check(1, None, 1, 2, 16, 32, dtype=dtype, lengths=[100, 30], strength=20.0, config=cfg)
@@ -140,7 +140,7 @@ def test_wy_variants_match_float64_reference(dtype, blocks):
 def test_inverse_kernel_matches_float64_reference(per_chunk):
     """T by the separate one-warp inverse kernel (`inverse_kernel`) after either intra kernel (packed, grouped
     heads, strong decays), fp32 and bf16."""
-    from kernels.triton_kda import KdaConfig
+    from deltalab.kernels.delta_rule.triton_kda import KdaConfig
 
     cfg = KdaConfig(inverse_kernel=True, intra_per_chunk=per_chunk, intra_bk=16)
     _check(1, None, 2, 4, 16, 16, lengths=[70, 9, 0, 130], strength=20.0, config=cfg)
@@ -150,7 +150,7 @@ def test_inverse_kernel_matches_float64_reference(per_chunk):
 @cpu_only
 def test_wy_blocks_are_the_looped_arithmetic():
     """A program a WY block computes what the looped kernel does, bit for bit (fp32, packed, grouped heads)."""
-    from kernels.triton_kda import KdaConfig, triton_kda
+    from deltalab.kernels.delta_rule.triton_kda import KdaConfig, triton_kda
 
     q, k, v, beta, g, s0 = _inputs(1, 150, 2, 4, 24, 40, 1.0, 2, "cpu", 3)
     cu = _cu([100, 50], "cpu")
@@ -165,7 +165,7 @@ def test_wy_blocks_are_the_looped_arithmetic():
 @pytest.mark.parametrize("split", [False, True], ids=["persistent prep", "split prep"])
 def test_key_halves_at_dk_256(split):
     """dk > 128: the state kernel holds the key rows in two halves (as triton_chunk)."""
-    from kernels.triton_kda import KdaConfig
+    from deltalab.kernels.delta_rule.triton_kda import KdaConfig
 
     _check(1, 70, 1, 1, 256, 16, config=KdaConfig(split_prep=split))
 
@@ -175,7 +175,7 @@ def test_split_prep_is_the_persistent_arithmetic():
     """Under the interpreter the split prep (`_intra_kernel` + `_wy_kernel`) computes what `_prep_kernel` does,
     to the bit when its within-sub-block pairs take all key channels in one block (as the persistent kernel);
     in key blocks of 16 the sums are split, to within fp32 rounding. Packed, grouped, strong decays, dv tiled."""
-    from kernels.triton_kda import KdaConfig, triton_kda
+    from deltalab.kernels.delta_rule.triton_kda import KdaConfig, triton_kda
 
     lengths = [70, 9, 130]
     q, k, v, beta, g, s0 = _inputs(1, sum(lengths), 1, 2, 32, 48, strength=20.0, n_seq=3, seed=6)
@@ -200,7 +200,7 @@ def test_own_pairs_by_products_or_channel_by_channel(split):
     channel: decays mild except in tokens 20-40 (strong there) put sub-blocks of one chunk on both paths. Both that
     mix and the channel-by-channel path alone (bound 0) agree with float64 to the fp32 bound and with each other to
     1e-6, and they are not bit-equal (the products did run)."""
-    from kernels.triton_kda import OWN_PAIRS_BOUND, KdaConfig, triton_kda
+    from deltalab.kernels.delta_rule.triton_kda import OWN_PAIRS_BOUND, KdaConfig, triton_kda
 
     q, k, v, beta, g, s0 = _inputs(1, 150, 1, 2, 16, 32, seed=7)
     g = g.clone()
@@ -222,7 +222,7 @@ def test_intra_per_chunk_matches_per_sub_block(strength):
     registers) against the per-sub-block one (then the inverse kernel) and float64: packed (a sequence shorter
     than a sub-block, one ending mid-sub-block), grouped heads, dk = 40 in key blocks of 16 (a masked last block),
     dv = 24."""
-    from kernels.triton_kda import KdaConfig, triton_kda
+    from deltalab.kernels.delta_rule.triton_kda import KdaConfig, triton_kda
 
     lengths = [70, 9, 0, 150]
     q, k, v, beta, g, s0 = _inputs(1, sum(lengths), 2, 4, 40, 24, strength=strength, n_seq=4, seed=8)
@@ -241,7 +241,7 @@ def test_intra_per_chunk_matches_per_sub_block(strength):
 @cpu_only
 def test_value_tiles_and_optional_outputs():
     """dv split into 16-wide tiles in every kernel; without the final and boundary states o is unchanged."""
-    from kernels.triton_kda import KdaConfig, triton_kda
+    from deltalab.kernels.delta_rule.triton_kda import KdaConfig, triton_kda
 
     cfg = KdaConfig(state_bv=16, prep_bv=16, out_bv=16)
     _check(1, 80, 1, 1, 16, 48, config=cfg)
@@ -257,8 +257,8 @@ def test_value_tiles_and_optional_outputs():
 @cpu_only
 def test_equal_channels_are_the_scalar_gate_kernel():
     """A per-channel gate equal across channels gives what the scalar-gate Triton forward gives."""
-    from kernels.triton_chunk import triton_delta_product
-    from kernels.triton_kda import triton_kda
+    from deltalab.kernels.delta_rule.triton_chunk import triton_delta_product
+    from deltalab.kernels.delta_rule.triton_kda import triton_kda
 
     q, k, v, beta, g, s0 = _inputs(1, 90, 1, 2, 16, 16, seed=3)
     gs = g[..., 0]
@@ -270,7 +270,7 @@ def test_equal_channels_are_the_scalar_gate_kernel():
 
 @cpu_only
 def test_normalize_qk_matches_reference():
-    from kernels.triton_kda import triton_kda
+    from deltalab.kernels.delta_rule.triton_kda import triton_kda
 
     q, k, v, beta, g, s0 = _inputs(1, 70, 1, 1, 16, 16, seed=4)
     k = k * 3.0
@@ -282,7 +282,7 @@ def test_normalize_qk_matches_reference():
 
 @cpu_only
 def test_bad_inputs_raise_one_line_value_errors():
-    from kernels.triton_kda import triton_kda
+    from deltalab.kernels.delta_rule.triton_kda import triton_kda
 
     q, k, v, beta, g, s0 = _inputs(1, 20, 1, 1, 16, 16)
     with pytest.raises(ValueError, match=r"per-channel gate g \[B,T,Hv,K\]"):
@@ -304,10 +304,10 @@ def test_bad_inputs_raise_one_line_value_errors():
 @cpu_only
 def test_dispatch_routes_per_channel_gates_to_triton_kda():
     """Devices aside, n_h = 1 per-channel gates take triton_kda, which equals the PyTorch form; n_h = 2 says why not."""
-    from kernels.chunk import chunk_delta_product
-    from kernels.dispatch import triton_path
-    from kernels.triton_chunk import triton_delta_product
-    from kernels.triton_kda import triton_kda
+    from deltalab.kernels.delta_rule.chunk import chunk_delta_product
+    from deltalab.kernels.delta_rule.dispatch import triton_path
+    from deltalab.kernels.delta_rule.triton_chunk import triton_delta_product
+    from deltalab.kernels.delta_rule.triton_kda import triton_kda
 
     q, k, v, beta, g, s0 = _inputs(1, 70, 1, 2, 16, 16, seed=5)
     forward, why = triton_path(q, k, v, g)
@@ -357,7 +357,7 @@ def test_gpu_strong_decays_grouped_packed_vs_float64():
 def test_gpu_half_internal_states_leave_o_bit_identical(K, V):
     """Without boundary states asked for, the KDA forward keeps them in bf16 (the output kernel rounds them to bf16
     for its product anyway): o and the final state are bit-identical to the call that returns fp32 states."""
-    from kernels.triton_kda import triton_kda
+    from deltalab.kernels.delta_rule.triton_kda import triton_kda
 
     q, k, v, beta, g, s0 = _inputs(2, 1000, 2, 4, K, V, device="cuda")
     args = (q.bfloat16(), k.bfloat16(), v.bfloat16(), beta, g)
@@ -389,7 +389,7 @@ def test_gpu_split_prep_vs_float64(intra):
     dk = dv = 128, bf16: full batches (B = 2,
     T = 1000 with a partial chunk, H = 16), then grouped heads, g down to -20 per token and packed sequences not
     multiples of 64 (one of a single token); fp32 on the first shape."""
-    from kernels.triton_kda import KdaConfig
+    from deltalab.kernels.delta_rule.triton_kda import KdaConfig
 
     cfg = KdaConfig(split_prep=True, **intra)
     _check(2, 1000, 16, 16, 128, 128, dtype=torch.bfloat16, device="cuda", config=cfg)
@@ -405,8 +405,8 @@ def test_gpu_split_prep_vs_float64(intra):
 def test_gpu_long_batch_vs_chunked_float64(state_bv):
     """B = 8, T = 2048 (a full GPU; shapes like these caught miscompiled tiles in triton_chunk) against the
     PyTorch chunked form in float64."""
-    from kernels.chunk import chunk_delta_product
-    from kernels.triton_kda import KdaConfig, triton_kda
+    from deltalab.kernels.delta_rule.chunk import chunk_delta_product
+    from deltalab.kernels.delta_rule.triton_kda import KdaConfig, triton_kda
 
     q, k, v, beta, g, s0 = _inputs(8, 2048, 8, 8, 128, 128, device="cuda")
     q, k, v = q.bfloat16(), k.bfloat16(), v.bfloat16()
@@ -427,8 +427,8 @@ def test_gpu_pipelined_state_kernel_is_bit_identical_to_one_stage(B, T, H):
     share an SM) change when loads are issued, never the arithmetic: o, final and boundary states bit-identical to
     one stage, at the shapes where `_launch` grants 3 and 2 stages (a pipelined loop of the delta-rule output kernel
     once miscompiled, see kernels/NOTES.md); and within the bf16 bound of the float64 chunked form."""
-    from kernels.chunk import chunk_delta_product
-    from kernels.triton_kda import KdaConfig, triton_kda
+    from deltalab.kernels.delta_rule.chunk import chunk_delta_product
+    from deltalab.kernels.delta_rule.triton_kda import KdaConfig, triton_kda
 
     q, k, v, beta, g, s0 = _inputs(B, T, H, H, 128, 128, device="cuda", seed=3)
     q, k, v = q.bfloat16(), k.bfloat16(), v.bfloat16()
@@ -447,8 +447,8 @@ def test_gpu_pipelined_state_kernel_is_bit_identical_to_one_stage(B, T, H):
 @gpu
 @needs_cuda
 def test_gpu_dispatch_runs_triton_kda_without_warning():
-    from kernels.dispatch import delta_product_forward
-    from kernels.triton_kda import triton_kda
+    from deltalab.kernels.delta_rule.dispatch import delta_product_forward
+    from deltalab.kernels.delta_rule.triton_kda import triton_kda
 
     q, k, v, beta, g, s0 = _inputs(1, 300, 4, 4, 128, 128, device="cuda")
     q, k, v = q.bfloat16(), k.bfloat16(), v.bfloat16()
@@ -469,7 +469,7 @@ def test_gpu_dispatch_runs_triton_kda_without_warning():
 def test_gpu_matches_fla_chunk_kda(packed):
     """Ours vs fla 0.6.0's chunk_kda on the same bf16 inputs (grouped value heads, initial states)."""
     fla = pytest.importorskip("fla.ops.kda")
-    from kernels.triton_kda import triton_kda
+    from deltalab.kernels.delta_rule.triton_kda import triton_kda
 
     lengths = [900, 45, 1100] if packed else None
     B, T = (1, sum(lengths)) if packed else (2, 1000)

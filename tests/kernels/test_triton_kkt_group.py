@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-import kernels.triton_chunk as tc
+import deltalab.kernels.delta_rule.triton_chunk as tc
 from tests.kernels.delta_rule_cases import GPU_REAL_CASES, TOL, check_choice, cpu_only, inputs, needs_cuda
 
 GROUP = dict(kkt_group=True)

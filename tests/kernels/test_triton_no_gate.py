@@ -10,8 +10,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels.naive import naive_delta_product
-from kernels.triton_chunk import LaunchConfig, triton_delta_product
+from deltalab.kernels.delta_rule.naive import naive_delta_product
+from deltalab.kernels.delta_rule.triton_chunk import LaunchConfig, triton_delta_product
 from tests.kernels.delta_rule_cases import (
     GPU_REAL_CASES,
     TOL,

@@ -15,7 +15,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-import kernels.triton_chunk as tc
+import deltalab.kernels.delta_rule.triton_chunk as tc
 from tests.kernels.delta_rule_cases import TOL, cpu_only, cu_seqlens, inputs, needs_cuda, rel
 
 # (B, T or None, Hk, Hv, K, V, gate, lengths or None)
@@ -29,7 +29,7 @@ PAIRED = dict(out_aqk=True)  # the pairs need q K^T from the kkt kernel
 
 def _run(case: tuple, dtype: torch.dtype, device: str, keep_boundaries: bool, **config) -> tuple[float, float, float]:
     """Rel. errors of (o, final state) against float64, and o's difference from the unpaired path."""
-    from kernels.naive import naive_delta_product
+    from deltalab.kernels.delta_rule.naive import naive_delta_product
 
     B, T, Hk, Hv, K, V, gate, lengths = case
     T = sum(lengths) if lengths else T

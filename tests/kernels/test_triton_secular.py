@@ -1,4 +1,4 @@
-"""The Triton secular-equation solver (`kernels.triton_secular`) against dense float64 eigvalsh and the torch
+"""The Triton secular-equation solver (`kernels.linalg.triton_secular`) against dense float64 eigvalsh and the torch
 solver, on the CPU under TRITON_INTERPRET=1 (small shapes) and on the GPU (marked), including the torch solver's
 hard cases: near-repeated and equal decays, zero key components, beta 0 / 1 / 2, decays near 0 and exactly 1.
 """
@@ -11,8 +11,8 @@ import warnings
 import pytest
 import torch
 
-from kernels.spectra_dplr import ITERATIONS, dplr_eigvals, dplr_eigvals_general
-from kernels.triton_secular import secular_eigvals
+from deltalab.kernels.linalg.triton_secular import secular_eigvals
+from deltalab.kernels.spectra.dplr import ITERATIONS, dplr_eigvals, dplr_eigvals_general
 from tests.kernels.test_spectra_dplr import hard_cases, random_inputs, symmetric_reference
 
 CPU_OK = os.environ.get("TRITON_INTERPRET", "0") == "1"
@@ -118,9 +118,9 @@ def test_general_rwkv_sign_pattern_uses_triton():
 
 
 def test_a_root_that_misses_the_trace_is_re_solved_after_a_warning(monkeypatch):
-    """The trace check (kernels.spectra_dplr._trace_checked) catches a grossly wrong root, like the one an H200
+    """The trace check (kernels.spectra.dplr._trace_checked) catches a grossly wrong root, like the one an H200
     returned once, and re-solves that matrix only; a correct matrix passes it untouched."""
-    import kernels.triton_secular as ts
+    import deltalab.kernels.linalg.triton_secular as ts
 
     d, k, beta = random_inputs(6, 8, seed=3)
     ref = symmetric_reference(d, k, beta)
@@ -226,7 +226,7 @@ def test_float32_launch_choices_agree():
 def test_float32_trace_check_re_solves_a_wrong_root(monkeypatch):
     """The trace check works at float32's tolerance: a root off by 1e-3 is caught and re-solved (float64, then
     rounded), and the correct matrices pass untouched."""
-    import kernels.triton_secular as ts
+    import deltalab.kernels.linalg.triton_secular as ts
 
     d, k, beta = _rounded(*random_inputs(6, 32, seed=4))
     exact = dplr_eigvals(d, k, beta, method="torch").float()

@@ -13,8 +13,8 @@ import warnings
 import pytest
 import torch
 
-from kernels.chunk import chunk_delta_product
-from kernels.naive import boundary_offsets, naive_delta_product, num_boundaries
+from deltalab.kernels.delta_rule.chunk import chunk_delta_product
+from deltalab.kernels.delta_rule.naive import boundary_offsets, naive_delta_product, num_boundaries
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 ON_GPU = torch.cuda.is_available() and not INTERPRET
@@ -145,7 +145,7 @@ CPU_CASES = {
 
 
 def _check_triton(case, dtype, device="cpu", seed=0):
-    from kernels.triton_chunk import LaunchConfig, triton_delta_product
+    from deltalab.kernels.delta_rule.triton_chunk import LaunchConfig, triton_delta_product
 
     B, T, Hk, Hv, K, V, n_h, gate, lengths, cfg = case
     T = sum(lengths) if lengths else T
@@ -188,7 +188,7 @@ def test_triton_half_inputs_varlen_grouped(fuse):
 @cpu_only
 def test_fused_output_without_boundary_states():
     """The fused path skips the boundary states when they are not asked for; o and the final state stay."""
-    from kernels.triton_chunk import LaunchConfig, triton_delta_product
+    from deltalab.kernels.delta_rule.triton_chunk import LaunchConfig, triton_delta_product
 
     q, k, v, beta, g, s0 = _inputs(1, 90, 1, 2, 16, 16, 2, True, seed=4)
     o, fin, bnd = triton_delta_product(
@@ -203,8 +203,8 @@ def test_fused_output_without_boundary_states():
 def test_dispatch_warns_once_and_falls_back_for_shapes_triton_does_not_take(monkeypatch):
     """With tensors that claim to be on CUDA (the interpreter runs them), dk = 320 goes to the PyTorch form
     after one warning naming the shape; dk = 16 takes the Triton path, silently."""
-    import kernels.triton_chunk as tc
-    from kernels.dispatch import delta_product_forward
+    import deltalab.kernels.delta_rule.triton_chunk as tc
+    from deltalab.kernels.delta_rule.dispatch import delta_product_forward
 
     monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
     calls = []
@@ -229,8 +229,8 @@ def test_dispatch_warns_once_and_falls_back_for_shapes_triton_does_not_take(monk
 def test_dispatch_falls_back_beyond_three_householder_steps(monkeypatch):
     """n_h = 4 (the output kernel keeps one q K^T accumulator per step, three at most) goes to the PyTorch form
     after one warning naming n_h; the Triton forward itself refuses it with the same reason."""
-    from kernels.dispatch import delta_product_forward
-    from kernels.triton_chunk import triton_delta_product
+    from deltalab.kernels.delta_rule.dispatch import delta_product_forward
+    from deltalab.kernels.delta_rule.triton_chunk import triton_delta_product
 
     monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
     q, k, v, beta, g, s0 = _inputs(1, 20, 1, 2, 16, 8, 4, True)
@@ -280,7 +280,7 @@ def test_gpu_real_shapes_vs_float64(name, dtype):
 @needs_cuda
 def test_gpu_long_packed_batch_vs_chunked_float64():
     """A packed batch of 8 documents (4-4000 tokens) of the Qwen grouped shape against the PyTorch form."""
-    from kernels.triton_chunk import triton_delta_product
+    from deltalab.kernels.delta_rule.triton_chunk import triton_delta_product
 
     lengths = [4000, 17, 2048, 640, 4, 1500, 3333, 64]
     cu = _cu(lengths, "cuda")
@@ -301,7 +301,7 @@ def test_gpu_long_packed_batch_vs_chunked_float64():
 def test_gpu_matches_fla_packed(n_h):
     """Our packed forward against fla 0.6.0 with the same cu_seqlens (fla's GDN kernel for n_h = 1, grouped)."""
     fla = pytest.importorskip("fla.ops")
-    from kernels.triton_chunk import triton_delta_product
+    from deltalab.kernels.delta_rule.triton_chunk import triton_delta_product
 
     lengths = [900, 77, 64, 1, 300]
     T, N = sum(lengths), len(lengths)
@@ -330,7 +330,7 @@ def test_gpu_matches_fla_packed(n_h):
 @gpu
 @needs_cuda
 def test_gpu_dispatch_falls_back_with_one_warning():
-    from kernels.dispatch import delta_product_forward
+    from deltalab.kernels.delta_rule.dispatch import delta_product_forward
 
     q, k, v, beta, g, s0 = _inputs(1, 100, 1, 2, 320, 64, 1, True, device="cuda")
     with torch.no_grad(), pytest.warns(UserWarning, match="dk=320") as rec:

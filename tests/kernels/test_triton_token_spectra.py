@@ -1,5 +1,6 @@
-"""The fused one-key-per-token spectra kernel (`kernels.triton_token_spectra`) against the float64 reduction
-(`kernels.spectra.householder_spectra`, window 1): one float32 rounding of 1 - b |k|^2 and exp(g) (1 - b |k|^2) for
+"""The fused one-key-per-token spectra kernel (`kernels.spectra.triton_token`) against the float64 reduction
+(`kernels.spectra.householder.householder_spectra`, window 1): one float32 rounding of 1 - b |k|^2 and exp(g) (1 - b
+|k|^2) for
 unit, unnormalised and zero keys, betas in (0, 2) up to 1 - b |k|^2 ~ 0, half and float inputs, strided views, with
 and without a gate; on the CPU under TRITON_INTERPRET=1 and on the GPU (marked), where the spectra probe's capture
 path (`probes.spectra.plan(...).fn`) takes it and must agree with the torch path it replaced.
@@ -14,8 +15,8 @@ import pytest
 import torch
 import xarray as xr
 
-from kernels.spectra import householder_spectra
-from kernels.triton_token_spectra import token_eigenvalues
+from deltalab.kernels.spectra.householder import householder_spectra
+from deltalab.kernels.spectra.triton_token import token_eigenvalues
 
 CPU_OK = os.environ.get("TRITON_INTERPRET", "0") == "1"
 needs_interpreter = pytest.mark.skipif(not CPU_OK, reason="Triton on CPU tensors needs TRITON_INTERPRET=1")
@@ -149,8 +150,8 @@ def _dataset(B: int, T: int, H: int, K: int) -> xr.Dataset:
 
 def test_cpu_tensors_keep_the_torch_path(monkeypatch):
     """Only CUDA capture tensors take the fused kernel: on the CPU the plan's fn never calls it."""
-    import kernels.triton_token_spectra as fused
-    from probes import spectra
+    import deltalab.kernels.spectra.triton_token as fused
+    from deltalab.probes import spectra
 
     def refuse(*args, **kwargs):
         raise AssertionError("the fused kernel ran for CPU tensors")
@@ -177,7 +178,7 @@ def test_gpu_plan_fused_path_matches_the_torch_path(gated):
     """The spectra plan's fn on CUDA capture tensors (fused eig_P / eig_A) against the torch path it replaced:
     linalg.token_spectra's eig_P (the same float64 value, rounded once: equal up to summation order) and eig_A =
     eig_P * exp(g) (rounded twice there); window outputs untouched."""
-    from probes import linalg, spectra
+    from deltalab.probes import linalg, spectra
 
     B, T, H, K = 2, 48, 4, 128
     k, beta, g = _inputs(B, T, H, K, torch.bfloat16, seed=17, device="cuda")

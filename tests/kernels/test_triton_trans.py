@@ -13,8 +13,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-import kernels.triton_chunk as tc
-from kernels.triton_prep import launch_inverse
+import deltalab.kernels.delta_rule.triton_chunk as tc
+from deltalab.kernels.delta_rule.triton_prep import launch_inverse
 from tests.kernels.delta_rule_cases import GPU_REAL_CASES, GPU_REAL_RUNS, check_choice, cpu_only, inputs, needs_cuda
 
 # (B, T or None, Hk, Hv, K, V, n_h, gate, lengths or None)

@@ -58,7 +58,7 @@ def test_split_T_is_the_inverse_of_I_plus_A(gate):
     A_ij = beta_i e^{G_i - G_j} k_i.k_j / (|k_i| |k_j|) (j < i), dense rows with a partial last chunk; also the kkt
     kernel's intra-chunk attention (q_i.k_j / (|q_i| |k_j|)) e^{G_i - G_j} (j <= i), which `out_aqk` reads, and its
     Gamma and row scales beta_i e^{G_i} / |k_i| (what the keys path with U from v reads instead of `_wu_kernel`'s)."""
-    from kernels.triton_prep import _kkt_kernel, _tri_inverse_kernel
+    from deltalab.kernels.delta_rule.triton_prep import _kkt_kernel, _tri_inverse_kernel
 
     B, T, Hk, Hv, K = 2, 100, 1, 2, 32
     q, k, v, beta, g, _ = inputs(B, T, Hk, Hv, K, 16, 1, gate, seed=3)
@@ -125,8 +125,8 @@ def test_gpu_split_bf16_vs_float64(name):
 def test_gpu_split_long_sequences_vs_chunked_float64(K, V):
     """B = 8, T = 2048 (a full GPU; shapes like these caught miscompiles that T = 300 missed) against the
     PyTorch chunked form in float64, o only through the lean call (what the benchmark's o+fin column times)."""
-    from kernels.chunk import chunk_delta_product
-    from kernels.triton_chunk import LaunchConfig, triton_delta_product
+    from deltalab.kernels.delta_rule.chunk import chunk_delta_product
+    from deltalab.kernels.delta_rule.triton_chunk import LaunchConfig, triton_delta_product
 
     q, k, v, beta, g, s0 = inputs(8, 2048, 4, 8, K, V, 1, True, device="cuda")
     qb, kb, vb = q.bfloat16(), k.bfloat16(), v.bfloat16()

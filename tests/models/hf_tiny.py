@@ -14,7 +14,7 @@ from types import ModuleType
 
 import torch
 
-from models.hf.families import GDN_KERNELS
+from deltalab.models.hf.families import GDN_KERNELS
 
 FAMILIES = ("olmo_hybrid", "qwen3_next", "qwen3_5", "qwen3_5_moe", "qwen4_exp")
 LINEAR_LAYERS = (0, 1, 3)

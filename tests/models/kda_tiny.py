@@ -62,7 +62,7 @@ def probed_kimi_store(base: Path, spec: str, probes: dict[str, list[str]]) -> Pa
     the CLI, and probed with `probes` (name -> extra arguments); each step must succeed."""
     from typer.testing import CliRunner
 
-    from app.cli import app
+    from deltalab.app.cli import app
 
     folder = save_kda("kimi_linear", base / "kimi")
     out = base / "s.zarr"

@@ -9,8 +9,8 @@ import pytest
 import torch
 from nnsight import NNsight
 
-import models.attention
-from models.hf.families import GDN_KERNELS
+import deltalab.models.attention
+from deltalab.models.hf.families import GDN_KERNELS
 from tests.models.hf_tiny import original_kernels
 
 
@@ -31,7 +31,7 @@ def beta_zero_through_hook(model: torch.nn.Module, ids: torch.Tensor, layer: int
 def beta_zero_by_hand(model: torch.nn.Module, ids: torch.Tensor, call: int, head: int,
                       monkeypatch: pytest.MonkeyPatch) -> tuple[torch.Tensor, torch.Tensor]:
     """(plain logits, logits with beta of `head` zeroed inside the `call`-th kernel call) of a deltalab model."""
-    real = models.attention.delta_product_forward
+    real = deltalab.models.attention.delta_product_forward
     calls = []
 
     def zero_head(q, k, v, beta, g=None, **kw):
@@ -44,7 +44,7 @@ def beta_zero_by_hand(model: torch.nn.Module, ids: torch.Tensor, call: int, head
     with torch.no_grad():
         base = model(ids).logits
         with monkeypatch.context() as m:
-            m.setattr(models.attention, "delta_product_forward", zero_head)
+            m.setattr(deltalab.models.attention, "delta_product_forward", zero_head)
             by_hand = model(ids).logits
     return base, by_hand
 

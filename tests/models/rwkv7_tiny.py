@@ -15,7 +15,7 @@ def probed_rwkv7_store(base: Path, spec: str, probes: dict[str, list[str]], chec
     (name -> extra arguments); each step must succeed."""
     from typer.testing import CliRunner
 
-    from app.cli import app
+    from deltalab.app.cli import app
 
     out = base / "s.zarr"
     res = CliRunner().invoke(app, ["capture", str(checkpoint), "--data", spec, "--out", str(out), "--hooks", HOOKS,

@@ -10,7 +10,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from models import CheckpointError, DeltaProductForCausalLM, ModelConfig, load_checkpoint, save_checkpoint
+from deltalab.models import CheckpointError, DeltaProductForCausalLM, ModelConfig, load_checkpoint, save_checkpoint
 
 FIXTURE = Path(__file__).parents[1] / "fixtures" / "fla" / "gdp_nh2_all"
 

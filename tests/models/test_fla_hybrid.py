@@ -5,7 +5,8 @@ DeltaNet with 2 key heads and 4 value heads, beta in (0, 2). The three oracle ch
 families, against fla itself:
 (a) logits with the hooks read through nnsight equal fla's float32 logits (1e-4 of the largest logit, as the
     other fla fixtures; measured 3.6e-6 on the GPU) and the unhooked forward's exactly;
-(b) q, k, v, beta, g read through the hooks, fed to kernels.naive in float64, reproduce fla's own float32 kernel
+(b) q, k, v, beta, g read through the hooks, fed to kernels.delta_rule.naive in float64, reproduce fla's own float32
+kernel
     output and final state of each delta-rule layer (recorded by the fixture script) to 1e-5 relative;
 (c) beta = 0 on one value head through hook_beta equals the same change made inside the layer's kernel call.
 """
@@ -20,10 +21,10 @@ import torch
 from nnsight import NNsight
 from safetensors.torch import load_file
 
-from kernels.naive import naive_delta_product
-from models import load_checkpoint
-from models.config import ConfigError, ModelConfig
-from models.softmax_attention import SoftmaxAttention
+from deltalab.kernels.delta_rule.naive import naive_delta_product
+from deltalab.models import load_checkpoint
+from deltalab.models.config import ConfigError, ModelConfig
+from deltalab.models.softmax_attention import SoftmaxAttention
 from tests.models.oracles import beta_zero_by_hand, beta_zero_through_hook, fro
 
 FIXTURE = Path(__file__).parents[1] / "fixtures" / "fla" / "gdn_hybrid_gva"
@@ -141,7 +142,7 @@ def test_softmax_attention_matches_float64_formula(spec):
 
 
 def test_config_round_trip_keeps_hybrid_and_grouped_fields(tmp_path, model):
-    from models.checkpoint import save_checkpoint
+    from deltalab.models.checkpoint import save_checkpoint
 
     save_checkpoint(model, tmp_path / "copy")
     raw = json.loads((tmp_path / "copy" / "config.json").read_text())
@@ -171,8 +172,8 @@ def test_capture_and_probes_on_the_hybrid(tmp_path):
     import numpy as np
     from typer.testing import CliRunner
 
-    import store
-    from app.cli import app
+    from deltalab import store
+    from deltalab.app.cli import app
 
     out = tmp_path / "s.zarr"
     res = CliRunner().invoke(app, ["capture", str(FIXTURE), "--data", "S4:length=70,samples=4,seed=0", "--out",
@@ -200,7 +201,7 @@ def test_pruning_study_refuses_the_hybrid_in_one_line():
     import subprocess
     import sys
 
-    res = subprocess.run([sys.executable, "-m", "app.cli", "prune", str(FIXTURE), "--no-throughput"],
+    res = subprocess.run([sys.executable, "-m", "deltalab.app.cli", "prune", str(FIXTURE), "--no-throughput"],
                          cwd=Path(__file__).parents[2], capture_output=True, text=True, timeout=120)
     assert res.returncode == 2
     assert res.stderr.strip().splitlines() == [

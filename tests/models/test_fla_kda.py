@@ -3,7 +3,7 @@
 
 (a) logits through nnsight equal the plain forward exactly and fla's float32 logits within 1e-4 of the largest
     (measured on the GPU: 5.6e-6 and 1.6e-6);
-(b) q, k, v, beta, g read through the hooks (g per key channel), fed to kernels.naive in float64, reproduce
+(b) q, k, v, beta, g read through the hooks (g per key channel), fed to kernels.delta_rule.naive in float64, reproduce
     fla's own float32 kernel output and final state per layer (recorded by the fixture script) to 1e-5 relative;
 (c) beta = 0 on one value head through hook_beta equals the same change made inside the kernel call;
 and the stored per-channel gate gives the spectra probe's exact transition eigenvalues.
@@ -20,9 +20,9 @@ import torch
 from nnsight import NNsight
 from safetensors.torch import load_file
 
-from kernels.naive import naive_delta_product
-from models import load_checkpoint
-from models.config import ModelConfig
+from deltalab.kernels.delta_rule.naive import naive_delta_product
+from deltalab.models import load_checkpoint
+from deltalab.models.config import ModelConfig
 from tests.models.oracles import beta_zero_by_hand, beta_zero_through_hook, fro
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "fla"
@@ -90,10 +90,10 @@ def test_c_beta_zero_through_hook_equals_by_hand(fixture, monkeypatch):
 def test_capture_and_exact_spectra(tmp_path):
     from typer.testing import CliRunner
 
-    import store
-    from app.cli import app
-    from kernels.spectra_naive import dplr_eigvals_dense
-    from store.reader import open_results
+    from deltalab import store
+    from deltalab.app.cli import app
+    from deltalab.kernels.spectra.naive import dplr_eigvals_dense
+    from deltalab.store.reader import open_results
 
     out = tmp_path / "s.zarr"
     res = CliRunner().invoke(app, ["capture", str(FIXTURES / "kda_gva"), "--data", "S4:length=70,samples=4,seed=0",

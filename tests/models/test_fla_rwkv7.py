@@ -3,7 +3,7 @@
 dk = 32, dv = 64, torch's norms, tied embeddings).
 
 (a) logits through nnsight (hooks read) equal the plain forward exactly and fla's float32 logits within 1e-4;
-(b) r, k, v, a_rwkv, kappa and log w read through the hooks, fed to kernels.dplr_naive in float64 (a = -kappa,
+(b) r, k, v, a_rwkv, kappa and log w read through the hooks, fed to kernels.dplr.naive in float64 (a = -kappa,
     b = kappa a_rwkv, scale 1), reproduce fla's own kernel output and final state per layer to 1e-5 relative, and
     equal fla's recorded kernel inputs;
 (c) a_rwkv = 0 on one head through hook_beta equals the same change made inside the layer (a_lora's output at
@@ -24,9 +24,9 @@ import torch
 from nnsight import NNsight
 from safetensors.torch import load_file, save_file
 
-from kernels.dplr_naive import naive_dplr
-from models import CheckpointError, load_checkpoint
-from models.config import ModelConfig
+from deltalab.kernels.dplr.naive import naive_dplr
+from deltalab.models import CheckpointError, load_checkpoint
+from deltalab.models.config import ModelConfig
 from tests.models.oracles import fro
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "fla"
@@ -163,7 +163,7 @@ def test_version1_stacked_mixes_load_like_fla(tmp_path):
 def cli_line(*args: str) -> str:
     from typer.testing import CliRunner
 
-    from app.cli import app
+    from deltalab.app.cli import app
 
     res = CliRunner().invoke(app, list(args))
     assert res.exit_code == 2, res.output
@@ -207,7 +207,7 @@ def test_d_blinkdl_layout_and_hybrid_config(tmp_path):
 def test_info_opens_it():
     from typer.testing import CliRunner
 
-    from app.cli import app
+    from deltalab.app.cli import app
 
     res = CliRunner().invoke(app, ["info", str(FIXTURES / "rwkv7_wide_v")])
     assert res.exit_code == 0, res.output
@@ -219,9 +219,9 @@ def test_capture_stores_per_channel_beta_and_kappa(tmp_path):
     stored q, k, v, kappa, beta, g through the float64 reference give the stored chunk-start and final states."""
     from typer.testing import CliRunner
 
-    import store
-    from app.cli import app
-    from store import schema
+    from deltalab import store
+    from deltalab.app.cli import app
+    from deltalab.store import schema
 
     out = tmp_path / "s.zarr"
     res = CliRunner().invoke(app, ["capture", str(FIXTURES / "rwkv7_fused"), "--data", "S4:length=70,samples=3,seed=0",
@@ -244,9 +244,9 @@ def test_capture_stores_per_channel_beta_and_kappa(tmp_path):
 def test_trained_by_deltalab_on_a_state_tracking_task(tmp_path):
     """`deltalab train --model-type rwkv7` builds RWKV7ForCausalLM, lowers the loss on length-2 S3 words (the first
     label is the input itself), and its run folder opens as an fla-format rwkv7 checkpoint."""
+    from deltalab.train.run import TrainError
+    from deltalab.train.state_tracking import TrainConfig, train
     from tests.train.test_state_tracking import TINY, _losses
-    from train.run import TrainError
-    from train.state_tracking import TrainConfig, train
 
     cfg = TrainConfig(task="S3", model_type="rwkv7", steps=30, lr=1e-2,
                       **{**TINY, "batch_size": 32, "train_length": 2, "log_every": 5})
@@ -261,7 +261,7 @@ def test_trained_by_deltalab_on_a_state_tracking_task(tmp_path):
 
 
 def test_bfloat16_load_stays_close_to_fla_float32():
-    """Loading in bfloat16 on the CPU keeps the recurrence in float32 (kernels.dplr_chunk; CUDA runs fla's bf16 kernel)
+    """Loading in bfloat16 on the CPU keeps the recurrence in float32 (kernels.dplr.chunk; CUDA runs fla's bf16 kernel)
     and stays near fla's float32 logits."""
     ref = load_file(str(FIXTURES / "rwkv7_fused" / "logits.safetensors"))
     model = load_checkpoint(FIXTURES / "rwkv7_fused", dtype=torch.bfloat16)
@@ -293,19 +293,20 @@ def test_cuda_matches_fla_and_hooks_edit(name):
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", NAMES)
 def test_cuda_bfloat16_runs_fla_kernel_near_fla_bfloat16(name, monkeypatch):
-    """bfloat16 on CUDA runs fla's chunk_dplr_delta_rule (kernels.dplr_fla): our logits sit as close to fla's own
+    """bfloat16 on CUDA runs fla's chunk_dplr_delta_rule (kernels.dplr.fla): our logits sit as close to fla's own
     bfloat16 logits (`logits_bf16`, recorded on CUDA by make_fla_fixtures.py --rwkv7) as fla's bfloat16 sits to
     its float32, or within 1e-2."""
+    import deltalab.kernels.dplr.dispatch
+
     pytest.importorskip("fla")
     ref = load_file(str(FIXTURES / name / "logits.safetensors"))
     if "logits_bf16" not in ref:
         pytest.skip("fixture recorded without CUDA: regenerate with scripts/device_run.sh rwkv7")
-    import kernels.dplr
 
     def no_fallback(*args, **kw):
         raise AssertionError("bfloat16 on CUDA fell back to the chunked form")
 
-    monkeypatch.setattr(kernels.dplr, "chunk_dplr", no_fallback)
+    monkeypatch.setattr(deltalab.kernels.dplr.dispatch, "chunk_dplr", no_fallback)
     model = load_checkpoint(FIXTURES / name, device="cuda", dtype=torch.bfloat16)
     with torch.no_grad():
         ours = model(ref["input_ids"].cuda()).logits.float().cpu()

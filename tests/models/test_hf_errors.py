@@ -10,8 +10,8 @@ pytest.importorskip("transformers")
 
 from typer.testing import CliRunner  # noqa: E402
 
-from models import CheckpointError, load_checkpoint  # noqa: E402
-from models.hf import check_transformers  # noqa: E402
+from deltalab.models import CheckpointError, load_checkpoint  # noqa: E402
+from deltalab.models.hf import check_transformers  # noqa: E402
 from tests.models.hf_tiny import save_tiny  # noqa: E402
 
 
@@ -38,7 +38,7 @@ def edit_config(folder, **changes):
 
 def cli_error(*args: str) -> str:
     """Run `deltalab ARGS` in-process; assert exit code 2 and one stderr line; return it."""
-    from app.cli import app
+    from deltalab.app.cli import app
 
     res = CliRunner().invoke(app, list(args))
     assert res.exit_code == 2, res.output

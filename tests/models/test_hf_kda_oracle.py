@@ -3,7 +3,7 @@ g [B,T,H,dk]. Tiny random models saved with save_pretrained, opened as deltalab 
 
 (a) logits with deltalab's hooks equal the untouched transformers model's (its own torch KDA kernels), also
     with an attention mask and one cached decode step (the recurrent kernel's call);
-(b) q, k, v, beta, g read through the hooks, fed to kernels.naive in float64, reproduce deltalab's kernel
+(b) q, k, v, beta, g read through the hooks, fed to kernels.delta_rule.naive in float64, reproduce deltalab's kernel
     output, states and cache, and the transformers kernel's inputs reproduce its output and cache, each to 1e-6
     relative (measured 1.0-2.7e-7 for both). Each side is checked on its own inputs: across the two runs the
     later layers' inputs carry different float32 rounding of the layers below (2.8e-6 apart at the last);
@@ -21,9 +21,9 @@ pytest.importorskip("transformers")
 
 from nnsight import NNsight  # noqa: E402
 
-from kernels.naive import l2_normalize, naive_delta_product  # noqa: E402
-from models import load_checkpoint  # noqa: E402
-from models.hf.adapter import DeltaRuleHooks  # noqa: E402
+from deltalab.kernels.delta_rule.naive import l2_normalize, naive_delta_product  # noqa: E402
+from deltalab.models import load_checkpoint  # noqa: E402
+from deltalab.models.hf.adapter import DeltaRuleHooks  # noqa: E402
 from tests.models.hf_tiny import original_kernels  # noqa: E402
 from tests.models.kda_tiny import (  # noqa: E402
     KDA_DIM,

@@ -2,7 +2,7 @@
 Qwen4-Exp): tiny random models saved with save_pretrained, opened as deltalab opens them.
 
 (a) logits with deltalab's hooks attached equal the untouched transformers model's (kernel rounding);
-(b) q, k, v, beta, g read through the hooks, fed to kernels.naive in float64, reproduce deltalab's kernel
+(b) q, k, v, beta, g read through the hooks, fed to kernels.delta_rule.naive in float64, reproduce deltalab's kernel
     output, states and cache to OURS (1e-6), and the layer's own transformers kernel output and the cache's
     final state to THEIRS (the captured inputs themselves are exact);
 (c) beta = 0 on one head through hook_beta equals the same change made by hand inside the layer.
@@ -28,10 +28,10 @@ from nnsight import NNsight  # noqa: E402
 from transformers import AutoModelForCausalLM  # noqa: E402
 from typer.testing import CliRunner  # noqa: E402
 
-from kernels.naive import l2_normalize, naive_delta_product  # noqa: E402
-from models import load_checkpoint  # noqa: E402
-from models.hf import FAMILIES as SUPPORTED  # noqa: E402
-from models.hf import HookedHFModel  # noqa: E402
+from deltalab.kernels.delta_rule.naive import l2_normalize, naive_delta_product  # noqa: E402
+from deltalab.models import load_checkpoint  # noqa: E402
+from deltalab.models.hf import FAMILIES as SUPPORTED  # noqa: E402
+from deltalab.models.hf import HookedHFModel  # noqa: E402
 from tests.models.hf_tiny import (  # noqa: E402
     FAMILIES,
     LINEAR_LAYERS,
@@ -194,7 +194,7 @@ def test_resid_hooks(hooked):
 
 
 def test_info_through_cli(folder, hooked):
-    from app.cli import app
+    from deltalab.app.cli import app
 
     res = CliRunner().invoke(app, ["info", str(folder)])  # reads config.json and the safetensors headers only
     assert res.exit_code == 0, res.output
@@ -233,7 +233,7 @@ def test_state_edit_restarts_the_recurrence(hooked):
 def test_router_passes_unhooked_models_through(hooked, untouched):
     """With deltalab's router installed, a model that was not hooked runs transformers' kernel, bit for bit;
     positional arguments reach the hooked adapter under their transformers names."""
-    from models.hf.route import attach
+    from deltalab.models.hf.route import attach
 
     model, module = untouched
     x = ids()

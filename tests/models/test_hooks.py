@@ -6,8 +6,8 @@ import pytest
 import torch
 from nnsight import NNsight
 
-from kernels import naive_delta_product
-from models import DeltaProductForCausalLM, ModelConfig
+from deltalab.kernels import naive_delta_product
+from deltalab.models import DeltaProductForCausalLM, ModelConfig
 
 HOOKS = ["hook_q", "hook_k", "hook_v", "hook_beta", "hook_g", "hook_state", "hook_o"]
 

@@ -27,14 +27,13 @@ def test_constants_and_readers_import_without_torch():
 
 
 def test_public_names_resolve_on_first_use():
-    import kernels
-    import models
-    from kernels.naive import CHUNK_SIZE
-    from models.lm import IGNORE_INDEX
+    from deltalab import kernels, models
+    from deltalab.kernels.delta_rule.naive import CHUNK_SIZE
+    from deltalab.models.lm import IGNORE_INDEX
 
     assert models.IGNORE_INDEX is IGNORE_INDEX and CHUNK_SIZE == 64
-    assert models.DeltaProductForCausalLM.__module__ == "models.lm"
-    assert kernels.naive_delta_product.__module__ == "kernels.naive"
+    assert models.DeltaProductForCausalLM.__module__ == "deltalab.models.lm"
+    assert kernels.naive_delta_product.__module__ == "deltalab.kernels.delta_rule.naive"
     assert set(models.__all__) <= set(dir(models)) and set(kernels.__all__) <= set(dir(kernels))
     with pytest.raises(AttributeError, match="no attribute 'nope'"):
         _ = models.nope

@@ -1,11 +1,11 @@
-"""models.replay: which sequences and chunks an edit of `hook_state` runs again, and what it leaves alone."""
+"""deltalab.models.replay: which sequences and chunks an edit of `hook_state` runs again, and what it leaves alone."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from models.replay import check_state_shape, replay_patched
+from deltalab.models.replay import check_state_shape, replay_patched
 
 
 def test_each_patched_sequence_restarts_at_its_own_first_patch_and_the_rest_stay_bit_for_bit():

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from models.run_files import RunFileError, read_task_file, training_length
+from deltalab.models.run_files import RunFileError, read_task_file, training_length
 
 
 def test_training_length_from_task_file_and_lm_config(tmp_path):
@@ -40,7 +40,7 @@ def test_clean_json_gives_plain_json_data():
 
     import numpy as np
 
-    from models.run_files import clean_json
+    from deltalab.models.run_files import clean_json
 
     raw = {1: (np.float32(0.5), np.int64(3), np.bool_(True)), "x": [math.nan, -math.inf, np.arange(2)], "z": 1 + 2j}
     assert clean_json(raw) == {"1": [0.5, 3, True], "x": [None, None, [0, 1]], "z": [1.0, 2.0]}

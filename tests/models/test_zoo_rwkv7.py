@@ -13,9 +13,9 @@ from pathlib import Path
 import torch
 from typer.testing import CliRunner
 
-from models import RWKV7ForCausalLM, load_checkpoint
-from tasks.state_tracking import get_task
-from train.evaluate import evaluate
+from deltalab.models import RWKV7ForCausalLM, load_checkpoint
+from deltalab.tasks.state_tracking import get_task
+from deltalab.train.evaluate import evaluate
 
 ZOO_RWKV7 = Path(__file__).resolve().parents[2] / "models" / "zoo" / "parity-rwkv7"
 TOKEN_BOUND = 0.97
@@ -48,8 +48,8 @@ def test_bundled_rwkv7_solves_its_task_at_training_length():
 
 
 def test_info_and_app_data_spec_open_it(tmp_path, monkeypatch):
-    from app.cli import app
-    from app.default_store import checkpoint_data_spec
+    from deltalab.app.cli import app
+    from deltalab.app.default_store import checkpoint_data_spec
 
     res = CliRunner().invoke(app, ["info", str(ZOO_RWKV7)])
     assert res.exit_code == 0, res.output
@@ -65,8 +65,8 @@ def test_card_spectra_script_matches_dense_eig_on_a_capture(tmp_path):
 
     import numpy as np
 
-    import store
-    from app.cli import app
+    from deltalab import store
+    from deltalab.app.cli import app
 
     out = tmp_path / "p.zarr"
     res = CliRunner().invoke(app, ["capture", str(ZOO_RWKV7), "--data", "parity:length=20,samples=3,seed=5",

@@ -69,7 +69,7 @@ def silu_inverse(y: np.ndarray) -> np.ndarray:
 
 
 def _s4_config():
-    from models import ModelConfig
+    from deltalab.models import ModelConfig
 
     return ModelConfig(model_type="gated_deltaproduct", vocab_size=24, hidden_size=32, num_hidden_layers=1,
                        num_heads=2, head_dim=8, expand_v=1.0, num_householder=2, use_forget_gate=False,
@@ -80,8 +80,8 @@ def planted_s4_checkpoint(folder: Path) -> Path:
     """See the module docstring; returns `folder`."""
     import torch
 
-    from models import DeltaProductForCausalLM, save_checkpoint
-    from tasks.state_tracking import get_task
+    from deltalab.models import DeltaProductForCausalLM, save_checkpoint
+    from deltalab.tasks.state_tracking import get_task
 
     torch.manual_seed(0)
     cfg = _s4_config()
@@ -118,7 +118,7 @@ def random_s4_checkpoint(folder: Path) -> Path:
     """A random model of the planted one's shape (no reflection head)."""
     import torch
 
-    from models import DeltaProductForCausalLM, save_checkpoint
+    from deltalab.models import DeltaProductForCausalLM, save_checkpoint
 
     torch.manual_seed(1)
     save_checkpoint(DeltaProductForCausalLM(_s4_config()), folder)
@@ -130,8 +130,8 @@ def tiny_lm_checkpoint(folder: Path, context_length: int = 64) -> Path:
     """A random 1-layer byte-level gated DeltaProduct LM with the files train_lm writes beside a checkpoint."""
     import torch
 
-    from models import DeltaProductForCausalLM, ModelConfig, save_checkpoint
-    from tasks.corpus import VOCAB_SIZE, write_tokenizer
+    from deltalab.models import DeltaProductForCausalLM, ModelConfig, save_checkpoint
+    from deltalab.tasks.corpus import VOCAB_SIZE, write_tokenizer
 
     torch.manual_seed(2)
     cfg = ModelConfig(model_type="gated_deltaproduct", vocab_size=VOCAB_SIZE, hidden_size=32, num_hidden_layers=1,

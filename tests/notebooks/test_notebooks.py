@@ -61,7 +61,7 @@ def jupyter_path(tmp_path_factory) -> str:
 def data(tmp_path_factory) -> dict[str, Path]:
     """Checkpoints (planted S4, random S4, tiny LM) and a bare capture of the random one (no probe results)."""
     os.environ.setdefault("TQDM_DISABLE", "1")
-    import store
+    from deltalab import store
 
     base = tmp_path_factory.mktemp("notebook_data")
     random_ckpt = ns.random_s4_checkpoint(base / "s4-random")
@@ -120,7 +120,7 @@ def test_s4_rotation_head_says_so_without_a_reflection_head(data, jupyter_path, 
 
 @pytest.mark.slow
 def test_effective_rank_marks_document_boundaries_of_a_text_capture(data, jupyter_path, monkeypatch):
-    import store
+    from deltalab import store
 
     summary = execute("02_effective_rank_over_time.ipynb", {"DELTALAB_CHECKPOINT": str(data["lm"])},
                       jupyter_path, monkeypatch, data["base"] / "cache-lm")

@@ -9,11 +9,11 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from app.cli import app
-from kernels.attention import delta_attention
-from probes import attention, data
-from probes.results import read_results
-from probes.synthetic import COPY_HEAD, synthetic_arrays, write_synthetic_store
+from deltalab.app.cli import app
+from deltalab.kernels.attention.chunk import delta_attention
+from deltalab.probes import attention, data
+from deltalab.probes.results import read_results
+from deltalab.probes.synthetic import COPY_HEAD, synthetic_arrays, write_synthetic_store
 
 KW = {"n_seq": 2, "length": 80, "seed": 4, "gated": True}
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from probes import betas, data
-from probes.synthetic import ROTATION_HEAD, synthetic_arrays, write_synthetic_store
+from deltalab.probes import betas, data
+from deltalab.probes.synthetic import ROTATION_HEAD, synthetic_arrays, write_synthetic_store
 
 KW = {"n_seq": 6, "length": 96, "seed": 1}
 

@@ -1,4 +1,4 @@
-"""`deltalab probe NAME` and `python -m probes.NAME`: JSON records, results written with provenance, errors."""
+"""`deltalab probe NAME` and `python -m deltalab.probes.NAME`: JSON records, results written with provenance, errors."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from app.cli import app
-from probes.results import list_results, read_results
-from probes.synthetic import ROTATION_HEAD, write_synthetic_store
+from deltalab.app.cli import app
+from deltalab.probes.results import list_results, read_results
+from deltalab.probes.synthetic import ROTATION_HEAD, write_synthetic_store
 from tests.store.chunks import chunk_files, forge, has_crc32c, zstd_only
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -64,7 +64,8 @@ def test_results_written_with_provenance_and_nothing_else_touched(store):
 
 def test_python_m_is_the_same_program(store):
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run([sys.executable, "-m", "probes.lengthgen", "--store", str(store), "--json", "--no-write"],
+    proc = subprocess.run([sys.executable, "-m", "deltalab.probes.lengthgen", "--store", str(store), "--json",
+                           "--no-write"],
                           capture_output=True, text=True, cwd=ROOT, env=env, timeout=120)
     assert proc.returncode == 0, proc.stderr
     via_cli = _probe("lengthgen", "--store", str(store), "--json", "--no-write")

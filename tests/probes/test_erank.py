@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from probes import data, erank
-from probes.synthetic import LOW_RANK_HEAD, ROTATION_HEAD, synthetic_arrays, write_synthetic_store
+from deltalab.probes import data, erank
+from deltalab.probes.synthetic import LOW_RANK_HEAD, ROTATION_HEAD, synthetic_arrays, write_synthetic_store
 
 KW = {"n_seq": 4, "length": 100, "seed": 5}
 
@@ -89,7 +89,7 @@ def test_doc_start_drop_needs_a_ranked_token_before_it():
     adds no drop (it used to add -erank(t), its NaN predecessor counted as 0); one with both ranked counts."""
     import xarray as xr
 
-    from probes.erank import summarize
+    from deltalab.probes.erank import summarize
 
     rng = np.random.default_rng(0)
     S, L, T, H = 2, 1, 12, 2

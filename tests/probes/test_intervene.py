@@ -7,15 +7,15 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from models import IGNORE_INDEX
-from probes import data, intervene
-from probes.base import ProbeError
-from probes.synthetic import write_synthetic_store
+from deltalab.models import IGNORE_INDEX
+from deltalab.probes import data, intervene
+from deltalab.probes.base import ProbeError
+from deltalab.probes.synthetic import write_synthetic_store
 
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
-    from models import DeltaProductForCausalLM, ModelConfig, save_checkpoint
+    from deltalab.models import DeltaProductForCausalLM, ModelConfig, save_checkpoint
 
     root = tmp_path_factory.mktemp("intervene")
     store = write_synthetic_store(root / "s.zarr", n_seq=4, length=40, seed=7)
@@ -95,8 +95,8 @@ def test_default_sweep_covers_every_head_and_step(setup):
 
 
 def test_cli_writes_results(setup):
-    from probes.base import run_module
-    from probes.results import read_results
+    from deltalab.probes.base import run_module
+    from deltalab.probes.results import read_results
 
     store, _, ckpt = setup
     code = run_module("intervene", ["--store", str(store), "--checkpoint", str(ckpt), "--set-beta", "0:0:1=2"])
@@ -114,7 +114,7 @@ def test_corrupt_keys_results_that_still_decode_are_one_line(setup, tmp_path, ca
     file of the store as it was (no partial results group left behind)."""
     import shutil
 
-    from probes.base import run_module
+    from deltalab.probes.base import run_module
     from tests.store.chunks import chunk_files, forge, has_crc32c
 
     store, _, ckpt = setup

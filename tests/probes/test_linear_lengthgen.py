@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from models import IGNORE_INDEX
-from probes import data, lengthgen, linear
-from probes.synthetic import COPY_HEAD, synthetic_arrays, write_synthetic_store
+from deltalab.models import IGNORE_INDEX
+from deltalab.probes import data, lengthgen, linear
+from deltalab.probes.synthetic import COPY_HEAD, synthetic_arrays, write_synthetic_store
 
 KW = {"n_seq": 10, "length": 96, "seed": 6}
 

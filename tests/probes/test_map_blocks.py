@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import xarray as xr
 
-from probes import data, erank, spectra
+from deltalab.probes import data, erank, spectra
 
 
 def _ds(n_seq: int = 37, T: int = 50) -> xr.Dataset:

@@ -9,9 +9,9 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-import store
-from app.cli import app
-from store.reader import open_results
+from deltalab import store
+from deltalab.app.cli import app
+from deltalab.store.reader import open_results
 from tests.models.rwkv7_tiny import FIXTURE, probed_rwkv7_store
 
 SPEC = "S4:length=70,samples=3,seed=0"
@@ -120,8 +120,8 @@ def test_decays_and_keys_on_rwkv7(rwkv_store):
 
 
 def test_keys_of_kappa_is_the_pca_of_the_removal_keys(rwkv_store):
-    from probes import keys
-    from probes.base import ProbeError
+    from deltalab.probes import keys
+    from deltalab.probes.base import ProbeError
 
     res = CliRunner().invoke(app, ["probe", "keys", "--store", str(rwkv_store), "--of", "kappa", "--name",
                                    "keys-kappa"])
@@ -141,7 +141,7 @@ def test_attention_probe_matches_the_dense_oracle(rwkv_store):
     """The probe's top-k sources of every token against alpha of the float64 dense oracle on the stored inputs (one
     layer, two sequences); o rebuilt from the map equals the stored read-out; the approximation's error is that of
     the decay-only oracle (removal dropped); a window with --context folds earlier tokens into the stored state."""
-    from kernels.dplr_attention_naive import naive_dplr_attention
+    from deltalab.kernels.attention.dplr_naive import naive_dplr_attention
 
     res = CliRunner().invoke(app, ["probe", "attention", "--store", str(rwkv_store), "--top-k", "5"])
     assert res.exit_code == 0, res.output
@@ -211,9 +211,9 @@ def test_reduce_attention_on_rwkv7_equals_the_probe(tmp_path):
 def test_intervene_on_rwkv7_sets_every_channel_and_refuses_surgery(rwkv_store):
     """--set-beta on rwkv7 fills every key channel of the head (checked against a plain forward hook), the default
     sweep runs, and state surgery (Householder replay) is one line."""
-    from models import load_checkpoint
-    from probes import intervene
-    from probes.base import ProbeError
+    from deltalab.models import load_checkpoint
+    from deltalab.probes import intervene
+    from deltalab.probes.base import ProbeError
 
     ds = store.open(rwkv_store)
     model = load_checkpoint(FIXTURE, device="cpu", dtype=torch.float32).eval()

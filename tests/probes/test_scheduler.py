@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from app.cli import app
-from probes.results import list_results, read_results
-from probes.synthetic import write_synthetic_store
+from deltalab.app.cli import app
+from deltalab.probes.results import list_results, read_results
+from deltalab.probes.synthetic import write_synthetic_store
 
 distributed = pytest.importorskip("distributed")
 

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from probes import data, spectra
-from probes.synthetic import ROTATION_HEAD, synthetic_arrays, write_synthetic_store
+from deltalab.probes import data, spectra
+from deltalab.probes.synthetic import ROTATION_HEAD, synthetic_arrays, write_synthetic_store
 
 KW = {"n_seq": 4, "length": 80, "seed": 3}
 
@@ -50,7 +50,7 @@ def test_angle_is_twice_the_angle_between_planes(result):
 
 
 def test_matches_dense_eigenvalues(store, result):
-    from kernels.spectra_naive import naive_spectra
+    from deltalab.kernels.spectra.naive import naive_spectra
 
     a = synthetic_arrays(**KW)
     k = torch.from_numpy(a["k"][:2, 1, :6].astype(np.float64))  # layer 1: random heads
@@ -92,7 +92,7 @@ def _channel_gated(store):
 def test_per_channel_gate_windows_are_the_recurrence_products(store):
     """--channel-windows: window_eig_A has all dk eigenvalues of each window's transitions, A_t = P_t diag(e^g_t),
     here with n_h = 2; they equal the dense eigenvalues of the reference recurrence run from the identity."""
-    from kernels.naive import naive_delta_product
+    from deltalab.kernels.delta_rule.naive import naive_delta_product
 
     ds = _channel_gated(store)
     out = spectra.run(ds, window=4, channel_windows=True).dataset
@@ -122,7 +122,7 @@ def test_per_channel_gate_windows_are_the_recurrence_products(store):
 def test_float32_precision_of_per_channel_gates(store):
     """--precision float32 (one token, n_h = 1): eig_A within the float32 solver's bound of the float64 values,
     the choice kept in the result's attributes; an unknown precision is one ProbeError line."""
-    from probes.base import ProbeError
+    from deltalab.probes.base import ProbeError
 
     ds = _channel_gated(store).isel(step=slice(0, 1))
     exact = spectra.run(ds, window=2).dataset

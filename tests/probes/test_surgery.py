@@ -11,10 +11,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from models import IGNORE_INDEX
-from probes import intervene
-from probes.base import ProbeError
-from probes.surgery import StateEdit, edited_output
+from deltalab.models import IGNORE_INDEX
+from deltalab.probes import intervene
+from deltalab.probes.base import ProbeError
+from deltalab.probes.surgery import StateEdit, edited_output
 
 ZOO = Path(__file__).resolve().parents[2] / "models" / "zoo"
 
@@ -100,7 +100,7 @@ LAYER, HEAD, QUERY, SOURCE = 1, 3, 98, 89  # "def norm(self" reads the space at 
 def lm():
     from nnsight import NNsight
 
-    from models import load_checkpoint
+    from deltalab.models import load_checkpoint
 
     model = load_checkpoint(ZOO / "stdlib-deltanet", device="cpu").eval()
     return model, NNsight(model)
@@ -111,7 +111,7 @@ def test_erasing_the_source_the_map_points_to_changes_the_prediction(lm):
     ranks the indentation space at 89 among its top sources; erasing that association (H_89 <- (I - k k^T) H_89)
     turns the prediction to '.' (as in `self.x` of a method body), while erasing the weakest source does nothing
     of the kind."""
-    from kernels.attention import delta_attention
+    from deltalab.kernels.attention.chunk import delta_attention
 
     model, nn_model = lm
     ids = torch.tensor([list(TEXT)])
@@ -153,9 +153,9 @@ def test_cli_runs_surgery_and_reports_kl(tmp_path):
 
     from typer.testing import CliRunner
 
-    from app.cli import app
-    from models import DeltaProductForCausalLM, ModelConfig, save_checkpoint
-    from probes.synthetic import write_synthetic_store
+    from deltalab.app.cli import app
+    from deltalab.models import DeltaProductForCausalLM, ModelConfig, save_checkpoint
+    from deltalab.probes.synthetic import write_synthetic_store
 
     store = write_synthetic_store(tmp_path / "s.zarr", n_seq=2, length=24, seed=3)
     cfg = ModelConfig(model_type="gated_deltaproduct", vocab_size=8, hidden_size=32, num_hidden_layers=2,

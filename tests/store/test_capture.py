@@ -17,10 +17,10 @@ import torch
 import torch.nn.functional as F
 from typer.testing import CliRunner
 
-import store
-from app.cli import app
-from kernels import naive_delta_product
-from models import DeltaProductForCausalLM, ModelConfig, load_checkpoint, save_checkpoint
+from deltalab import store
+from deltalab.app.cli import app
+from deltalab.kernels import naive_delta_product
+from deltalab.models import DeltaProductForCausalLM, ModelConfig, load_checkpoint, save_checkpoint
 from tests.conftest import fill_disk
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -86,9 +86,9 @@ def test_capture_matches_model_and_float64_reference(ckpt, tmp_path):
 def test_gpu_capture_equals_the_hooked_forward(tmp_path, monkeypatch, stream_min_bytes):
     """On CUDA the capture copies asynchronously into pinned memory: every batch must still be the one hooked,
     whether a variable is stacked on the device first or copied to the host layer by layer (large variables)."""
-    import store.runner
+    import deltalab.store.runner
 
-    monkeypatch.setattr(store.runner, "STREAM_MIN_BYTES", stream_min_bytes)
+    monkeypatch.setattr(deltalab.store.runner, "STREAM_MIN_BYTES", stream_min_bytes)
     torch.manual_seed(2)
     ck = save_checkpoint(DeltaProductForCausalLM(tiny_config(hidden_size=64, head_dim=32)), tmp_path / "ck")
     out = tmp_path / "gpu.zarr"
@@ -136,7 +136,7 @@ def test_layers_dtype_and_ungated(tmp_path):
 def test_sigkill_then_resume_is_bit_identical(ckpt, tmp_path):
     spec = "S4:length=130,samples=48,seed=1"
     killed, clean = tmp_path / "killed.zarr", tmp_path / "clean.zarr"
-    cmd = [sys.executable, "-m", "app.cli", "capture", str(ckpt), "--data", spec, "--out", str(killed),
+    cmd = [sys.executable, "-m", "deltalab.app.cli", "capture", str(ckpt), "--data", spec, "--out", str(killed),
            "--batch-size", "2", "--no-progress"]
     proc = subprocess.Popen(cmd, cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     deadline = time.time() + 60
@@ -222,7 +222,7 @@ def test_torchrun_two_ranks_match_single_process(ckpt, tmp_path):
     spec = "S4:length=70,samples=14,seed=2"
     dist_out, single = tmp_path / "dist.zarr", tmp_path / "single.zarr"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-           "-m", "store.capture_dist", str(ckpt), "--data", spec, "--out", str(dist_out), "--batch-size", "2",
+           "-m", "deltalab.store.capture_dist", str(ckpt), "--data", spec, "--out", str(dist_out), "--batch-size", "2",
            "--no-progress"]
     res = subprocess.run(cmd, cwd=ROOT, env={**ENV, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True,
                          timeout=120)
@@ -239,7 +239,7 @@ def test_torchrun_two_ranks_match_single_process(ckpt, tmp_path):
 def test_stored_layers_go_to_the_host_one_at_a_time_as_the_stack_would():
     """The CUDA path for stored variables no reduction reads: each layer converted and copied into one
     (layer, ...) host tensor, equal to stacking on the device and converting (what the other variables get)."""
-    from store.runner import _stack, _to_pinned
+    from deltalab.store.runner import _stack, _to_pinned
 
     per_layer = [torch.randn(2, 5, 3, dtype=torch.float32) for _ in range(4)]
     got = _to_pinned(per_layer, torch.float16, pin=False)

@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-import store
-from app.cli import app
-from store import schema
-from store.capture import CaptureError, resolve_heads
+from deltalab import store
+from deltalab.app.cli import app
+from deltalab.store import schema
+from deltalab.store.capture import CaptureError, resolve_heads
 
 ZOO = Path(__file__).parents[2] / "models" / "zoo"
 GATED = ZOO / "stdlib-gated-deltaproduct2"
@@ -270,9 +270,9 @@ def test_rwkv7_per_channel_betas_and_removal_keys_keep_their_heads(tmp_path):
 def test_intervene_names_model_heads_on_a_heads_store(gated_pair):
     """intervene edits name the model's heads: its sweep covers the captured ones, a key projection of head 3 reads
     that head's keys (the same result as on the full store), and a head the store lacks is a one-line error."""
-    from models import load_checkpoint
-    from probes import data, intervene
-    from probes.base import ProbeError
+    from deltalab.models import load_checkpoint
+    from deltalab.probes import data, intervene
+    from deltalab.probes.base import ProbeError
 
     full, sub, _ = gated_pair
     model = load_checkpoint(GATED)

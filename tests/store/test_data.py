@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from models import IGNORE_INDEX
-from store.data import load_data
-from store.errors import DataError
-from tasks.state_tracking import get_task, write_csv
+from deltalab.models import IGNORE_INDEX
+from deltalab.store.data import load_data
+from deltalab.store.errors import DataError
+from deltalab.tasks.state_tracking import get_task, write_csv
 
 
 def test_task_spec_matches_generator_and_is_canonical():
@@ -90,7 +90,7 @@ def test_text_shorter_than_a_window(tmp_path):
 def test_text_with_an_end_of_document_token_gets_it_after_every_document(tmp_path):
     """`deltalab train lm`'s tokenizer.json ends each document with <|endoftext|> (256), as in training."""
     pytest.importorskip("tokenizers")
-    from tasks.corpus import EOS_ID, write_tokenizer
+    from deltalab.tasks.corpus import EOS_ID, write_tokenizer
 
     ckpt = tmp_path / "ckpt"
     ckpt.mkdir()

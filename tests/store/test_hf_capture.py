@@ -1,5 +1,5 @@
 """`deltalab capture` on transformers Gated DeltaNet folders: grouped heads in the store, real layer numbers,
-and oracle (b) through the store: stored q, k, v, beta, g -> kernels.naive in float64 reproduce the stored
+and oracle (b) through the store: stored q, k, v, beta, g -> kernels.delta_rule.naive in float64 reproduce the stored
 o, the transformers kernel's output and its cache's final state."""
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ pytest.importorskip("transformers")
 from transformers import AutoModelForCausalLM  # noqa: E402
 from typer.testing import CliRunner  # noqa: E402
 
-import store  # noqa: E402
-from app.cli import app  # noqa: E402
-from kernels.naive import naive_delta_product  # noqa: E402
-from models.hf import family_of  # noqa: E402
+from deltalab import store  # noqa: E402
+from deltalab.app.cli import app  # noqa: E402
+from deltalab.kernels.delta_rule.naive import naive_delta_product  # noqa: E402
+from deltalab.models.hf import family_of  # noqa: E402
 from tests.models.hf_tiny import FAMILIES, LINEAR_LAYERS, NUM_K_HEADS, NUM_V_HEADS, original_kernels, save_tiny  # noqa: E402
 
 SPEC = "S4:length=70,samples=4,seed=0"

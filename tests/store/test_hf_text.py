@@ -13,9 +13,9 @@ pytest.importorskip("tokenizers")
 
 from typer.testing import CliRunner  # noqa: E402
 
-import store  # noqa: E402
-from app.cli import app  # noqa: E402
-from store.data import load_data  # noqa: E402
+from deltalab import store  # noqa: E402
+from deltalab.app.cli import app  # noqa: E402
+from deltalab.store.data import load_data  # noqa: E402
 from tests.models.hf_tiny import SPECIALS, save_char_tokenizer, save_tiny  # noqa: E402
 
 BOS, EOS = SPECIALS["<|begin_of_text|>"], SPECIALS["<|endoftext|>"]

@@ -11,11 +11,11 @@ from typer.testing import CliRunner
 
 pytest.importorskip("transformers")
 
-import store  # noqa: E402
-from app.cli import app  # noqa: E402
-from kernels.naive import naive_delta_product  # noqa: E402
-from kernels.spectra_naive import dplr_eigvals_dense  # noqa: E402
-from store.reader import open_results  # noqa: E402
+from deltalab import store  # noqa: E402
+from deltalab.app.cli import app  # noqa: E402
+from deltalab.kernels.delta_rule.naive import naive_delta_product  # noqa: E402
+from deltalab.kernels.spectra.naive import dplr_eigvals_dense  # noqa: E402
+from deltalab.store.reader import open_results  # noqa: E402
 from tests.models.kda_tiny import KDA_DIM, KDA_HEADS, KDA_LINEAR, probed_kimi_store  # noqa: E402
 
 
@@ -81,7 +81,7 @@ def test_decays_probe_reports_memory_per_key_channel(kimi_store):
 
 
 def test_decays_probe_without_a_gate_says_so(tmp_path):
-    from probes.synthetic import write_synthetic_store
+    from deltalab.probes.synthetic import write_synthetic_store
 
     path = write_synthetic_store(tmp_path / "s.zarr", gated=False)
     res = CliRunner().invoke(app, ["probe", "decays", "--store", str(path)])
@@ -89,8 +89,8 @@ def test_decays_probe_without_a_gate_says_so(tmp_path):
 
 
 def test_decays_probe_on_a_scalar_gate_has_one_channel(tmp_path):
-    from probes.decays import run
-    from probes.synthetic import write_synthetic_store
+    from deltalab.probes.decays import run
+    from deltalab.probes.synthetic import write_synthetic_store
 
     ds = store.open(write_synthetic_store(tmp_path / "s.zarr", gated=True))
     out = run(ds).dataset
@@ -117,7 +117,7 @@ def test_reductions_during_capture_equal_the_probes_on_per_channel_gates(kimi_st
 def test_float32_spectra_during_capture_equal_the_probe_in_float32(kimi_store, tmp_path):
     """--reduce spectra --spectra-precision float32 writes what `deltalab probe spectra --precision float32` gives
     on the store, and records the precision with the result."""
-    from probes import spectra
+    from deltalab.probes import spectra
 
     out = tmp_path / "r.zarr"
     res = CliRunner().invoke(app, ["capture", str(kimi_store.parent / "kimi"), "--data",

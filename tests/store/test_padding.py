@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-import store
-from app.cli import app
-from store.data import load_data
+from deltalab import store
+from deltalab.app.cli import app
+from deltalab.store.data import load_data
 
 ZOO = Path(__file__).parents[2] / "models" / "zoo"
 
@@ -56,7 +56,7 @@ def test_probes_never_read_padding(padded_store):
         res = CliRunner().invoke(app, ["probe", probe, "--store", str(padded_store), "--json"])
         assert res.exit_code == 0, (probe, res.output)
     pad = np.asarray(raw["pad"].values)
-    from store.reader import open_results
+    from deltalab.store.reader import open_results
 
     erank = open_results(padded_store, "erank")
     per_token = [v for v in erank.data_vars if {"seq", "pos"} <= set(erank[v].dims) and erank[v].dtype.kind == "f"]

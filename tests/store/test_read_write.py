@@ -11,10 +11,10 @@ import pytest
 import xarray as xr
 import zarr
 
-import store
-from kernels.constants import CHUNK_SIZE
-from store import schema
-from store.writer import StoreWriter
+from deltalab import store
+from deltalab.kernels.constants import CHUNK_SIZE
+from deltalab.store import schema
+from deltalab.store.writer import StoreWriter
 from tests.conftest import fill_disk
 
 SIZES = {"pos": 70, "layer": 2, "head": 3, "step": 2, "dk": 4, "dv": 5, "chunk": schema.n_chunks(70),
@@ -249,7 +249,7 @@ def test_new_arrays_end_in_a_crc32c_and_older_ones_still_read(tmp_path):
     """Every unsharded array written now (small per-sequence arrays, loss, probe variables, results written or
     appended) ends in a crc32c; activations stay raw in shards whose index has one. Arrays written before (zstd
     only) read the same values."""
-    from probes.results import append_results
+    from deltalab.probes.results import append_results
     from tests.store.chunks import zstd_only
 
     path = tmp_path / "s.zarr"

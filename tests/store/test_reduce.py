@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-import store
-from app.cli import app
-from probes.results import read_results
+from deltalab import store
+from deltalab.app.cli import app
+from deltalab.probes.results import read_results
 
 ZOO = Path(__file__).parents[2] / "models" / "zoo"
 MODEL = ZOO / "s4-deltaproduct2"
@@ -114,7 +114,7 @@ def test_rank_every_equals_the_probe_with_every(tmp_path):
 def test_rank_every_a_chunk_multiple_keeps_only_the_ranked_states(tmp_path, monkeypatch):
     """--rank-every 64 ranks chunk-boundary states only: capture keeps those two of each layer's three (cut as the
     layer runs) and the reductions, run on the reducer thread, still equal the probe on the stored inputs."""
-    from probes.reduce import CaptureReductions
+    from deltalab.probes.reduce import CaptureReductions
 
     seen, compute = [], CaptureReductions.compute
 
@@ -213,7 +213,7 @@ def test_gpu_reductions_on_the_device_equal_the_probes(tmp_path):
 def test_a_failing_reduction_stops_capture_with_its_error(tmp_path, monkeypatch):
     """The reductions run on their own thread: an error there reaches the caller (not a hang, not a silent store
     without results), and the batches already written stay readable."""
-    from probes.reduce import CaptureReductions
+    from deltalab.probes.reduce import CaptureReductions
 
     def boom(self, attrs, tensors, host):
         raise RuntimeError("reduction failed on purpose")
@@ -234,7 +234,7 @@ def test_a_failing_reduction_stops_capture_with_its_error(tmp_path, monkeypatch)
 @pytest.mark.parametrize(("heads", "length", "every"), [(768, 4096, 2048), (8, 512, 64), (1152, 2048, 2048),
                                                          (256, 8192, 512), (768, 100, 64), (96, 150, 128)])
 def test_auto_rank_every_ranks_half_a_state_per_token_within_the_sequence(heads, length, every):
-    from probes.reduce import RANKED_PER_TOKEN, auto_rank_every
+    from deltalab.probes.reduce import RANKED_PER_TOKEN, auto_rank_every
 
     got = auto_rank_every(heads, length)
     assert got == every and got % 64 == 0
@@ -244,8 +244,8 @@ def test_auto_rank_every_ranks_half_a_state_per_token_within_the_sequence(heads,
 def test_auto_rank_every_is_resolved_for_the_captured_model(tmp_path):
     """rank_every=None (the CLI's CUDA default): the model's delta-rule heads and the sequence length pick it
     before capture, and the results record the value used (here: the bundled model's few heads -> 64)."""
-    from probes.reduce import CaptureReductions
-    from store import capture
+    from deltalab.probes.reduce import CaptureReductions
+    from deltalab.store import capture
 
     red = CaptureReductions(["ranks"], rank_every=None)
     out = tmp_path / "s.zarr"
@@ -258,7 +258,7 @@ def test_auto_rank_every_is_resolved_for_the_captured_model(tmp_path):
 
 
 def test_steady_pace_leaves_out_start_up_and_drain():
-    from store.capture import _steady
+    from deltalab.store.capture import _steady
 
     assert _steady([0.0, 1.0]) is None  # two batches: no spacing between full-pipeline batches to speak of
     assert _steady([10.0, 12.0, 14.0, 16.5]) == pytest.approx(6.5 / 3, abs=1e-4)  # rounded to 0.1 ms

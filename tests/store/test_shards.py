@@ -1,4 +1,5 @@
-"""store.shards writes whole shards byte-identical to zarr's, from strided views, and refuses layouts it cannot."""
+"""deltalab.store.shards writes whole shards byte-identical to zarr's, from strided views, and refuses layouts it
+cannot."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import numpy as np
 import pytest
 import zarr
 
-from store.shards import ShardLayout
+from deltalab.store.shards import ShardLayout
 
 
 def files(path: Path) -> dict[str, bytes]:

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-import store
-from app.cli import app
+from deltalab import store
+from deltalab.app.cli import app
 
 ZOO = Path(__file__).parents[2] / "models" / "zoo"
 SPEC = "S4:length=100,samples=6,seed=0"
@@ -57,7 +57,7 @@ def test_the_estimate_line_is_printed_first(tmp_path):
 
 def test_estimate_counts_the_reductions_results(tmp_path):
     """With --reduce the per-token results (often larger than the hooks kept) are in the estimate, uncompressed."""
-    from probes.results import read_results
+    from deltalab.probes.results import read_results
 
     out = tmp_path / "s.zarr"
     res = CliRunner().invoke(app, ["capture", str(ZOO / "s4-deltaproduct2"), "--data", SPEC, "--out", str(out),

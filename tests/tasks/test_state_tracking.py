@@ -11,10 +11,10 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from app.cli import app
-from models import IGNORE_INDEX
-from tasks.groups import GroupSpecError, alternating, cyclic, dihedral, parse_group, symmetric
-from tasks.state_tracking import (
+from deltalab.app.cli import app
+from deltalab.models import IGNORE_INDEX
+from deltalab.tasks.groups import GroupSpecError, alternating, cyclic, dihedral, parse_group, symmetric
+from deltalab.tasks.state_tracking import (
     TaskError,
     get_task,
     read_csv,
@@ -215,7 +215,7 @@ def test_paper_examples_evaluate_as_in_the_papers():
                         ("((1-(-2))+((4)+3))", 0)]:
         assert _ast_value(ast.parse(text, mode="eval"), 5) == value
     task = get_task("modarith")
-    from tasks.state_tracking import _evaluate_flat
+    from deltalab.tasks.state_tracking import _evaluate_flat
 
     ids = {"+": 0, "-": 1, "*": 2}
     nums = np.array([[2, 1, 2, 2, 3]])

@@ -9,8 +9,8 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from models import load_checkpoint
-from tasks.corpus import (
+from deltalab.models import load_checkpoint
+from deltalab.tasks.corpus import (
     EOS_ID,
     VOCAB_SIZE,
     CorpusError,
@@ -22,7 +22,7 @@ from tasks.corpus import (
     source_files,
     write_tokenizer,
 )
-from train.lm import LMTrainConfig, LMTrainError, train_lm
+from deltalab.train.lm import LMTrainConfig, LMTrainError, train_lm
 
 SAMPLE = "def f(x):\n    return 'héllo ∑ 日本' + \"\\t\" \x00\x7f\r\n"
 
@@ -39,7 +39,7 @@ def test_tokenizer_json_encodes_exactly_the_bytes(tmp_path):
 
 def test_store_text_data_reads_the_checkpoint_tokenizer(tmp_path):
     pytest.importorskip("tokenizers")
-    from store.data import load_data
+    from deltalab.store.data import load_data
 
     write_tokenizer(tmp_path)
     text = SAMPLE.replace("\r", "") * 3  # store.data reads text with universal newlines
@@ -104,7 +104,7 @@ def test_training_writes_a_loadable_checkpoint_and_resumes_exactly(corpus_root, 
 
 @pytest.mark.parametrize("kind,dk", [("delta_net", 8), ("gated_deltanet", 8), ("kda", 8)])
 def test_model_types_build_with_fla_dims(corpus_root, kind, dk):
-    from train.lm import model_config
+    from deltalab.train.lm import model_config
 
     cfg = model_config(small(corpus_root, model_type=kind))
     assert (cfg.model_type, cfg.head_k_dim, cfg.head_v_dim, cfg.num_householder) == (kind, dk, 8, 1)
@@ -114,7 +114,7 @@ def test_model_types_build_with_fla_dims(corpus_root, kind, dk):
 
 
 def test_cli_train_lm_and_train_task_share_the_command(corpus_root, tmp_path):
-    from app.cli import app
+    from deltalab.app.cli import app
 
     runner = CliRunner()
     res = runner.invoke(app, ["train", "lm", "--out", str(tmp_path / "run"), "--corpus-root", str(corpus_root),

@@ -10,9 +10,9 @@ import pytest
 import scipy.linalg
 import torch
 
-from kernels.rrqr import strong_rrqr, swap_gains
-from models import DeltaProductForCausalLM, ModelConfig, load_checkpoint, save_checkpoint
-from train.prune import (
+from deltalab.kernels.linalg.rrqr import strong_rrqr, swap_gains
+from deltalab.models import DeltaProductForCausalLM, ModelConfig, load_checkpoint, save_checkpoint
+from deltalab.train.prune import (
     METHODS,
     Calibration,
     LayerPlan,
@@ -339,7 +339,7 @@ def test_reduced_config_keeps_dv_with_fla_integer_rules():
 # --- the study ----------------------------------------------------------------------------------------
 
 def test_study_records_and_cli(tmp_path, capsys):
-    from train.prune_study import main
+    from deltalab.train.prune_study import main
 
     model = tiny("gated_deltaproduct", vocab_size=4)
     save_checkpoint(model, tmp_path / "ckpt")

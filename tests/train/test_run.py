@@ -13,10 +13,10 @@ import torch
 from safetensors.torch import load_file
 from typer.testing import CliRunner
 
-from app.cli import app
-from train.lm import LMTrainConfig, LMTrainError, train_lm
-from train.run import LOG_FILE, STATE_FILE, TrainError
-from train.state_tracking import TrainConfig, train
+from deltalab.app.cli import app
+from deltalab.train.lm import LMTrainConfig, LMTrainError, train_lm
+from deltalab.train.run import LOG_FILE, STATE_FILE, TrainError
+from deltalab.train.state_tracking import TrainConfig, train
 
 STEPS = 6
 

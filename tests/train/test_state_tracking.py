@@ -11,12 +11,12 @@ import torch
 from safetensors.torch import load_file
 from typer.testing import CliRunner
 
-from app.cli import app
-from models import load_checkpoint
-from tasks.state_tracking import IGNORE_INDEX, get_task
-from train.evaluate import accuracy, evaluate, perplexity, position_curves
-from train.run import LOG_FILE, STATE_FILE, TrainError, lr_lambda
-from train.state_tracking import TrainConfig, model_config, train
+from deltalab.app.cli import app
+from deltalab.models import load_checkpoint
+from deltalab.tasks.state_tracking import IGNORE_INDEX, get_task
+from deltalab.train.evaluate import accuracy, evaluate, perplexity, position_curves
+from deltalab.train.run import LOG_FILE, STATE_FILE, TrainError, lr_lambda
+from deltalab.train.state_tracking import TrainConfig, model_config, train
 
 TINY = dict(heads=2, head_dim=8, batch_size=8, train_length=16, log_every=1, eval_every=0, save_every=0)
 
@@ -164,7 +164,7 @@ def test_evaluate_reports_every_length_and_a_curve_at_the_longest():
 
 
 def load_or_build(task):
-    from models import DeltaProductForCausalLM
+    from deltalab.models import DeltaProductForCausalLM
 
     return DeltaProductForCausalLM(model_config(TrainConfig(task=task.name, heads=2, head_dim=8), task))
 

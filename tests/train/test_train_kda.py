@@ -11,15 +11,15 @@ import torch
 from nnsight import NNsight
 from typer.testing import CliRunner
 
-from app.cli import app
-from models import DeltaProductForCausalLM, load_checkpoint
-from models.config import MODEL_TYPES
-from tasks.state_tracking import get_task
+from deltalab.app.cli import app
+from deltalab.models import DeltaProductForCausalLM, load_checkpoint
+from deltalab.models.config import MODEL_TYPES
+from deltalab.tasks.state_tracking import get_task
+from deltalab.train.lm import LMTrainConfig, LMTrainError, train_lm
+from deltalab.train.run import STATE_FILE, TrainError
+from deltalab.train.state_tracking import TrainConfig, train
 from tests.train.test_lm import small
 from tests.train.test_state_tracking import TINY
-from train.lm import LMTrainConfig, LMTrainError, train_lm
-from train.run import STATE_FILE, TrainError
-from train.state_tracking import TrainConfig, train
 
 
 def captured_g(model, ids: torch.Tensor) -> torch.Tensor:
@@ -120,7 +120,7 @@ def test_lm_trainer_refuses_in_one_line(corpus_root, tmp_path, kwargs, needle):
 
 
 def test_lm_model_types_are_the_ones_model_config_builds(corpus_root):
-    from train.lm import model_config
+    from deltalab.train.lm import model_config
 
     for kind in LMTrainConfig.model_types:
         assert model_config(small(corpus_root, model_type=kind)).model_type == kind

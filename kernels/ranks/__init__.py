@@ -1,0 +1,1 @@
+"""State ranks over time, rebuilt from chunk-boundary states: references and fast forms."""

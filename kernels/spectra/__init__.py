@@ -1,0 +1,1 @@
+"""Eigenvalues of token and window transitions: Householder products, per-channel gates, DPLR."""
