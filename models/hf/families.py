@@ -28,6 +28,7 @@ class Family:
     `neg_eig_field`: text-config field that doubles beta (OLMo-Hybrid), or None.
     `channel_gate`: Kimi Delta Attention (one log decay per key channel) instead of Gated DeltaNet.
     `auto_class`: the transformers Auto class that builds the model from its folder.
+    `since`: the first transformers (major, minor) that ships the family, where later than TRANSFORMERS_RANGE's start.
     """
 
     model_type: str
@@ -37,6 +38,7 @@ class Family:
     neg_eig_field: str | None = None
     channel_gate: bool = False
     auto_class: str = "AutoModelForCausalLM"
+    since: tuple[int, int] | None = None
 
     @property
     def kernels(self) -> tuple[str, str]:
@@ -65,6 +67,7 @@ _FAMILIES = (
     Family("qwen3_5_text", "Qwen3.5 (text)", "transformers.models.qwen3_5.modeling_qwen3_5"),
     Family("qwen3_5_moe", "Qwen3.5-MoE", "transformers.models.qwen3_5_moe.modeling_qwen3_5_moe"),
     Family("qwen3_5_moe_text", "Qwen3.5-MoE (text)", "transformers.models.qwen3_5_moe.modeling_qwen3_5_moe"),
+    Family("lara_mini", "Lara-Mini", "transformers.models.lara_mini.modeling_lara_mini", since=(5, 24)),
     Family("qwen4_exp", "Qwen4-Exp", "transformers.models.qwen4_exp.modeling_qwen4_exp", single_residual=False),
     Family("qwen4_exp_text", "Qwen4-Exp (text)", "transformers.models.qwen4_exp.modeling_qwen4_exp",
            single_residual=False),

@@ -72,6 +72,15 @@ def check_transformers(version: str | None = None) -> str:
     return version
 
 
+def check_family_version(family: Family, version: str) -> None:
+    """One-line CheckpointError when the installed transformers `version` predates `family`."""
+    m = re.match(r"(\d+)\.(\d+)", version)
+    if family.since is not None and m is not None and (int(m[1]), int(m[2])) < family.since:
+        need = ".".join(map(str, family.since))
+        raise _error(f"{family.label} ({family.model_type}) needs transformers >= {need}, found {version}: "
+                     f"pip install 'transformers>={need},<6'")
+
+
 def hf_family(raw: dict[str, Any], folder: Path) -> Family:
     """The Family of a parsed config.json, refusing remote code and unsupported model types."""
     if raw.get("auto_map"):
@@ -117,7 +126,7 @@ def describe(folder: str | Path) -> tuple[HFModelConfig, int, str] | None:
     if not isinstance(raw, dict) or not (raw.get("auto_map") or family_of(str(raw.get("model_type")))):
         return None
     family = hf_family(raw, folder)
-    check_transformers()
+    check_family_version(family, check_transformers())
     files = weight_files(folder)
     from safetensors import safe_open
     from transformers import AutoConfig
@@ -149,7 +158,7 @@ def load_hf_checkpoint(folder: str | Path, raw: dict[str, Any] | None = None, de
     if raw is None:
         raw = json.loads((folder / "config.json").read_text())
     family = hf_family(raw, folder)
-    check_transformers()
+    check_family_version(family, check_transformers())
     weight_files(folder)
     layer_types = raw.get("text_config", raw).get("layer_types")
     if layer_types is not None and LINEAR not in layer_types:

@@ -1,4 +1,4 @@
-"""Tiny random transformers models of the five Gated DeltaNet families, saved with save_pretrained.
+"""Tiny random transformers models of the Gated DeltaNet families, saved with save_pretrained.
 
 Built from the transformers Config classes on the CPU, no download: 4 layers (0, 1, 3 Gated
 DeltaNet, 2 softmax attention), 2 key heads and 4 value heads (grouped), dk = dv = 8.
@@ -16,7 +16,16 @@ import torch
 
 from deltalab.models.hf.families import GDN_KERNELS
 
-FAMILIES = ("olmo_hybrid", "qwen3_next", "qwen3_5", "qwen3_5_moe", "qwen4_exp")
+
+def _has_transformers_model(name: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(f"transformers.models.{name}") is not None
+
+
+FAMILIES = ("olmo_hybrid", "qwen3_next", "qwen3_5", "qwen3_5_moe", "qwen4_exp",
+            *(("lara_mini",) if _has_transformers_model("lara_mini") else ()))
+"""The families built here: Lara-Mini where the installed transformers ships it (5.24 and later)."""
 LINEAR_LAYERS = (0, 1, 3)
 NUM_K_HEADS, NUM_V_HEADS, HEAD_DIM, VOCAB = 2, 4, 8, 64
 
@@ -42,6 +51,8 @@ def build(family: str) -> torch.nn.Module:
         return tf.AutoModelForCausalLM.from_config(tf.OlmoHybridConfig(**TEXT)).eval()
     if family == "qwen3_next":
         return tf.AutoModelForCausalLM.from_config(tf.Qwen3NextConfig(**TEXT, **MOE, decoder_sparse_step=1)).eval()
+    if family == "lara_mini":
+        return tf.AutoModelForCausalLM.from_config(tf.LaraMiniConfig(**TEXT, **MOE)).eval()
     if family == "qwen3_5":
         config = tf.Qwen3_5Config(text_config=TEXT, vision_config=VISION)
     elif family == "qwen3_5_moe":

@@ -96,3 +96,17 @@ def test_transformers_version_out_of_range(folder, monkeypatch):
 
     monkeypatch.setattr(transformers, "__version__", "4.57.1")
     assert "pip install 'transformers>=5.23,<6'" in cli_error("info", str(folder))
+
+
+def test_family_newer_than_the_installed_transformers():
+    """Lara-Mini ships with transformers 5.24: under 5.23 (inside deltalab's range) it is one line naming the
+    version to install, not transformers' own failure to import its module."""
+    from deltalab.models.hf.families import FAMILIES
+    from deltalab.models.hf.loader import check_family_version
+
+    lara = FAMILIES["lara_mini"]
+    with pytest.raises(CheckpointError, match=r"needs transformers >= 5\.24, found 5\.23\.0: pip install "
+                                              r"'transformers>=5\.24,<6'"):
+        check_family_version(lara, "5.23.0")
+    check_family_version(lara, "5.24.0")
+    check_family_version(FAMILIES["olmo_hybrid"], "5.23.0")

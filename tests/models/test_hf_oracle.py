@@ -227,7 +227,7 @@ def test_state_edit_restarts_the_recurrence(hooked):
     o_ref, _, _ = naive_delta_product(q, k, saved["v"].double()[:, 64:], saved["beta"].double()[:, 64:],
                                       saved["g"].double()[:, 64:], scale=8**-0.5)
     assert torch.equal(saved["o"][:, :64], clean[:, :64])
-    assert fro(saved["o"][:, 64:], o_ref) < 1e-5 and fro(clean[:, 64:], o_ref) > 1e-3  # the edit matters
+    assert fro(saved["o"][:, 64:], o_ref) < 1e-5 and fro(clean[:, 64:], o_ref) > 1e-4  # the edit matters
 
 
 def test_router_passes_unhooked_models_through(hooked, untouched):
