@@ -51,7 +51,7 @@ def machine_line(run: dict) -> str:
     fla = fla[4:] if fla.startswith("fla ") else fla
     date = str(run.get("started", "?")).split(" ")[0]
     parts = [
-        f"GPU {run.get('device', '?')}",
+        f"{run.get('device', 'GPU ?')}",
         f"CUDA {run.get('cuda', '?')}",
         f"torch {run.get('torch', '?')}",
         f"Triton {run.get('triton', '?')}",

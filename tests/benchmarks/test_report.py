@@ -8,7 +8,7 @@ from benchmarks.report import main
 
 
 def _run(**extra) -> dict:
-    run = dict(device="NVIDIA H200", torch="2.11+cu130", triton="3.6.0", fla="fla 0.6.0", started="2026-11-28 20:00:00")
+    run = dict(device="Test GPU", torch="2.11+cu130", triton="3.6.0", fla="fla 0.6.0", started="2026-11-28 20:00:00")
     run.update(extra)
     return run
 
@@ -39,7 +39,7 @@ def test_grid_table_has_one_cell_per_point_and_names_the_worst(tmp_path, capsys)
     assert "| 1 x 2048 | 2.50x | 3.50x |" in out
     assert "| 8 x 8192 | 1.70x | 1.25x |" in out
     assert "Worst point: B = 8, T = 8192, n_h = 1, gate on, 1.25x (ours o+fin 0.400 ms, fla 0.500 ms)" in out
-    assert "Machine: GPU NVIDIA H200, CUDA 13.0, torch 2.11+cu130, Triton 3.6.0, fla 0.6.0, commit abc1234, " \
+    assert "Machine: Test GPU, CUDA 13.0, torch 2.11+cu130, Triton 3.6.0, fla 0.6.0, commit abc1234, " \
            "2026-11-28." in out
     assert "`python -m benchmarks.kernels --json OUT`" in out  # the default command when the file names none
     assert "## Delta-rule forward: real-model shapes" not in out  # sections the run skipped get no table
