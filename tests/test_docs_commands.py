@@ -1,4 +1,4 @@
-"""Every `deltalab ...` and `python -m ...` command the documentation shows names a real subcommand or module.
+"""Every `deltalab ...`, `python -m ...` and `torchrun ... -m` command in the docs names a real subcommand or module.
 
 The commands are read from README.md, CONTRIBUTING.md, docs/*.md, kernels/**/*.md and store/*.md: fenced
 code blocks line by line and inline code spans, outside HTML comments. A `deltalab` command is walked down the
@@ -20,7 +20,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ["README.md", "CONTRIBUTING.md", "docs/*.md", "kernels/**/*.md", "store/*.md"]
 FENCE = re.compile(r"^```[^\n]*\n(.*?)^```", re.S | re.M)
-INLINE = re.compile(r"`([^`\n]+)`")
+INLINE = re.compile(r"`([^`]+?)`")  # a span may wrap onto the next line, as Markdown allows
 COMMENT = re.compile(r"<!--.*?-->", re.S)  # marked rows for features not built yet
 
 
@@ -35,8 +35,9 @@ def _command_lines(text: str) -> list[str]:
     for block in FENCE.findall(text):
         lines += [re.split(r"\s#\s", line)[0].strip().lstrip("$ ") for line in block.splitlines()]
     for span in INLINE.findall(FENCE.sub("", text)):
-        lines.append(span.strip())
-    return [line for line in lines if line.startswith(("deltalab ", "python -m ")) or " python -m " in line]
+        lines.append(" ".join(span.split()))
+    starts = ("deltalab ", "python -m ", "torchrun ")
+    return [line for line in lines if line.startswith(starts) or " python -m " in line]
 
 
 def _words(line: str) -> list[str]:
@@ -61,7 +62,8 @@ def doc_commands() -> list[tuple[str, str]]:
 COMMANDS = doc_commands()
 CLI = [(doc, line) for doc, line in COMMANDS if line.startswith("deltalab ")]
 MODULES = [(doc, w[i + 1]) for doc, line in COMMANDS if not line.startswith("deltalab ")
-           for w in [_words(line)] for i in range(len(w) - 1) if w[i] == "-m" and w[i - 1].endswith("python")]
+           for w in [_words(line)] for i in range(1, len(w) - 1)
+           if w[i] == "-m" and (w[i - 1].endswith("python") or w[0] == "torchrun")]
 
 
 def _cli_group():
