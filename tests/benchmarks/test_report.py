@@ -76,3 +76,28 @@ def test_a_file_that_is_not_a_benchmark_run_is_one_line_and_exit_2(tmp_path, cap
     assert "broken.json: not JSON" in capsys.readouterr().err
     assert main([str(tmp_path / "missing.json")]) == 2
     assert "missing.json: no such file" in capsys.readouterr().err
+
+
+def test_a_table_file_is_rendered_as_given_with_its_machine_line(tmp_path, capsys):
+    table = dict(kind="table", title="Per-channel gates", command="python -m benchmarks.kda", device="Test GPU",
+                 description="ms by do_bench medians.", columns=["B", "T", "ours", "fla"],
+                 rows=[[1, 2048, 0.312, 0.675], [8, 8192, 7.705, 9.062]], note="fla's B = 1 times move.")
+    rc, out, _ = _report(tmp_path, capsys, table, _run(forward=_forward_rows()))
+    assert rc == 0
+    assert "## Per-channel gates" in out and "`python -m benchmarks.kda` (run0.json). ms by do_bench medians." in out
+    assert "| B | T | ours | fla |" in out and "| 8 | 8192 | 7.705 | 9.062 |" in out
+    assert "Machine: Test GPU, CUDA ?, torch ?" in out and "Note: fla's B = 1 times move." in out
+    assert out.index("Per-channel gates") < out.index("the grid")  # files keep their order
+
+
+def test_a_table_row_of_the_wrong_length_is_refused_in_one_line(tmp_path, capsys):
+    table = dict(kind="table", title="t", columns=["a", "b"], rows=[[1, 2], [3]])
+    rc, out, err = _report(tmp_path, capsys, table)
+    assert rc == 2 and out == ""
+    assert err.count("\n") == 1 and "row 1 has 1 cells, the table 2 columns" in err
+
+
+def test_a_whole_results_folder_is_named_by_its_glob(tmp_path, capsys):
+    _report(tmp_path, capsys, _run(forward=_forward_rows()), _run(forward=_forward_rows()))
+    main([str(p) for p in sorted(tmp_path.glob("*.json"))])
+    assert f"`python -m benchmarks.report {tmp_path.as_posix()}/*.json > docs/benchmarks.md`" in capsys.readouterr().out
