@@ -166,7 +166,7 @@ def ensure_default_store(progress: Progress | None = None, *, checkpoint: str | 
     """Return the default store, capturing and probing it first when it is missing or stale.
 
     `progress(fraction, message)` is called before each stage and with 1.0 at the end. Concurrent
-    callers (two dashboard sessions) wait on a lock file instead of building twice.
+    callers (two dashboards opened at once) wait on a lock file instead of building twice.
     """
     checkpoint = Path(checkpoint) if checkpoint else bundled_checkpoint()
     out = Path(out) if out else default_store_path()

@@ -1,6 +1,6 @@
 """Registers, spills and shared memory of the Triton KDA kernels, compiled for a GPU architecture without a GPU.
 
-Triton compiles ahead of time for a target (default sm_90, the H100/H200) with its bundled ptxas; `cuobjdump
+Triton compiles ahead of time for a target (default sm_90, Hopper) with its bundled ptxas; `cuobjdump
 --dump-resource-usage` reads the cubin. Spills (STACK bytes per thread) were the first thing to remove in the
 prep kernel (kernels/NOTES.md). `python -m benchmarks.kda_ptxas [--dtype bf16] [--dk 128] [--dv 128]
 [--prep-warps 8] [--prep-bk 32] [--state-bv 64] [--split-prep [--intra-warps 4] [--intra-bk 32]
@@ -144,7 +144,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--dtype", choices=list(PTR_DTYPES), default="bf16")
     p.add_argument("--dk", type=int, default=128)
     p.add_argument("--dv", type=int, default=128)
-    p.add_argument("--arch", type=int, default=90, help="compute capability x 10 (90: H100/H200)")
+    p.add_argument("--arch", type=int, default=90, help="compute capability x 10 (90: Hopper)")
     p.add_argument("--prep-warps", type=int, default=tk.KdaConfig.prep_warps)
     p.add_argument("--prep-bk", type=int, default=tk.KdaConfig.prep_bk)
     p.add_argument("--state-bv", type=int, default=None)

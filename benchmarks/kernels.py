@@ -1,4 +1,4 @@
-"""Benchmark of issues 4 and 17: `python -m benchmarks.kernels [--quick] [--json out.json] [--skip ...]`.
+"""The delta-rule forward against fla: `python -m benchmarks.kernels [--quick] [--json out.json] [--skip ...]`.
 
 Forward table: every point of the original grid (B in {1, 8}, T in {2048, 8192}, H = 8, dk = dv = 128,
 n_h in {1, 2, 3}, gate off/on, bf16) with our time, fla 0.6.0's `chunk_gated_delta_product` measured in

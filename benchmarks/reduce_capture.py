@@ -88,7 +88,7 @@ def main() -> None:
                         "to the forward's launches")
     p.add_argument("--no-summary", action="store_true",
                    help="skip the probes' summaries at the end of each capture (not in tokens/s; they took 30 s per "
-                        "6 batches at 8 x 4096 on an H200, and a 12-batch run ran past its timeout in them)")
+                        "6 batches of 8 x 4096 at a 7B model's size, and a 12-batch run timed out in them)")
     p.add_argument("--no-write", action="store_true",
                    help="diagnosis: compute the reductions but write none of them (nor their summaries)")
     p.add_argument("--stages", action="store_true",
@@ -160,7 +160,7 @@ def main() -> None:
     if args.no_write:  # the reductions' host side without their store writes (where does capture wait?)
         CaptureReductions.write = lambda self, path, attrs, start, reduced, n_seq: None
         CaptureReductions.finish = lambda self, path: {}
-    if args.no_summary:  # timing runs only: the end-of-run summaries (not in tok/s) cost device time, ~5 s a batch
+    if args.no_summary:  # timing runs only: the end-of-run summaries (not in tok/s) cost GPU time, ~5 s a batch
         CaptureReductions.finish = lambda self, path: {}
     if args.switch_interval is not None:
         sys.setswitchinterval(args.switch_interval)
@@ -278,7 +278,7 @@ def _stages(run, names: list[str], every: int | None, rows: int) -> list[str]:
 
 
 def _profiled(run, rows: int) -> tuple[dict, list[str]]:
-    """run() under torch.profiler: its result and the operator tables by self device time and self host time."""
+    """run() under torch.profiler: its result and the operator tables by self GPU time and self CPU time."""
     from torch.profiler import ProfilerActivity, profile
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if DEVICE == "cuda" else [])

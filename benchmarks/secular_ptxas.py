@@ -42,7 +42,7 @@ def report(dk: int = 128, arch: int = 90) -> dict[str, dict[str, int]]:
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m benchmarks.secular_ptxas", description=__doc__.splitlines()[0])
     p.add_argument("--dk", type=int, nargs="+", default=[64, 128])
-    p.add_argument("--arch", type=int, default=90, help="compute capability x 10 (90: H100/H200)")
+    p.add_argument("--arch", type=int, default=90, help="compute capability x 10 (90: Hopper)")
     args = p.parse_args(argv)
     if os.environ.get("TRITON_INTERPRET", "0") == "1":
         raise SystemExit("benchmarks.secular_ptxas compiles for the GPU: run it without TRITON_INTERPRET=1")

@@ -6,7 +6,7 @@ top-k sources (token s and step j) with their signed weights alpha and contribut
 norm of the initial-state term, the same for the gated-linear-attention approximation (Phi replaced by the
 product of the gates, i.e. the delta rule's key removal dropped), the approximation's error over all sources,
 and, where the store has the read-out `o`, how well o is rebuilt from the map (a check of the whole chain).
-On rwkv7 stores (diagonal-plus-rank-one transitions diag(e^g) - kappa (kappa * beta)^T, scale 1) the sources are
+On rwkv7 stores (diagonal-plus-rank-one transitions diag(e^g) - (kappa * beta) kappa^T, scale 1) the sources are
 tokens (step 0) and the maps come from `kernels.attention.dplr_chunk`; the approximation keeps only the diagonal decays.
 With --context N only the N tokens before the window (rounded down to a chunk start) are separate sources;
 earlier ones are folded into the initial-state term through the stored chunk-start state.
@@ -54,7 +54,7 @@ def plan(ds: xr.Dataset, *, window: tuple[int, int] | None = None, top_k: int = 
          context: int | None = None, device: str = "cpu") -> LayerPlan:
     """What per_token computes for one (sequences, layer) piece of `ds` (probes.lazy.LayerPlan)."""
     data.require(ds, ["q", "k", "v", "beta"], NAME)
-    dplr = data.dplr_store(ds)  # RWKV-7: transitions diag(e^g) - kappa (kappa * beta)^T, scale 1
+    dplr = data.dplr_store(ds)  # RWKV-7: transitions diag(e^g) - (kappa * beta) kappa^T, scale 1
     if dplr:
         data.require(ds, ["kappa"], NAME)
     T, H, n_h = ds.sizes["pos"], ds.sizes["head"], ds.sizes["step"]

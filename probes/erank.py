@@ -39,7 +39,7 @@ def plan(ds: xr.Dataset, *, device: str = "cpu", every: int = 1, picked: bool = 
     T, H = ds.sizes["pos"], ds.sizes["head"]
     chunk = data.chunk_size(ds)
     use_state = "state" in ds
-    dplr = data.dplr_store(ds)  # RWKV-7: H <- (diag(e^g) - kappa (kappa * beta)^T) H + k v^T
+    dplr = data.dplr_store(ds)  # RWKV-7: H <- (diag(e^g) - (kappa * beta) kappa^T) H + k v^T
     if dplr:
         data.require(ds, ["kappa"], NAME)
 

@@ -101,7 +101,7 @@ def _stack_layers(parts: list[Any], dims: tuple[str, ...], dtype: Any, missing: 
 
 
 def _to_host(x: torch.Tensor) -> np.ndarray:
-    """A device tensor as numpy through pinned memory: pageable copies of GPU results ran at 1-2 GB/s on an H200
+    """A device tensor as numpy through pinned memory: pageable copies of GPU results ran at 1-2 GB/s on a GPU host
     (16 copies of 100-200 MB outputs took 1.6 s), pinned ones at the link's speed."""
     if not x.is_cuda:
         return x.numpy()

@@ -103,7 +103,7 @@ def channel_gate_spectra(k: np.ndarray, beta: np.ndarray, g: np.ndarray, *, wind
 
 
 def dplr_spectra(g: np.ndarray, kappa: np.ndarray, beta: np.ndarray, *, device: str = "cpu") -> np.ndarray:
-    """Eigenvalues of each RWKV-7 token transition diag(e^g) - kappa (kappa * beta)^T: g, kappa, beta [B,T,H,K]
+    """Eigenvalues of each RWKV-7 token transition diag(e^g) - (kappa * beta) kappa^T: g, kappa, beta [B,T,H,K]
     (the store's kappa and beta with their step axis dropped) -> complex [B,T,H,K] (real values, ascending), exact
     by the secular equation (`kernels.spectra.dplr.dplr_eigvals_general`, a = -kappa, b = kappa * beta)."""
     from deltalab.kernels.spectra.dplr import dplr_eigvals_general
@@ -176,7 +176,7 @@ def dplr_token_ranks(k: np.ndarray, v: np.ndarray, kappa: np.ndarray, beta: np.n
                      dtype: torch.dtype = torch.float32, every: int = 1,
                      picked: bool = False) -> dict[str, np.ndarray | torch.Tensor]:
     """`token_ranks` for RWKV-7 stores: k, kappa, beta [B,T,H,K], v [B,T,H,V], g [B,T,H,K]|None, boundary
-    [B,NC,H,K,V]|None; the states follow H <- (diag(e^g) - kappa (kappa * beta)^T) H + k v^T
+    [B,NC,H,K,V]|None; the states follow H <- (diag(e^g) - (kappa * beta) kappa^T) H + k v^T
     (`kernels.ranks.dplr.dplr_state_rank_metrics`, a = -kappa, b = kappa * beta)."""
     from deltalab.kernels.ranks.dplr import dplr_state_rank_metrics
 

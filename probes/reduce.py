@@ -47,7 +47,7 @@ WRITE_THREADS = 4
 
 
 RANKED_PER_TOKEN = 0.5
-"""`auto_rank_every`'s budget: ranked states (head x layer) per captured token. On an H200, OLMo-Hybrid 7.4B at
+"""`auto_rank_every`'s budget: ranked states (head x layer) per captured token. On one GPU, OLMo-Hybrid 7.4B at
 B x T = 8 x 4096 (768 delta-rule heads) ranks every 1024 tokens (0.75 a token) took 0.15 s of GPU per 1.38 s batch,
 through cuSOLVER's batched float64 eigensolver (`python -m benchmarks.reduce_capture --stages`); at 0.5 a token
 they are at most a twentieth of a 7B forward."""

@@ -116,8 +116,8 @@ def plan(ds: xr.Dataset, *, window: int = 4, stride: int | None = None, device: 
 
 def _dplr_plan(ds: xr.Dataset, *, window: int, stride: int, device: str) -> LayerPlan:
     """RWKV-7 (per-channel beta, removal key kappa): eig_A holds every token's dk exact eigenvalues of
-    A_t = diag(e^g_t) - kappa_t (kappa_t * beta_t)^T (secular equation); eig_P the one non-trivial eigenvalue of the
-    undecayed removal factor P_t = I - kappa_t (kappa_t * beta_t)^T, 1 - sum_i kappa_i^2 beta_i, and window_eig_P
+    A_t = diag(e^g_t) - (kappa_t * beta_t) kappa_t^T (secular equation); eig_P the one non-trivial eigenvalue of the
+    undecayed removal factor P_t = I - (kappa_t * beta_t) kappa_t^T, 1 - sum_i kappa_i^2 beta_i, and window_eig_P
     the w non-trivial eigenvalues of products of w of them (`linalg.removal_spectra`)."""
     data.require(ds, ["kappa", "beta", "g"], NAME)
     T, H = ds.sizes["pos"], ds.sizes["head"]

@@ -1,4 +1,4 @@
-"""Capture on models spread over several GPUs (issue #19, two GPUs): the same store as one GPU, and a model larger
+"""Capture on models spread over several GPUs: the same store as one GPU, and a model larger
 than one GPU captured with reductions.
 
     python scripts/device_map_check.py same [--family olmo_hybrid] [--default-config] [--batch 2 --length 1024]

@@ -65,7 +65,7 @@ VARIABLES: dict[str, VarSpec] = {
                      "state before each chunk of CHUNK_SIZE tokens, plus the final state"),
     "o": VarSpec(("seq", "layer", "pos", "head", "dv"), "act", float("nan"), "recurrence output"),
     "kappa": VarSpec(("seq", "layer", "pos", "step", "head", "dk"), "act", float("nan"),
-                     "unit removal key (rwkv7: transition diag(e^g) - kappa (kappa * beta)^T)"),
+                     "unit removal key (rwkv7: transition diag(e^g) - (kappa * beta) kappa^T)"),
     "resid_pre": VarSpec(("seq", "layer", "pos", "hidden"), "act", float("nan"), "residual stream in"),
     "resid_mid": VarSpec(("seq", "layer", "pos", "hidden"), "act", float("nan"), "residual after attn"),
     "resid_post": VarSpec(("seq", "layer", "pos", "hidden"), "act", float("nan"), "residual stream out"),

@@ -120,7 +120,7 @@ def inputs(ds: Any, seq: int, li: int, heads: list[int], start: int, stop: int) 
 
 def compare(a: dict[str, Any], window: tuple[int, int] | None = None) -> Any:
     """The exact map and its approximation (kernels.attention.chunk.AttentionComparison) of `pick`'s inputs: the delta
-    rule's (scale dk^-1/2), or on rwkv7 inputs (with "kappa") the DPLR map of diag(e^g) - kappa (kappa * beta)^T
+    rule's (scale dk^-1/2), or on rwkv7 inputs (with "kappa") the DPLR map of diag(e^g) - (kappa * beta) kappa^T
     (scale 1, one step per token)."""
     if "kappa" not in a:
         from deltalab.kernels.attention.chunk import compare_attention

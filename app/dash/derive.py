@@ -32,7 +32,7 @@ class Transition:
 
     @property
     def dplr(self) -> bool:
-        """RWKV-7: A_t = diag(e^g_t) - kappa (kappa * a)^T, P_t = I - kappa (kappa * a)^T."""
+        """RWKV-7: A_t = diag(e^g_t) - (kappa * a) kappa^T, P_t = I - (kappa * a) kappa^T."""
         return self.kappa is not None
 
     @property
@@ -102,7 +102,7 @@ def transition(keys: np.ndarray, betas: np.ndarray, g: float | np.ndarray | None
 
 def dplr_transition(kappa: np.ndarray, betas: np.ndarray, g: np.ndarray) -> Transition:
     """One RWKV-7 token's transition from its removal key kappa [dk], per-channel removal strengths a_rwkv [dk] and
-    log decays g [dk]: P_t = I - kappa (kappa * a)^T has one non-trivial eigenvalue 1 - sum_i kappa_i^2 a_i (the
+    log decays g [dk]: P_t = I - (kappa * a) kappa^T has one non-trivial eigenvalue 1 - sum_i kappa_i^2 a_i (the
     effective beta is sum_i kappa_i^2 a_i); A_t = diag(e^g) + P_t - I, all dk eigenvalues exact
     (`Transition.eigenvalues_A`, secular equation)."""
     kap = np.asarray(kappa, dtype=np.float64)

@@ -90,7 +90,7 @@ def render(ctx) -> None:
                "are shaded by α for the selected layer and head (red negative, blue positive, grey: after the "
                "query); hover a token for its weight, click it to make it the query.")
     if "kappa" in ctx.ds:
-        st.caption("RWKV-7: Φ(t, s) is the product of the transitions diag(e^g) − κ (κ ⊙ a)^T after token s "
+        st.caption("RWKV-7: Φ(t, s) is the product of the transitions diag(e^g) − (κ ⊙ a) κ^T after token s "
                    "(`kernels.attention.dplr_chunk`, one step per token); the GLA approximation keeps only the decays.")
     missing = [v for v in attnmap.NEEDS if v not in ctx.ds]
     if missing:

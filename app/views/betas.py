@@ -29,7 +29,7 @@ def render(ctx) -> None:
     res, preview = ctx.result_or_preview("betas", "The heatmaps, histograms and per-token betas come from it.")
     if res is not None and res.attrs.get("per_channel"):
         st.caption("RWKV-7: β is the removal strength a ∈ (0, 1) of every key channel; the transition "
-                   "diag(w) − κ (κ ⊙ a)ᵀ removes a fraction Σ κᵢ² aᵢ of the state along κ. Per head, the statistics "
+                   "diag(w) − (κ ⊙ a) κᵀ removes a fraction Σ κᵢ² aᵢ of the state along κ. Per head, the statistics "
                    "pool all channels; below, each channel's mean and how often it removes strongly.")
     else:
         st.caption("β ∈ [0, 2] with negative eigenvalues allowed: β > 1 flips the key direction (eigenvalue 1 − β "

@@ -110,7 +110,7 @@ def input_attention(ds, li: int, head: int) -> np.ndarray | None:
     def t(name: str) -> torch.Tensor:
         return torch.as_tensor(np.asarray(one[name].values, dtype=np.float64))
 
-    if "kappa" in one:  # rwkv7: diagonal-plus-rank-one transitions diag(e^g) - kappa (kappa * a)^T, scale 1
+    if "kappa" in one:  # rwkv7: diagonal-plus-rank-one transitions diag(e^g) - (kappa * a) kappa^T, scale 1
         from deltalab.kernels.attention.dplr_chunk import dplr_attention
 
         kap, a = t("kappa")[:, :, 0], t("beta")[:, :, 0]  # [1, T, 1, dk]

@@ -49,8 +49,8 @@ def _on_click(chart_key: str) -> None:
 def render(ctx) -> None:
     st.title("Spectra")
     if "kappa" in ctx.ds:
-        st.caption("RWKV-7: each token's transition A_t = diag(w_t) − κ_t (κ_t ⊙ a_t)ᵀ has dk real eigenvalues that "
-                   "interlace the decays w (exact, secular equation: choose A_t). P_t = I − κ (κ ⊙ a)ᵀ, the removal "
+        st.caption("RWKV-7: each token's transition A_t = diag(w_t) − (κ_t ⊙ a_t) κ_tᵀ has dk real eigenvalues that "
+                   "interlace the decays w (exact, secular equation: choose A_t). P_t = I − (κ ⊙ a) κᵀ, the removal "
                    "alone, has one non-trivial eigenvalue 1 − Σ κᵢ² aᵢ; products of a few P_t can turn (windows).")
     else:
         st.caption("Eigenvalues of each token's transition. P_t = (I − β_n k_n k_nᵀ)…(I − β_1 k_1 k_1ᵀ) has dk − n_h "
@@ -72,8 +72,8 @@ def render(ctx) -> None:
 
     tr = reads.token_transition(ctx.path, sel.seq, sel.li, sel.pos, head)
     c1, c2, c3 = st.columns(3)
-    p_name = "P_t (removal I − κ (κ⊙a)ᵀ)" if "kappa" in ctx.ds else "P_t (Householder product)"
-    a_name = ("A_t = diag(w) − κ (κ⊙a)ᵀ" if "kappa" in ctx.ds else "A_t = P_t diag(exp g_t)" if res.attrs.get(
+    p_name = "P_t (removal I − (κ⊙a) κᵀ)" if "kappa" in ctx.ds else "P_t (Householder product)"
+    a_name = ("A_t = diag(w) − (κ⊙a) κᵀ" if "kappa" in ctx.ds else "A_t = P_t diag(exp g_t)" if res.attrs.get(
         "channel_gate") else "A_t = exp(g_t) P_t")
     which = c1.radio("Matrix", [p_name, a_name] if "eig_A" in res else [p_name], horizontal=True,
                      key="spec_matrix",

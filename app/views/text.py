@@ -44,7 +44,7 @@ def _values(path: str, stamp: float, seq: int, li: int, quantity: str, head: int
     if quantity == "rotation angle":
         if "k" not in ds:
             return np.full(T, np.nan)
-        if dplr:  # P_t = I - kappa (kappa * a)^T: eigenvalue 1 - sum kappa^2 a, a Householder step of |kappa| = 1
+        if dplr:  # P_t = I - (kappa * a) kappa^T: eigenvalue 1 - sum kappa^2 a, a Householder step of |kappa| = 1
             k = np.asarray(one["kappa"].isel(layer=li, head=head).values, np.float64)  # [T, 1, dk]
             return textgrid.rotation_angles(k, _effective_beta(one, li, head))
         k = np.asarray(one["k"].isel(layer=li, head=head).values, np.float64)  # [T, step, dk]

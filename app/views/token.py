@@ -103,12 +103,12 @@ def render(ctx) -> None:
 
 
 def _render_dplr(ctx, tr) -> None:
-    """RWKV-7: A_t = diag(w_t) − κ_t (κ_t ⊙ a_t)ᵀ, its dk exact eigenvalues, κ, a and w per key channel."""
+    """RWKV-7: A_t = diag(w_t) − (κ_t ⊙ a_t) κ_tᵀ, its dk exact eigenvalues, κ, a and w per key channel."""
     assert tr.kappa is not None and tr.channel_betas is not None and tr.channel_decays is not None
     sel = ctx.sel
-    st.caption("RWKV-7: this token applies A_t = diag(w_t) − κ_t (κ_t ⊙ a_t)ᵀ (w = exp(g) the per-channel decay, "
+    st.caption("RWKV-7: this token applies A_t = diag(w_t) − (κ_t ⊙ a_t) κ_tᵀ (w = exp(g) the per-channel decay, "
                "κ the unit removal key, a ∈ (0, 1) the removal strength per key channel). Its dk eigenvalues are real "
-               "and interlace the decays (secular equation, exact); P_t = I − κ (κ ⊙ a)ᵀ is the removal alone.")
+               "and interlace the decays (secular equation, exact); P_t = I − (κ ⊙ a) κᵀ is the removal alone.")
     c = st.columns(4)
     c[0].metric("effective β = Σ κᵢ² aᵢ", f"{float(tr.betas[0]):.4f}",
                 help="P_t's non-trivial eigenvalue is 1 − Σ κᵢ² aᵢ: how much of the state along κ is removed.")
@@ -133,7 +133,7 @@ def _render_dplr(ctx, tr) -> None:
                    "decay): the removal only pulls eigenvalues down.")
     c1, c2 = st.columns(2)
     with c1:
-        export.chart(figures.matrix_heatmap(tr.A, f"A_t = diag(w) − κ (κ ⊙ a)ᵀ ({tr.dk} × {tr.dk})"), key="tok_matrix")
+        export.chart(figures.matrix_heatmap(tr.A, f"A_t = diag(w) − (κ ⊙ a) κᵀ ({tr.dk} × {tr.dk})"), key="tok_matrix")
     with c2:
-        export.chart(figures.matrix_heatmap(tr.P - np.eye(tr.dk), "P_t − I = −κ (κ ⊙ a)ᵀ: rank one"),
+        export.chart(figures.matrix_heatmap(tr.P - np.eye(tr.dk), "P_t − I = −(κ ⊙ a) κᵀ: rank one"),
                      key="tok_update")

@@ -1,4 +1,4 @@
-"""Stores for the dashboard tests, built once per test session (memoised here, shared by the app test modules).
+"""Stores for the dashboard tests, built once per pytest run (memoised here, shared by the app test modules).
 
 - `probed_store`: the planted synthetic store (probes.synthetic: layer 0 head 0 rotates with beta = 2 and
   keys in a 3-D subspace) with every store-only probe's results;

@@ -72,7 +72,7 @@ def goto(at: AppTest, page: str) -> AppTest:
 
 @pytest.fixture(scope="module")
 def app(tmp_path_factory):
-    """One dashboard session on the probed synthetic store, shared by the page tests (they switch pages)."""
+    """One running dashboard on the probed synthetic store, shared by the page tests (they switch pages)."""
     store = probed_store(tmp_path_factory)
     mp = pytest.MonkeyPatch()
     at = new_app(mp, store)

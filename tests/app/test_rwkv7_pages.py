@@ -43,7 +43,7 @@ def test_page_list_is_the_dashboard_s():
 
 
 def _stored_transition(store_path, seq: int, layer_index: int, pos: int, head: int) -> np.ndarray:
-    """The dense float64 A_t = diag(e^g) - kappa (kappa * a)^T of one stored token."""
+    """The dense float64 A_t = diag(e^g) - (kappa * a) kappa^T of one stored token."""
     from deltalab import store
 
     ds = store.open(store_path)

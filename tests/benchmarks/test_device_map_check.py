@@ -1,4 +1,4 @@
-"""`scripts/device_map_check.py` (issue #19's two-GPU runs) as a CPU smoke run on tiny configs: `same` captures one
+"""`scripts/device_map_check.py` (the two-GPU checks) as a CPU smoke run on tiny configs: `same` captures one
 saved model on one device and through device_map auto/balanced and compares every variable; `big` builds the model
 on the meta device, creates its weights where accelerate places them and captures it with reductions."""
 
@@ -47,7 +47,7 @@ def test_big_builds_on_the_devices_and_captures_with_reductions(tmp_path):
 def test_two_gpus_give_the_store_of_one_bit_for_bit(tmp_path):
     """On two GPUs "balanced" splits the layers; every captured variable equals the one-GPU store exactly (same
     kernels, same order). Before the Triton forward ran under its inputs' device guard, the second GPU's layers ran
-    on the first GPU's stream and the stores differed by 0.5 in beta and 1e18 in o (2 H200s)."""
+    on the first GPU's stream and the stores differed by 0.5 in beta and 1e18 in o."""
     import torch
 
     if torch.cuda.device_count() < 2:

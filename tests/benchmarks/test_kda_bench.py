@@ -1,4 +1,4 @@
-"""`python -m benchmarks.kda` prints one row per shape and stops starting rows once its budget is spent."""
+"""`python -m benchmarks.kda` prints one row per shape and stops starting rows once its --budget seconds are used up."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The Triton KDA kernels compile for sm_90 without a GPU, and the prep kernel's spills stay bounded.
 
-The default prep launch (4 warps, two programs per SM) was chosen on an H100 over 8 warps (20.1 vs 29.4 ms at
+The default prep launch (4 warps, two programs per SM) was chosen on a Hopper GPU over 8 warps (20.1 vs 29.4 ms at
 B=8 T=8192 H=32) although it spills: 344 bytes after the split-prep refactor (520 before); the bound catches a
 change that makes it much worse."""
 
@@ -33,4 +33,4 @@ def test_kernels_compile_for_sm90_and_prep_does_not_spill():
     assert set(rows) == {"prep", "state", "output"}
     regs, spill, smem = rows["prep"]
     assert regs <= 255 and spill <= 512, f"prep kernel: {regs} registers, {spill} bytes of spills"
-    assert all(r[2] <= 227 * 1024 for r in rows.values())  # shared memory of an H100 SM
+    assert all(r[2] <= 227 * 1024 for r in rows.values())  # shared memory of an sm_90 SM

@@ -38,7 +38,7 @@ from tests.models.kda_tiny import (  # noqa: E402
 from tests.models.oracles import beta_zero_in_transformers, beta_zero_through_hook, fro  # noqa: E402
 
 T = 70
-OURS = 1e-6  # deltalab's float32 kernel against the float64 recurrence on the captured inputs (issue #16's bound)
+OURS = 1e-6  # deltalab's float32 kernel against the float64 recurrence on the captured inputs (the float32 bound)
 THEIRS = 1e-6  # transformers' float32 torch KDA kernel against it, on its own inputs
 
 

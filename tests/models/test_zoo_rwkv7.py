@@ -60,7 +60,8 @@ def test_info_and_app_data_spec_open_it(tmp_path, monkeypatch):
 
 def test_card_spectra_script_matches_dense_eig_on_a_capture(tmp_path):
     """scripts/rwkv7_token_spectra.py (the card's spectra table) on a fresh capture: its smallest eigenvalues equal
-    dense float64 eig of diag(w) - kappa (kappa * a)^T built from the stored tensors, and stay above min w - 1."""
+    dense float64 eig of diag(w) - (kappa * a) kappa^T built from the stored tensors (as its transpose, which has the
+    same eigenvalues), and stay above min w - 1."""
     import importlib.util
 
     import numpy as np

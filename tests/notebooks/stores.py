@@ -1,4 +1,4 @@
-"""Checkpoints and stores the notebook tests run against, built once per test session.
+"""Checkpoints and stores the notebook tests run against, built once per pytest run.
 
 - `planted_s4_checkpoint`: a 1-layer DeltaProduct_2[-1, 1] over the S4 vocabulary whose head 0 is the S4
   rotation head by construction: beta = 2 on both steps and, for every group element, two keys in a 3-D
