@@ -311,6 +311,9 @@ def source_records(src: xr.Dataset, top: int = 8) -> list[dict[str, Any]]:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    from deltalab.probes.lens import TYPED_EPILOG
+
+    p.epilog = TYPED_EPILOG.format(name=NAME)
     p.add_argument("--target", type=int, default=None, help="token id whose logit is split (default: next token)")
     p.add_argument("--minus", type=int, default=None, help="token id whose logit is subtracted (a logit difference)")
     p.add_argument("--position", type=int, default=None, help="one position (default: every one with a target)")
@@ -382,7 +385,7 @@ def main(argv: list[str] | None = None) -> None:
     from deltalab.probes.typed import wants_typed
 
     argv = list(sys.argv[1:] if argv is None else argv)
-    if wants_typed(argv) and "--help" not in argv and "-h" not in argv:
+    if wants_typed(argv):
         sys.exit(typed_main(argv))
     exit_main(NAME, argv)
 

@@ -204,7 +204,11 @@ def run_store(ds: xr.Dataset, model: Any, *, target: int | None = None, top_k: i
     return ProbeResult(NAME, out, records(out), SUMMARY_KEYS)
 
 
+TYPED_EPILOG = "Typed input (no store): deltalab probe {name} --checkpoint C --text TEXT (or --tokens 1,2,3)."
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.epilog = TYPED_EPILOG.format(name=NAME)
     p.add_argument("--target", type=int, default=None, help="token id to follow (default: the actual next token)")
     p.add_argument("--top-k", type=int, default=5, help="top tokens kept per layer and position (default 5)")
     p.add_argument("--run", action="store_true", help="run the checkpoint on the store's tokens instead of reading "
@@ -299,7 +303,7 @@ def main(argv: list[str] | None = None) -> None:
     from deltalab.probes.typed import wants_typed
 
     argv = list(sys.argv[1:] if argv is None else argv)
-    if wants_typed(argv) and "--help" not in argv and "-h" not in argv:
+    if wants_typed(argv):
         sys.exit(typed_main(argv))
     exit_main(NAME, argv)
 

@@ -17,8 +17,8 @@ def add_typed_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def wants_typed(argv: list[str]) -> bool:
-    """True when argv names no --store (the probe reads --text / --tokens with a checkpoint)."""
-    return not any(a == "--store" or a.startswith("--store=") for a in argv)
+    """True when argv names no --store and asks for no help: the probe reads --text / --tokens with a checkpoint."""
+    return not any(a in ("--help", "-h") or a == "--store" or a.startswith("--store=") for a in argv)
 
 
 def _tokenizer(checkpoint: str | Path):
