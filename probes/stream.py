@@ -249,7 +249,7 @@ class FrozenNorm:
         want = norm(x).double()
         got = self.apply(x64) + self.bias
         err = float((got - want).abs().max() / want.abs().max().clamp(min=1e-30))
-        if err > (1e-9 if x.dtype == torch.float64 else 1e-3):
+        if err > 1e-3:  # a form check: the norm itself may round in float32
             raise ProbeError(f"norm {type(norm).__name__} is not an RMSNorm or LayerNorm deltalab can freeze "
                              f"(relative error {err:.2g}): the attribution cannot read this model")
 
