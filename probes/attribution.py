@@ -201,6 +201,83 @@ def _attention_map(sub: Any, delta: dict[str, Any], b: int, t: int) -> tuple[Any
     return m.weights[0, 0], x("v")[0]
 
 
+def _value_map(sub: Any, run: Any, seq: int, position: int) -> Any:
+    """coef [H, dv]: the head's output path from its recurrence output o to out_proj's input z, frozen at the run's
+    values at (seq, position): z = coef * o (Gated DeltaNet / KDA / DeltaProduct: the RMSNorm scale, weight and
+    output gate, read as z / o per channel), or RWKV-7's z = coef * (o - mean o) + bonus + bias (coef = gate *
+    GroupNorm weight / sigma)."""
+    import torch
+
+    H = sub.num_heads
+    z = run.z[seq, position].double().view(H, -1)
+    o = run.delta["o"][seq, position].double()  # [H, dv]
+    if sub.rwkv:
+        gn = sub.module.g_norm
+        gate = run.gate[seq, position].double().view(H, -1)
+        sigma = (o.var(-1, unbiased=False, keepdim=True) + gn.eps).sqrt()
+        return gate * gn.weight.double().view(H, -1) / sigma
+    return torch.where(o != 0, z / torch.where(o != 0, o, torch.ones_like(o)), torch.zeros_like(o))
+
+
+def _delta_sublayer(stream: Any, layer: int) -> tuple[Any, Any]:
+    subs = [(s, r) for s, r in zip(stream.layout.sublayers, stream.runs) if s.layer == layer and s.name == "mixer"]
+    if not subs or subs[0][0].kind != "delta_rule":
+        have = sorted({s.layer for s in stream.layout.sublayers if s.kind == "delta_rule"})
+        raise ProbeError(f"layer {layer} has no delta-rule mixer: pick one of {have}")
+    return subs[0]
+
+
+def value_readout(model: Any, input_ids: Any, layer: int, source: int, *, position: int | None = None,
+                  seq: int = 0, top_k: int = 10) -> xr.Dataset:
+    """The write side: what token `source`'s value v_{s,j}, written into each head's state of delta-rule layer
+    `layer`, says about the vocabulary when read back with unit weight at `position` (default: the source itself),
+    through the head's output path and the final norm frozen there: dims (head, step, vocab) and (head, step, rank).
+
+    `logits[head, step, vocab]`; `top_token` / `top_logit` the tokens it promotes most, `bottom_*` those it
+    suppresses most. A source's contribution to a logit at `position` (source_attribution) is its attention weight
+    times this read-out of the target.
+    """
+    import torch
+
+    from deltalab.probes.stream import FrozenNorm, capture_stream
+
+    ids = torch.as_tensor(input_ids)
+    ids = (ids[None] if ids.dim() == 1 else ids).to(next(model.parameters()).device)
+    B, T = ids.shape
+    position = source if position is None else position
+    if not 0 <= seq < B:
+        raise ProbeError(f"--seq {seq}: pick a sequence in 0..{B - 1}")
+    if not 0 <= source <= position < T:
+        raise ProbeError(f"source {source} and position {position}: pick 0 <= source <= position < {T}")
+    with torch.no_grad():
+        stream = capture_stream(model, ids, delta_inputs=True)
+        sub, run = _delta_sublayer(stream, layer)
+        H = sub.num_heads
+        coef = _value_map(sub, run, seq, position)  # [H, dv]
+        v = run.delta["v"][seq, source].double()
+        v = v[None] if sub.rwkv else v  # [n_h, H, dv]
+        if sub.rwkv:
+            v = v - v.mean(-1, keepdim=True)
+        x = v * coef  # out_proj input of each head, [n_h, H, dv]
+        W = sub.out_proj.weight.double().view(-1, H, coef.shape[-1])  # [D, H, dv]
+        r = torch.einsum("dhv,jhv->jhd", W.to(x.device), x)  # [n_h, H, D]
+        if sub.post_norm is not None:
+            r = FrozenNorm(sub.post_norm, run.output[seq, position]).apply(r)
+        frozen = FrozenNorm(stream.layout.final_norm, stream.final[seq, position])
+        logits = torch.einsum("jhd,vd->hjv", frozen.apply(r), stream.layout.unembed.weight.double().to(r.device))
+        k = min(top_k, logits.shape[-1])
+        top, bottom = logits.topk(k, dim=-1), (-logits).topk(k, dim=-1)
+    return xr.Dataset(
+        {"logits": (("head", "step", "vocab"), logits.float().cpu().numpy()),
+         "top_token": (("head", "step", "rank"), top.indices.cpu().numpy().astype(np.int32)),
+         "top_logit": (("head", "step", "rank"), top.values.float().cpu().numpy()),
+         "bottom_token": (("head", "step", "rank"), bottom.indices.cpu().numpy().astype(np.int32)),
+         "bottom_logit": (("head", "step", "rank"), (-bottom.values).float().cpu().numpy())},
+        coords={"head": np.arange(H), "step": np.arange(logits.shape[1]), "rank": np.arange(k)},
+        attrs={"layer": layer, "source": source, "position": position, "seq": seq,
+               "token": int(ids[seq, source])})
+
+
 def source_attribution(model: Any, input_ids: Any, layer: int, position: int, *, target: int | None = None,
                        minus: int | None = None, seq: int = 0) -> xr.Dataset:
     """Each head of delta-rule layer `layer`: its direct contribution to the logit at `position` of sequence
@@ -223,11 +300,7 @@ def source_attribution(model: Any, input_ids: Any, layer: int, position: int, *,
         raise ProbeError(f"--position {position}: pick a position in 0..{T - 1}")
     with torch.no_grad():
         stream = capture_stream(model, ids, delta_inputs=True)
-        subs = [(s, r) for s, r in zip(stream.layout.sublayers, stream.runs) if s.layer == layer and s.name == "mixer"]
-        if not subs or subs[0][0].kind != "delta_rule":
-            have = sorted({s.layer for s in stream.layout.sublayers if s.kind == "delta_rule"})
-            raise ProbeError(f"layer {layer} has no delta-rule mixer: pick one of {have}")
-        sub, run = subs[0]
+        sub, run = _delta_sublayer(stream, layer)
         readout = ReadOut(stream.layout)
         tgt = _targets(ids, target, readout)[seq, position]
         if int(tgt) < 0:
@@ -244,15 +317,10 @@ def source_attribution(model: Any, input_ids: Any, layer: int, position: int, *,
         a = (u_out[0, 0] @ W).view(H, -1)  # [H, dv]: the read direction at each head's out_proj input
         z = run.z[seq, position].double().view(H, -1)
         o = run.delta["o"][seq, position].double()  # [H, dv]
-        if sub.rwkv:  # z = gate (GroupNorm(o) + bonus): e = a gate w / sigma, centred over dv
-            gn = sub.module.g_norm
-            gate = run.gate[seq, position].double().view(H, -1)
-            sigma = (o.var(-1, unbiased=False, keepdim=True) + gn.eps).sqrt()
-            e = a * gate * gn.weight.double().view(H, -1) / sigma
+        coef = _value_map(sub, run, seq, position)
+        e = a * coef
+        if sub.rwkv:
             e = e - e.mean(-1, keepdim=True)
-        else:  # z = o * c elementwise (the head's RMSNorm scale, weight and output gate, frozen): e = a c
-            c = torch.where(o != 0, z / torch.where(o != 0, o, torch.ones_like(o)), torch.zeros_like(o))
-            e = a * c
         constant = (a * z).sum(-1) - (e * o).sum(-1)
         alpha, v = _attention_map(sub, run.delta, seq, position)  # [H, t+1, n_h], [t+1, n_h, H, dv]
         contrib = alpha * torch.einsum("sjhv,hv->hsj", v, e.to(v.device))
@@ -320,11 +388,34 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seq", type=int, default=0, help="stored sequence to read (default 0)")
     p.add_argument("--sources", type=int, default=None, metavar="LAYER",
                    help="split that delta-rule layer's heads over source tokens at --position")
+    p.add_argument("--values", type=int, default=None, metavar="LAYER",
+                   help="the write side: what --source's value in each head of that delta-rule layer says about the "
+                        "vocabulary (read at --position, default the source)")
+    p.add_argument("--source", type=int, default=None, help="the source token of --values")
     p.add_argument("--check-heads", action="store_true",
                    help="zero each head for real and report the linearisation error (one forward per head)")
 
 
+def value_records(val: xr.Dataset, spell: Any = str) -> list[dict[str, Any]]:
+    """Per head and step, the tokens the source's value promotes and suppresses most."""
+    out = []
+    for h in range(val.sizes["head"]):
+        for j in range(val.sizes["step"]):
+            out.append({"head": h, "step": j,
+                        "promotes": " ".join(spell(int(x)) for x in val["top_token"].values[h, j]),
+                        "top_logit": float(val["top_logit"].values[h, j, 0]),
+                        "suppresses": " ".join(spell(int(x)) for x in val["bottom_token"].values[h, j]),
+                        "bottom_logit": float(val["bottom_logit"].values[h, j, 0])})
+    return out
+
+
 def _run(model: Any, ids: Any, args: argparse.Namespace) -> ProbeResult:
+    if args.values is not None:
+        if args.source is None:
+            raise ProbeError("--values LAYER needs --source S (the token whose value is read)")
+        val = value_readout(model, ids, args.values, args.source, position=args.position)
+        return ProbeResult(NAME, val, value_records(val),
+                           ["head", "step", "promotes", "top_logit", "suppresses", "bottom_logit"])
     if args.sources is not None:
         if args.position is None:
             raise ProbeError("--sources LAYER needs --position T (the prediction to split)")

@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 
 from deltalab.app.cli import app
 from deltalab.models import load_checkpoint
-from deltalab.probes.attribution import direct_logit_attribution, source_attribution
+from deltalab.probes.attribution import direct_logit_attribution, source_attribution, value_readout
 from deltalab.probes.core import ProbeError
 
 FLA = Path(__file__).resolve().parents[1] / "fixtures" / "fla"
@@ -184,6 +184,26 @@ def test_source_split_sums_to_the_head_float64(name):
             assert np.abs(src["constant"].values).max() <= 1e-10 * scale
         else:  # the bonus (the token's own value, read directly) and GroupNorm bias do not
             assert np.abs(src["constant"].values).max() > 1e-6 * scale
+
+
+@pytest.mark.parametrize("name", ("gdp_nh3_gate", "rwkv7_fused", "gdn_hybrid_gva"))
+def test_value_readout_times_weight_is_the_source_contribution(name):
+    """The write side: a source's contribution at t is its weight times its value read out at t (float64)."""
+    model = load_checkpoint(FLA / name).double()
+    ids = _ids(model.config.vocab_size, T=26, B=1)
+    t, layer = 19, 0
+    src = source_attribution(model, ids, layer, t)
+    target = src.attrs["target"]
+    for s in (3, 11, t):
+        val = value_readout(model, ids, layer, s, position=t, top_k=4)
+        want = src["contribution"].values[:, s]  # [head, step]
+        got = src["weight"].values[:, s] * val["logits"].values[..., target]
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-7 * np.abs(src["contribution"].values).max())
+        top = val["top_token"].values[..., 0]
+        np.testing.assert_array_equal(top, val["logits"].values.argmax(-1))
+        assert (val["top_logit"].values[..., 0] >= val["bottom_logit"].values[..., 0]).all()
+    with pytest.raises(ProbeError, match="pick 0 <= source <= position"):
+        value_readout(model, ids, layer, 20, position=t)
 
 
 def test_source_weights_are_the_real_change_of_o():
