@@ -162,9 +162,9 @@ def store_targets(ds: xr.Dataset, tokens: np.ndarray, target: int | None) -> np.
 
 
 def run_store(ds: xr.Dataset, model: Any, *, target: int | None = None, top_k: int = 5, run_model: bool = False,
-              batch_size: int = 8, device: str = "cpu") -> ProbeResult:
+              batch_size: int = 8, layers: list[int] | None = None) -> ProbeResult:
     """The lens of a store's sequences: its `resid_post` through the model's read-out, or (run_model) the model
-    run on its tokens."""
+    run on its tokens (`layers`: keep only those model layers)."""
     import torch
 
     from deltalab.probes.stream import ReadOut, layout_of
@@ -181,6 +181,8 @@ def run_store(ds: xr.Dataset, model: Any, *, target: int | None = None, top_k: i
         parts = [logit_lens(model, torch.as_tensor(tokens[i:i + batch_size]), target=torch.as_tensor(
             targets[i:i + batch_size]), top_k=top_k) for i in range(0, len(tokens), batch_size)]
         out = xr.concat(parts, "seq")
+        if layers is not None:  # --layers: the model ran them all; keep those asked for
+            out = out.sel(layer=[x for x in out["layer"].values if int(x) in set(layers)])
     else:
         if "resid_post" not in ds:
             raise ProbeError("probe lens needs variable resid_post which the store lacks: re-capture with "
@@ -190,7 +192,7 @@ def run_store(ds: xr.Dataset, model: Any, *, target: int | None = None, top_k: i
         if ds.sizes["hidden"] != width:
             raise ProbeError(f"the store's residuals are {ds.sizes['hidden']} wide but the checkpoint's unembedding "
                              f"reads {width}: pass the checkpoint the store was captured from")
-        layers = [int(x) for x in ds["layer"].values] if "layer" in ds.coords else list(range(ds.sizes["layer"]))
+        stored = [int(x) for x in ds["layer"].values] if "layer" in ds.coords else list(range(ds.sizes["layer"]))
         parts = []
         w = readout.unembed.weight
         for i in range(0, len(tokens), batch_size):
@@ -198,7 +200,7 @@ def run_store(ds: xr.Dataset, model: Any, *, target: int | None = None, top_k: i
                                     dtype=w.dtype, device=w.device)
             parts.append(lens_arrays(readout, resid, torch.as_tensor(targets[i:i + batch_size]), top_k))
         arrays = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
-        out = to_dataset(arrays, targets, layers, tokens)
+        out = to_dataset(arrays, targets, stored, tokens)
     out.attrs.update({"top_k": top_k, "target_token": -1 if target is None else target,
                       "source": "model run" if run_model else "stored resid_post"})
     return ProbeResult(NAME, out, records(out), SUMMARY_KEYS)
@@ -227,10 +229,12 @@ def from_args(ds: xr.Dataset, args: argparse.Namespace, sink: Any) -> ProbeResul
 
     if args.top_k < 1:
         raise ProbeError(f"--top-k {args.top_k}: pass a positive number of tokens")
+    if args.batch_size < 1:
+        raise ProbeError(f"--batch-size {args.batch_size}: pass a positive number of sequences")
     device = data.pick_device(args.device)
     model = load_model(args.checkpoint, device)
     return run_store(ds, model, target=args.target, top_k=args.top_k, run_model=args.run,
-                     batch_size=args.batch_size, device=device)
+                     batch_size=args.batch_size, layers=args.layers)
 
 
 # --- typed input ------------------------------------------------------------------------------

@@ -222,6 +222,11 @@ def capture_stream(model: nn.Module, input_ids: torch.Tensor, delta_inputs: bool
                   [saved[("post", i)] for i in range(layout.num_layers)], saved["final"], runs)
 
 
+FORM_TOLERANCE = {torch.bfloat16: 3e-2, torch.float16: 3e-3}
+"""Largest relative gap between a norm and its frozen form that still reads as that form (float32 and float64:
+1e-3; the norms compute in float32 and round their output to the model's dtype)."""
+
+
 class FrozenNorm:
     """An RMSNorm or LayerNorm with its scale frozen at the run's own inputs x [..., D]: a linear map plus a
     constant, `norm(x) = apply(x) + bias` exactly, and `apply(c)` for any part c of x (TransformerLens's
@@ -241,7 +246,7 @@ class FrozenNorm:
             eps = getattr(norm, "variance_epsilon", getattr(norm, "eps", None))
             if eps is None:
                 raise ProbeError(f"final norm {type(norm).__name__} has no eps: deltalab reads RMSNorm and LayerNorm")
-            ones = torch.ones(D, dtype=x.dtype, device=x.device)
+            ones = torch.ones(D, dtype=torch.float64 if x.dtype == torch.float64 else torch.float32, device=x.device)
             w = norm(ones).double() * (1 + eps) ** 0.5
             self.bias = x64.new_zeros(D)
             var = x64.pow(2).mean(-1, keepdim=True)
@@ -249,7 +254,7 @@ class FrozenNorm:
         want = norm(x).double()
         got = self.apply(x64) + self.bias
         err = float((got - want).abs().max() / want.abs().max().clamp(min=1e-30))
-        if err > 1e-3:  # a form check: the norm itself may round in float32
+        if err > FORM_TOLERANCE.get(x.dtype, 1e-3):  # a form check: the norm itself rounds in its own dtype
             raise ProbeError(f"norm {type(norm).__name__} is not an RMSNorm or LayerNorm deltalab can freeze "
                              f"(relative error {err:.2g}): the attribution cannot read this model")
 

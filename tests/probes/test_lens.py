@@ -160,6 +160,10 @@ def test_store_lens_reads_stored_resid_post(tmp_path):
     for r in recs:
         assert ran[r["layer"]]["target_prob_mean"] == pytest.approx(r["target_prob_mean"], rel=1e-5)
     assert isinstance(out, xr.Dataset)
+    res = CliRunner().invoke(app, ["probe", "lens", "--store", str(store), "--checkpoint", str(FLA / "gdn_hybrid_gva"),
+                                   "--run", "--no-write", "--json", "--layers", "2"])
+    assert res.exit_code == 0, res.output
+    assert [r["layer"] for r in json.loads(res.output)] == [2]
 
 
 def test_store_without_residuals_names_the_hooks(tmp_path):
