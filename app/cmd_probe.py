@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import typer
 
-from deltalab.probes import PROBES  # names and one-line help only: no heavy imports
+from deltalab.probes import PROBES, TYPED_INPUT  # names and one-line help only: no heavy imports
 
 probe_app = typer.Typer(
     help="Analyses over a capture store; results go into STORE/results/NAME. "
@@ -23,9 +23,17 @@ _PASS_THROUGH = {"allow_extra_args": True, "ignore_unknown_options": True, "help
 def _register(name: str, help_text: str) -> None:
     @probe_app.command(name, help=help_text, context_settings=_PASS_THROUGH, add_help_option=False)
     def _command(ctx: typer.Context) -> None:
-        from deltalab.probes.base import run_module
+        from deltalab.probes.typed import wants_typed
 
-        code = run_module(name, list(ctx.args))
+        args = list(ctx.args)
+        if name in TYPED_INPUT and wants_typed(args):  # --text / --tokens with a checkpoint, no store
+            import importlib
+
+            code = importlib.import_module(f"deltalab.probes.{name}").typed_main(args)
+        else:
+            from deltalab.probes.base import run_module
+
+            code = run_module(name, args)
         if code:
             raise typer.Exit(code)
 

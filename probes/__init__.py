@@ -16,7 +16,14 @@ PROBES: dict[str, str] = {
     "attention": "Exact attention maps (top-k sources per token, signed weights) and the GLA approximation's error.",
     "intervene": "nnsight interventions (set a beta, ablate a head, project keys, erase/write an association, "
                  "scale a decay); change in accuracy, loss and KL.",
+    "lens": "Logit lens: the residual after every layer through the final norm and unembedding; top tokens, "
+            "the target's probability and rank per layer (a store's resid_post, or --text/--tokens).",
+    "attribution": "Direct logit attribution to sublayers and heads (final norm frozen), linearisation error per "
+                   "head, and a delta-rule head's split over source tokens (--sources LAYER --position T).",
 }
 """Probe name -> one-line description (the CLI lists these)."""
 
-__all__ = ["PROBES"]
+TYPED_INPUT = ("lens", "attribution")
+"""Probes that also read typed input (`--text` / `--tokens` with `--checkpoint`, no `--store`)."""
+
+__all__ = ["PROBES", "TYPED_INPUT"]

@@ -27,6 +27,7 @@ def _pages() -> dict[str, object]:
         head,
         heads,
         keys,
+        lens,
         overview,
         probes,
         spectra,
@@ -37,7 +38,7 @@ def _pages() -> dict[str, object]:
 
     return {"Overview": overview, "Input": input_view, "Betas": betas, "Keys": keys, "Spectra": spectra,
             "Effective rank": erank, "Probes": probes, "Token": token, "Text": text, "Attention": attention,
-            "Heads": heads, "Head": head, "Compare": compare}
+            "Heads": heads, "Head": head, "Lens": lens, "Compare": compare}
 
 
 def cli_store() -> str | None:
