@@ -12,10 +12,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from deltalab.kernels.constants import IGNORE_INDEX
 from deltalab.models.attention import DeltaProductAttention
 from deltalab.models.config import ModelConfig
 from deltalab.models.hooks import HookPoint
-from deltalab.models.labels import IGNORE_INDEX
 from deltalab.models.layers import GatedMLP, RMSNorm
 from deltalab.models.softmax_attention import SoftmaxAttention
 

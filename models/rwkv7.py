@@ -20,10 +20,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from deltalab.kernels.constants import IGNORE_INDEX
 from deltalab.kernels.dplr.dispatch import dplr_forward
 from deltalab.models.config import ModelConfig
 from deltalab.models.hooks import HookPoint
-from deltalab.models.labels import IGNORE_INDEX
 from deltalab.models.lm import CausalLMOutput
 from deltalab.models.replay import check_state_shape, replay_patched
 

@@ -269,6 +269,28 @@ def test_every_package_is_checked():
         assert any(f.relative_to(ROOT).parts[0] == pkg for f in files), f"no .py files found under {pkg}/"
 
 
+def _targets_of(folder: str) -> dict[str, str]:
+    """Imported module -> `file:line` of its first import, for every file under `folder` (e.g. "tasks")."""
+    out: dict[str, str] = {}
+    for path in sorted((ROOT / folder).rglob("*.py")):
+        for imp in imports_of(ROOT, path):
+            out.setdefault(imp.target, f"{imp.path}:{imp.line}")
+    return out
+
+
+def test_tasks_import_nothing_of_models():
+    """The task generators are numpy over the label convention in kernels.constants: no model code under them."""
+    above = {t: where for t, where in _targets_of("tasks").items() if t.split(".")[0] in ("models", "store")}
+    assert not above, f"tasks/ imports {above}"
+
+
+def test_dash_building_blocks_import_no_views():
+    """app/dash holds what the pages use; the frame that assembles the pages lives above both (app/frame.py)."""
+    up = {t: where for t, where in _targets_of("app/dash").items()
+          if t.startswith("app.views") or t in ("app.frame", "app.dashboard")}
+    assert not up, f"app/dash imports {up}"
+
+
 # --- the checker on fake trees -------------------------------------------------------------------
 
 def _tree(root: Path, files: dict[str, str]) -> Path:
@@ -351,8 +373,8 @@ def test_cycle_inside_one_package_is_allowed(tmp_path):
     assert check_layers(root) == []
 
 
-@pytest.mark.parametrize("stmt", ["import app", "from app.cli import main", "import app.dash.main as m"])
+@pytest.mark.parametrize("stmt", ["import app", "from app.cli import main", "import app.frame as m"])
 def test_nothing_imports_app(tmp_path, stmt):
     root = _tree(tmp_path, {"probes/x.py": stmt + "\n", "app/cli.py": "", "app/dash/__init__.py": "",
-                            "app/dash/main.py": ""})
+                            "app/frame.py": ""})
     assert check_layers(root), stmt
