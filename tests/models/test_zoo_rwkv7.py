@@ -59,7 +59,7 @@ def test_info_and_app_data_spec_open_it(tmp_path, monkeypatch):
 
 
 def test_card_spectra_script_matches_dense_eig_on_a_capture(tmp_path):
-    """scripts/rwkv7_token_spectra.py (the card's spectra table) on a fresh capture: its smallest eigenvalues equal
+    """The card's token_spectra.py (the card's spectra table) on a fresh capture: its smallest eigenvalues equal
     dense float64 eig of diag(w) - kappa (kappa * a)^T built from the stored tensors, and stay above min w - 1."""
     import importlib.util
 
@@ -72,7 +72,7 @@ def test_card_spectra_script_matches_dense_eig_on_a_capture(tmp_path):
     res = CliRunner().invoke(app, ["capture", str(ZOO_RWKV7), "--data", "parity:length=20,samples=3,seed=5",
                                    "--out", str(out), "--no-progress"])
     assert res.exit_code == 0, res.output
-    path = Path(__file__).resolve().parents[2] / "scripts" / "rwkv7_token_spectra.py"
+    path = ZOO_RWKV7 / "token_spectra.py"
     spec = importlib.util.spec_from_file_location("rwkv7_token_spectra", path)
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
