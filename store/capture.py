@@ -133,6 +133,15 @@ def capture(checkpoint: str | Path, data: str | Data, out: str | Path, *,
     out and then neither copied to the host nor stored; `compute(attrs, tensors, host)` on each batch's tensors
     where the model left them; `write(path, attrs, start, reduced, n_seq)` after the batch is written;
     `finish(path)` at the end) computes analyses while the batch is on the GPU.
+
+    Every argument is checked first (`store.plan.plan_capture`: a CaptureError before anything is written), then
+    `execute` runs the plan.
+
+    Returns:
+        dict: `store`, `data_spec`, `segment` ([first, stop) sequences of this spec), `rank`, `world_size`,
+        `written` / `skipped` / `complete` / `sequences` (counts of sequences), `seconds`, the pipeline's timings
+        (`writer_busy_s`, `model_blocked_s`, `reduce_wait_s`, `steady_s_per_batch`), `reduced`,
+        `reduced_from_store` and the size estimate (`estimated_bytes`, `estimated_bytes_per_token`).
     """
     t0 = time.perf_counter()
     plan = plan_capture(checkpoint, data, out, hooks=hooks, layers=layers, batch_size=batch_size, device=device,
