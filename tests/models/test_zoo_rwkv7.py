@@ -73,7 +73,7 @@ def test_card_spectra_script_matches_dense_eig_on_a_capture(tmp_path):
                                    "--out", str(out), "--no-progress"])
     assert res.exit_code == 0, res.output
     path = ZOO_RWKV7 / "token_spectra.py"
-    spec = importlib.util.spec_from_file_location("rwkv7_token_spectra", path)
+    spec = importlib.util.spec_from_file_location("token_spectra", path)
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
     tokens, smallest = script.smallest_eigenvalues(str(out))
