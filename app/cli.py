@@ -20,7 +20,7 @@ app.command("train", cls=cmd_train_lm.TrainCommand)(cmd_train.train)  # + `train
 app.command("eval")(cmd_train.evaluate)
 app.command("capture")(cmd_store.capture)
 app.add_typer(cmd_store.store_app, name="store")
-cmd_prune.register(app, cmd_probe.probe_app)  # `prune` (a checkpoint study) and the deprecated `probe prune`
+cmd_prune.register(app)  # `prune`: a checkpoint study, not a store probe
 app.add_typer(cmd_probe.probe_app, name="probe")
 app.command("app")(cmd_app.app_command)
 

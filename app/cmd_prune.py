@@ -2,18 +2,14 @@
 
 It works on a checkpoint, not on a capture store, so it has its own parser; the arguments pass through
 unchanged, and `deltalab prune ...` is the same program as `python -m deltalab.train.prune_study ...`.
-`deltalab probe prune ...` still runs it for one release, after a deprecation line on stderr.
 """
 
 from __future__ import annotations
-
-import sys
 
 import typer
 
 HELP = ("Prune key/query channels per head (L1, random, S-Wanda, gradient, DRRQR, PCA) at several compressions: "
         "held-out perplexity, state rank utilisation, throughput; writes smaller fla checkpoints.")
-DEPRECATION = "warning: `deltalab probe prune` is deprecated and will be removed: use `deltalab prune`"
 _PASS_THROUGH = {"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": []}
 
 
@@ -26,14 +22,6 @@ def prune(ctx: typer.Context) -> None:
         raise typer.Exit(code)
 
 
-def deprecated_probe_prune(ctx: typer.Context) -> None:
-    """The old spelling: one warning line, then the same program."""
-    print(DEPRECATION, file=sys.stderr)
-    prune(ctx)
-
-
-def register(app: typer.Typer, probe_app: typer.Typer) -> None:
-    """Add `prune` at the top level and the deprecated `probe prune` alias."""
+def register(app: typer.Typer) -> None:
+    """Add `prune` at the top level."""
     app.command("prune", help=HELP, context_settings=_PASS_THROUGH, add_help_option=False)(prune)
-    probe_app.command("prune", help="Deprecated: use `deltalab prune`.", context_settings=_PASS_THROUGH,
-                      add_help_option=False, hidden=True)(deprecated_probe_prune)

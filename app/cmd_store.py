@@ -63,8 +63,8 @@ def capture(
     from deltalab.probes.reduce import CaptureReductions, parse_reductions, stored_hooks
     from deltalab.store import StoreError
     from deltalab.store import capture as run_capture
-    from deltalab.store.capture import parse_list
     from deltalab.store.errors import corrupt_chunk_line, reraise_unless_input_error
+    from deltalab.store.plan import parse_list
     from deltalab.store.schema import DEFAULT_HOOKS
 
     command_line = ["deltalab", *sys.argv[1:]]

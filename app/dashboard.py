@@ -1,6 +1,7 @@
 """Streamlit entry point: `streamlit run app/dashboard.py -- [STORE]` (what `deltalab app` launches).
 
-Pages live in app/views/, the frame (store choice, menu, linked selection) in app/dash/main.py.
+Pages live in app/views/, the frame (store choice, menu, linked selection) in app/frame.py,
+the pieces the pages share in app/dash/.
 """
 
 from __future__ import annotations
@@ -17,6 +18,6 @@ import streamlit as st  # noqa: E402
 
 st.set_page_config(page_title="deltalab", page_icon="Δ", layout="wide", initial_sidebar_state="expanded")
 
-from deltalab.app.dash.main import run  # noqa: E402
+from deltalab.app.frame import run  # noqa: E402
 
 run()

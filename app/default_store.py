@@ -214,7 +214,7 @@ def _reset_if_stale(out: Path, checkpoint: Path, spec: str) -> None:
     """Remove a cached store captured from other weights or data (it is a cache: nothing is lost)."""
     import shutil
 
-    from deltalab.store.capture import checkpoint_digest
+    from deltalab.store.plan import checkpoint_digest
     from deltalab.store.reader import read_attrs
 
     attrs = read_attrs(out)

@@ -18,10 +18,10 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 DASHBOARD = Path(__file__).resolve().parent / "dashboard.py"
-PRELOAD = ("xarray", "zarr", "dask.array", "plotly.graph_objects", "deltalab.store", "deltalab.app.dash.main",
+PRELOAD = ("xarray", "zarr", "dask.array", "plotly.graph_objects", "deltalab.store", "deltalab.app.frame",
            "deltalab.app.dash.figures", "deltalab.app.dash.export", "deltalab.app.views.overview")
 """Modules every first page imports (Overview and the frame); the heavier ones other pages need (torch,
-scikit-learn) are still imported in the background after the first page (app.dash.main._prewarm)."""
+scikit-learn) are still imported in the background after the first page (app.frame._prewarm)."""
 SERVER_OPTIONS = {"server.headless": True, "browser.gatherUsageStats": False, "server.fileWatcherType": "none",
                   "theme.base": "light", "client.toolbarMode": "minimal"}
 
@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit("usage: python -m deltalab.app.serve HOST PORT [STORE]")
     host, port = args[0], int(args[1])
     if len(args) == 3:
-        os.environ["DELTALAB_STORE"] = args[2]  # the dashboard's store (app.dash.main.cli_store)
+        os.environ["DELTALAB_STORE"] = args[2]  # the dashboard's store (app.frame.cli_store)
     import streamlit as st
 
     app = st.App(str(DASHBOARD), lifespan=preload)

@@ -176,16 +176,16 @@ def bare_first_page(store: Path, warm: Path) -> float:
     import contextlib
     import io
 
-    from deltalab.app.dash import main as dash_main
+    from deltalab.app import frame
 
     os.environ["DELTALAB_STORE"] = str(warm)
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-        dash_main.run()  # bare mode prints a "run it with streamlit run" hint once
+        frame.run()  # bare mode prints a "run it with streamlit run" hint once
     st.cache_resource.clear()
     st.cache_data.clear()
     os.environ["DELTALAB_STORE"] = str(store)
     t = time.perf_counter()
-    dash_main.run()
+    frame.run()
     return time.perf_counter() - t
 
 

@@ -29,7 +29,7 @@ def store_attrs(checkpoint: Path, tokens: int) -> dict:
     from deltalab.models import ModelConfig
     from deltalab.models.run_files import read_task_file
     from deltalab.store import schema
-    from deltalab.store.capture import checkpoint_digest
+    from deltalab.store.plan import checkpoint_digest
 
     cfg = ModelConfig.from_dict(json.loads((checkpoint / "config.json").read_text()))
     task = read_task_file(checkpoint)

@@ -1,7 +1,7 @@
 """nn.Modules, configs and checkpoint I/O for the DeltaProduct family: what defines and loads a model.
 
-The names below load on first use (PEP 562), so `from models import IGNORE_INDEX` or
-`import models.run_files` does not import torch: the store, probes and dashboard stay quick to import.
+The names below load on first use (PEP 562), so `from deltalab.models import IGNORE_INDEX` or
+`import deltalab.models.run_files` does not import torch: the store, probes and dashboard stay quick to import.
 """
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from deltalab.kernels.constants import IGNORE_INDEX
     from deltalab.models.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
     from deltalab.models.config import ConfigError, ModelConfig
     from deltalab.models.hooks import HookPoint
-    from deltalab.models.labels import IGNORE_INDEX
     from deltalab.models.lm import DeltaProductForCausalLM
     from deltalab.models.rwkv7 import RWKV7ForCausalLM
 
@@ -22,7 +22,7 @@ _HOMES = {
     "ConfigError": "deltalab.models.config",
     "DeltaProductForCausalLM": "deltalab.models.lm",
     "HookPoint": "deltalab.models.hooks",
-    "IGNORE_INDEX": "deltalab.models.labels",
+    "IGNORE_INDEX": "deltalab.kernels.constants",
     "ModelConfig": "deltalab.models.config",
     "RWKV7ForCausalLM": "deltalab.models.rwkv7",
     "load_checkpoint": "deltalab.models.checkpoint",

@@ -136,10 +136,22 @@ def load_checkpoint(
     device_map: str | None = None,
 ) -> DeltaProductForCausalLM | RWKV7ForCausalLM | HookedHFModel:
     """Load a checkpoint folder in eval mode: fla's format into a DeltaProductForCausalLM (RWKV7ForCausalLM for
-    `rwkv7`), a transformers
-    Gated DeltaNet family (OLMo-Hybrid, Qwen3-Next, Qwen3.5, ...) into a models.hf.HookedHFModel.
+    `rwkv7`), a transformers Gated DeltaNet family (OLMo-Hybrid, Qwen3-Next, Qwen3.5, ...) into a
+    models.hf.HookedHFModel. Weights are read from safetensors only; no code of the checkpoint runs.
 
-    `device_map` ("auto") applies to transformers models only.
+    Args:
+        path: the folder holding config.json and model.safetensors (or a safetensors index and its shards).
+        device: where the weights go.
+        dtype: the floating-point dtype to run in (None: float32); fla-format models keep their gate
+            parameters (A_log, dt_bias) in float32 as fla does.
+        device_map: "auto" / "balanced" spreads a transformers model over the visible GPUs (accelerate); fla
+            checkpoints take None only.
+
+    Returns:
+        The model, in eval mode, with a hook point on every intermediate.
+
+    Raises:
+        CheckpointError: one line naming what is missing or malformed and how to fix it.
     """
     folder = Path(path)
     if not folder.exists():
@@ -193,7 +205,14 @@ def save_checkpoint(model: DeltaProductForCausalLM | RWKV7ForCausalLM, path: str
                     dtype: torch.dtype | None = None) -> Path:
     """Write config.json (fla fields) and model.safetensors (fla names) into `path`, atomically per file.
 
-    `dtype` (e.g. torch.float16) stores the floating-point tensors smaller; loading casts them back.
+    Args:
+        model: a deltalab model (its state dict is written; a tied lm_head is left out, as fla does).
+        path: the folder to write (created if missing).
+        dtype: store the floating-point tensors in this dtype (e.g. torch.float16, smaller); loading casts
+            them back. None: as they are.
+
+    Returns:
+        The folder, as a Path.
     """
     folder = Path(path)
     folder.mkdir(parents=True, exist_ok=True)

@@ -12,10 +12,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from deltalab.kernels.constants import IGNORE_INDEX
 from deltalab.models.attention import DeltaProductAttention
 from deltalab.models.config import ModelConfig
 from deltalab.models.hooks import HookPoint
-from deltalab.models.labels import IGNORE_INDEX
 from deltalab.models.layers import GatedMLP, RMSNorm
 from deltalab.models.softmax_attention import SoftmaxAttention
 
@@ -68,7 +68,16 @@ class DeltaProductForCausalLM(nn.Module):
             nn.init.normal_(module.weight, std=0.02)
 
     def forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None) -> CausalLMOutput:
-        """labels are aligned with positions (no shift); IGNORE_INDEX positions are skipped."""
+        """Logits of every position, and the mean next-token loss when `labels` are given.
+
+        Args:
+            input_ids (torch.Tensor): token ids `[B, T]` (int64).
+            labels (torch.Tensor | None): targets `[B, T]`, aligned with the positions (no shift: position t's
+                label is the token it should predict); IGNORE_INDEX positions are skipped.
+
+        Returns:
+            CausalLMOutput: logits `[B, T, vocab_size]` in the model's dtype, and loss (a float32 scalar) or None.
+        """
         x = self.embeddings(input_ids)
         for block in self.layers:
             x = block(x)

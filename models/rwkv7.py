@@ -20,10 +20,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from deltalab.kernels.constants import IGNORE_INDEX
 from deltalab.kernels.dplr.dispatch import dplr_forward
 from deltalab.models.config import ModelConfig
 from deltalab.models.hooks import HookPoint
-from deltalab.models.labels import IGNORE_INDEX
 from deltalab.models.lm import CausalLMOutput
 from deltalab.models.replay import check_state_shape, replay_patched
 
@@ -226,7 +226,16 @@ class RWKV7ForCausalLM(nn.Module):
             block.ffn.value.weight.zero_()
 
     def forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None) -> CausalLMOutput:
-        """labels are aligned with positions (no shift); IGNORE_INDEX positions are skipped."""
+        """Logits of every position, and the mean next-token loss when `labels` are given.
+
+        Args:
+            input_ids (torch.Tensor): token ids `[B, T]` (int64).
+            labels (torch.Tensor | None): targets `[B, T]`, aligned with the positions (no shift: position t's
+                label is the token it should predict); IGNORE_INDEX positions are skipped.
+
+        Returns:
+            CausalLMOutput: logits `[B, T, vocab_size]` in the model's dtype, and loss (a float32 scalar) or None.
+        """
         x, v_first = self.embeddings(input_ids), None
         for block in self.layers:
             x, v_first = block(x, v_first)

@@ -161,7 +161,25 @@ def summarize(tok: xr.Dataset) -> xr.Dataset:
 
 def run(ds: xr.Dataset, *, window: tuple[int, int] | None = None, top_k: int = 8, rank_by: str = "weight",
         context: int | None = None, budget: int = 1 << 30, device: str = "cpu", sink: Any = None) -> ProbeResult:
-    """Attention maps of `ds` (see the module docstring); per-token arrays are written first when `sink` is given."""
+    """Attention maps of `ds` (see the module docstring); per-token arrays are written first when `sink` is given.
+
+    Args:
+        ds: a store Dataset with `q` [seq, layer, pos, head, dk], `k`, `v` [seq, layer, pos, step, head, dk|dv],
+            `beta` (and `g`).
+        window: (start, stop) positions whose rows are computed (None: every position).
+        top_k: sources kept per row (`rank` dim); rank_by: "weight" or "norm" (|weight| times |v|).
+        context: sources looked back at most (None: the whole sequence).
+        budget: bytes of store data read into memory at once (blocks of sequences).
+        device: where the maps are computed; sink: a results.ResultSink for the per-token arrays.
+
+    Returns:
+        ProbeResult: `dataset` (xarray, named dims) and one JSON record per (layer, head).
+        The dataset holds the top sources
+        attn_source_pos, attn_source_step, attn_weight, attn_norm [seq, layer, pos, head, rank] (and the gla_*
+        approximation's), attn_initial_norm, attn_row_norm, output_norm, reconstruction_error, gla_weight_error,
+        gla_output_error [seq, layer, pos, head] and their summaries *_mean, reconstruction_error_max
+        [layer, head].
+    """
     tok = per_token(ds, window=window, top_k=top_k, rank_by=rank_by, context=context, budget=budget, device=device)
     attrs = dict(tok.attrs)
     tok = sink.write(tok) if sink is not None else tok.compute()

@@ -29,7 +29,23 @@ SUMMARY_KEYS = ["layer", "head", "step", "beta_mean", "beta_std", "beta_median",
 
 def run(ds: xr.Dataset, *, threshold: float = 1.8, bins: int = 64, max_tokens: int = 64, strong: float = 0.9,
         budget: int = 1 << 30) -> ProbeResult:
-    """Beta statistics of `ds` (a store Dataset); see the module docstring."""
+    """Beta statistics of `ds` (a store Dataset); see the module docstring.
+
+    Args:
+        ds: a store Dataset with `beta` [seq, layer, pos, step, head] (rwkv7: [..., head, dk]) and, for the
+            per-token means, `tokens` [seq, pos].
+        threshold: mean beta above which every step of a head marks it a `reflection` head.
+        bins: histogram bins over [0, beta_max].
+        max_tokens: the most frequent token ids given per-token means.
+        strong: the removal strength (in (0, 1)) counted by `frac_strong` on rwkv7 stores.
+        budget: bytes of store data read into memory at once (blocks of sequences).
+
+    Returns:
+        ProbeResult: `dataset` (xarray, named dims) and one JSON record per (layer, step, head). The dataset holds
+        beta_mean, beta_std, beta_min, beta_max, frac_negative, frac_strong, n_substeps [layer, step, head],
+        beta_hist [layer, step, head, bin], beta_quantile [layer, step, head, quantile], frac_negative_head and
+        reflection [layer, head], token_count [token], beta_token_mean / beta_token_std [layer, token, step, head].
+    """
     data.require(ds, ["beta"], NAME)
     if not 0.0 < strong < 1.0:
         raise ProbeError(f"--strong {strong}: pass a removal strength inside (0, 1), e.g. 0.9")

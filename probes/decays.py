@@ -33,7 +33,20 @@ def memory_length(decay: np.ndarray) -> np.ndarray:
 
 
 def run(ds: xr.Dataset, *, long: float = 100.0, top: int = 4, budget: int = 1 << 30) -> ProbeResult:
-    """Decay statistics of the store's `g` (see the module docstring)."""
+    """Decay statistics of the store's `g` (see the module docstring).
+
+    Args:
+        ds: a store Dataset with `g` [seq, layer, pos, head] (scalar gates) or [seq, layer, pos, head, dk]
+            (per-channel gates).
+        long: memory length (tokens) above which a token counts in `frac_long`.
+        top: the longest-remembering channels listed in each record.
+        budget: bytes of store data read into memory at once (blocks of sequences).
+
+    Returns:
+        ProbeResult: `dataset` (xarray, named dims) and one JSON record per (layer, head). The dataset holds
+        mean_log_decay, mean_decay, memory_of_mean_decay, memory_median, frac_long, n_tokens [layer, head,
+        channel] (channel has size 1 for scalar gates) and memory_hist [layer, head, channel, log10_bin].
+    """
     if "g" not in ds:
         raise ProbeError("the store has no g: the model has no forget gate (capture a gated model with --hooks g)")
     channel = "dk" in ds["g"].dims

@@ -163,7 +163,24 @@ def _size(ds: xr.Dataset, dim: str) -> int:
 def run(ds: xr.Dataset, *, train_length: int | None = None, budget: int = 1 << 30, device: str = "cpu",
         sink: Any = None, checkpoint: str | None = None, every: int = 1) -> ProbeResult:
     """State ranks of `ds`. With a `sink` the per-token arrays are written first and the summaries read them
-    back; without one they are computed in memory (small stores)."""
+    back; without one they are computed in memory (small stores).
+
+    Args:
+        ds: a store Dataset with `k`, `v` [seq, layer, pos, step, head, dk|dv], `beta` (and `g`, `state` when
+            stored: the chunk-boundary states replayed from, else from zero).
+        train_length: the checkpoint's training length (splits `*_within_train` / `*_beyond_train`; None: the
+            store's attr or the checkpoint's run files).
+        budget: bytes of store data read into memory at once (blocks of sequences).
+        device: where the SVDs run; sink: a results.ResultSink for the per-token arrays.
+        checkpoint: where to look up the training length; every: rank only every N-th token's state.
+
+    Returns:
+        ProbeResult: `dataset` (xarray, named dims) and one JSON record per (layer, head). The dataset holds
+        erank, stable_rank, rank_utilisation, state_norm [seq, layer, pos, head], their means by position
+        (`*_by_pos` [layer, pos, head]) and summaries erank_mean, erank_std, erank_max, erank_final,
+        stable_rank_mean, rank_utilisation_mean, state_norm_mean, erank_within_train / beyond_train,
+        erank_drop_at_doc_start [layer, head].
+    """
     tok = per_token(ds, budget=budget, device=device, every=every)
     if "doc_start" in ds:
         tok["doc_start"] = ds["doc_start"]

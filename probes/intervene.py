@@ -295,7 +295,23 @@ def evaluate(model: Any, tokens: np.ndarray, labels: np.ndarray, edits: list[Edi
 def run(ds: xr.Dataset, model: Any, *, edits: list[Edit] | None = None, store_path: str | None = None,
         max_seqs: int = 64, batch_size: int = 16, n_components: int = 3, budget: int = 1 << 30,
         device: str = "cpu") -> ProbeResult:
-    """Apply each edit (one at a time) to `model` on the first `max_seqs` sequences of `ds`."""
+    """Apply each edit (one at a time) to `model` on the first `max_seqs` sequences of `ds`.
+
+    Args:
+        ds: a store Dataset with `tokens` and `labels` [seq, pos], captured from `model`'s checkpoint.
+        model: the loaded checkpoint (models.load_checkpoint).
+        edits: the interventions (None: the sweep of the module docstring); store_path: the store, for the keys
+            probe's stored components.
+        max_seqs: sequences run; batch_size: sequences a forward; n_components: the sweep's key projection rank.
+        budget: bytes of store data read into memory at once (blocks of sequences).
+        device: where the model runs.
+
+    Returns:
+        ProbeResult: `dataset` (xarray, named dims) and one JSON record per intervention (the first is the baseline).
+        The dataset holds accuracy, loss, delta_accuracy, delta_loss, kl [intervention] and accuracy_by_pos, kl_by_pos
+        [intervention, pos], with the edit's kind, layer, head, step, value, position, source and channel as coordinates
+        along `intervention`.
+    """
     from tqdm.auto import tqdm
 
     data.require(ds, ["tokens", "labels"], NAME)

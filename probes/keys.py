@@ -70,8 +70,25 @@ class _Fitter:
 
 def run(ds: xr.Dataset, *, n_coords: int = 3, subspace_dim: int = 3, budget: int = 1 << 30,
         report_components: int = 8, force_incremental: bool = False, of: str = "k") -> ProbeResult:
-    """Key PCA of `ds`; see the module docstring. `force_incremental` uses IncrementalPCA regardless of size.
-    `of="kappa"`: the same analysis of RWKV-7's unit removal keys kappa instead of the written keys."""
+    """Key PCA of `ds`; see the module docstring.
+
+    Args:
+        ds: a store Dataset with `k` [seq, layer, pos, step, head, dk] (or `kappa`, with `of="kappa"`).
+        n_coords: principal coordinates kept per token (`key_pc`).
+        subspace_dim: components spanning the subspaces whose principal angles are compared.
+        budget: bytes of store data read into memory at once (blocks of sequences).
+        report_components: explained-variance ratios listed in the records.
+        force_incremental: IncrementalPCA whatever the size (otherwise only when a layer exceeds the budget).
+        of: "k" (the written keys) or "kappa" (RWKV-7's unit removal keys).
+
+    Returns:
+        ProbeResult: `dataset` (xarray, named dims) and one JSON record per (layer, head, step)
+        and one per (layer, head) pooled over steps. The dataset holds
+        explained_variance_ratio [layer, step, head, component], components [layer, step, head, component, dk],
+        mean [layer, step, head, dk], n_samples [layer, step, head], the same pooled over steps (`*_joint`,
+        [layer, head, ...]), step_angles [layer, head, step_a, step_b, angle], head_angles [layer, step, head_a,
+        head_b, angle] and key_pc / key_pc_joint [seq, layer, pos, step, head, pc].
+    """
     if of not in ("k", "kappa"):
         raise ProbeError(f"--of {of}: choose k (the written keys) or kappa (rwkv7's removal keys)")
     if of == "kappa":

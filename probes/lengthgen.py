@@ -24,7 +24,20 @@ SUMMARY_KEYS = ["pos_start", "pos_end", "n", "accuracy", "sequence_accuracy", "l
 
 def run(ds: xr.Dataset, *, train_length: int | None = None, bucket: int = 16, threshold: float = 0.9,
         budget: int = 1 << 30, checkpoint: str | None = None) -> ProbeResult:
-    """Accuracy against position of `ds`; `threshold` sets `first_failure_pos` (first bucket below it)."""
+    """Accuracy against position of `ds`; `threshold` sets `first_failure_pos` (first bucket below it).
+
+    Args:
+        ds: a store Dataset with `correct` and `labels` [seq, pos] (and `loss` [seq, pos] when stored).
+        train_length: the training length (None: the store's attr or the checkpoint's run files).
+        bucket: positions per accuracy bucket in the records.
+        threshold: accuracy below which a bucket is the first failure.
+        budget: bytes of store data read into memory at once (blocks of sequences).
+        checkpoint: where to look up the training length.
+
+    Returns:
+        ProbeResult: `dataset` (xarray, named dims) and one JSON record per bucket of positions. The dataset holds
+        accuracy, loss, count and sequence_accuracy (the share of sequences right up to each position), all [pos].
+    """
     data.require(ds, ["correct", "labels"], NAME)
     T = ds.sizes["pos"]
     tl = data.train_length(ds, train_length, checkpoint)

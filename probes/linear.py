@@ -63,7 +63,23 @@ def _inputs(ds: xr.Dataset, kind: str) -> list[str]:
 def run(ds: xr.Dataset, *, features: str = "o", per_head: bool = True, test_fraction: float = 0.2,
         max_train: int = 20000, max_test: int = 20000, C: float = 1.0, seed: int = 0, bucket: int = 16,
         budget: int = 1 << 30, device: str = "cpu") -> ProbeResult:
-    """Fit and score the probes; see the module docstring."""
+    """Fit and score the probes; see the module docstring.
+
+    Args:
+        ds: a store Dataset with `labels` [seq, pos] and the features: `o` (or q, k, v, beta to rebuild it),
+            `state` (from k, v, beta), or any variable with dims (seq, layer, pos, ...).
+        features: "o", "state" or a variable's name; per_head: one probe per head (else one per layer).
+        test_fraction: the share of sequences held out; max_train / max_test: labelled tokens sampled.
+        C: inverse regularisation of the logistic regression; seed: the split's and samples' seed.
+        bucket: positions per bucket of `accuracy_by_pos`.
+        budget: bytes of store data read into memory at once (blocks of sequences).
+        device: where the states are rebuilt.
+
+    Returns:
+        ProbeResult: `dataset` (xarray, named dims) and one JSON record per (layer, probe head). The dataset holds
+        accuracy, train_accuracy, chance, n_train, n_test [layer, probe_head] and accuracy_by_pos [layer, probe_head,
+        pos].
+    """
     from sklearn.linear_model import LogisticRegression
     from sklearn.pipeline import make_pipeline
     from sklearn.preprocessing import StandardScaler

@@ -262,7 +262,28 @@ def run(ds: xr.Dataset, *, window: int = 4, stride: int | None = None, max_token
         unit_tol: float = 0.05, rotation_frac: float = 0.9, budget: int = 1 << 30, device: str = "cpu",
         sink: Any = None, channel_windows: bool = False, precision: str = "float64") -> ProbeResult:
     """Spectra of `ds`. With a `sink` (results.ResultSink) the per-token arrays are written first and the
-    summaries read them back; without one they are computed in memory (small stores)."""
+    summaries read them back; without one they are computed in memory (small stores).
+
+    Args:
+        ds: a store Dataset with `k` [seq, layer, pos, step, head, dk] and `beta` [seq, layer, pos, step, head]
+            (and `g` for gated models, `tokens` for the per-token tables).
+        window: tokens per window product (`window_eig_*`); stride: windows start every `stride` tokens
+            (None: `window`).
+        max_tokens: the most frequent token ids given per-token tables.
+        unit_tol: |modulus - 1| counted as unit modulus; rotation_frac: the share of complex unit-modulus
+            eigenvalues that marks a head `rotation`.
+        budget: bytes of store data read into memory at once (blocks of sequences).
+        device: where the eigenvalue kernels run ("cpu", "cuda").
+        channel_windows: per-channel-gated models: window spectra of the full gated products.
+        precision: "float64" (exact) or "float32" for the secular solves of DPLR transitions.
+
+    Returns:
+        ProbeResult: `dataset` (xarray, named dims) and one JSON record per (layer, head). The dataset holds
+        eig_P / eig_A [seq, layer, pos, head, eig] (complex eigenvalues of each token's Householder product and
+        full transition), window_eig_P / window_eig_A [seq, layer, window, head, weig], the fractions
+        frac_complex, frac_unit_modulus, frac_rotation, mean_modulus(_A), rotation [layer, head], angle_hist
+        [layer, head, angle_bin] and per-token tables token_eig_P [layer, token, head, eig], token_count [token].
+    """
     tok = per_token(ds, window=window, stride=stride, budget=budget, device=device, channel_windows=channel_windows,
                     precision=precision)
     attrs = dict(tok.attrs)

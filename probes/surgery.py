@@ -11,7 +11,7 @@ read-out) is applied where it shows: in the head's outputs o_{t'} for t' >= t (t
   are recomputed from H_{t-1}. factor 0 forgets everything before each token (taken as 1e-30).
 The functions take the hook tensors of one layer (q [B,T,H,dk], k [B,T,n_h,H,dk], v [B,T,n_h,H,dv],
 beta [B,T,n_h,H], g [B,T,H] or None, o [B,T,H,dv]) and return the edited o; `probes.intervene` calls them
-inside an nnsight trace, and so can a notebook (see `edit_in_trace`).
+inside an nnsight trace, and so can a notebook.
 """
 
 from __future__ import annotations
@@ -122,17 +122,3 @@ def edited_output(q, k, v, beta, g, o: torch.Tensor, edit: StateEdit, scale: flo
     out[:, t:, h] = (out[:, t:, h].to(d_o.dtype) + d_o[:, :, 0]).to(o.dtype)
     return out
 
-
-def edit_in_trace(attn: Any, edits: list[StateEdit], gated: bool, scale: float | None = None) -> None:
-    """Inside an nnsight trace: read the layer's hooks in execution order and replace hook_o's output.
-
-    attn: the layer's attention envoy (`nn_model.layers[i].attn`); gated: whether the layer has a forget gate.
-    """
-    q, k, v = attn.hook_q.output, attn.hook_k.output, attn.hook_v.output
-    beta = attn.hook_beta.output
-    g = attn.hook_g.output if gated else None
-    o = attn.hook_o.output
-    new = o
-    for e in edits:
-        new = edited_output(q, k, v, beta, g, new, e, scale)
-    o[:] = new

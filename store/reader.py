@@ -90,6 +90,14 @@ def open(path: str | Path, *, complete_only: bool = True, verify: bool = True,  
     Padded sequences (a `pad` variable): with `mask_padding` (default) every float variable is NaN at padded
     positions, and states whose chunk start lies past a sequence's first padded token are NaN, so no analysis
     reads padding (see mask_padding).
+
+    Returns:
+        xarray.Dataset: one lazy variable per captured hook with named dims, e.g. `beta` [seq, layer, pos, step,
+        head], `k` [seq, layer, pos, step, head, dk], `state` [seq, layer, chunk, head, dk, dv], `tokens`
+        [seq, pos] (store.schema lists every variable's dims), plus the probes' variables added beside them.
+
+    Raises:
+        StoreError (NotAStoreError, FormatVersionError, TruncatedStoreError, ...): one line naming the problem.
     """
     if key_heads not in ("value", "key"):
         raise ValueError(f"key_heads={key_heads!r}: use 'value' (q, k per value head) or 'key' (as stored)")

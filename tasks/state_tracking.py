@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from deltalab.models.labels import IGNORE_INDEX
+from deltalab.kernels.constants import IGNORE_INDEX
 from deltalab.tasks.groups import Group, GroupSpecError, parse_group, symmetric
 
 

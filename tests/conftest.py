@@ -1,4 +1,5 @@
-"""Shared test settings: deterministic seeds, and GPU tests skipped (not passed) without CUDA."""
+"""Shared test settings: deterministic seeds, and GPU tests skipped (not passed) without CUDA (multi_gpu ones below
+two GPUs)."""
 
 from __future__ import annotations
 
@@ -7,12 +8,14 @@ import torch
 
 
 def pytest_collection_modifyitems(config, items):
-    if torch.cuda.is_available():
-        return
-    skip = pytest.mark.skip(reason="needs a CUDA GPU: run `pytest -m gpu` on the device")
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU: run `pytest -m gpu` on a machine with one")
+    skip_multi = pytest.mark.skip(reason=f"needs two or more CUDA GPUs ({gpus} here): run `pytest -m multi_gpu`")
     for item in items:
-        if "gpu" in item.keywords:
-            item.add_marker(skip)
+        if "gpu" in item.keywords and not gpus:
+            item.add_marker(skip_gpu)
+        if "multi_gpu" in item.keywords and gpus < 2:
+            item.add_marker(skip_multi)
 
 
 @pytest.fixture(autouse=True)

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from deltalab.models.labels import IGNORE_INDEX
+from deltalab.kernels.constants import IGNORE_INDEX
 from deltalab.tasks.state_tracking import Task
 
 EVAL_STREAM = 3  # SeedSequence branch for evaluation data (training draws from 0, fixed sets from 1, 2)

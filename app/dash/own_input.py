@@ -192,7 +192,7 @@ def is_loaded(checkpoint: Path | str, device: str = "cpu") -> bool:
 def run(model: Any, enc: Encoded, attrs: dict[str, Any], timing: Timing | None = None) -> xr.Dataset:
     """Run `model` with the store's hooks over one encoded sequence: a Dataset with the store's variables, dims,
     coordinates and attributes (data_spec 'input:text' or 'input:task'), holding one complete sequence."""
-    from deltalab.store.capture import head_index
+    from deltalab.store.plan import head_index
     from deltalab.store.runner import HookedRunner
 
     timing = timing or Timing()

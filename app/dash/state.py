@@ -58,14 +58,6 @@ def head_number(attrs: dict, h: int) -> int:
     return numbers[h] if numbers is not None and 0 <= h < len(numbers) else int(h)
 
 
-def head_position(attrs: dict, number: int) -> int | None:
-    """The position of the model's head `number` in the store (None when it was not captured)."""
-    numbers = head_numbers(attrs)
-    if numbers is None:
-        return int(number)
-    return numbers.index(int(number)) if int(number) in numbers else None
-
-
 def _clamp(key: str, lo: int, hi: int, default: int = 0) -> None:
     value = st.session_state.get(key, default)
     try:

@@ -36,10 +36,33 @@ def chunk_delta_product(
     normalize_qk: bool = False,
     cu_seqlens: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Return (o [B,T,Hv,V], final states [N,Hv,K,V], chunk-boundary states [B,NB,Hv,K,V]).
+    """The recurrence of `naive_delta_product` in chunks of `chunk_size` tokens (the WY/UT form), in PyTorch.
 
-    Computes in float32 (float64 if given float64); o is returned in q's dtype, states in float32+.
-    Boundary layout as `kernels.delta_rule.naive.naive_delta_product` (per sequence with cu_seqlens).
+    Computes in float32 (float64 if given float64); o is returned in q's dtype, the states in float32 (float64).
+
+    Args:
+        q (torch.Tensor): queries `[B, T, Hk, K]`.
+        k (torch.Tensor): keys `[B, T, n_h, Hk, K]`, one per Householder sub-step (unit length, or normalised here
+            with `normalize_qk`).
+        v (torch.Tensor): values `[B, T, n_h, Hv, V]`; Hv is a multiple of Hk and value head j reads key head
+            j // (Hv / Hk).
+        beta (torch.Tensor): write strengths `[B, T, n_h, Hv]`, in [0, 2] for a contraction (above 1: negative
+            eigenvalues).
+        g (torch.Tensor | None): log decays, `[B, T, Hv]` (one per head, Gated DeltaNet) or `[B, T, Hv, K]` (one per
+            key channel, Kimi Delta Attention), applied before the token's first sub-step; None: no decay.
+        scale (float | None): read-out scale; None: K ** -0.5.
+        initial_state (torch.Tensor | None): `[N, Hv, K, V]` states before the first token; None: zeros.
+        chunk_size (int): tokens per chunk, which sets the boundary states' spacing.
+        normalize_qk (bool): L2-normalise q and k first (fla's in-kernel norm, eps 1e-6).
+        cu_seqlens (torch.Tensor | None): `[N + 1]` rising token offsets of packed sequences (then B = 1); None:
+            N = B sequences of T tokens.
+
+    Returns:
+        o (torch.Tensor): outputs `[B, T, Hv, V]`.
+        final_state (torch.Tensor): `[N, Hv, K, V]`, the state after each sequence's last token.
+        boundary_states (torch.Tensor): `[B, NB, Hv, K, V]`, the state before tokens 0, C, 2C, ... of each sequence
+            and then its final state (NB = ceil(T / C) + 1 without cu_seqlens; packed: rows
+            `boundary_offsets(cu_seqlens)[n]:[n + 1]` hold sequence n's).
     """
     N, Hk, Hv, _, _, _ = check_inputs(q, k, v, beta, g, initial_state, cu_seqlens)
     if Hv != Hk:

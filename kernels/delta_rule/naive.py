@@ -120,12 +120,35 @@ def naive_delta_product(
     normalize_qk: bool = False,
     cu_seqlens: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Return (o [B,T,Hv,V], final states [N,Hv,K,V], chunk-boundary states [B,NB,Hv,K,V]).
+    """The delta-product recurrence token by token, in the inputs' dtype: the reference every fast form is checked
+    against (in float64).
 
     H_{t,j} = (I - b k k^T) D_{t,j} H_{t,j-1} + b k v^T, D_{t,1} = exp(g_t) (a scalar, or diag(exp g_t) for a
     per-channel gate), D_{t,j>1} = I; o_t = scale H_t^T q_t.
-    Boundary c holds the state before token c*C; the last entry is the final state. Without cu_seqlens
-    N = B and NB = ceil(T/C) + 1; with it, see the module docstring for the per-sequence layout.
+
+    Args:
+        q (torch.Tensor): queries `[B, T, Hk, K]`.
+        k (torch.Tensor): keys `[B, T, n_h, Hk, K]`, one per Householder sub-step (unit length, or normalised here
+            with `normalize_qk`).
+        v (torch.Tensor): values `[B, T, n_h, Hv, V]`; Hv is a multiple of Hk and value head j reads key head
+            j // (Hv / Hk).
+        beta (torch.Tensor): write strengths `[B, T, n_h, Hv]`, in [0, 2] for a contraction (above 1: negative
+            eigenvalues).
+        g (torch.Tensor | None): log decays, `[B, T, Hv]` (one per head, Gated DeltaNet) or `[B, T, Hv, K]` (one per
+            key channel, Kimi Delta Attention), applied before the token's first sub-step; None: no decay.
+        scale (float | None): read-out scale; None: K ** -0.5.
+        initial_state (torch.Tensor | None): `[N, Hv, K, V]` states before the first token; None: zeros.
+        chunk_size (int): tokens per chunk, which sets the boundary states' spacing.
+        normalize_qk (bool): L2-normalise q and k first (fla's in-kernel norm, eps 1e-6).
+        cu_seqlens (torch.Tensor | None): `[N + 1]` rising token offsets of packed sequences (then B = 1); None:
+            N = B sequences of T tokens.
+
+    Returns:
+        o (torch.Tensor): outputs `[B, T, Hv, V]`.
+        final_state (torch.Tensor): `[N, Hv, K, V]`, the state after each sequence's last token.
+        boundary_states (torch.Tensor): `[B, NB, Hv, K, V]`, the state before tokens 0, C, 2C, ... of each sequence
+            and then its final state (NB = ceil(T / C) + 1 without cu_seqlens; packed: rows
+            `boundary_offsets(cu_seqlens)[n]:[n + 1]` hold sequence n's).
     """
     N, Hk, Hv, K, V, _ = check_inputs(q, k, v, beta, g, initial_state, cu_seqlens)
     if normalize_qk:

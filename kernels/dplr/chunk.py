@@ -50,9 +50,28 @@ def chunk_dplr(
     chunk_size: int = CHUNK_SIZE,
     budget: int = BUDGET,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Return (o [B,T,H,V], final states [N,H,K,V], chunk-boundary states [B,NB,H,K,V]) like `naive_dplr`.
+    """The recurrence of `naive_dplr` in chunks of `chunk_size` tokens, in PyTorch.
 
     Computes in float32 (float64 if q is float64); o comes back in q's dtype, states in float32 or float64.
+    `budget`: bytes for one group's decay factors; chunks are solved in groups under it (memory O(group)).
+
+    Args:
+        q (torch.Tensor): queries `[B, T, H, K]`.
+        k (torch.Tensor): keys `[B, T, H, K]` (written as k v^T).
+        v (torch.Tensor): values `[B, T, H, V]`.
+        a (torch.Tensor): `[B, T, H, K]`, the read side of the rank-one term b a^T (RWKV-7: -kappa).
+        b (torch.Tensor): `[B, T, H, K]`, its write side (RWKV-7: kappa * a).
+        g (torch.Tensor | None): per-channel log decays `[B, T, H, K]`; None: no decay.
+        scale (float): read-out scale.
+        initial_state (torch.Tensor | None): `[N, H, K, V]` states before the first token; None: zeros.
+        cu_seqlens (torch.Tensor | None): `[N + 1]` rising token offsets of packed sequences (then B = 1).
+        chunk_size (int): tokens per chunk, which sets the boundary states' spacing.
+
+    Returns:
+        o (torch.Tensor): outputs `[B, T, H, V]`.
+        final_state (torch.Tensor): `[N, H, K, V]`.
+        boundary_states (torch.Tensor): `[B, NB, H, K, V]`, the state before tokens 0, C, 2C, ... and the final
+            state (NB = ceil(T / C) + 1; packed: the per-sequence layout of `kernels.delta_rule.naive`).
     """
     N = check_dplr_inputs(q, k, v, a, b, g, initial_state, cu_seqlens)[0]
     args = dict(scale=scale, chunk_size=chunk_size, budget=budget)

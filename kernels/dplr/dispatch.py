@@ -46,8 +46,28 @@ def dplr_forward(
     cu_seqlens: torch.Tensor | None = None,
     chunk_size: int = CHUNK_SIZE,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(o [B,T,H,V], final [N,H,K,V], boundaries [B,NB,H,K,V]) of H_t = (diag(e^g_t) + b_t a_t^T) H_{t-1} +
-    k_t v_t^T, o_t = scale H_t^T q_t; the contract of `kernels.dplr.naive.naive_dplr`."""
+    """The generalised delta rule H_t = (diag(e^g_t) + b_t a_t^T) H_{t-1} + k_t v_t^T, o_t = scale H_t^T q_t, as
+    the RWKV-7 model runs it: fla's chunk_dplr_delta_rule on CUDA for bf16/fp16 when fla is importable, else
+    `chunk_dplr` (one warning naming why).
+
+    Args:
+        q (torch.Tensor): queries `[B, T, H, K]`.
+        k (torch.Tensor): keys `[B, T, H, K]` (written as k v^T).
+        v (torch.Tensor): values `[B, T, H, V]`.
+        a (torch.Tensor): `[B, T, H, K]`, the read side of the rank-one term b a^T (RWKV-7: -kappa).
+        b (torch.Tensor): `[B, T, H, K]`, its write side (RWKV-7: kappa * a).
+        g (torch.Tensor | None): per-channel log decays `[B, T, H, K]`; None: no decay.
+        scale (float): read-out scale.
+        initial_state (torch.Tensor | None): `[N, H, K, V]` states before the first token; None: zeros.
+        cu_seqlens (torch.Tensor | None): `[N + 1]` rising token offsets of packed sequences (then B = 1).
+        chunk_size (int): tokens per chunk, which sets the boundary states' spacing.
+
+    Returns:
+        o (torch.Tensor): outputs `[B, T, H, V]`.
+        final_state (torch.Tensor): `[N, H, K, V]`.
+        boundary_states (torch.Tensor): `[B, NB, H, K, V]`, the state before tokens 0, C, 2C, ... and the final
+            state (NB = ceil(T / C) + 1; packed: the per-sequence layout of `kernels.delta_rule.naive`).
+    """
     args = dict(scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens, chunk_size=chunk_size)
     if _fla_wanted(q):
         check_dplr_inputs(q, k, v, a, b, g, initial_state, cu_seqlens)  # malformed inputs raise on every path

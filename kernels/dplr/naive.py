@@ -68,11 +68,27 @@ def naive_dplr(
     cu_seqlens: torch.Tensor | None = None,
     chunk_size: int = CHUNK_SIZE,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Return (o [B,T,H,V], final states [N,H,K,V], chunk-boundary states [B,NB,H,K,V]).
+    """The generalised (diagonal-plus-low-rank) delta rule token by token, in the inputs' dtype: the reference.
 
-    H_t = (diag(exp g_t) + b_t a_t^T) H_{t-1} + k_t v_t^T, o_t = scale H_t^T q_t, token by token in the
-    inputs' dtype. Without cu_seqlens N = B and NB = ceil(T/C) + 1; with it, the packed per-sequence layout of
-    `kernels.delta_rule.naive`.
+    H_t = (diag(exp g_t) + b_t a_t^T) H_{t-1} + k_t v_t^T, o_t = scale H_t^T q_t.
+
+    Args:
+        q (torch.Tensor): queries `[B, T, H, K]`.
+        k (torch.Tensor): keys `[B, T, H, K]` (written as k v^T).
+        v (torch.Tensor): values `[B, T, H, V]`.
+        a (torch.Tensor): `[B, T, H, K]`, the read side of the rank-one term b a^T (RWKV-7: -kappa).
+        b (torch.Tensor): `[B, T, H, K]`, its write side (RWKV-7: kappa * a).
+        g (torch.Tensor | None): per-channel log decays `[B, T, H, K]`; None: no decay.
+        scale (float): read-out scale.
+        initial_state (torch.Tensor | None): `[N, H, K, V]` states before the first token; None: zeros.
+        cu_seqlens (torch.Tensor | None): `[N + 1]` rising token offsets of packed sequences (then B = 1).
+        chunk_size (int): tokens per chunk, which sets the boundary states' spacing.
+
+    Returns:
+        o (torch.Tensor): outputs `[B, T, H, V]`.
+        final_state (torch.Tensor): `[N, H, K, V]`.
+        boundary_states (torch.Tensor): `[B, NB, H, K, V]`, the state before tokens 0, C, 2C, ... and the final
+            state (NB = ceil(T / C) + 1; packed: the per-sequence layout of `kernels.delta_rule.naive`).
     """
     N, H, K, V = check_dplr_inputs(q, k, v, a, b, g, initial_state, cu_seqlens)
     dtype = q.dtype

@@ -396,5 +396,6 @@ def state_ranks(
     boundary_states: torch.Tensor | None,
     **kwargs,
 ) -> NamedTensors:
-    """`state_rank_metrics` as a dict {"erank": [B,T,H], "stable_rank": ..., ...} (named tensors)."""
+    """`state_rank_metrics` (same arguments, `kwargs` passed on) as a dict of named tensors, one per RankMetrics
+    field ({"erank": [B, T, H], "stable_rank": [B, T, H], ...}; [B, T, n_h, H] with substeps=True)."""
     return NamedTensors(state_rank_metrics(k, v, beta, g, boundary_states, **kwargs)._asdict())

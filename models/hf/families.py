@@ -50,10 +50,6 @@ class Family:
         """Attribute of the decoder layer that holds the linear layer."""
         return "self_attn" if self.channel_gate else "linear_attn"
 
-    @property
-    def layer_kind(self) -> str:
-        return "Kimi Delta Attention" if self.channel_gate else "Gated DeltaNet"
-
 
 GDN_KERNELS = ("torch_chunk_gated_delta_rule", "torch_recurrent_gated_delta_rule")
 KDA_KERNELS = ("chunk_kimi_delta_attention", "recurrent_kimi_delta_attention")

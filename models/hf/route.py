@@ -18,10 +18,7 @@ from typing import Any
 
 from torch import nn
 
-from deltalab.models.hf.families import GDN_KERNELS, KDA_KERNELS
-
-KERNEL_NAMES = GDN_KERNELS + KDA_KERNELS
-"""Module globals the delta-rule layers of the supported families call (Gated DeltaNet, Kimi Delta Attention)."""
+from deltalab.models.hf.families import GDN_KERNELS
 
 _ACTIVE: contextvars.ContextVar[nn.Module | None] = contextvars.ContextVar("deltalab_hf_active", default=None)
 

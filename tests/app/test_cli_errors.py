@@ -41,13 +41,12 @@ def test_help_still_exits_zero():
     assert res.returncode == 0 and "--data" in res.stdout
 
 
-def test_prune_is_top_level_and_probe_prune_is_deprecated():
-    """`deltalab prune` is the study's command; the old `probe prune` still runs it after one warning line."""
+def test_prune_is_top_level_and_probe_prune_is_gone():
+    """`deltalab prune` is the study's command; `probe prune` is no command of `probe`."""
     new = run_cli("prune", "--bogus")
-    assert new.returncode == 2 and "deprecated" not in new.stderr
+    assert new.returncode == 2
     assert new.stderr.strip().splitlines()[-1].startswith("error:")
     old = run_cli("probe", "prune", "--bogus")
-    assert old.returncode == 2
+    assert old.returncode == 2 and "deprecated" not in old.stderr
     lines = old.stderr.strip().splitlines()
-    assert "deprecated" in lines[0] and "deltalab prune" in lines[0]
-    assert lines[1:] == new.stderr.strip().splitlines()
+    assert len(lines) == 1 and "No such command 'prune'" in lines[0], old.stderr

@@ -37,7 +37,7 @@ def test_every_page_renders(rwkv_store, page, monkeypatch):
 
 
 def test_page_list_is_the_dashboard_s():
-    from deltalab.app.dash.main import _pages
+    from deltalab.app.frame import _pages
 
     assert list(_pages()) == ALL_PAGES
 

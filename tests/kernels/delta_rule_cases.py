@@ -1,45 +1,31 @@
 """Shared by the delta-rule forward's A/B tests (`test_triton_tri_split.py`): random inputs
 and one check of a launch choice against the float64 token loop and against the path it replaces.
 
-Errors are max |ours - ref| / max |ref| with the tolerances of tests/kernels/test_triton_shapes.py.
+Errors are max |ours - ref| / max |ref| with the tolerances of deltalab.kernels.testing.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 
 import pytest
 import torch
 
 from deltalab.kernels.delta_rule.naive import naive_delta_product
+from deltalab.kernels.testing import TOLERANCES, cu_seqlens, delta_inputs
+from deltalab.kernels.testing import rel_err as rel
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 ON_GPU = torch.cuda.is_available() and not INTERPRET
-TOL = {torch.float32: 1e-4, torch.bfloat16: 3e-2, torch.float16: 8e-3}
+TOL = TOLERANCES
+
+inputs = functools.partial(delta_inputs, seed=0, dtype=torch.float32, decay=0.7, state_scale=0.3)
+"""Random inputs, beta in (0, 2), log decays in (-0.7, 0); n_seq initial states (packed sequences), else one per
+batch row (`deltalab.kernels.testing.delta_inputs`)."""
 
 cpu_only = pytest.mark.skipif(not INTERPRET, reason="CPU tests of the Triton kernels need TRITON_INTERPRET=1")
 needs_cuda = pytest.mark.skipif(not ON_GPU, reason="needs a CUDA GPU without TRITON_INTERPRET")
-
-
-def inputs(B, T, Hk, Hv, K, V, n_h, gate, n_seq=None, device="cpu", seed=0, decay=0.7):
-    """Random inputs, beta in (0, 2), log decays in (-decay, 0); n_seq initial states (packed sequences), else one
-    per batch row."""
-    gen = torch.Generator(device="cpu").manual_seed(seed)
-    q = torch.randn(B, T, Hk, K, generator=gen)
-    k = torch.randn(B, T, n_h, Hk, K, generator=gen)
-    v = torch.randn(B, T, n_h, Hv, V, generator=gen)
-    beta = torch.rand(B, T, n_h, Hv, generator=gen) * 2
-    g = -torch.rand(B, T, Hv, generator=gen) * decay if gate else None
-    s0 = torch.randn(n_seq or B, Hv, K, V, generator=gen) * 0.3
-    return [x.to(device) if x is not None else None for x in (q, k, v, beta, g, s0)]
-
-
-def rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    return ((a.double() - b.double()).abs().max() / b.double().abs().max().clamp_min(1e-30)).item()
-
-
-def cu_seqlens(lengths: list[int], device: str = "cpu") -> torch.Tensor:
-    return torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32, device=device)
 
 
 def check_choice(case: tuple, dtype: torch.dtype, on: dict, off: dict, device: str = "cpu",

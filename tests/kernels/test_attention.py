@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import itertools
 
 import pytest
@@ -10,28 +11,18 @@ import torch
 from deltalab.kernels.attention.chunk import chunk_recurrence, compare_attention, delta_attention, gla_attention
 from deltalab.kernels.attention.naive import naive_attention, naive_gla_attention, naive_recurrence
 from deltalab.kernels.delta_rule.naive import naive_delta_product
+from deltalab.kernels.testing import delta_inputs, rel_err
 
 GATES = [None, "scalar", "channel"]
+SMALL = dict(B=2, T=11, Hk=2, Hv=4, K=8, V=5, n_h=2, gate="scalar")
+"""The default case: grouped heads (2 key heads, 4 value heads), two sub-steps."""
+
+rel = functools.partial(rel_err, norm="fro")
 
 
-def make_inputs(B=2, T=11, Hk=2, Hv=4, K=8, V=5, n_h=2, gate="scalar", init=True, dtype=torch.float64):
-    """Fresh random inputs: unit keys, beta in [0, 2) (negative eigenvalues), log-gates in (-1, 0]."""
-    q = torch.randn(B, T, Hk, K, dtype=dtype)
-    k = torch.nn.functional.normalize(torch.randn(B, T, n_h, Hk, K, dtype=dtype), dim=-1)
-    v = torch.randn(B, T, n_h, Hv, V, dtype=dtype)
-    beta = torch.rand(B, T, n_h, Hv, dtype=dtype) * 2
-    g = {
-        None: None,
-        "scalar": lambda: -torch.rand(B, T, Hv, dtype=dtype),
-        "channel": lambda: -torch.rand(B, T, Hv, K, dtype=dtype),
-    }[gate]
-    g = g() if g else None
-    s0 = torch.randn(B, Hv, K, V, dtype=dtype) if init else None
-    return q, k, v, beta, g, s0
-
-
-def rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    return ((a.double() - b.double()).norm() / b.double().norm()).item()
+def make_inputs(init: bool = True, **case):
+    """Fresh random inputs of SMALL changed by `case`: unit keys, beta in [0, 2), log-gates in (-1, 0]."""
+    return delta_inputs(**{**SMALL, **case}, unit_keys=True, initial_state=init)
 
 
 def rebuild(weights: torch.Tensor, initial: torch.Tensor, v: torch.Tensor, start: int = 0) -> torch.Tensor:

@@ -6,6 +6,7 @@ inputs in float64, so the bounds measure float32 arithmetic: 1e-5 relative on th
 
 from __future__ import annotations
 
+import functools
 import os
 
 import pytest
@@ -15,29 +16,14 @@ pytest.importorskip("triton")
 
 from deltalab.kernels.attention.chunk import delta_attention  # noqa: E402
 from deltalab.kernels.attention.naive import naive_attention, naive_recurrence  # noqa: E402
+from deltalab.kernels.testing import delta_inputs, rel_err  # noqa: E402
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 cpu_only = pytest.mark.skipif(not INTERPRET, reason="CPU tests of the Triton kernels need TRITON_INTERPRET=1")
 
-
-def make_inputs(B, T, Hk, Hv, K, V, n_h, gate, device="cpu", seed=0, decay=0.2):
-    """Float64 inputs; gate False/None (no gate), True/'scalar' ([B, T, Hv]) or 'channel' ([B, T, Hv, K]),
-    log-decays uniform in [-decay, 0]."""
-    gen = torch.Generator().manual_seed(seed)
-    d = torch.float64
-    q = torch.randn(B, T, Hk, K, generator=gen, dtype=d)
-    k = torch.nn.functional.normalize(torch.randn(B, T, n_h, Hk, K, generator=gen, dtype=d), dim=-1)
-    v = torch.randn(B, T, n_h, Hv, V, generator=gen, dtype=d)
-    beta = torch.rand(B, T, n_h, Hv, generator=gen, dtype=d) * 2
-    g = None
-    if gate:
-        g = -torch.rand(B, T, Hv, *((K,) if gate == "channel" else ()), generator=gen, dtype=d) * decay
-    s0 = torch.randn(B, Hv, K, V, generator=gen, dtype=d)
-    return [None if x is None else x.to(device) for x in (q, k, v, beta, g, s0)]
-
-
-def rel(a, b):
-    return ((a.double() - b.double()).norm() / b.double().norm()).item()
+make_inputs = functools.partial(delta_inputs, seed=0, unit_keys=True, decay=0.2)
+"""Float64 inputs (B, T, Hk, Hv, K, V, n_h, gate): unit keys, log-decays uniform in [-decay, 0], an initial state."""
+rel = functools.partial(rel_err, norm="fro")
 
 
 @cpu_only

@@ -8,25 +8,12 @@ import pytest
 import torch
 
 from deltalab.kernels import chunk_delta_product, naive_delta_product
-
-
-def random_inputs(B, T, H, K, V, n_h, gate, init, dtype=torch.float64, beta_max=2.0):
-    q = torch.randn(B, T, H, K, dtype=dtype)
-    k = torch.randn(B, T, n_h, H, K, dtype=dtype)
-    v = torch.randn(B, T, n_h, H, V, dtype=dtype)
-    beta = torch.rand(B, T, n_h, H, dtype=dtype) * beta_max
-    g = -torch.rand(B, T, H, dtype=dtype) if gate else None
-    s0 = torch.randn(B, H, K, V, dtype=dtype) if init else None
-    return q, k, v, beta, g, s0
-
-
-def rel_err(a, b):
-    return ((a.double() - b.double()).abs().max() / b.double().abs().max()).item()
+from deltalab.kernels.testing import delta_inputs, rel_err
 
 
 @pytest.mark.parametrize("n_h,gate,init", list(itertools.product([1, 2, 3], [False, True], [False, True])))
 def test_chunk_matches_reference_float64(n_h, gate, init):
-    q, k, v, beta, g, s0 = random_inputs(2, 150, 2, 16, 12, n_h, gate, init)
+    q, k, v, beta, g, s0 = delta_inputs(2, 150, 2, 2, 16, 12, n_h, gate, initial_state=init)
     ref = naive_delta_product(q, k, v, beta, g, initial_state=s0, normalize_qk=True)
     out = chunk_delta_product(q, k, v, beta, g, initial_state=s0, normalize_qk=True)
     assert out[2].shape == (2, 4, 2, 16, 12)  # ceil(150/64) chunk starts + the final state
@@ -37,7 +24,7 @@ def test_chunk_matches_reference_float64(n_h, gate, init):
 @pytest.mark.parametrize("T", [1, 20, 64])
 def test_sequences_of_at_most_one_chunk(T):
     """Short sequences are solved as one chunk of their own length; boundaries are (initial, final)."""
-    q, k, v, beta, g, s0 = random_inputs(1, T, 2, 8, 8, 2, True, True)
+    q, k, v, beta, g, s0 = delta_inputs(1, T, 2, 2, 8, 8, 2, True, initial_state=True)
     ref = naive_delta_product(q, k, v, beta, g, initial_state=s0, normalize_qk=True)
     out = chunk_delta_product(q, k, v, beta, g, initial_state=s0, normalize_qk=True)
     assert out[2].shape[1] == 2
@@ -48,7 +35,7 @@ def test_sequences_of_at_most_one_chunk(T):
 @pytest.mark.parametrize("n_h,gate", [(1, True), (2, False), (3, True)])
 def test_chunk_float32_error_bound(n_h, gate):
     """float32 inputs: relative error against float64 stays below 1e-4 (measured ~1e-6)."""
-    q, k, v, beta, g, s0 = random_inputs(1, 200, 2, 32, 32, n_h, gate, True)
+    q, k, v, beta, g, s0 = delta_inputs(1, 200, 2, 2, 32, 32, n_h, gate, initial_state=True)
     ref = naive_delta_product(q, k, v, beta, g, initial_state=s0, normalize_qk=True)
     f32 = [x.float() if x is not None else None for x in (q, k, v, beta, g, s0)]
     out = chunk_delta_product(*f32[:5], initial_state=f32[5], normalize_qk=True)
@@ -59,7 +46,7 @@ def test_chunk_float32_error_bound(n_h, gate):
 
 def test_chunk_bfloat16_inputs_error_bound():
     """bf16 inputs are rounded once (2^-8); accumulation is float32, so error stays below 3e-2."""
-    q, k, v, beta, g, _ = random_inputs(1, 130, 2, 32, 32, 2, True, False)
+    q, k, v, beta, g, _ = delta_inputs(1, 130, 2, 2, 32, 32, 2, True, initial_state=False)
     bf = [x.bfloat16() for x in (q, k, v, beta, g)]
     ref = naive_delta_product(*[x.double() for x in bf], normalize_qk=True)
     out = chunk_delta_product(*bf, normalize_qk=True)
@@ -69,7 +56,7 @@ def test_chunk_bfloat16_inputs_error_bound():
 
 
 def test_chunk_size_does_not_change_results():
-    q, k, v, beta, g, s0 = random_inputs(1, 100, 1, 8, 8, 2, True, True)
+    q, k, v, beta, g, s0 = delta_inputs(1, 100, 1, 1, 8, 8, 2, True, initial_state=True)
     a = chunk_delta_product(q, k, v, beta, g, initial_state=s0, chunk_size=64, normalize_qk=True)
     b = chunk_delta_product(q, k, v, beta, g, initial_state=s0, chunk_size=16, normalize_qk=True)
     assert rel_err(a[0], b[0]) < 1e-12 and rel_err(a[1], b[1]) < 1e-12
@@ -79,7 +66,7 @@ def test_chunk_size_does_not_change_results():
 
 def test_boundary_states_restart_the_recurrence():
     """Running chunk c from boundary c reproduces the outputs of that chunk."""
-    q, k, v, beta, g, _ = random_inputs(1, 128, 2, 8, 8, 2, True, False)
+    q, k, v, beta, g, _ = delta_inputs(1, 128, 2, 2, 8, 8, 2, True, initial_state=False)
     o, _, states = naive_delta_product(q, k, v, beta, g, normalize_qk=True)
     part = slice(64, 128)
     o2, final2, _ = naive_delta_product(q[:, part], k[:, part], v[:, part], beta[:, part], g[:, part],
@@ -88,7 +75,7 @@ def test_boundary_states_restart_the_recurrence():
 
 
 def test_chunk_is_differentiable():
-    q, k, v, beta, g, s0 = random_inputs(1, 20, 1, 4, 3, 2, True, True)
+    q, k, v, beta, g, s0 = delta_inputs(1, 20, 1, 1, 4, 3, 2, True, initial_state=True)
     inputs = [x.requires_grad_() for x in (q, k, v, beta, g)]
 
     def f(*xs):

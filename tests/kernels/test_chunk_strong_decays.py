@@ -17,6 +17,7 @@ import torch
 
 from deltalab.kernels.delta_rule.chunk import chunk_delta_product
 from deltalab.kernels.delta_rule.naive import naive_delta_product
+from deltalab.kernels.testing import delta_inputs, rel_err
 
 TOL32 = 2e-6
 GATES = ("scalar", "channel")
@@ -34,22 +35,6 @@ def _gates(gen, B, T, Hv, K, kind, gate):
         return -20 * u
     order = torch.stack([torch.randperm(K, generator=gen) for _ in range(Hv)])  # [Hv, K]
     return -u * torch.logspace(-3, 1.5, K, dtype=torch.float64)[order]
-
-
-def _inputs(B, T, Hk, Hv, K, V, n_h, kind, gate, n_seq, seed):
-    """float32 inputs: unit keys, beta in (0, 2), an initial state per sequence."""
-    gen = torch.Generator().manual_seed(seed)
-    q = torch.randn(B, T, Hk, K, generator=gen, dtype=torch.float64)
-    k = torch.nn.functional.normalize(torch.randn(B, T, n_h, Hk, K, generator=gen, dtype=torch.float64), dim=-1)
-    v = torch.randn(B, T, n_h, Hv, V, generator=gen, dtype=torch.float64)
-    beta = torch.rand(B, T, n_h, Hv, generator=gen, dtype=torch.float64) * 2
-    g = _gates(gen, B, T, Hv, K, kind, gate)
-    s0 = torch.randn(n_seq, Hv, K, V, generator=gen, dtype=torch.float64)
-    return [x.float() for x in (q, k, v, beta, g, s0)]
-
-
-def _rel(a, b):
-    return ((a.double() - b).abs().max() / b.abs().max()).item()
 
 
 # name: (B, T or sequence lengths, Hk, Hv, K, V, n_h, gates)
@@ -70,12 +55,13 @@ def strong_decay_errors(name, gate, seed=0, dtype=torch.float32):
     T = sum(lengths) if lengths else T
     N = len(lengths) if lengths else B
     cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()]) if lengths else None
-    x = _inputs(B, T, Hk, Hv, K, V, n_h, kind, gate, N, seed=seed + 100 * list(CASES).index(name))
+    x = delta_inputs(B, T, Hk, Hv, K, V, n_h, lambda gen: _gates(gen, B, T, Hv, K, kind, gate), unit_keys=True,
+                     n_seq=N, seed=seed + 100 * list(CASES).index(name)).to(dtype=torch.float32)
     ref = naive_delta_product(*(t.double() for t in x[:5]), initial_state=x[5].double(), cu_seqlens=cu)
     got = chunk_delta_product(*(t.to(dtype) for t in x[:5]), initial_state=x[5].to(dtype), cu_seqlens=cu)
     for a, b in zip(got, ref):
         assert a.shape == b.shape and torch.isfinite(a).all()
-    return tuple(_rel(a, b) for a, b in zip(got, ref))
+    return tuple(rel_err(a, b) for a, b in zip(got, ref))
 
 
 @pytest.mark.parametrize("seed", range(3))

@@ -12,7 +12,7 @@ from deltalab.kernels.attention.dplr_chunk import compare_dplr_attention, dplr_a
 from deltalab.kernels.attention.dplr_naive import naive_dplr_attention
 from deltalab.kernels.dplr.chunk import chunk_dplr
 from deltalab.kernels.dplr.naive import naive_dplr
-from tests.kernels.test_dplr_naive import rwkv7_inputs
+from deltalab.kernels.testing import dplr_inputs as rwkv7_inputs
 
 
 @pytest.mark.parametrize("chunk_size,log_w_min,init,window", [

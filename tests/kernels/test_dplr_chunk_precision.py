@@ -17,6 +17,7 @@ import torch
 
 from deltalab.kernels.dplr.chunk import chunk_dplr
 from deltalab.kernels.dplr.naive import naive_dplr
+from deltalab.kernels.testing import rel_err
 
 TOL32 = 2e-6
 TOL32_RWKV7 = 5e-7
@@ -50,10 +51,6 @@ def _inputs(B, T, H, K, V, kind, n_seq, seed):
     return [x.float() for x in (q, k, v, -kappa, kappa * a_rwkv, g, s0)]
 
 
-def _rel(a, b):
-    return ((a.double() - b).abs().max() / b.abs().max()).item()
-
-
 # name: (B, T or sequence lengths, H, K, V, gates)
 CASES = {
     "uniform": (2, 150, 2, 16, 8, "uniform"),
@@ -78,7 +75,7 @@ def dplr_errors(name, seed=0, dtype=torch.float32):
     got = chunk_dplr(*(t.to(dtype) for t in x[:6]), scale=1.0, initial_state=x[6].to(dtype), cu_seqlens=cu)
     for a, b in zip(got, ref):
         assert a.shape == b.shape and torch.isfinite(a).all()
-    return tuple(_rel(a, b) for a, b in zip(got, ref))
+    return tuple(rel_err(a, b) for a, b in zip(got, ref))
 
 
 @pytest.mark.parametrize("seed", range(3))

@@ -23,11 +23,8 @@ from deltalab.kernels.delta_rule.naive import boundary_offsets
 from deltalab.kernels.dplr.chunk import chunk_dplr
 from deltalab.kernels.dplr.fla import fla_dplr
 from deltalab.kernels.dplr.naive import naive_dplr
-from tests.kernels.test_dplr_naive import rwkv7_inputs
-
-
-def rel_err(x: torch.Tensor, y: torch.Tensor) -> float:
-    return ((x.double().cpu() - y.double().cpu()).abs().max() / y.double().abs().max().clamp(min=1e-300)).item()
+from deltalab.kernels.testing import dplr_inputs as rwkv7_inputs
+from deltalab.kernels.testing import rel_err
 
 
 def fake_chunk_dplr_delta_rule(q, k, v, a, b, gk, scale=None, initial_state=None, output_final_state=False,

@@ -9,21 +9,7 @@ import torch
 
 from deltalab.kernels.delta_rule.naive import boundary_offsets, naive_delta_product, num_boundaries
 from deltalab.kernels.dplr.naive import naive_dplr
-
-
-def rwkv7_inputs(B, T, H, K, V, *, seed, decay=True, init=False, dtype=torch.float64, log_w_min=-5.0):
-    """RWKV-7-shaped inputs: a = -kappa, b = kappa * a_rwkv with kappa unit-norm and a_rwkv in (0, 1)."""
-    gen = torch.Generator().manual_seed(seed)
-
-    def rnd(*shape):
-        return torch.randn(*shape, generator=gen, dtype=torch.float64)
-
-    kappa = torch.nn.functional.normalize(rnd(B, T, H, K), dim=-1)
-    a_rwkv = torch.rand(B, T, H, K, generator=gen, dtype=torch.float64)
-    g = torch.rand(B, T, H, K, generator=gen, dtype=torch.float64) * log_w_min if decay else None
-    s0 = rnd(B, H, K, V) if init else None
-    xs = (rnd(B, T, H, K), rnd(B, T, H, K) / K**0.5, rnd(B, T, H, V), -kappa, kappa * a_rwkv, g, s0)
-    return tuple(None if x is None else x.to(dtype) for x in xs)
+from deltalab.kernels.testing import dplr_inputs as rwkv7_inputs
 
 
 def dense_loop(q, k, v, a, b, g, scale, s0):

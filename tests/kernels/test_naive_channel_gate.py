@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 
 from deltalab.kernels.delta_rule.naive import naive_delta_product
+from deltalab.kernels.testing import delta_inputs
+
+channel_inputs = functools.partial(delta_inputs, gate="channel", unit_keys=True, initial_state=False)
+"""Unit keys, beta in [0, 2), per-channel log decays in (-decay, 0], no initial state."""
 
 
 def _dense_oracle(q, k, v, beta, g, scale):
@@ -60,16 +66,6 @@ def test_gate_of_the_wrong_shape_names_the_tensor():
         naive_delta_product(q, k, v, beta, torch.randn(1, 3, 2, 5))
 
 
-def _random(B, T, Hk, Hv, K, V, n_h, strength, seed, dtype=torch.float64):
-    g_ = torch.Generator().manual_seed(seed)
-    q = torch.randn(B, T, Hk, K, generator=g_, dtype=dtype)
-    k = torch.nn.functional.normalize(torch.randn(B, T, n_h, Hk, K, generator=g_, dtype=dtype), dim=-1)
-    v = torch.randn(B, T, n_h, Hv, V, generator=g_, dtype=dtype)
-    beta = torch.rand(B, T, n_h, Hv, generator=g_, dtype=dtype) * 2
-    g = -torch.rand(B, T, Hv, K, generator=g_, dtype=dtype) * strength
-    return q, k, v, beta, g
-
-
 @pytest.mark.parametrize("n_h, Hk, Hv, T, strength", [
     (1, 2, 2, 150, 1.0),     # Kimi Delta Attention: three chunks, the last partial
     (1, 1, 3, 70, 20.0),     # grouped heads, strong decays (e^-20 per token): no overflow
@@ -79,7 +75,7 @@ def _random(B, T, Hk, Hv, K, V, n_h, strength, seed, dtype=torch.float64):
 def test_chunked_per_channel_gate_matches_reference_float64(n_h, Hk, Hv, T, strength):
     from deltalab.kernels.delta_rule.chunk import chunk_delta_product
 
-    q, k, v, beta, g = _random(2, T, Hk, Hv, 8, 5, n_h, strength, seed=T)
+    q, k, v, beta, g = channel_inputs(2, T, Hk, Hv, 8, 5, n_h, decay=strength, seed=T)[:5]
     h0 = torch.randn(2, Hv, 8, 5, dtype=torch.float64)
     ref = naive_delta_product(q, k, v, beta, g, initial_state=h0)
     got = chunk_delta_product(q, k, v, beta, g, initial_state=h0)
@@ -91,7 +87,7 @@ def test_chunked_per_channel_gate_matches_reference_float64(n_h, Hk, Hv, T, stre
 def test_chunked_per_channel_gate_packed_sequences_and_float32():
     from deltalab.kernels.delta_rule.chunk import chunk_delta_product
 
-    q, k, v, beta, g = _random(1, 140, 2, 4, 16, 8, 1, 1.0, seed=5)
+    q, k, v, beta, g = channel_inputs(1, 140, 2, 4, 16, 8, 1, decay=1.0, seed=5)[:5]
     cu = torch.tensor([0, 20, 100, 140])
     ref = naive_delta_product(q, k, v, beta, g, cu_seqlens=cu)
     got = chunk_delta_product(q, k, v, beta, g, cu_seqlens=cu)
@@ -105,7 +101,7 @@ def test_chunked_per_channel_gate_packed_sequences_and_float32():
 def test_chunked_per_channel_gate_equal_across_channels_is_the_scalar_path():
     from deltalab.kernels.delta_rule.chunk import chunk_delta_product
 
-    q, k, v, beta, g = _random(1, 100, 2, 2, 8, 4, 2, 1.0, seed=9)
+    q, k, v, beta, g = channel_inputs(1, 100, 2, 2, 8, 4, 2, decay=1.0, seed=9)[:5]
     scalar = chunk_delta_product(q, k, v, beta, g[..., 0])
     channel = chunk_delta_product(q, k, v, beta, g[..., :1].expand_as(g).contiguous())
     for a, b in zip(scalar, channel):
@@ -119,7 +115,7 @@ def test_chunk_groups_do_not_change_the_result(monkeypatch):
 
     from deltalab.kernels.delta_rule import chunk
 
-    q, k, v, beta, g = _random(1, 200, 2, 2, 8, 4, 1, 1.0, seed=11)
+    q, k, v, beta, g = channel_inputs(1, 200, 2, 2, 8, 4, 1, decay=1.0, seed=11)[:5]
     whole = chunk.chunk_delta_product(q, k, v, beta, g)
     monkeypatch.setattr(chunk, "_channel_gate_factors", partial(chunk._channel_gate_factors, budget=1))
     single = chunk.chunk_delta_product(q, k, v, beta, g)

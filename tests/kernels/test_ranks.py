@@ -18,27 +18,23 @@ from deltalab.kernels.ranks.chunk import (
     state_ranks,
 )
 from deltalab.kernels.ranks.naive import naive_state_ranks
+from deltalab.kernels.testing import delta_inputs, rel_err
 
 TOL = 1e-3  # the target: relative error against a float64 SVD
 
 
 def random_inputs(B=2, T=150, n_h=2, H=2, K=16, V=12, gated=False, device="cpu"):
-    q = torch.randn(B, T, H, K, device=device)
-    k = l2_normalize(torch.randn(B, T, n_h, H, K, device=device))
-    v = torch.randn(B, T, n_h, H, V, device=device)
-    beta = torch.rand(B, T, n_h, H, device=device) * 2
-    beta[:, :5] = 2.0  # exact reflections early on
-    g = -torch.rand(B, T, H, device=device) * 0.2 if gated else None
-    return q, k, v, beta, g
+    """float32 inputs (global generator) with fla's L2 norm on the keys, exact reflections (beta = 2) at the first
+    5 tokens, log decays in (-0.2, 0] when gated."""
+    q, k, v, beta, g, _ = delta_inputs(B, T, H, H, K, V, n_h, gated, dtype=torch.float32, decay=0.2,
+                                       initial_state=False, device=device)
+    beta[:, :5] = 2.0
+    return q, l2_normalize(k), v, beta, g
 
 
 def max_rel_error(ours: RankMetrics, ref: RankMetrics) -> dict[str, float]:
-    return {
-        f: ((getattr(ours, f).double() - getattr(ref, f)).abs() / getattr(ref, f).abs().clamp(min=1e-12))
-        .max()
-        .item()
-        for f in RankMetrics._fields
-    }
+    """Each metric's largest pointwise relative error."""
+    return {f: rel_err(getattr(ours, f), getattr(ref, f), norm="pointwise", floor=1e-12) for f in RankMetrics._fields}
 
 
 @pytest.mark.parametrize("n_h", [1, 2, 3])

@@ -10,6 +10,7 @@ import torch
 
 from deltalab.kernels.spectra.householder import householder_spectra, small_eigenvalues, sort_eigenvalues
 from deltalab.kernels.spectra.naive import dense_products, naive_spectra
+from deltalab.kernels.testing import transition_inputs
 
 
 def matched_error(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -23,11 +24,10 @@ def matched_error(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def random_inputs(B=2, T=7, n_h=2, H=3, K=16, gated=False, dtype=torch.float32):
-    k = torch.randn(B, T, n_h, H, K, dtype=dtype)
-    k = k / k.norm(dim=-1, keepdim=True)  # exactly unit keys: beta = 2 is an exact reflection
-    beta = torch.rand(B, T, n_h, H, dtype=dtype) * 2
+    """Unit keys (beta = 2 is an exact reflection), beta in [0, 2), log decays in (-1, 0] when gated (global
+    generator)."""
+    k, beta, g = transition_inputs(B, T, n_h, H, K, gated, dtype=dtype)
     beta[:, 0] = 2.0  # exact reflections somewhere in every test
-    g = -torch.rand(B, T, H, dtype=dtype) if gated else None
     return k, beta, g
 
 

@@ -2,20 +2,18 @@
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 
 from deltalab.kernels.delta_rule.naive import naive_delta_product
 from deltalab.kernels.spectra.channel import channel_spectra, channel_window_products
 from deltalab.kernels.spectra.householder import householder_spectra
+from deltalab.kernels.testing import transition_inputs
 
-
-def _inputs(B, T, n_h, H, K, strength=1.0, seed=0):
-    gen = torch.Generator().manual_seed(seed)
-    k = torch.nn.functional.normalize(torch.randn(B, T, n_h, H, K, generator=gen, dtype=torch.float64), dim=-1)
-    beta = torch.rand(B, T, n_h, H, generator=gen, dtype=torch.float64) * 2
-    g = -torch.rand(B, T, H, K, generator=gen, dtype=torch.float64) * strength
-    return k, beta, g
+channel_transitions = functools.partial(transition_inputs, gate="channel", seed=0)
+"""float64 unit keys, beta in [0, 2), per-channel log decays in (-decay, 0]."""
 
 
 def _hausdorff(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -28,7 +26,7 @@ def _hausdorff(a: torch.Tensor, b: torch.Tensor) -> float:
 def test_products_are_the_recurrence_from_the_identity(n_h, window, stride):
     """With v = 0 and H_0 = I, the reference recurrence over a window's tokens ends at the window's product."""
     B, T, H, K = 2, 9, 2, 5
-    k, beta, g = _inputs(B, T, n_h, H, K, seed=n_h)
+    k, beta, g = channel_transitions(B, T, n_h, H, K, seed=n_h)
     prod = channel_window_products(k, beta, g, window=window, stride=stride)
     assert prod.shape == (B, (T - window) // stride + 1, H, K, K)
     eye = torch.eye(K, dtype=torch.float64).expand(B, H, K, K)
@@ -43,7 +41,7 @@ def test_products_are_the_recurrence_from_the_identity(n_h, window, stride):
 @pytest.mark.parametrize("n_h, window", [(1, 4), (2, 1), (3, 2)])
 def test_window_eigenvalues_equal_dense_and_the_determinant(n_h, window):
     B, T, H, K = 1, 12, 3, 16
-    k, beta, g = _inputs(B, T, n_h, H, K, strength=2.0, seed=window)
+    k, beta, g = channel_transitions(B, T, n_h, H, K, decay=2.0, seed=window)
     spec = channel_spectra(k, beta, g, window=window, stride=window)
     Tw = T // window
     assert spec.eigenvalues.shape == (B, Tw, H, K) and spec.eigenvalues.dtype == torch.complex128
@@ -57,7 +55,7 @@ def test_window_eigenvalues_equal_dense_and_the_determinant(n_h, window):
 
 
 def test_one_token_uses_the_exact_solver_and_agrees_with_dense():
-    k, beta, g = _inputs(2, 7, 1, 2, 16, strength=3.0, seed=5)
+    k, beta, g = channel_transitions(2, 7, 1, 2, 16, decay=3.0, seed=5)
     spec = channel_spectra(k, beta, g)
     dense = torch.linalg.eigvals(channel_window_products(k, beta, g))
     assert (spec.eigenvalues.imag == 0).all()  # similar to a symmetric matrix: real
@@ -67,7 +65,7 @@ def test_one_token_uses_the_exact_solver_and_agrees_with_dense():
 def test_equal_channels_give_the_scalar_gate_window_spectrum():
     """g equal across channels: the Householder window spectrum times e^{sum g}, and e^{sum g} for the rest."""
     B, T, n_h, H, K, w = 1, 8, 2, 2, 8, 2
-    k, beta, g = _inputs(B, T, n_h, H, K, seed=7)
+    k, beta, g = channel_transitions(B, T, n_h, H, K, seed=7)
     gs = g[..., 0]
     spec = channel_spectra(k, beta, gs[..., None].expand_as(g).contiguous(), window=w, stride=w)
     scalar = householder_spectra(k, beta, gs, window=w, stride=w).eigenvalues  # the w * n_h non-trivial ones
@@ -76,7 +74,7 @@ def test_equal_channels_give_the_scalar_gate_window_spectrum():
 
 
 def test_bad_inputs_name_the_tensor_in_one_line():
-    k, beta, g = _inputs(1, 5, 1, 2, 4)
+    k, beta, g = channel_transitions(1, 5, 1, 2, 4)
     with pytest.raises(ValueError, match=r"^expected a per-channel gate g \[B,T,H,K\]"):
         channel_spectra(k, beta, g[..., 0])
     with pytest.raises(ValueError, match="window=6"):

@@ -301,7 +301,7 @@ def test_cuda_bfloat16_runs_fla_kernel_near_fla_bfloat16(name, monkeypatch):
     pytest.importorskip("fla")
     ref = load_file(str(FIXTURES / name / "logits.safetensors"))
     if "logits_bf16" not in ref:
-        pytest.skip("fixture recorded without CUDA: regenerate with scripts/device_run.sh rwkv7")
+        pytest.skip("fixture recorded without CUDA: regenerate on a GPU: tests/fixtures/make_fla_fixtures.py --rwkv7")
 
     def no_fallback(*args, **kw):
         raise AssertionError("bfloat16 on CUDA fell back to the chunked form")

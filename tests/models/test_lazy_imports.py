@@ -21,7 +21,7 @@ def test_constants_and_readers_import_without_torch():
     out = _run("import sys\n"
                "from models import IGNORE_INDEX\n"
                "from kernels.constants import CHUNK_SIZE\n"
-               "import models.run_files, store.schema, probes.data, app.default_store, app.dash.main, app.views.keys\n"
+               "import models.run_files, store.schema, probes.data, app.default_store, app.frame, app.views.keys\n"
                "print(IGNORE_INDEX, CHUNK_SIZE, 'torch' in sys.modules)")
     assert out == "-100 64 False"
 

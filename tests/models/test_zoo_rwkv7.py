@@ -59,8 +59,8 @@ def test_info_and_app_data_spec_open_it(tmp_path, monkeypatch):
 
 
 def test_card_spectra_script_matches_dense_eig_on_a_capture(tmp_path):
-    """scripts/rwkv7_token_spectra.py (the card's spectra table) on a fresh capture: its smallest eigenvalues equal
-    dense float64 eig of diag(w) - (kappa * a) kappa^T built from the stored tensors (as its transpose, which has the
+    """The card's token_spectra.py (its spectra table) on a fresh capture: its smallest eigenvalues equal dense
+    float64 eig of diag(w) - (kappa * a) kappa^T built from the stored tensors (as its transpose, which has the
     same eigenvalues), and stay above min w - 1."""
     import importlib.util
 
@@ -73,8 +73,8 @@ def test_card_spectra_script_matches_dense_eig_on_a_capture(tmp_path):
     res = CliRunner().invoke(app, ["capture", str(ZOO_RWKV7), "--data", "parity:length=20,samples=3,seed=5",
                                    "--out", str(out), "--no-progress"])
     assert res.exit_code == 0, res.output
-    path = Path(__file__).resolve().parents[2] / "scripts" / "rwkv7_token_spectra.py"
-    spec = importlib.util.spec_from_file_location("rwkv7_token_spectra", path)
+    path = ZOO_RWKV7 / "token_spectra.py"
+    spec = importlib.util.spec_from_file_location("token_spectra", path)
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
     tokens, smallest = script.smallest_eigenvalues(str(out))

@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 from deltalab import store
 from deltalab.app.cli import app
 from deltalab.store import schema
-from deltalab.store.capture import CaptureError, resolve_heads
+from deltalab.store.plan import CaptureError, resolve_heads
 
 ZOO = Path(__file__).parents[2] / "models" / "zoo"
 GATED = ZOO / "stdlib-gated-deltaproduct2"

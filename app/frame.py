@@ -1,5 +1,8 @@
 """The dashboard's frame: which store to open (argument, sidebar, default), the page menu, the selection,
 and the dispatch to one page module. Bad input becomes a message in the page, never a traceback.
+
+It sits above both halves of the dashboard: it imports the pages (app/views/) and the building blocks they share
+(app/dash/), and app/dash imports neither it nor the pages.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Train three S4 recipes side by side on one GPU for SECONDS each, then evaluate each at 128 and 512.
-#   usage: scripts/train_s4_sweep.sh OUT_DIR [SECONDS=380]
+#   usage: models/zoo/s4-deltaproduct2/train_sweep.sh OUT_DIR [SECONDS=380]
 # Recipes: A = length 128, batch 256; B = length 32, batch 1024; C = length 16, batch 1024.
 set -uo pipefail
 out=${1:?out dir}; secs=${2:-380}

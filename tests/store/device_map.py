@@ -1,31 +1,28 @@
-"""Capture on models spread over several GPUs: the same store as one GPU, and a model larger
-than one GPU captured with reductions.
+"""Capture on models spread over several GPUs: the same store as one GPU, and a model larger than one GPU captured
+with reductions. The runs behind tests/store/test_device_map.py.
 
-    python scripts/device_map_check.py same [--family olmo_hybrid] [--default-config] [--batch 2 --length 1024]
-    python scripts/device_map_check.py big [--family qwen3_next] [--layers N] [--batch 1 --length 4096]
+`run_same`: a random bf16 model (tiny, or the family's transformers default config: OLMo-Hybrid ~7B) is saved with
+save_pretrained, then captured through `store.capture` on one device, and with `device_map` "auto" and "balanced"
+(accelerate; "auto" fills the first GPU before the next, so a model that fits one GPU stays on it, while "balanced"
+splits it). Returns each run's devices and tokens/s and, for every stored variable, the largest difference from the
+one-device store (relative to that variable's largest magnitude).
 
-`same`: a random bf16 model (the family's transformers default config with --default-config: OLMo-Hybrid ~7B) is
-saved with save_pretrained, then captured through `store.capture` on one device (`--device`), and with
-`device_map` "auto" and "balanced" (accelerate; "auto" fills the first GPU before the next, so a model that fits
-one GPU stays on it, while "balanced" splits it). Prints each run's devices and tokens/s and, for every stored
-variable, the largest difference from the one-device store (relative to that variable's largest magnitude).
+`run_big`: the family's config (default size: Qwen3-Next, 79.7B parameters, 159 GB in bf16) is built on the meta
+device, placed over every visible GPU by accelerate's infer_auto_device_map, its weights created at random directly
+on their GPUs (the model's own initialiser, no host copy, no disk) and dispatched; then captured with reductions
+(states not stored). Returns parameters, placement, tokens/s, GPU memory per device and store bytes per token.
 
-`big`: the family's default config (Qwen3-Next: 79.7B parameters, 159 GB in bf16) is built on the meta device,
-placed over every visible GPU by accelerate's infer_auto_device_map, its weights created at random directly on
-their GPUs (the model's own initialiser, no host copy, no disk) and dispatched; then captured with `--reduce`
-(states not stored). Prints parameters, placement, tokens/s, GPU memory per device and store bytes per token.
-
---json writes the numbers. On a machine without GPUs both run on the CPU (a smoke run: `--tiny`).
+On a machine without GPUs both run on the CPU (a smoke run of the tiny configs).
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import shutil
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +37,26 @@ TINY = dict(vocab_size=512, hidden_size=64, num_hidden_layers=4, num_attention_h
 TINY_MOE = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=32)
 GPUS = torch.cuda.device_count()
 DEVICE = "cuda" if GPUS else "cpu"
+
+
+@dataclass
+class Options:
+    """One run's settings. `family` None: olmo_hybrid for `run_same`, qwen3_next for `run_big`; `tiny`: TINY's
+    config (a smoke run, also on the CPU) instead of the family's default size; `layers`: cut the model to its first
+    N layers; `max_memory_gib`: a per-GPU budget for `run_big`'s placement (None: 85% of each GPU's free memory), so
+    that a small model is split over the GPUs too; `dir`: where the checkpoint and stores go (removed after)."""
+
+    family: str | None = None
+    tiny: bool = False
+    layers: int | None = None
+    batch: int = 2
+    length: int = 1024
+    batches: int = 2
+    hooks: str = "tokens,q,k,v,beta,g,state,o"
+    reduce: str = "ranks,spectra"
+    rank_every: int = 1024 if GPUS else 1
+    max_memory_gib: float | None = None
+    dir: str | None = None
 
 
 def log(msg: str) -> None:
@@ -107,12 +124,13 @@ def compare(a_path: Path, b_path: Path) -> dict[str, float]:
     return out
 
 
-def run_same(args) -> dict:
+def run_same(args: Options) -> dict:
     import transformers as tf
 
     from deltalab.models.checkpoint import load_checkpoint
     from deltalab.store import capture
 
+    args.family = args.family or "olmo_hybrid"
     root = Path(args.dir or tempfile.mkdtemp(prefix="deltalab-devmap-"))
     ckpt = root / "ckpt"
     torch.manual_seed(0)
@@ -131,7 +149,7 @@ def run_same(args) -> dict:
         reset_memory()
         t = time.perf_counter()
         summary = capture(ckpt, d, out, model=model, hooks=args.hooks, batch_size=args.batch, device=DEVICE,
-                          progress=False, command_line=["scripts/device_map_check.py", "same"])
+                          progress=False, command_line=["tests/store/device_map.py", "same"])
         seconds = time.perf_counter() - t
         rows.append(dict(run=label, placement=placement(model), tok_s=d.tokens.size / seconds,
                          capture_s=summary["seconds"], gpu_peak_gib=memory()))
@@ -145,16 +163,18 @@ def run_same(args) -> dict:
                 rows=rows, max_rel_diff=diffs)
 
 
-def random_model_on_devices(cfg, max_fraction: float = 0.85):
+def random_model_on_devices(cfg, max_fraction: float = 0.85, max_memory_gib: float | None = None):
     """The model of `cfg` in bf16 with random weights created on the devices accelerate assigns them (meta
-    device first, so the host never holds the weights), dispatched so that inputs follow the layers."""
+    device first, so the host never holds the weights), dispatched so that inputs follow the layers. Each GPU's
+    budget is `max_memory_gib`, or `max_fraction` of its free memory."""
     import transformers as tf
     from accelerate import dispatch_model, infer_auto_device_map, init_empty_weights
 
     with init_empty_weights():  # parameters on the meta device, buffers (rotary frequencies) real
         model = tf.AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
     if GPUS:
-        budget = {i: int(torch.cuda.mem_get_info(i)[0] * max_fraction) for i in range(GPUS)}
+        budget = {i: int(max_memory_gib * 2**30 if max_memory_gib else torch.cuda.mem_get_info(i)[0] * max_fraction)
+                  for i in range(GPUS)}
     else:
         budget = {"cpu": 1 << 40}
     device_map = infer_auto_device_map(model, max_memory=budget, no_split_module_classes=model._no_split_modules,
@@ -197,16 +217,17 @@ def plain_forward(hf: Any, d: Any, batch: int) -> float:
     return time.perf_counter() - t
 
 
-def run_big(args) -> dict:
+def run_big(args: Options) -> dict:
     from deltalab.models.hf.families import FAMILIES
     from deltalab.models.hf.hooked import HookedHFModel
     from deltalab.probes.reduce import CaptureReductions
     from deltalab.store import capture
 
+    args.family = args.family or "qwen3_next"
     cfg = config(args.family, args.tiny, args.layers)
     torch.manual_seed(0)
     t = time.perf_counter()
-    hf, device_map = random_model_on_devices(cfg)
+    hf, device_map = random_model_on_devices(cfg, max_memory_gib=args.max_memory_gib)
     params = sum(p.numel() for p in hf.parameters())
     build_s = time.perf_counter() - t
     log(f"{args.family}: {params / 1e9:.2f}B parameters built on {placement(hf)} (M) in {build_s:.0f} s")
@@ -226,7 +247,7 @@ def run_big(args) -> dict:
     out = root / "big.zarr"
     summary = capture(root / "ckpt", d, out, model=model, hooks=["tokens", "beta"], batch_size=args.batch,
                       device=DEVICE, progress=False, reductions=red,
-                      command_line=["scripts/device_map_check.py", "big"])
+                      command_line=["tests/store/device_map.py", "big"])
     seconds = summary["seconds"] - red.seconds["finish"]
     size = sum(f.stat().st_size for f in out.rglob("*") if f.is_file())
     from deltalab import store
@@ -241,30 +262,3 @@ def run_big(args) -> dict:
                                   for v in sorted(set(device_map.values()), key=str)})
     shutil.rmtree(root, ignore_errors=True)
     return row
-
-
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("mode", choices=("same", "big"))
-    p.add_argument("--family", default=None, help="olmo_hybrid (same), qwen3_next (big) or qwen3_5_text")
-    p.add_argument("--tiny", action="store_true", help="a tiny config (smoke run, also on the CPU)")
-    p.add_argument("--layers", type=int, default=None, help="cut the model to its first N layers")
-    p.add_argument("--batch", type=int, default=2)
-    p.add_argument("--length", type=int, default=1024)
-    p.add_argument("--batches", type=int, default=2)
-    p.add_argument("--hooks", default="tokens,q,k,v,beta,g,state,o", help="same: the hooks stored")
-    p.add_argument("--reduce", default="ranks,spectra", help="big: the reductions")
-    p.add_argument("--rank-every", type=int, default=1024 if GPUS else 1)
-    p.add_argument("--dir", default=None)
-    p.add_argument("--json", default=None)
-    args = p.parse_args()
-    args.family = args.family or ("olmo_hybrid" if args.mode == "same" else "qwen3_next")
-    log(f"{GPUS} GPU(s): {[torch.cuda.get_device_name(i) for i in range(GPUS)]}")
-    result = run_same(args) if args.mode == "same" else run_big(args)
-    print(json.dumps(result, indent=1))
-    if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=1))
-
-
-if __name__ == "__main__":
-    main()

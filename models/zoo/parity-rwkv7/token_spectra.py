@@ -1,6 +1,6 @@
-"""Smallest transition eigenvalue of an rwkv7 store per layer, head and input bigram (models/zoo/parity-rwkv7's card).
+"""Smallest transition eigenvalue of an rwkv7 store per layer, head and input bigram (this card's spectra table).
 
-`python scripts/rwkv7_token_spectra.py STORE [--json]`: every token's transition
+`python models/zoo/parity-rwkv7/token_spectra.py STORE [--json]`: every token's transition
 A_t = diag(w_t) - (kappa_t * a_t) kappa_t^T has a real spectrum (kernels.spectra.dplr.dplr_eigvals_general,
 exact by the secular equation); all but the smallest eigenvalue interlace the w's, and the smallest is the one the
 removal pulls down (>= min w - 1 > -0.455 for RWKV-7). Reported: its mean per current token and per
