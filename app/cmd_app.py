@@ -14,8 +14,7 @@ from deltalab.app.errors import fail
 
 def streamlit_argv(store: Path | None, port: int, host: str) -> list[str]:
     """The command line that serves the dashboard (python -m deltalab.app.serve HOST PORT [STORE]: streamlit's st.App
-    with
-    the first page's modules imported while the server starts)."""
+    with the first page's modules imported while the server starts)."""
     argv = [sys.executable, "-m", "deltalab.app.serve", host, str(port)]
     if store is not None:
         argv.append(str(store))

@@ -1,6 +1,5 @@
 """Serve the dashboard with its modules imported before the first browser connects: `python -m deltalab.app.serve HOST
-PORT
-[STORE]` (what `deltalab app` runs).
+PORT [STORE]` (what `deltalab app` runs).
 
 Under `streamlit run`, the first page of a new server paid for importing xarray, zarr, dask, plotly and the page
 modules (1.5-2 s on a laptop CPU) inside the visitor's first script run. Here streamlit's `st.App` runs the same

@@ -2,15 +2,13 @@
 
 Rows: B in {1, 8}, T in {2048, 8192}, H in {16, 32}, dk = dv = 128, bf16 inputs, unit keys, beta in (0, 1),
 log decays g in (-0.5, 0) per channel. Ours is `kernels.delta_rule.dispatch.delta_product_forward`, which runs the
-Triton
-KDA forward (`kernels.delta_rule.triton_kda`) on CUDA. Each row: our ms, fla's ms, fla/ours, the first call of each
-side, and
-the same two by triton's do_bench (median of back-to-back calls: host time hidden), the max error of each against
-the PyTorch chunked form in float32 (`kernels.delta_rule.chunk`, an independent path) relative
-to the output's max. `--budget S` starts no new row after S seconds (fla autotunes at each new shape);
-`--profile` prints our per-kernel CUDA times at the last row measured, `--sweep` our times there for each
-prep-kernel launch choice, persistent (`_prep_kernel`) and split (`KdaConfig.split_prep`: `_intra_kernel` +
-`_wy_kernel`). `python -m benchmarks.kda [--quick] [--shape B,T,H ...] [--budget S] [--profile] [--sweep]`.
+Triton KDA forward (`kernels.delta_rule.triton_kda`) on CUDA. Each row: our ms, fla's ms, fla/ours, the first call of
+each side, and the same two by triton's do_bench (median of back-to-back calls: host time hidden), the max error of each
+against the PyTorch chunked form in float32 (`kernels.delta_rule.chunk`, an independent path) relative to the output's
+max. `--budget S` starts no new row after S seconds (fla autotunes at each new shape); `--profile` prints our per-kernel
+CUDA times at the last row measured, `--sweep` our times there for each prep-kernel launch choice, persistent
+(`_prep_kernel`) and split (`KdaConfig.split_prep`: `_intra_kernel` + `_wy_kernel`). `python -m benchmarks.kda [--quick]
+[--shape B,T,H ...] [--budget S] [--profile] [--sweep]`.
 """
 
 from __future__ import annotations
@@ -190,8 +188,7 @@ def main(argv: list[str] | None = None) -> None:
 
 def sweep(x: tuple[torch.Tensor, ...]) -> None:
     """Our forward's time at one shape for each prep-kernel launch choice (`kernels.delta_rule.triton_kda.KdaConfig`):
-    the
-    persistent prep kernel, then the split prep (intra-kernel warps and register cap, WY-kernel warps)."""
+    the persistent prep kernel, then the split prep (intra-kernel warps and register cap, WY-kernel warps)."""
     from deltalab.kernels.delta_rule.triton_kda import KdaConfig
 
     q = x[0]

@@ -6,8 +6,7 @@ CHUNK_SIZE = 64
 
 SECULAR_PRECISIONS = ("float64", "float32")
 """Precisions of the secular-equation solves (`kernels.spectra.dplr`, `kernels.linalg.triton_secular`, the spectra
-probe):
-float64 is the exact default, float32 the fast path for transitions of bf16/fp16/fp32 models."""
+probe): float64 is the exact default, float32 the fast path for transitions of bf16/fp16/fp32 models."""
 
 SECULAR_ITERATIONS = 64
 """Cap on the secular-equation steps per eigenvalue (`kernels.spectra.dplr` and the Triton solver

@@ -120,8 +120,7 @@ def removal_spectra(kappa: np.ndarray, beta: np.ndarray, *, window: int = 1, str
     kappa, beta [B,T,H,K] -> complex [B,T',H,window], sorted by angle then modulus.
 
     Compact WY as `kernels.spectra.householder` for the delta product, with u_i != kappa_i: R_w ... R_1 = I - U M K^T
-    with
-    M = (I + L)^{-1}, L = strictly lower part of G = K^T U, so the window's non-trivial eigenvalues are those of
+    with M = (I + L)^{-1}, L = strictly lower part of G = K^T U, so the window's non-trivial eigenvalues are those of
     the w x w C = (I + L)^{-1} (I - triu(G)) (window 1: 1 - sum kappa_i^2 beta_i); float64, dense eig of C."""
     from deltalab.kernels.spectra.householder import sort_eigenvalues
 

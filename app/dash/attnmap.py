@@ -1,9 +1,8 @@
 """Exact attention maps of one stored sequence for the Attention page: rows of a bounded window of query tokens
 computed on demand in float64 (`kernels.attention.chunk.compare_attention`: the exact map and the gated-linear-attention
 approximation in one walk; on rwkv7 stores `kernels.attention.dplr_chunk.compare_dplr_attention`, whose approximation
-keeps
-only the diagonal decays), the small maps of every head for the head grid, and the attention probe's stored
-top-k sources of one token. No Streamlit here (the page caches these).
+keeps only the diagonal decays), the small maps of every head for the head grid, and the attention probe's stored top-k
+sources of one token. No Streamlit here (the page caches these).
 
 Windows stay bounded: at most MAX_QUERIES query tokens [lo, hi) (aligned, so nearby clicks reuse a window) and at
 most MAX_SOURCES source tokens [src0, hi). The inputs are cut at src0: alpha_{t,u} = scale b_u q_t^T Phi(t,u) k_u

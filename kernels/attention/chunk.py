@@ -157,8 +157,7 @@ def decayed_products(x: torch.Tensor, y: torch.Tensor, decay: torch.Tensor, mask
     """M_{mw} = x_m^T diag(decay_{mw}) y_w where mask (else 0): [BH, m, L].
 
     decay [BH, m, L, G]: rows of `kernels.delta_rule.chunk.pair_decays` of the chunk's log decays (e^{Gamma_p -
-    Gamma_w},
-    each exponent summed from the gates it spans, 0 for w > p); G = 1 (scalar gates) broadcasts over dk.
+    Gamma_w}, each exponent summed from the gates it spans, 0 for w > p); G = 1 (scalar gates) broadcasts over dk.
     """
     if decay.shape[-1] == 1:
         out = (x @ y.transpose(1, 2)) * decay[..., 0]

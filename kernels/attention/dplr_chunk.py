@@ -12,8 +12,7 @@ likewise with b_j (j <= p), so r^T H_p = (e^{Gamma_p} r + Mb T X) H_0 + (Mk + Mb
     alpha over the chunk's tokens = scale (Mk + (Mb T) A_ak),   r carried to the chunk start = e^{Gamma_p} r + (Mb T) X.
 Chunks are walked backwards from the window's last, each carrying every window query after it (as
 `kernels.attention.chunk` does for Householder products). Every exponent is a difference Gamma_x - Gamma_j with x after
-j
-(never positive; the sub-block split of `kernels.dplr.chunk._decayed_products`), so decays of e^-20 per token cannot
+j (never positive; the sub-block split of `kernels.dplr.chunk._decayed_products`), so decays of e^-20 per token cannot
 overflow. Memory O(Tw dk + C^2 dk / SUB) per head plus the result (full rows, or a running top-k per query).
 
 The gated-linear-attention-style approximation is the same walk with Phi replaced by the product of the diagonal
@@ -21,8 +20,8 @@ decays alone (the rank-one removal b a^T dropped): alpha~ = scale q_t^T diag(e^{
 
 Layout (`kernels.dplr.naive`): q, k, a, b, g [B, T, H, K] (g None: no decay), v [B, T, H, V], initial_state
 [B, H, K, V]; RWKV-7 passes a = -kappa, b = kappa * a_rwkv and scale 1. Results are
-`kernels.attention.chunk.AttentionMap`
-with one sub-step per token (weights [B, Tw, H, stop, 1]), in float64 for float64 inputs, float32 otherwise.
+`kernels.attention.chunk.AttentionMap` with one sub-step per token (weights [B, Tw, H, stop, 1]), in float64 for float64
+inputs, float32 otherwise.
 """
 
 from __future__ import annotations

@@ -185,8 +185,7 @@ def _factors(inp: AttentionInputs, BK: int, budget: int = 1 << 28):
     Gates: G = 1 log-decay per sub-step (scalar or none) or G = dk (per channel). The pairwise decays
     e^{Gamma_w - Gamma_z} (z <= w, never a positive exponent, summed from the gates they span:
     `kernels.delta_rule.chunk.pair_decays`) are [L, L] per chunk for scalar gates and [L, L, dk] per channel; those are
-    built
-    for groups of chunks of at most `budget` bytes.
+    built for groups of chunks of at most `budget` bytes.
     """
     BH, T, K = inp.q.shape
     n_h, L = inp.n_h, C * inp.n_h

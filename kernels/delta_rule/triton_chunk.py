@@ -1,10 +1,9 @@
 """Triton chunked (WY/UT) forward of the gated delta product: output, final and chunk-boundary states.
 
 Same contract as `kernels.delta_rule.chunk.chunk_delta_product`: q, k with Hk key heads and v, beta, g with Hv value
-heads
-(value head j reads key head j // (Hv/Hk) in every kernel), dk <= 256, dv <= 512, and packed batches
-(`cu_seqlens`: chunks never straddle two sequences; a table maps each global chunk to its sequence). A chunk
-is 64 tokens, i.e. L = 64 * n_h Householder sub-steps, split into n_h blocks of 64 sub-steps. Kernels:
+heads (value head j reads key head j // (Hv/Hk) in every kernel), dk <= 256, dv <= 512, and packed batches
+(`cu_seqlens`: chunks never straddle two sequences; a table maps each global chunk to its sequence). A chunk is 64
+tokens, i.e. L = 64 * n_h Householder sub-steps, split into n_h blocks of 64 sub-steps. Kernels:
 
 1. `_tri_kernel` (persistent, parallel over blocks): T_aa = (I + A_aa)^-1 of each 64-sub-step block,
    A_ij = beta_i e^{Gamma_i - Gamma_j} k_i.k_j (j < i), from four 16x16 forward substitutions merged

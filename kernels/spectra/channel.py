@@ -3,10 +3,9 @@
 A token's transition is A_t = P_t diag(e^{g_t}) with P_t = (I - b_{t,n_h} k k^T) ... (I - b_{t,1} k k^T) (the gate
 acts before the token's first Householder step, `kernels.delta_rule.naive`). A window of w tokens is the product
 A_{t+w-1} ... A_t. It is no longer diagonal plus rank one, and Sylvester's reduction of `kernels.spectra.householder`
-does not
-apply (the decays act on all dk rows), so all dk eigenvalues are non-trivial: the product is multiplied out in
-float64 and solved by LAPACK (`torch.linalg.eigvals`, on the CPU: a dense 128 x 128 eig costs milliseconds on a
-GPU too). One token with n_h = 1 goes to the exact secular-equation solver (`kernels.spectra.dplr`) instead.
+does not apply (the decays act on all dk rows), so all dk eigenvalues are non-trivial: the product is multiplied out in
+float64 and solved by LAPACK (`torch.linalg.eigvals`, on the CPU: a dense 128 x 128 eig costs milliseconds on a GPU
+too). One token with n_h = 1 goes to the exact secular-equation solver (`kernels.spectra.dplr`) instead.
 """
 
 from __future__ import annotations

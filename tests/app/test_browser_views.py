@@ -3,8 +3,7 @@ input and seeing its charts, the text view's hover values and click selection, t
 with one card opened, a comparison of two stores, and one download of each kind (the files are read and checked).
 
 The server is this checkout's `python -m deltalab.app.cli app STORE` on the tiny S4 stand-in store
-(tests/app/stores.py).
-Screenshots go to a temporary folder, or to $DELTALAB_SCREENSHOTS when set (to keep them)."""
+(tests/app/stores.py). Screenshots go to a temporary folder, or to $DELTALAB_SCREENSHOTS when set (to keep them)."""
 
 from __future__ import annotations
 

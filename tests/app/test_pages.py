@@ -418,8 +418,7 @@ def test_cli_app_rejects_bad_store_and_binds_localhost(tmp_path):
 
 def test_server_imports_the_first_pages_modules_before_it_serves(monkeypatch):
     """deltalab.app.serve hands st.App a lifespan that imports what every first page needs, and the server options keep
-    it
-    headless on the given address; a bad command line is one usage line."""
+    it headless on the given address; a bad command line is one usage line."""
     import sys
 
     import streamlit as st

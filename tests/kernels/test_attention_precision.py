@@ -2,12 +2,10 @@
 
 Log decays of up to -20 per token sum to about -600 over a 64-token chunk; a decay between two sub-steps taken as
 the difference of two such running totals carries fp32's spacing there (6e-5) into the exponent.
-`kernels.attention.chunk`
-sums each decay from the gates it spans (`kernels.delta_rule.chunk.pair_decays`, `tail_decays`), so float32 stays
-within 2e-6
-(max |ours - ref| / max |ref|) of float64: the map's weights, rebuilt outputs and initial-state terms against the
-same map in float64, `chunk_recurrence`'s outputs and final states against the float64 loop. The references get the
-same float32 inputs in float64, so the bound measures the chunked arithmetic.
+`kernels.attention.chunk` sums each decay from the gates it spans (`kernels.delta_rule.chunk.pair_decays`,
+`tail_decays`), so float32 stays within 2e-6 (max |ours - ref| / max |ref|) of float64: the map's weights, rebuilt
+outputs and initial-state terms against the same map in float64, `chunk_recurrence`'s outputs and final states against
+the float64 loop. The references get the same float32 inputs in float64, so the bound measures the chunked arithmetic.
 """
 
 from __future__ import annotations

@@ -4,10 +4,9 @@ decay per head (scalar, Gated DeltaNet) and one per key channel (Kimi Delta Atte
 Log decays of up to -20 per token sum to about -600 over a 64-token chunk; a decay between two sub-steps taken as
 the difference of two such running totals carries fp32's spacing there (6e-5) into the exponent. The chunked form
 sums each decay from the gates it spans instead (`kernels.delta_rule.chunk.pair_decays` / `tail_decays`), so float32
-stays
-within 2e-6 of float64 (max |ours - ref| / max |ref| per output: o, final states, chunk-boundary states); before,
-the worst cases were 1.4e-5 (scalar) and 2.5e-5 (per channel). The reference gets the same float32 inputs in
-float64, so the bound measures the chunked form's arithmetic.
+stays within 2e-6 of float64 (max |ours - ref| / max |ref| per output: o, final states, chunk-boundary states); before,
+the worst cases were 1.4e-5 (scalar) and 2.5e-5 (per channel). The reference gets the same float32 inputs in float64, so
+the bound measures the chunked form's arithmetic.
 """
 
 from __future__ import annotations

@@ -1,9 +1,8 @@
 """The fused one-key-per-token spectra kernel (`kernels.spectra.triton_token`) against the float64 reduction
 (`kernels.spectra.householder.householder_spectra`, window 1): one float32 rounding of 1 - b |k|^2 and exp(g) (1 - b
-|k|^2) for
-unit, unnormalised and zero keys, betas in (0, 2) up to 1 - b |k|^2 ~ 0, half and float inputs, strided views, with
-and without a gate; on the CPU under TRITON_INTERPRET=1 and on the GPU (marked), where the spectra probe's capture
-path (`probes.spectra.plan(...).fn`) takes it and must agree with the torch path it replaced.
+|k|^2) for unit, unnormalised and zero keys, betas in (0, 2) up to 1 - b |k|^2 ~ 0, half and float inputs, strided
+views, with and without a gate; on the CPU under TRITON_INTERPRET=1 and on the GPU (marked), where the spectra probe's
+capture path (`probes.spectra.plan(...).fn`) takes it and must agree with the torch path it replaced.
 """
 
 from __future__ import annotations
