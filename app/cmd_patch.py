@@ -155,8 +155,6 @@ def patch(
         model = load_checkpoint(checkpoint, device=device)
     except CheckpointError as err:
         fail(str(err))
-    if not hasattr(model, "layers") or not hasattr(model, "config"):
-        fail(f"{checkpoint} is a transformers checkpoint: `deltalab patch` runs deltalab's own models for now")
     clean_ids = _tokens(clean, as_ids, checkpoint, "clean",
                         None if clean_seq is None else _store_sequence(store, clean_seq, "--clean-seq"))
     corrupted_ids = _tokens(corrupted, as_ids, checkpoint, "corrupted",

@@ -21,6 +21,8 @@ RESID_HOOKS = ("resid_pre", "resid_mid", "resid_post")
 HEAD_HOOKS = ("q", "k", "v", "beta", "g", "o")
 HOOKS = RESID_HOOKS + HEAD_HOOKS
 _DELTA_HEAD_AXIS = {"q": 2, "k": 3, "v": 3, "beta": 3, "g": 2, "o": 2}
+DELTA_MIXERS = ("DeltaProductAttention", "DeltaRuleHooks")
+"""The token mixers with a delta-rule state: deltalab's own layer and a transformers hybrid's linear layer hooks."""
 
 
 def hook_name(name: str) -> str:
@@ -34,21 +36,26 @@ def hook_name(name: str) -> str:
 def hook_module(model: nn.Module, hook: str, layer: int) -> nn.Module | None:
     """The HookPoint of `hook` in layer `layer` (None where that layer has none, e.g. `beta` in softmax attention)."""
     block = model.layers[layer]
-    return getattr(block, f"hook_{hook}", None) if hook in RESID_HOOKS else getattr(block.attn, f"hook_{hook}", None)
+    where = block if hook in RESID_HOOKS else getattr(block, "attn", None)
+    return getattr(where, f"hook_{hook}", None)
 
 
 def head_axis(model: nn.Module, hook: str, layer: int) -> int | None:
     """The axis that holds heads in `hook`'s output (None for the residual stream)."""
     if hook in RESID_HOOKS:
         return None
-    if type(model.layers[layer].attn).__name__ == "DeltaProductAttention":
-        return _DELTA_HEAD_AXIS[hook]
-    return 2
+    return _DELTA_HEAD_AXIS[hook] if is_delta_layer(model, layer) else 2
 
 
 def is_delta_layer(model: nn.Module, layer: int) -> bool:
     """Whether layer `layer` runs the delta-rule recurrence deltalab can patch and differentiate state by state."""
-    return type(model.layers[layer].attn).__name__ == "DeltaProductAttention"
+    return type(getattr(model.layers[layer], "attn", None)).__name__ in DELTA_MIXERS
+
+
+def mixer_name(model: nn.Module, layer: int) -> str:
+    """The class name of layer `layer`'s token mixer, for messages ('softmax attention' where no hooks show it)."""
+    attn = getattr(model.layers[layer], "attn", None)
+    return "softmax attention" if attn is None else type(attn).__name__
 
 
 @dataclass(frozen=True)
@@ -75,8 +82,8 @@ def hooks_installed(model: nn.Module, fns: dict[tuple[str, int], Callable[[torch
         for (hook, layer), fn in fns.items():
             module = hook_module(model, hook, layer)
             if module is None:
-                raise PatchingError(f"layer {layer} has no hook {hook!r} (a {type(model.layers[layer].attn).__name__}"
-                                    f" layer): pick hooks that layer has")
+                raise PatchingError(f"layer {layer} has no hook {hook!r} (a {mixer_name(model, layer)} layer): "
+                                    "pick hooks that layer has")
             handles.append(module.register_forward_hook(lambda _m, _i, out, fn=fn: fn(out)))
         yield
     finally:

@@ -21,6 +21,7 @@ from deltalab.probes.patching.hooks import (
     hook_module,
     hooks_installed,
     is_delta_layer,
+    mixer_name,
     run_with_cache,
 )
 from deltalab.probes.patching.metrics import PatchingError
@@ -60,7 +61,7 @@ class Run:
         """The state of every head after every token of delta-rule layer `layer`: [T, Hv, dk, dv]."""
         if layer not in self._states:
             if not is_delta_layer(self.model, layer):
-                raise PatchingError(f"layer {layer} is a {type(self.model.layers[layer].attn).__name__} layer "
+                raise PatchingError(f"layer {layer} is a {mixer_name(self.model, layer)} layer "
                                     "without a delta-rule state: pick a delta-rule layer")
             c = self.cache
             self._states[layer] = token_states(c["q", layer], c["k", layer], c["v", layer], c["beta", layer],
@@ -74,7 +75,7 @@ def check_state_patch(model: nn.Module, p: StatePatch, seq_len: int) -> None:
     if not 0 <= p.layer < n:
         raise PatchingError(f"layer {p.layer} is out of range (the model has layers 0..{n - 1})")
     if not is_delta_layer(model, p.layer):
-        raise PatchingError(f"layer {p.layer} is a {type(model.layers[p.layer].attn).__name__} layer without a "
+        raise PatchingError(f"layer {p.layer} is a {mixer_name(model, p.layer)} layer without a "
                             "delta-rule state: pick a delta-rule layer")
     hv = model.layers[p.layer].attn.num_v_heads
     if not 0 <= p.head < hv:

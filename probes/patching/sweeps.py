@@ -16,7 +16,15 @@ import torch
 import xarray as xr
 from torch import nn
 
-from deltalab.probes.patching.hooks import RESID_HOOKS, ActPatch, head_axis, hook_module, hook_name, is_delta_layer
+from deltalab.probes.patching.hooks import (
+    RESID_HOOKS,
+    ActPatch,
+    head_axis,
+    hook_module,
+    hook_name,
+    is_delta_layer,
+    mixer_name,
+)
 from deltalab.probes.patching.metrics import Metric, PatchingError, normalise
 from deltalab.probes.patching.runs import Run, batches, patched_logits
 from deltalab.probes.patching.states import StatePart, StatePatch
@@ -98,9 +106,12 @@ def sweep_cells(model: nn.Module, hooks: Sequence[str], layers: Sequence[int], s
 
 
 def _n_heads(model: nn.Module, hook: str, layer: int) -> int:
-    attn = model.layers[layer].attn
-    if type(attn).__name__ == "DeltaProductAttention":
-        return attn.num_heads if hook in ("q", "k") else attn.num_v_heads
+    attn = getattr(model.layers[layer], "attn", None)
+    if attn is None or hook_module(model, hook, layer) is None:
+        return 0
+    if is_delta_layer(model, layer):
+        key_heads = getattr(attn, "num_k_heads", None) or attn.num_heads
+        return key_heads if hook in ("q", "k") else attn.num_v_heads
     return int(getattr(attn, "num_heads", 1))
 
 
@@ -174,9 +185,12 @@ def state_patching(model: nn.Module, clean: Any, corrupted: Any, metric: Metric 
     if layers is None:
         layers = [i for i in range(len(model.layers)) if is_delta_layer(model, i)]
     layers = _check_layers(model, layers)
+    for layer in layers:
+        if not is_delta_layer(model, layer):
+            raise PatchingError(f"layer {layer} is a {mixer_name(model, layer)} layer without a delta-rule state: "
+                                "pick delta-rule layers")
     tokens = _check_positions(tokens, T, "token") or list(range(T))
-    hv = max(model.layers[i].attn.num_v_heads for i in layers if is_delta_layer(model, i)) if any(
-        is_delta_layer(model, i) for i in layers) else 0
+    hv = max([model.layers[i].attn.num_v_heads for i in layers] or [0])
     heads = list(range(hv)) if heads is None else [int(h) for h in heads]
     cells = [(pi, StatePatch(layer, h, t, part)) for pi, part in enumerate(parts) for layer in layers
              for h in heads for t in tokens]
