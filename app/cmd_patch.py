@@ -185,7 +185,7 @@ def patch(
     if store is not None:
         from deltalab.probes.results import write_results
 
-        write_results(store, f"patching-{experiment}", ds, {"command_line": ["deltalab", "patch", str(checkpoint)]})
+        write_results(store, f"patching-{experiment}", ds, _provenance(experiment, checkpoint))
     if as_json:
         typer.echo(json.dumps({"attrs": _json_attrs(ds.attrs), "cells": _records(ds, var, None)}, default=float))
         return
@@ -196,6 +196,19 @@ def patch(
         typer.echo(f"  {row[var]:8.4f}  {cell}")
     for where in ([str(out)] if out else []) + ([f"{store}/results/patching-{experiment}"] if store else []):
         typer.echo(f"written: {where}")
+
+
+def _provenance(experiment: str, checkpoint: Path) -> dict[str, Any]:
+    """The attributes a store result carries: what wrote it, when, with which command line."""
+    import sys
+    from datetime import datetime, timezone
+
+    from deltalab.models.run_files import deltalab_version
+
+    return {"probe": f"patching-{experiment}", "complete": True, "deltalab_version": deltalab_version(),
+            "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "command_line": ["deltalab", "patch", *sys.argv[2:]] if sys.argv[1:2] == ["patch"] else
+            ["deltalab", "patch", str(checkpoint)]}
 
 
 def _json_attrs(attrs: dict[str, Any]) -> dict[str, Any]:

@@ -28,6 +28,7 @@ def _pages() -> dict[str, object]:
         heads,
         keys,
         overview,
+        patching,
         probes,
         spectra,
         text,
@@ -37,7 +38,7 @@ def _pages() -> dict[str, object]:
 
     return {"Overview": overview, "Input": input_view, "Betas": betas, "Keys": keys, "Spectra": spectra,
             "Effective rank": erank, "Probes": probes, "Token": token, "Text": text, "Attention": attention,
-            "Heads": heads, "Head": head, "Compare": compare}
+            "Heads": heads, "Head": head, "Compare": compare, "Patching": patching}
 
 
 def cli_store() -> str | None:

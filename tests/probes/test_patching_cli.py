@@ -102,3 +102,29 @@ def test_a_store_of_another_checkpoint_is_refused(checkpoints, store):
     res = _patch(checkpoints[0], "--store", store, "--clean-seq", 0, "--corrupted-seq", 7, "--metric", "kl")
     assert res.exit_code == 2 and "--corrupted-seq 7 is out of range" in res.output
     assert list_results(store) == before
+
+
+@pytest.mark.slow  # three patching runs into a captured store, then the dashboard under AppTest
+def test_the_patching_page_draws_what_the_store_holds(checkpoints, store, monkeypatch):
+    pytest.importorskip("streamlit")
+    from streamlit.testing.v1 import AppTest
+
+    from tests.app.test_pages import DASHBOARD, arr, specs
+
+    for extra in (("--experiment", "activation", "--hooks", "resid_pre,o"), ("--experiment", "attribution",
+                  "--hooks", "resid_pre,o"), ("--experiment", "state")):
+        res = _patch(checkpoints[0], "--store", store, "--clean-seq", 0, "--corrupted-seq", 2, "--metric", "kl",
+                     *extra)
+        assert res.exit_code == 0, res.output
+    monkeypatch.setenv("DELTALAB_STORE", str(store))
+    monkeypatch.setenv("TQDM_DISABLE", "1")
+    at = AppTest.from_file(DASHBOARD, default_timeout=120).run()
+    at.sidebar.radio(key="page").set_value("Patching").run()
+    assert not at.exception
+    titles = [s["layout"]["title"]["text"] for s in specs(at)]
+    assert titles[0].startswith("resid_pre: position x layer") and titles[-1].startswith("layer 0: state")
+    at.selectbox(key="patch_hook").set_value("o").run()
+    figs = specs(at)
+    assert [f["layout"]["title"]["text"] for f in figs][:2] == ["o patched at position 11",
+                                                                "o: attribution estimate"]
+    assert arr(figs[0]["data"][0]["z"]).size == 2 * 2  # layer x head
