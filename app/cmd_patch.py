@@ -187,7 +187,8 @@ def patch(
 
         write_results(store, f"patching-{experiment}", ds, _provenance(experiment, checkpoint))
     if as_json:
-        typer.echo(json.dumps({"attrs": _json_attrs(ds.attrs), "cells": _records(ds, var, None)}, default=float))
+        typer.echo(json.dumps({"attrs": _json_attrs(ds.attrs), "cells": _records(ds, var, None)},
+                              default=lambda x: x.item() if hasattr(x, "item") else str(x)))
         return
     typer.echo(f"{ds.attrs['experiment']} ({direction}), {m.label}: clean {ds.attrs['clean_metric']:.4g}, "
                f"corrupted {ds.attrs['corrupted_metric']:.4g}; normalised 0 = corrupted, 1 = clean")
