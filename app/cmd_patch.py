@@ -112,6 +112,8 @@ def patch(
                               "resid_pre,resid_mid,resid_post,q,k,v,beta,g,o."),
     layers: str = typer.Option(None, "--layers", help="Layers, e.g. 0,2 (default all)."),
     heads: str = typer.Option(None, "--heads", help="State patching: value heads (default all)."),
+    parts: str = typer.Option("full", "--parts", help="State patching: parts of the state, e.g. full,rank:1,top:2 "
+                              "(the best rank-r approximation; the top r key directions)."),
     positions: str = typer.Option(None, "--positions", help="Positions (tokens) to patch (default all)."),
     metric_positions: str = typer.Option(None, "--metric-positions",
                                          help="Positions the metric averages over (default: the last; negative from "
@@ -171,7 +173,7 @@ def patch(
             elif experiment == "state":
                 ds = state_patching(model, clean_ids, corrupted_ids, m, layers=layer_list,
                                     heads=_int_list(heads, "--heads"), tokens=pos_list, direction=direction,
-                                    batch_size=batch_size)
+                                    batch_size=batch_size, parts=_parts(parts, model))
         if experiment == "attribution":
             ds = attribution_patching(model, clean_ids, corrupted_ids, m, hooks=hook_list, layers=layer_list,
                                       per_head=per_head, per_position=per_position, direction=direction)
@@ -197,6 +199,24 @@ def patch(
         typer.echo(f"  {row[var]:8.4f}  {cell}")
     for where in ([str(out)] if out else []) + ([f"{store}/results/patching-{experiment}"] if store else []):
         typer.echo(f"written: {where}")
+
+
+def _parts(text: str, model: Any) -> list[Any]:
+    """'full,rank:1,top:2' -> StateParts; one line naming the form otherwise."""
+    from deltalab.probes.patching import StatePart
+
+    out = []
+    for item in (s.strip() for s in text.split(",") if s.strip()):
+        kind, _, r = item.partition(":")
+        if kind == "full" and not r:
+            out.append(StatePart())
+            continue
+        if kind not in ("rank", "top") or not r.isdigit() or int(r) < 1:
+            fail(f"--parts {item!r}: write full, rank:R or top:R with R >= 1 (e.g. --parts full,rank:1)")
+        out.append(StatePart(kind, int(r)))
+    if not out:
+        fail("--parts is empty: write full, rank:R or top:R")
+    return out
 
 
 def _provenance(experiment: str, checkpoint: Path) -> dict[str, Any]:

@@ -51,10 +51,12 @@ def test_writes_a_netcdf_that_reads_back(checkpoints, tmp_path):
 
 
 def test_state_and_attribution_json(checkpoints):
-    res = _patch(checkpoints[1], *IDS, "--metric", "kl", "--experiment", "state", "--heads", "1", "--json")
+    res = _patch(checkpoints[1], *IDS, "--metric", "kl", "--experiment", "state", "--heads", "1", "--json",
+                 "--parts", "full,rank:1")
     assert res.exit_code == 0, res.output
     cells = json.loads(res.output)["cells"]
-    assert {c["head"] for c in cells} == {1} and len(cells) == 2 * 6
+    assert {c["head"] for c in cells} == {1} and {c["part"] for c in cells} == {"full", "rank:1"}
+    assert len(cells) == 2 * 2 * 6  # parts x layers x tokens
     res = _patch(checkpoints[1], *IDS, "--metric", "logprob:3", "--experiment", "attribution", "--json")
     assert res.exit_code == 0, res.output
     assert json.loads(res.output)["attrs"]["experiment"] == "attribution patching"
@@ -83,6 +85,7 @@ def test_store_sequences_in_and_result_with_provenance_out(checkpoints, store):
     (("--ids", "--clean", "1 2 x", "--corrupted", "1 2 3", "--metric", "kl"), "write integers"),
     (("--ids", "--clean", f"1 2 {VOCAB}", "--corrupted", "1 2 3", "--metric", "kl"), "outside the vocabulary"),
     ((*IDS, "--metric", "kl", "--experiment", "path"), "--experiment 'path'"),
+    ((*IDS, "--metric", "kl", "--experiment", "state", "--parts", "rank:0"), "--parts 'rank:0'"),
 ])
 def test_bad_input_is_one_line_exit_2_and_nothing_written(checkpoints, tmp_path, args, message):
     out = tmp_path / "r.nc"
