@@ -185,6 +185,9 @@ def state_patching(model: nn.Module, clean: Any, corrupted: Any, metric: Metric 
     if layers is None:
         layers = [i for i in range(len(model.layers)) if is_delta_layer(model, i)]
     layers = _check_layers(model, layers)
+    if not layers:
+        raise PatchingError("the model has no delta-rule layer (RWKV-7 and softmax attention keep other states): "
+                            "state patching runs on DeltaNet, Gated DeltaNet, DeltaProduct and KDA layers")
     for layer in layers:
         if not is_delta_layer(model, layer):
             raise PatchingError(f"layer {layer} is a {mixer_name(model, layer)} layer without a delta-rule state: "

@@ -175,3 +175,23 @@ def test_bad_input_is_one_line(call, message):
     with pytest.raises(PatchingError) as err:
         call(model, clean, corrupted)
     assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_rwkv7_activation_patching_through_the_same_hook_names():
+    from pathlib import Path
+
+    from deltalab.models import load_checkpoint
+
+    model = load_checkpoint(Path(__file__).resolve().parents[2] / "models" / "zoo" / "parity-rwkv7")
+    clean = torch.tensor([0, 1, 1, 0, 1, 0, 0, 1, 1, 0])
+    corrupted = clean.clone()
+    corrupted[3] = 1
+    source = Run.record(model, clean)
+    every = [ActPatch(h, layer) for layer in range(len(model.layers)) for h in HOOKS if (h, layer) in source.cache]
+    with torch.no_grad():
+        assert torch.equal(patched_logits(model, corrupted, source, [every])[0], source.logits)
+    ds = activation_patching(model, clean, corrupted, "kl", hooks=["resid_pre", "o", "k"], positions=[2, 3])
+    assert ds.patched.sel(hook="resid_pre", layer=0, head=-1, position=3) == 1.0
+    assert np.isfinite(ds.patched.sel(hook="o", head=0).values).all()
+    with pytest.raises(PatchingError, match="no delta-rule layer"):
+        state_patching(model, clean, corrupted, "kl")
