@@ -82,18 +82,19 @@ def token_states(q, k, v, beta, g, scale: float) -> torch.Tensor:
     B, T = q.shape[:2]
     _, _, bounds = delta_product_forward(q, k, v, beta, g, scale=scale)
     nc = -(-T // CHUNK_SIZE)
-    pad = nc * CHUNK_SIZE - T
+    size = CHUNK_SIZE if nc > 1 else T  # one short chunk: no padding
+    pad = nc * size - T
 
     def chunked(x: torch.Tensor | None) -> torch.Tensor | None:  # zero padding: beta = 0, g = 0 leave S as it is
         if x is None:
             return None
         x = F.pad(x, [0, 0] * (x.dim() - 2) + [0, pad])
-        return x.reshape(B * nc, CHUNK_SIZE, *x.shape[2:])
+        return x.reshape(B * nc, size, *x.shape[2:])
 
     _, _, per_token = naive_delta_product(chunked(q), chunked(k), chunked(v), chunked(beta), chunked(g), scale=scale,
                                           initial_state=bounds[:, :nc].to(dtype).flatten(0, 1), chunk_size=1)
     after = per_token[:, 1:]  # entry t + 1 is the state after token t
-    return after.reshape(B, nc * CHUNK_SIZE, *after.shape[2:])[:, :T]
+    return after.reshape(B, nc * size, *after.shape[2:])[:, :T]
 
 
 def _select_heads(x: torch.Tensor | None, rows: torch.Tensor, heads: torch.Tensor, axis: int) -> torch.Tensor | None:
