@@ -4,7 +4,17 @@ from __future__ import annotations
 
 import typer
 
-from deltalab.app import cmd_app, cmd_info, cmd_probe, cmd_prune, cmd_store, cmd_tasks, cmd_train, cmd_train_lm
+from deltalab.app import (
+    cmd_app,
+    cmd_info,
+    cmd_patch,
+    cmd_probe,
+    cmd_prune,
+    cmd_store,
+    cmd_tasks,
+    cmd_train,
+    cmd_train_lm,
+)
 
 app = typer.Typer(
     name="deltalab",
@@ -22,6 +32,7 @@ app.command("capture")(cmd_store.capture)
 app.add_typer(cmd_store.store_app, name="store")
 cmd_prune.register(app)  # `prune`: a checkpoint study, not a store probe
 app.add_typer(cmd_probe.probe_app, name="probe")
+app.command("patch")(cmd_patch.patch)
 app.command("app")(cmd_app.app_command)
 
 

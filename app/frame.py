@@ -32,6 +32,7 @@ def _pages() -> dict[str, object]:
         keys,
         lens,
         overview,
+        patching,
         probes,
         spectra,
         text,
@@ -41,7 +42,7 @@ def _pages() -> dict[str, object]:
 
     return {"Overview": overview, "Input": input_view, "Betas": betas, "Keys": keys, "Spectra": spectra,
             "Effective rank": erank, "Probes": probes, "Token": token, "Text": text, "Attention": attention,
-            "Heads": heads, "Head": head, "Lens": lens, "Compare": compare}
+            "Heads": heads, "Head": head, "Lens": lens, "Patching": patching, "Compare": compare}
 
 
 def cli_store() -> str | None:

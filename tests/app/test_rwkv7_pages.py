@@ -13,7 +13,7 @@ from tests.app.test_pages import arr, assert_clean, new_app, specs  # noqa: E402
 from tests.models.rwkv7_tiny import probed_rwkv7_store  # noqa: E402
 
 ALL_PAGES = ["Overview", "Input", "Betas", "Keys", "Spectra", "Effective rank", "Probes", "Token", "Text", "Attention",
-             "Heads", "Head", "Lens", "Compare"]
+             "Heads", "Head", "Lens", "Patching", "Compare"]
 
 
 STRONG = 0.6
