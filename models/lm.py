@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from deltalab.models.attention import DeltaProductAttention
+from deltalab.models.cache import LayerCache, RecurrentCache
 from deltalab.models.config import ModelConfig
 from deltalab.models.hooks import HookPoint
 from deltalab.models.labels import IGNORE_INDEX
@@ -42,9 +43,10 @@ class Block(nn.Module):
         self.hook_resid_mid = HookPoint()
         self.hook_resid_post = HookPoint()
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cache: LayerCache | None = None) -> torch.Tensor:
         x = self.hook_resid_pre(x)
-        x = self.hook_resid_mid(x + self.attn(self.attn_norm(x)))
+        mixed = self.attn(self.attn_norm(x)) if cache is None else self.attn(self.attn_norm(x), cache=cache)
+        x = self.hook_resid_mid(x + mixed)
         return self.hook_resid_post(x + self.mlp(self.mlp_norm(x)))
 
 
@@ -67,11 +69,13 @@ class DeltaProductForCausalLM(nn.Module):
         if isinstance(module, (nn.Linear, nn.Embedding)):
             nn.init.normal_(module.weight, std=0.02)
 
-    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None) -> CausalLMOutput:
-        """labels are aligned with positions (no shift); IGNORE_INDEX positions are skipped."""
+    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None,
+                cache: RecurrentCache | None = None) -> CausalLMOutput:
+        """input_ids [B, T] -> logits [B, T, vocab]. labels are aligned with positions (no shift); IGNORE_INDEX
+        positions are skipped. `cache` (`models.cache.RecurrentCache`): continue from it and update it in place."""
         x = self.embeddings(input_ids)
-        for block in self.layers:
-            x = block(x)
+        for i, block in enumerate(self.layers):
+            x = block(x) if cache is None else block(x, cache.layers[i])
         logits = self.lm_head(self.norm(x))
         loss = None
         if labels is not None:
