@@ -4,7 +4,17 @@ from __future__ import annotations
 
 import typer
 
-from deltalab.app import cmd_app, cmd_info, cmd_probe, cmd_prune, cmd_store, cmd_tasks, cmd_train, cmd_train_lm
+from deltalab.app import (
+    cmd_app,
+    cmd_generate,
+    cmd_info,
+    cmd_probe,
+    cmd_prune,
+    cmd_store,
+    cmd_tasks,
+    cmd_train,
+    cmd_train_lm,
+)
 
 app = typer.Typer(
     name="deltalab",
@@ -19,6 +29,7 @@ app.command("data")(cmd_tasks.data)
 app.command("train", cls=cmd_train_lm.TrainCommand)(cmd_train.train)  # + `train lm`
 app.command("eval")(cmd_train.evaluate)
 app.command("capture")(cmd_store.capture)
+app.command("generate")(cmd_generate.generate_command)
 app.add_typer(cmd_store.store_app, name="store")
 cmd_prune.register(app, cmd_probe.probe_app)  # `prune` (a checkpoint study) and the deprecated `probe prune`
 app.add_typer(cmd_probe.probe_app, name="probe")
