@@ -51,6 +51,16 @@ class GenerationOutput:
         return [p + t for p, t in zip(self.prompts, self.tokens)]
 
 
+class Generates:
+    """`model.generate(input_ids, max_new_tokens, **options)` on deltalab's models: `models.generate.generate`.
+
+    nnsight traces it as any method: `with NNsight(model).trace(ids, fn=model.generate, max_new_tokens=8) as
+    tracer:` then `for step in tracer.iter[0:8]:` reads or edits each step's hooks."""
+
+    def generate(self, input_ids: Any, max_new_tokens: int = 20, **options: Any) -> GenerationOutput:
+        return generate(self, input_ids, max_new_tokens, **options)  # type: ignore[arg-type]
+
+
 def _as_rows(input_ids: Any, attention_mask: torch.Tensor | None) -> list[list[int]]:
     """Per-row prompt ids from [B, T] (left padding marked 0 in attention_mask), [T], or lists of ids."""
     if isinstance(input_ids, torch.Tensor):

@@ -15,6 +15,7 @@ from torch import nn
 from deltalab.models.attention import DeltaProductAttention
 from deltalab.models.cache import LayerCache, RecurrentCache
 from deltalab.models.config import ModelConfig
+from deltalab.models.generate import Generates
 from deltalab.models.hooks import HookPoint
 from deltalab.models.labels import IGNORE_INDEX
 from deltalab.models.layers import GatedMLP, RMSNorm
@@ -50,7 +51,7 @@ class Block(nn.Module):
         return self.hook_resid_post(x + self.mlp(self.mlp_norm(x)))
 
 
-class DeltaProductForCausalLM(nn.Module):
+class DeltaProductForCausalLM(Generates, nn.Module):
     """GatedDeltaProduct / DeltaNet / GatedDeltaNet language model; `model(ids).logits`."""
 
     def __init__(self, config: ModelConfig) -> None:

@@ -23,6 +23,7 @@ from torch import nn
 from deltalab.kernels.dplr.dispatch import dplr_forward
 from deltalab.models.cache import LayerCache, RecurrentCache, dplr_step
 from deltalab.models.config import ModelConfig
+from deltalab.models.generate import Generates
 from deltalab.models.hooks import HookPoint
 from deltalab.models.labels import IGNORE_INDEX
 from deltalab.models.lm import CausalLMOutput
@@ -207,7 +208,7 @@ class RWKV7Block(nn.Module):
         return self.hook_resid_post(x + ffn), v_first
 
 
-class RWKV7ForCausalLM(nn.Module):
+class RWKV7ForCausalLM(Generates, nn.Module):
     """fla's RWKV7ForCausalLM with deltalab's top-level module names (`layers.3.attn.hook_beta`)."""
 
     def __init__(self, config: ModelConfig) -> None:
