@@ -113,3 +113,19 @@ def test_interventions_that_do_not_fit_the_model_fail_in_one_line():
         generate(model, [[1, 2]], 2, interventions=[Steering(5, torch.zeros(64))])
     with pytest.raises(InterventionError, match="no hook point 'layers.0.attn.hook_nope'"):
         generate(model, [[1, 2]], 2, interventions=[HookEdit("layers.0.attn.hook_nope", lambda x, c: x)])
+
+
+@pytest.mark.parametrize("name", ["gdp_nh3_conv", "rwkv7_fused"])
+def test_editing_the_state_after_a_step_is_what_the_next_step_starts_from(name):
+    model = load(name)
+
+    def write_after(states, ctx):
+        states = states.clone()
+        states[:, -1] = 0.5
+        return states
+
+    edit = HookEdit("layers.0.attn.hook_state", write_after, from_step=2, to_step=2)
+    out = generate(model, prompts((6,)), 4, interventions=[edit], record=["layers.0.attn.hook_state"])
+    seen = dict(out.records["layers.0.attn.hook_state"])
+    assert torch.all(seen[3][:, 0] == 0.5)
+    assert not torch.all(seen[2][:, 0] == 0.5)
