@@ -9,8 +9,9 @@ the left padding of rows stacked from prompts of different lengths) and their po
 prompt followed by one-token calls gives the logits of one forward over the whole sequence.
 
 The one-token steps run the token-by-token recurrences of `kernels.delta_rule.naive` and `kernels.dplr.naive` in
-float32 (float64 for float64 inputs): O(1) work per token, and the same boundary layout as a full forward, so
-`hook_state` of a step is [B, 2, Hv, K, V]: the state before the token, then after it.
+float32 (float64 for float64 inputs), or on CUDA the delta rule's Triton step (`kernels.delta_rule.triton_step`):
+O(1) work per token, and the same boundary layout as a full forward, so `hook_state` of a step is
+[B, 2, Hv, K, V]: the state before the token, then after it.
 """
 
 from __future__ import annotations
@@ -97,11 +98,30 @@ def delta_rule_step(q, k, v, beta, g, scale: float, state: torch.Tensor | None):
     [B, 1, Hv, K] or None, state [B, Hv, K, V] or None (zero). Returns (o [B, 1, Hv, V] in q's dtype, the state
     after [B, Hv, K, V], boundaries [B, 2, Hv, K, V]: before and after), in float32 (float64 for float64 q).
     """
+    fused = _triton_step(q, k, v)
+    if fused is not None:
+        return fused(q, k, v, beta, g, scale, state)
     dt = state_dtype(q)
     cast = [x.to(dt) for x in (q, k, v, beta)]
     o, final, bounds = naive_delta_product(*cast, None if g is None else g.to(dt), scale=scale,
                                            initial_state=None if state is None else state.to(dt))
     return o.to(q.dtype), final, bounds
+
+
+def _triton_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
+    """The Triton decode step (`kernels.delta_rule.triton_step`) where it applies: CUDA inputs of float32 or half
+    precision, no autograd graph, not DELTALAB_KERNEL=torch; else None (the PyTorch step)."""
+    import os
+
+    if not q.is_cuda or q.dtype == torch.float64 or torch.is_grad_enabled():
+        return None
+    if os.environ.get("DELTALAB_KERNEL", "auto") == "torch":
+        return None
+    try:
+        from deltalab.kernels.delta_rule import triton_step
+    except ImportError:
+        return None
+    return triton_step.triton_delta_rule_step if triton_step.unsupported_reason(q, v, k.shape[2]) is None else None
 
 
 def dplr_step(q, k, v, a, b, g, scale: float, state: torch.Tensor | None):
