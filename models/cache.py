@@ -9,13 +9,15 @@ the left padding of rows stacked from prompts of different lengths) and their po
 prompt followed by one-token calls gives the logits of one forward over the whole sequence.
 
 The one-token steps run the token-by-token recurrences of `kernels.delta_rule.naive` and `kernels.dplr.naive` in
-float32 (float64 for float64 inputs), or on CUDA the delta rule's Triton step (`kernels.delta_rule.triton_step`):
-O(1) work per token, and the same boundary layout as a full forward, so `hook_state` of a step is
-[B, 2, Hv, K, V]: the state before the token, then after it.
+float32 (float64 for float64 inputs), or on CUDA their Triton steps (`kernels.delta_rule.triton_step`,
+`kernels.dplr.triton_step`): O(1) work per token, and the same boundary layout as a full forward, so `hook_state`
+of a step is [B, 2, Hv, K, V]: the state before the token, then after it.
 """
 
 from __future__ import annotations
 
+import importlib
+import os
 from dataclasses import dataclass, field
 
 import torch
@@ -98,9 +100,9 @@ def delta_rule_step(q, k, v, beta, g, scale: float, state: torch.Tensor | None):
     [B, 1, Hv, K] or None, state [B, Hv, K, V] or None (zero). Returns (o [B, 1, Hv, V] in q's dtype, the state
     after [B, Hv, K, V], boundaries [B, 2, Hv, K, V]: before and after), in float32 (float64 for float64 q).
     """
-    fused = _triton_step(q, k, v)
-    if fused is not None:
-        return fused(q, k, v, beta, g, scale, state)
+    fused = _triton_module(q)
+    if fused is not None and fused.unsupported_reason(q, v, k.shape[2]) is None:
+        return fused.triton_delta_rule_step(q, k, v, beta, g, scale, state)
     dt = state_dtype(q)
     cast = [x.to(dt) for x in (q, k, v, beta)]
     o, final, bounds = naive_delta_product(*cast, None if g is None else g.to(dt), scale=scale,
@@ -108,26 +110,26 @@ def delta_rule_step(q, k, v, beta, g, scale: float, state: torch.Tensor | None):
     return o.to(q.dtype), final, bounds
 
 
-def _triton_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
-    """The Triton decode step (`kernels.delta_rule.triton_step`) where it applies: CUDA inputs of float32 or half
-    precision, no autograd graph, not DELTALAB_KERNEL=torch; else None (the PyTorch step)."""
-    import os
-
+def _triton_module(q: torch.Tensor, op: str = "delta_rule"):
+    """`kernels.{op}.triton_step` (op: delta_rule or dplr) where its decode step applies: CUDA inputs of float32 or
+    half precision, no autograd graph, not DELTALAB_KERNEL=torch; else None (the PyTorch step)."""
     if not q.is_cuda or q.dtype == torch.float64 or torch.is_grad_enabled():
         return None
     if os.environ.get("DELTALAB_KERNEL", "auto") == "torch":
         return None
     try:
-        from deltalab.kernels.delta_rule import triton_step
+        return importlib.import_module(f"deltalab.kernels.{op}.triton_step")
     except ImportError:
         return None
-    return triton_step.triton_delta_rule_step if triton_step.unsupported_reason(q, v, k.shape[2]) is None else None
 
 
 def dplr_step(q, k, v, a, b, g, scale: float, state: torch.Tensor | None):
     """One token of the generalised delta rule H' = (diag(e^g) + b a^T) H + k v^T, o = scale H'^T q.
 
     q, k, a, b, g [B, 1, H, K], v [B, 1, H, V], state [B, H, K, V] or None; returns as `delta_rule_step`."""
+    fused = _triton_module(q, "dplr")
+    if fused is not None and q.shape[-1] <= 256:
+        return fused.triton_dplr_step(q, k, v, a, b, g, scale, state)
     dt = state_dtype(q)
     o, final, bounds = naive_dplr(*(x.to(dt) for x in (q, k, v, a, b)), None if g is None else g.to(dt),
                                   scale=scale, initial_state=None if state is None else state.to(dt))

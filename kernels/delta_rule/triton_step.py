@@ -82,3 +82,4 @@ def triton_delta_rule_step(q, k, v, beta, g, scale: float, state: torch.Tensor |
                               n_h, BK, BV, gate, h0 is not None)
     before = torch.zeros_like(h1) if h0 is None else h0
     return o, h1, torch.stack([before, h1], 1)
+
