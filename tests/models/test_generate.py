@@ -144,3 +144,21 @@ def test_bad_requests_give_one_line_errors():
         generate(model, [list(range(8))], 5)
     with pytest.raises(GenerationError, match="top_p"):
         generate(model, [[1]], 2, do_sample=True, top_p=0.0)
+
+
+def test_softmax_layer_hooks_at_decode_equal_the_full_forward():
+    """A hybrid's softmax layers (full, and windowed on layer 3) read their KV cache: q, k (rotated at the token's
+    own position), v and z of each step equal the full forward's at that position."""
+    model = load("gdn_hybrid_gva")
+    names = [f"layers.{i}.attn.hook_{h}" for i in (1, 3) for h in ("q", "k", "v", "z")]
+    rows = [prompts((40,))[0], prompts((29,), seed=1)[0]]  # longer than layer 3's 32-token window
+    out = generate(model, rows, 6, record=names)
+    for r, seq in enumerate(out.sequences):
+        alone = generate(model, [seq[:-1]], 1, record=names)
+        P = len(rows[r])
+        for hook in names:
+            full = alone.records[hook][0][1][0]
+            decode = [(s, value) for s, value in out.records[hook] if s >= 1]  # step 0: one record per prefill group
+            assert [s for s, _ in decode] == list(range(1, 6))
+            for s, value in decode:
+                torch.testing.assert_close(value[r, 0].double(), full[P + s - 1].double(), rtol=0, atol=TOL)
