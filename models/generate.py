@@ -152,8 +152,6 @@ def generate(model: nn.Module, input_ids: Any, max_new_tokens: int = 20, *,
     stops = [] if stop_tokens is None else [stop_tokens] if isinstance(stop_tokens, int) else list(stop_tokens)
     device = next(model.parameters()).device
     generator = None if seed is None else torch.Generator(device=device).manual_seed(int(seed))
-    if seed is not None and device.type == "cpu":
-        generator = torch.Generator().manual_seed(int(seed))
     if hasattr(model, "hf"):
         return _generate_hf(model, rows, max_new_tokens, do_sample=do_sample, temperature=temperature, top_k=top_k,
                             top_p=top_p, seed=seed, stops=stops, interventions=interventions, record=record,
