@@ -26,6 +26,22 @@ def parse_steer(spec: str) -> tuple[int, Path, float]:
     return int(layer), Path(path), alpha
 
 
+def parse_steer_diff(spec: str) -> tuple[int, str, str, float]:
+    """'L:POSITIVE|NEGATIVE' or 'L:POSITIVE|NEGATIVE*ALPHA' -> (layer, positive text, negative text, alpha)."""
+    layer, sep, rest = spec.partition(":")
+    positive, bar, negative = rest.partition("|")
+    if not sep or not layer.strip().isdigit() or not bar or not positive or not negative:
+        raise ValueError(f"--steer-diff {spec!r} is not LAYER:POSITIVE|NEGATIVE[*ALPHA] (e.g. '2:Love|Hate*4')")
+    alpha = 1.0
+    head, star, tail = negative.rpartition("*")
+    if star:
+        try:
+            negative, alpha = head, float(tail)
+        except ValueError:
+            pass  # a '*' inside the text
+    return int(layer), positive, negative, alpha
+
+
 def parse_state(spec: str) -> tuple[int, float]:
     """'L' (erase) or 'L:FACTOR' -> (layer, factor)."""
     layer, sep, factor = spec.partition(":")
@@ -64,6 +80,21 @@ def decode(ids: list[int], checkpoint: Path) -> str:
     return "".join(chr(i) if 32 <= i < 127 else f"<{i}>" for i in ids)
 
 
+def _text_ids(model, text: str, checkpoint: Path):
+    """[1, T] token ids of a --steer-diff text, checked against the vocabulary."""
+    import torch
+
+    from deltalab.models.interventions import InterventionError
+
+    ids = encode_prompt(text, None, checkpoint)
+    vocab = int(model.config.vocab_size)
+    bad = [t for t in ids if not 0 <= t < vocab]
+    if not ids or bad:
+        raise InterventionError(f"--steer-diff text {text!r} " + (f"has token id {bad[0]} outside the vocabulary "
+                                f"0..{vocab - 1}" if bad else "is empty"))
+    return torch.tensor([ids], device=next(model.parameters()).device)
+
+
 def generate_command(
     checkpoint: Path = typer.Argument(..., help="Checkpoint folder (config.json + model.safetensors)."),
     prompt: str | None = typer.Option(None, "--prompt", "-p", help="Text to continue (tokenizer.json, else bytes)."),
@@ -76,6 +107,8 @@ def generate_command(
     stop: list[int] = typer.Option([], "--stop", help="Token id that ends the generation (repeatable)."),
     steer: list[str] = typer.Option([], "--steer", help="LAYER:FILE[*ALPHA]: add ALPHA times the vector in FILE "
                                     "(safetensors, one tensor) to the residual stream entering LAYER (repeatable)."),
+    steer_diff: list[str] = typer.Option([], "--steer-diff", help="LAYER:POSITIVE|NEGATIVE[*ALPHA]: steer along "
+                                         "the difference of the two texts' mean residuals entering LAYER."),
     scale_state: list[str] = typer.Option([], "--scale-state", help="LAYER[:FACTOR]: scale that layer's state "
                                           "before every generated token (LAYER alone erases it; repeatable)."),
     device: str = typer.Option("cpu", "--device", help="cpu, cuda, cuda:1 ..."),
@@ -87,12 +120,13 @@ def generate_command(
 
     from deltalab.models import CheckpointError, load_checkpoint
     from deltalab.models.generate import GenerationError, generate
-    from deltalab.models.interventions import InterventionError, StateEdit, Steering, load_vector
+    from deltalab.models.interventions import InterventionError, StateEdit, Steering, difference_vector, load_vector
 
     if max_new_tokens < 1:
         fail(f"--max-new-tokens must be at least 1, got {max_new_tokens}")
     try:
         steers = [parse_steer(s) for s in steer]
+        diffs = [parse_steer_diff(s) for s in steer_diff]
         states = [parse_state(s) for s in scale_state]
         ids = encode_prompt(prompt, tokens, checkpoint)
     except ValueError as err:
@@ -111,6 +145,14 @@ def generate_command(
             if not 0 <= layer < n_layers:
                 raise InterventionError(f"--steer layer {layer} does not exist: the model has layers 0..{n_layers - 1}")
             interventions.append(Steering(layer, load_vector(path), alpha))
+        for layer, positive, negative, alpha in diffs:
+            if not 0 <= layer < n_layers:
+                raise InterventionError(f"--steer-diff layer {layer} does not exist: the model has layers "
+                                        f"0..{n_layers - 1}")
+            pair = []
+            for text in (positive, negative):
+                pair.append(_text_ids(model, text, checkpoint))
+            interventions.append(Steering(layer, difference_vector(model, *pair, layer), alpha))
         for layer, factor in states:
             if not 0 <= layer < n_layers or layer not in model.config.delta_layers:
                 raise InterventionError(f"--scale-state layer {layer} has no recurrent state: the model's state layers "

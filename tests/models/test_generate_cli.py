@@ -81,3 +81,18 @@ def test_a_vector_of_the_wrong_width_and_a_long_prompt_fail_in_one_line(tmp_path
     res = CliRunner().invoke(app, ["generate", str(ckpt), "--tokens", "1,2,3,4,5,6", "-n", "4"])
     assert res.exit_code == 2 and "passes the model's max_position_embeddings=8" in res.stderr
     assert "--max-new-tokens" in res.stderr
+
+
+def test_steering_along_the_difference_of_two_texts():
+    from deltalab.models.interventions import Steering, difference_vector
+
+    res = run("--tokens", "3,4,5", "-n", "6", "--json", "--steer-diff", "1:\x01\x02\x03|\x10\x11*5")
+    assert res.exit_code == 0, res.output
+    model = load_checkpoint(FIXTURE)
+    vector = difference_vector(model, torch.tensor([[1, 2, 3]]), torch.tensor([[16, 17]]), 1)
+    want = generate(model, [[3, 4, 5]], 6, interventions=[Steering(1, vector, 5.0)]).tokens[0]
+    assert json.loads(res.stdout)["tokens"] == want
+    bad = run("--tokens", "1", "--steer-diff", "1:hi|\x01")
+    assert bad.exit_code == 2 and "--steer-diff text 'hi' has token id 104 outside" in bad.stderr
+    bad = run("--tokens", "1", "--steer-diff", "1:nobar")
+    assert bad.exit_code == 2 and "is not LAYER:POSITIVE|NEGATIVE[*ALPHA]" in bad.stderr
