@@ -117,8 +117,8 @@ class DeltaProductAttention(nn.Module):
         return q, k, v
 
     def _replay(self, q, k, v, beta, g, scale: float, initial_state: torch.Tensor | None, o: torch.Tensor,
-                states: torch.Tensor, hooked: torch.Tensor, version: int,
-                with_final: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+                states: torch.Tensor, hooked: torch.Tensor, version: int, with_final: bool = False,
+                clean: torch.Tensor | None = None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """Outputs after an intervention on `hook_state` ([B, NC + 1, H, dk, dv]: the state before each chunk
         of CHUNK_SIZE tokens, then the final state).
 
@@ -127,10 +127,13 @@ class DeltaProductAttention(nn.Module):
         they are patched too). Sequences without a patch, and a patched one's chunks before its first patch,
         keep their outputs bit for bit (`models.replay`); the final state feeds no output. Only this path
         pays for the replay: without an intervention the forward is unchanged. `with_final`: also return the
-        state a decoding cache carries on (`models.replay.replay_patched`).
+        state a decoding cache carries on (`models.replay.replay_patched`); `clean`: the unedited states when the
+        caller recomputed them (a decoding step's own recurrence), else they come from `states` or the chunked form.
         """
         check_state_shape(states, hooked)
-        if states._version == version:  # replaced, not edited in place: `states` still holds the clean values
+        if clean is not None:
+            pass
+        elif states._version == version:  # replaced, not edited in place: `states` still holds the clean values
             clean = states
         else:
             _, _, clean = delta_product_forward(q, k, v, beta, g, scale=scale, initial_state=initial_state)
@@ -177,7 +180,11 @@ class DeltaProductAttention(nn.Module):
         version = states._version  # bumped by an in-place edit (nnsight's `hook_state.output[...] = x`)
         hooked = self.hook_state(states)
         if hooked is not states or states._version != version:
-            o = self._replay(q, k, v, beta, g, scale, initial_state, o, states, hooked, version, cache is not None)
+            clean = None
+            if cache is not None and T == 1 and states._version != version:  # edited in place: the step's own
+                clean = delta_rule_step(q, k, v, beta, g, scale, initial_state)[2]  # states, not the chunked form's
+            o = self._replay(q, k, v, beta, g, scale, initial_state, o, states, hooked, version, cache is not None,
+                             clean)
             if cache is not None:
                 o, final = o
         if cache is not None:

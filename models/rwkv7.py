@@ -99,14 +99,16 @@ class RWKV7Attention(nn.Module):
         return x.view(*x.shape[:2], self.num_heads, -1)
 
     def _replay(self, q, k, v, a, b, g, o: torch.Tensor, states: torch.Tensor, hooked: torch.Tensor,
-                version: int, initial_state: torch.Tensor | None = None,
-                with_final: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+                version: int, initial_state: torch.Tensor | None = None, with_final: bool = False,
+                clean: torch.Tensor | None = None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """Outputs after an edit of `hook_state` (as models.attention's `_replay`): the recurrence restarts from
         each patched chunk-start state; unpatched sequences and chunks keep their outputs (`models.replay`).
-        `initial_state` and `with_final` serve a decoding cache (its state before, and the state carried on)."""
+        `initial_state`, `with_final` and `clean` serve a decoding cache (its state before, the state carried on,
+        and the unedited states of a step's own recurrence)."""
         check_state_shape(states, hooked)
-        clean = states if states._version == version else \
-            dplr_forward(q, k, v, a, b, g, scale=1.0, initial_state=initial_state)[2]
+        if clean is None:
+            clean = states if states._version == version else \
+                dplr_forward(q, k, v, a, b, g, scale=1.0, initial_state=initial_state)[2]
 
         def step(rows: torch.Tensor, t: slice, state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
             o_c, state, _ = dplr_forward(q[rows, t], k[rows, t], v[rows, t], a[rows, t], b[rows, t], g[rows, t],
@@ -149,7 +151,10 @@ class RWKV7Attention(nn.Module):
         version = states._version  # bumped by an in-place edit through nnsight
         hooked = self.hook_state(states)
         if hooked is not states or states._version != version:
-            o = self._replay(r, k, v, a, b, g, o, states, hooked, version, h0, cache is not None)
+            clean = None
+            if cache is not None and T == 1 and states._version != version:  # edited in place: the step's own
+                clean = dplr_step(r, k, v, a, b, g, 1.0, h0)[2]
+            o = self._replay(r, k, v, a, b, g, o, states, hooked, version, h0, cache is not None, clean)
             if cache is not None:
                 o, final = o
         if cache is not None:
