@@ -94,8 +94,10 @@ class SoftmaxAttention(nn.Module):
         start = cache.next_pos if cache.next_pos is not None else torch.zeros(B, dtype=torch.long, device=x.device)
         pos = start[:, None] + torch.arange(T, device=x.device)  # [B, T]
         exact = torch.float64 if x.dtype == torch.float64 else torch.float32
-        cos, sin = rotary_tables(int(pos.max()) + 1, self.head_dim, self.rope_theta, x.device, exact)
-        cos, sin = cos[pos], sin[pos]
+        inv_freq = 1.0 / self.rope_theta ** (torch.arange(0, self.head_dim, 2, device=x.device, dtype=exact)
+                                             / self.head_dim)  # as rotary_tables, at each row's own positions
+        angles = pos.to(exact)[..., None] * inv_freq  # [B, T, d/2]
+        cos, sin = angles.cos(), angles.sin()
         q, k = self.hook_q(apply_rotary(q, cos, sin)), self.hook_k(apply_rotary(k, cos, sin))
         v = self.hook_v(v)
         new_valid = torch.ones(B, T, dtype=torch.bool, device=x.device)
