@@ -6,6 +6,7 @@ import typer
 
 from deltalab.app import (
     cmd_app,
+    cmd_generate,
     cmd_info,
     cmd_patch,
     cmd_probe,
@@ -29,6 +30,7 @@ app.command("data")(cmd_tasks.data)
 app.command("train", cls=cmd_train_lm.TrainCommand)(cmd_train.train)  # + `train lm`
 app.command("eval")(cmd_train.evaluate)
 app.command("capture")(cmd_store.capture)
+app.command("generate")(cmd_generate.generate_command)
 app.add_typer(cmd_store.store_app, name="store")
 cmd_prune.register(app)  # `prune`: a checkpoint study, not a store probe
 app.add_typer(cmd_probe.probe_app, name="probe")

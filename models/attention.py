@@ -16,6 +16,7 @@ from torch import nn
 
 from deltalab.kernels.delta_rule.dispatch import delta_product_forward
 from deltalab.kernels.delta_rule.naive import l2_normalize
+from deltalab.models.cache import LayerCache, delta_rule_step
 from deltalab.models.config import ModelConfig
 from deltalab.models.hooks import HookPoint
 from deltalab.models.layers import GatedRMSNorm, RMSNorm, ShortConvolution
@@ -87,11 +88,16 @@ class DeltaProductAttention(nn.Module):
             dt = torch.exp(torch.rand(n) * (math.log(0.1) - math.log(1e-3)) + math.log(1e-3)).clamp(min=1e-4)
             self.dt_bias.copy_(dt + torch.log(-torch.expm1(-dt)))
 
-    def _qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Projections, short conv (or SiLU), head split and query/key activation + normalisation."""
+    def _qkv(self, x: torch.Tensor, cache: LayerCache | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Projections, short conv (or SiLU), head split and query/key activation + normalisation; with a
+        decoding cache the convolutions continue from (and update) its last inputs."""
         cfg, B, T = self.config, x.shape[0], x.shape[1]
         q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
-        if cfg.use_short_conv:
+        if cfg.use_short_conv and cache is not None:
+            q, cache.conv["q"] = self.q_conv1d.step(q, cache.conv.get("q"))
+            k, cache.conv["k"] = self.k_conv1d.step(k, cache.conv.get("k"))
+            v, cache.conv["v"] = self.v_conv1d.step(v, cache.conv.get("v"))
+        elif cfg.use_short_conv:
             q, k, v = self.q_conv1d(q), self.k_conv1d(k), self.v_conv1d(v)
         else:
             if cfg.qk_activation == "silu":
@@ -111,7 +117,8 @@ class DeltaProductAttention(nn.Module):
         return q, k, v
 
     def _replay(self, q, k, v, beta, g, scale: float, initial_state: torch.Tensor | None, o: torch.Tensor,
-                states: torch.Tensor, hooked: torch.Tensor, version: int) -> torch.Tensor:
+                states: torch.Tensor, hooked: torch.Tensor, version: int, with_final: bool = False,
+                clean: torch.Tensor | None = None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """Outputs after an intervention on `hook_state` ([B, NC + 1, H, dk, dv]: the state before each chunk
         of CHUNK_SIZE tokens, then the final state).
 
@@ -119,10 +126,14 @@ class DeltaProductAttention(nn.Module):
         patched state at that chunk start, and later chunk starts carry the patched dynamics forward (unless
         they are patched too). Sequences without a patch, and a patched one's chunks before its first patch,
         keep their outputs bit for bit (`models.replay`); the final state feeds no output. Only this path
-        pays for the replay: without an intervention the forward is unchanged.
+        pays for the replay: without an intervention the forward is unchanged. `with_final`: also return the
+        state a decoding cache carries on (`models.replay.replay_patched`); `clean`: the unedited states when the
+        caller recomputed them (a decoding step's own recurrence), else they come from `states` or the chunked form.
         """
         check_state_shape(states, hooked)
-        if states._version == version:  # replaced, not edited in place: `states` still holds the clean values
+        if clean is not None:
+            pass
+        elif states._version == version:  # replaced, not edited in place: `states` still holds the clean values
             clean = states
         else:
             _, _, clean = delta_product_forward(q, k, v, beta, g, scale=scale, initial_state=initial_state)
@@ -133,11 +144,14 @@ class DeltaProductAttention(nn.Module):
                                                   scale=scale, initial_state=state)
             return o_c, state
 
-        return replay_patched(o, clean, hooked, q.shape[1], step)
+        return replay_patched(o, clean, hooked, q.shape[1], step, with_final)
 
-    def forward(self, x: torch.Tensor, initial_state: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, initial_state: torch.Tensor | None = None,
+                cache: LayerCache | None = None) -> torch.Tensor:
+        """x [B, T, D] -> [B, T, D]. With a decoding cache (`models.cache`) the layer starts from its state and
+        conv inputs and leaves the new ones there; one token takes the O(1) recurrent step."""
         cfg, B, T = self.config, x.shape[0], x.shape[1]
-        q, k, v = self._qkv(x)
+        q, k, v = self._qkv(x, cache)
         q, k, v = self.hook_q(q), self.hook_k(k), self.hook_v(v)
         if cfg.use_beta:
             beta = self.b_proj(x).float().sigmoid().view(B, T, self.num_householder, self.num_v_heads)
@@ -157,11 +171,24 @@ class DeltaProductAttention(nn.Module):
             g = -self.A_log.float().exp() * F.softplus(self.a_proj(x).float() + self.dt_bias)
             g = self.hook_g(g)
         scale = self.head_k_dim**-0.5
-        o, _, states = delta_product_forward(q, k, v, beta, g, scale=scale, initial_state=initial_state)
+        if cache is not None:
+            initial_state = cache.state
+        if cache is not None and T == 1:
+            o, final, states = delta_rule_step(q, k, v, beta, g, scale, initial_state)
+        else:
+            o, final, states = delta_product_forward(q, k, v, beta, g, scale=scale, initial_state=initial_state)
         version = states._version  # bumped by an in-place edit (nnsight's `hook_state.output[...] = x`)
         hooked = self.hook_state(states)
         if hooked is not states or states._version != version:
-            o = self._replay(q, k, v, beta, g, scale, initial_state, o, states, hooked, version)
+            clean = None
+            if cache is not None and T == 1 and states._version != version:  # edited in place: the step's own
+                clean = delta_rule_step(q, k, v, beta, g, scale, initial_state)[2]  # states, not the chunked form's
+            o = self._replay(q, k, v, beta, g, scale, initial_state, o, states, hooked, version, cache is not None,
+                             clean)
+            if cache is not None:
+                o, final = o
+        if cache is not None:
+            cache.state = final
         o = self.hook_o(o.to(x.dtype))
         if cfg.use_output_gate:
             gate = self.g_proj(x).view(B, T, self.num_v_heads, self.head_v_dim)

@@ -45,6 +45,16 @@ class ShortConvolution(nn.Conv1d):
         y = super().forward(x.transpose(1, 2))[..., : x.shape[1]].transpose(1, 2)
         return F.silu(y) if self.activation else y
 
+    def step(self, x: torch.Tensor, previous: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The same convolution continued from a decoding cache: x [B, T, D] after `previous` [B, W - 1, D] (the
+        last inputs seen; None: zeros, the start of a sequence) -> (y [B, T, D], the last W - 1 inputs now)."""
+        width = self.kernel_size[0] - 1
+        if previous is None:
+            previous = x.new_zeros(x.shape[0], width, x.shape[2])
+        xx = torch.cat([previous.to(x.dtype), x], 1)
+        y = F.conv1d(xx.transpose(1, 2), self.weight, self.bias, groups=self.groups).transpose(1, 2)
+        return (F.silu(y) if self.activation else y), xx[:, xx.shape[1] - width :]
+
 
 class GatedMLP(nn.Module):
     """SwiGLU MLP: down(silu(gate(x)) * up(x))."""

@@ -14,7 +14,9 @@ from torch import nn
 
 from deltalab.kernels.constants import IGNORE_INDEX
 from deltalab.models.attention import DeltaProductAttention
+from deltalab.models.cache import LayerCache, RecurrentCache
 from deltalab.models.config import ModelConfig
+from deltalab.models.generate import Generates
 from deltalab.models.hooks import HookPoint
 from deltalab.models.layers import GatedMLP, RMSNorm
 from deltalab.models.softmax_attention import SoftmaxAttention
@@ -42,13 +44,14 @@ class Block(nn.Module):
         self.hook_resid_mid = HookPoint()
         self.hook_resid_post = HookPoint()
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cache: LayerCache | None = None) -> torch.Tensor:
         x = self.hook_resid_pre(x)
-        x = self.hook_resid_mid(x + self.attn(self.attn_norm(x)))
+        mixed = self.attn(self.attn_norm(x)) if cache is None else self.attn(self.attn_norm(x), cache=cache)
+        x = self.hook_resid_mid(x + mixed)
         return self.hook_resid_post(x + self.mlp(self.mlp_norm(x)))
 
 
-class DeltaProductForCausalLM(nn.Module):
+class DeltaProductForCausalLM(Generates, nn.Module):
     """GatedDeltaProduct / DeltaNet / GatedDeltaNet language model; `model(ids).logits`."""
 
     def __init__(self, config: ModelConfig) -> None:
@@ -67,20 +70,23 @@ class DeltaProductForCausalLM(nn.Module):
         if isinstance(module, (nn.Linear, nn.Embedding)):
             nn.init.normal_(module.weight, std=0.02)
 
-    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None) -> CausalLMOutput:
+    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None,
+                cache: RecurrentCache | None = None) -> CausalLMOutput:
         """Logits of every position, and the mean next-token loss when `labels` are given.
 
         Args:
             input_ids (torch.Tensor): token ids `[B, T]` (int64).
             labels (torch.Tensor | None): targets `[B, T]`, aligned with the positions (no shift: position t's
                 label is the token it should predict); IGNORE_INDEX positions are skipped.
+            cache (RecurrentCache | None): a decoding cache (`models.cache`): continue from it and update it in
+                place (generation).
 
         Returns:
             CausalLMOutput: logits `[B, T, vocab_size]` in the model's dtype, and loss (a float32 scalar) or None.
         """
         x = self.embeddings(input_ids)
-        for block in self.layers:
-            x = block(x)
+        for i, block in enumerate(self.layers):
+            x = block(x) if cache is None else block(x, cache.layers[i])
         logits = self.lm_head(self.norm(x))
         loss = None
         if labels is not None:

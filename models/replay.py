@@ -23,18 +23,23 @@ def check_state_shape(states: torch.Tensor, hooked: torch.Tensor) -> None:
         raise ValueError(f"hook_state must keep its shape {tuple(states.shape)}, got {tuple(hooked.shape)}")
 
 
-def replay_patched(o: torch.Tensor, clean: torch.Tensor, hooked: torch.Tensor, T: int, step: ChunkStep) -> torch.Tensor:
+def replay_patched(o: torch.Tensor, clean: torch.Tensor, hooked: torch.Tensor, T: int, step: ChunkStep,
+                   with_final: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """o [B, T, ...] with each patched sequence's outputs from its first patched chunk on recomputed by `step`.
 
     clean, hooked [B, NC + 1, ...]: the chunk-start states as computed and as the intervention left them (the last
     entry, the final state, feeds no output). An entry that differs is a patch: the recurrence restarts from it, and
-    later chunk starts carry the patched dynamics forward unless they are patched too."""
+    later chunk starts carry the patched dynamics forward unless they are patched too.
+
+    `with_final`: also return the state each sequence carries on [B, ...] (a decoding cache's): the replayed final
+    state of a patched sequence, the hooked final entry where that entry itself was edited, else the clean one."""
     hooked = hooked.to(device=clean.device, dtype=clean.dtype)
     n_chunks = clean.shape[1] - 1
     patched = hooked[:, :n_chunks] != clean[:, :n_chunks]  # [B, NC, ...]
     chunk_patched = patched.flatten(2).any(-1)  # [B, NC]
+    final = clean[:, -1].clone() if with_final else None
     if not bool(chunk_patched.any()):
-        return o
+        return (o, _final_edits(final, clean, hooked)) if with_final else o
     # each sequence's first patched chunk (-1: none); argmax finds the first True
     firsts = torch.where(chunk_patched.any(1), chunk_patched.int().argmax(1), -1)
     out = o.clone()
@@ -46,4 +51,12 @@ def replay_patched(o: torch.Tensor, clean: torch.Tensor, hooked: torch.Tensor, T
             t = slice(c * CHUNK_SIZE, min((c + 1) * CHUNK_SIZE, T))
             o_c, state = step(rows, t, state)
             out[rows, t] = o_c.to(out.dtype)
-    return out
+        if final is not None:
+            final[rows] = state.to(final.dtype)
+    return (out, _final_edits(final, clean, hooked)) if with_final else out
+
+
+def _final_edits(final: torch.Tensor, clean: torch.Tensor, hooked: torch.Tensor) -> torch.Tensor:
+    """The carried states [B, ...], with the hooked final entry wherever an intervention edited that entry."""
+    edited = (hooked[:, -1] != clean[:, -1]).flatten(1).any(-1)
+    return torch.where(edited.view(-1, *[1] * (final.dim() - 1)), hooked[:, -1], final)

@@ -22,7 +22,9 @@ from torch import nn
 
 from deltalab.kernels.constants import IGNORE_INDEX
 from deltalab.kernels.dplr.dispatch import dplr_forward
+from deltalab.models.cache import LayerCache, RecurrentCache, dplr_step
 from deltalab.models.config import ModelConfig
+from deltalab.models.generate import Generates
 from deltalab.models.hooks import HookPoint
 from deltalab.models.lm import CausalLMOutput
 from deltalab.models.replay import check_state_shape, replay_patched
@@ -34,6 +36,17 @@ W_SCALE = math.exp(-0.5)
 def token_shift(x: torch.Tensor) -> torch.Tensor:
     """x_{t-1} - x_t with x_{-1} = 0 (fla's token_shift delta)."""
     return F.pad(x, (0, 0, 1, -1)) - x
+
+
+def cached_token_shift(x: torch.Tensor, cache: LayerCache | None, name: str) -> torch.Tensor:
+    """token_shift(x) continued from a decoding cache: x_{-1} is the last input the cache holds under `name`
+    ([B, 1, D], zero at a sequence's start), which becomes x's last token."""
+    if cache is None:
+        return token_shift(x)
+    previous = cache.shift.get(name)
+    previous = x.new_zeros(x.shape[0], 1, x.shape[2]) if previous is None else previous.to(x.dtype)
+    cache.shift[name] = x[:, -1:]
+    return torch.cat([previous, x[:, :-1]], 1) - x
 
 
 class LoRA(nn.Module):
@@ -86,23 +99,30 @@ class RWKV7Attention(nn.Module):
         return x.view(*x.shape[:2], self.num_heads, -1)
 
     def _replay(self, q, k, v, a, b, g, o: torch.Tensor, states: torch.Tensor, hooked: torch.Tensor,
-                version: int) -> torch.Tensor:
+                version: int, initial_state: torch.Tensor | None = None, with_final: bool = False,
+                clean: torch.Tensor | None = None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """Outputs after an edit of `hook_state` (as models.attention's `_replay`): the recurrence restarts from
-        each patched chunk-start state; unpatched sequences and chunks keep their outputs (`models.replay`)."""
+        each patched chunk-start state; unpatched sequences and chunks keep their outputs (`models.replay`).
+        `initial_state`, `with_final` and `clean` serve a decoding cache (its state before, the state carried on,
+        and the unedited states of a step's own recurrence)."""
         check_state_shape(states, hooked)
-        clean = states if states._version == version else dplr_forward(q, k, v, a, b, g, scale=1.0)[2]
+        if clean is None:
+            clean = states if states._version == version else \
+                dplr_forward(q, k, v, a, b, g, scale=1.0, initial_state=initial_state)[2]
 
         def step(rows: torch.Tensor, t: slice, state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
             o_c, state, _ = dplr_forward(q[rows, t], k[rows, t], v[rows, t], a[rows, t], b[rows, t], g[rows, t],
                                          scale=1.0, initial_state=state)
             return o_c, state
 
-        return replay_patched(o, clean, hooked, q.shape[1], step)
+        return replay_patched(o, clean, hooked, q.shape[1], step, with_final)
 
-    def forward(self, x: torch.Tensor, v_first: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-        """x [B, T, D] (after attn_norm) -> (output [B, T, D], v_first: layer 0's values, for the later layers)."""
+    def forward(self, x: torch.Tensor, v_first: torch.Tensor | None,
+                cache: LayerCache | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """x [B, T, D] (after attn_norm) -> (output [B, T, D], v_first: layer 0's values, for the later layers).
+        With a decoding cache the token shift and the state continue from it (one token: the O(1) step)."""
         cfg, B, T = self.config, x.shape[0], x.shape[1]
-        delta = token_shift(x)
+        delta = cached_token_shift(x, cache, "attn")
         xr, xw, xk, xv, xa, xg = (x + delta * mix for mix in (self.x_r, self.x_w, self.x_k, self.x_v, self.x_a,
                                                                 self.x_g))
         r = self.hook_q(self._heads(self.r_proj(xr)))
@@ -123,11 +143,22 @@ class RWKV7Attention(nn.Module):
             v_first = v
         g = self.hook_g(-W_SCALE * self._heads(self.w_lora(xw).float().sigmoid()))
         a, b = -kappa, kappa * a_rwkv
-        o, _, states = dplr_forward(r, k, v, a, b, g, scale=1.0)
+        h0 = None if cache is None else cache.state
+        if cache is not None and T == 1:
+            o, final, states = dplr_step(r, k, v, a, b, g, 1.0, h0)
+        else:
+            o, final, states = dplr_forward(r, k, v, a, b, g, scale=1.0, initial_state=h0)
         version = states._version  # bumped by an in-place edit through nnsight
         hooked = self.hook_state(states)
         if hooked is not states or states._version != version:
-            o = self._replay(r, k, v, a, b, g, o, states, hooked, version)
+            clean = None
+            if cache is not None and T == 1 and states._version != version:  # edited in place: the step's own
+                clean = dplr_step(r, k, v, a, b, g, 1.0, h0)[2]
+            o = self._replay(r, k, v, a, b, g, o, states, hooked, version, h0, cache is not None, clean)
+            if cache is not None:
+                o, final = o
+        if cache is not None:
+            cache.state = final
         o = self.hook_o(o.to(x.dtype))
         o = self.g_norm(o.reshape(B * T, -1)).view(B, T, self.num_heads, -1)
         bonus = (r * k * self.r_k).sum(-1, keepdim=True) * v  # the current token's own value, read directly
@@ -144,8 +175,8 @@ class RWKV7FeedForward(nn.Module):
         self.key = nn.Linear(config.hidden_size, config.mlp_size, bias=False)
         self.value = nn.Linear(config.mlp_size, config.hidden_size, bias=False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = self.key(x + token_shift(x) * self.x_k)
+    def forward(self, x: torch.Tensor, cache: LayerCache | None = None) -> torch.Tensor:
+        h = self.key(x + cached_token_shift(x, cache, "ffn") * self.x_k)
         return self.value(F.relu(h.float()).square().to(x.dtype))
 
 
@@ -168,16 +199,21 @@ class RWKV7Block(nn.Module):
         self.hook_resid_mid = HookPoint()
         self.hook_resid_post = HookPoint()
 
-    def forward(self, x: torch.Tensor, v_first: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, x: torch.Tensor, v_first: torch.Tensor | None,
+                cache: LayerCache | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         if hasattr(self, "pre_norm"):
             x = self.pre_norm(x)
         x = self.hook_resid_pre(x)
-        mixed, v_first = self.attn(self.attn_norm(x), v_first)
+        if cache is None:
+            mixed, v_first = self.attn(self.attn_norm(x), v_first)
+        else:
+            mixed, v_first = self.attn(self.attn_norm(x), v_first, cache)
         x = self.hook_resid_mid(x + mixed)
-        return self.hook_resid_post(x + self.ffn(self.ffn_norm(x))), v_first
+        ffn = self.ffn(self.ffn_norm(x)) if cache is None else self.ffn(self.ffn_norm(x), cache)
+        return self.hook_resid_post(x + ffn), v_first
 
 
-class RWKV7ForCausalLM(nn.Module):
+class RWKV7ForCausalLM(Generates, nn.Module):
     """fla's RWKV7ForCausalLM with deltalab's top-level module names (`layers.3.attn.hook_beta`)."""
 
     def __init__(self, config: ModelConfig) -> None:
@@ -225,20 +261,23 @@ class RWKV7ForCausalLM(nn.Module):
             nn.init.orthogonal_(block.ffn.key.weight)
             block.ffn.value.weight.zero_()
 
-    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None) -> CausalLMOutput:
+    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None,
+                cache: RecurrentCache | None = None) -> CausalLMOutput:
         """Logits of every position, and the mean next-token loss when `labels` are given.
 
         Args:
             input_ids (torch.Tensor): token ids `[B, T]` (int64).
             labels (torch.Tensor | None): targets `[B, T]`, aligned with the positions (no shift: position t's
                 label is the token it should predict); IGNORE_INDEX positions are skipped.
+            cache (RecurrentCache | None): a decoding cache (`models.cache`): continue from it and update it in
+                place (generation).
 
         Returns:
             CausalLMOutput: logits `[B, T, vocab_size]` in the model's dtype, and loss (a float32 scalar) or None.
         """
         x, v_first = self.embeddings(input_ids), None
-        for block in self.layers:
-            x, v_first = block(x, v_first)
+        for i, block in enumerate(self.layers):
+            x, v_first = block(x, v_first) if cache is None else block(x, v_first, cache.layers[i])
         logits = self.lm_head(self.norm(x))
         loss = None
         if labels is not None:

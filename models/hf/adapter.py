@@ -34,7 +34,8 @@ class DeltaRuleHooks(nn.Module):
     computed it, x2 in OLMo-Hybrid), hook_g [B,T,Hv] ([B,T,Hv,dk] for Kimi Delta Attention), hook_state
     [B,NC,Hv,dk,dv] (chunk starts + final), hook_o [B,T,Hv,dv]. Writes to any of them change the layer; an
     edited chunk-start state restarts the recurrence from that chunk (deltalab's replay). The final state handed
-    back to the layer's cache is hook_state's last entry.
+    back to the layer's cache is hook_state's last entry, or after an edit the state the edited recurrence ends
+    in (an edit of the last entry itself wins).
     """
 
     def __init__(self, layer_idx: int, num_k_heads: int, num_v_heads: int, head_k_dim: int, head_v_dim: int,
@@ -80,7 +81,9 @@ class DeltaRuleHooks(nn.Module):
         o, _, states = delta_product_forward(q_run, k_run, v_run, beta, g, scale=scale, initial_state=initial_state)
         version = states._version  # bumped by an in-place edit (nnsight's `hook_state.output[...] = x`)
         hooked = self.hook_state(states)
-        if hooked is not states or states._version != version:
-            o = _replay(None, q_run, k_run, v_run, beta, g, scale, initial_state, o, states, hooked, version)
+        final = hooked[:, -1]
+        if hooked is not states or states._version != version:  # the cache carries the edited dynamics on
+            o, final = _replay(None, q_run, k_run, v_run, beta, g, scale, initial_state, o, states, hooked, version,
+                               True)
         o = self.hook_o(o.to(out_dtype))
-        return o, (hooked[:, -1] if output_final_state else None)
+        return o, (final if output_final_state else None)

@@ -119,6 +119,12 @@ class HookedHFModel(nn.Module):
                                                    ignore_index=IGNORE_INDEX)
         return out
 
+    def generate(self, input_ids: torch.Tensor | None = None, **kwargs: Any) -> Any:
+        """transformers' `generate` on the wrapped model, through deltalab's hooks: every option (max_new_tokens,
+        do_sample, temperature, top_k, top_p, attention_mask, generation_config, streamer, ...) passes through,
+        and its cache (`use_cache`, on by default) carries the hooked layers' final states."""
+        return self.hf.generate(input_ids=input_ids, **kwargs)
+
     def detach_hooks(self) -> nn.Module:
         """Remove every hook and return the untouched transformers model."""
         for h in self._handles:
