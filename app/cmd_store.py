@@ -67,6 +67,7 @@ def capture(
     from deltalab.store.capture import parse_list
     from deltalab.store.errors import corrupt_chunk_line, reraise_unless_input_error
     from deltalab.store.schema import DEFAULT_HOOKS
+    from deltalab.store.verify import seq_spans
 
     command_line = ["deltalab", *sys.argv[1:]]
     try:
@@ -90,7 +91,10 @@ def capture(
     if as_json:
         typer.echo(json.dumps(summary))
     elif summary["rank"] == 0:
-        typer.echo(f"{summary['store']}: wrote {summary['written']} sequence(s), skipped "
+        repaired = summary.get("repaired") or []
+        typer.echo(f"{summary['store']}: wrote {summary['written']} sequence(s)"
+                   + (f" (repaired damaged sequence(s) {seq_spans(repaired)})" if repaired else "")
+                   + ", skipped "
                    f"{summary['skipped']} already complete; "
                    f"{summary['complete']}/{summary['sequences']} complete "
                    f"({summary['seconds']:.1f} s)")

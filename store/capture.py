@@ -445,7 +445,7 @@ def capture(checkpoint: str | Path, data: str | Data, out: str | Path, *,
             dist.destroy_process_group()
     return {
         "store": str(out), "data_spec": segment.data_spec, "segment": [segment.start, segment.stop],
-        "rank": rank, "world_size": world, "written": n_todo,
+        "rank": rank, "world_size": world, "written": n_todo, "repaired": list(getattr(writer, "repaired", [])),
         "reduce_wait_s": round(reducer.wait_s, 3) if reducer is not None else 0.0,
         "skipped": sum(b - a for a, b in todo) - n_todo, "complete": writer.n_complete(),
         "sequences": writer.segments()[-1].stop, "seconds": round(time.perf_counter() - t0, 3),
@@ -496,7 +496,9 @@ def _open_store(out: Path, attrs: dict[str, Any], data: Data, rank: int, world: 
 
     Returns (writer, segment, whether this call initialised torch.distributed)."""
     if world <= 1:
-        return (*StoreWriter.create_or_append(out, attrs, data.spec, len(data), data.digest()), False)
+        writer, segment = StoreWriter.create_or_append(out, attrs, data.spec, len(data), data.digest())
+        writer.repaired = _repair(writer, segment)
+        return writer, segment, False
     import torch.distributed as dist
 
     own_group = not dist.is_initialized()
@@ -514,6 +516,7 @@ def _open_store(out: Path, attrs: dict[str, Any], data: Data, rank: int, world: 
     if rank == 0:
         try:
             result = StoreWriter.create_or_append(out, attrs, data.spec, len(data), data.digest())
+            result[0].repaired = _repair(*result)
         except Exception as err:  # noqa: BLE001 - every rank must hear of it, or they wait forever
             error[0] = str(err) if isinstance(err, StoreError) else f"creating {out} failed ({err})"
     dist.broadcast_object_list(error, src=0)  # also the barrier: the store exists after it
@@ -525,4 +528,25 @@ def _open_store(out: Path, attrs: dict[str, Any], data: Data, rank: int, world: 
         return (*result, own_group)
     writer = StoreWriter(out)
     writer.check_identity(attrs)
+    writer.repaired = []  # rank 0 repaired before the barrier; the flags it cleared make those batches pending
     return writer, writer.segment(data.spec), own_group
+
+
+def _repair(writer: StoreWriter, segment: Segment) -> list[int]:
+    """Resume verifies: the damaged sequences of `segment` (and any of other segments sharing their chunks) are made
+    pending again (StoreWriter.repair) and named on stderr; returns the damaged sequence indices."""
+    from deltalab.store.verify import seq_spans
+
+    damage = writer.repair(segment)
+    if not damage:
+        return []
+    seqs = sorted({s for d in damage if d.seq is not None for s in range(*d.seq)})
+    shown = "; ".join(d.describe() for d in damage[:4]) + (f"; and {len(damage) - 4} more" if len(damage) > 4 else "")
+    print(f"capture: {writer.path}: recapturing damaged sequence(s) {seq_spans(seqs)} ({shown})",
+          file=sys.stderr, flush=True)
+    outside = [s for s in seqs if not segment.start <= s < segment.stop]
+    if outside:
+        specs = sorted({seg.data_spec for seg in writer.segments() for s in outside if seg.start <= s < seg.stop})
+        print(f"capture: sequence(s) {seq_spans(outside)} share those chunks but belong to data spec(s) "
+              f"{', '.join(specs)}: rerun their capture command(s) too", file=sys.stderr, flush=True)
+    return seqs

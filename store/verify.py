@@ -255,11 +255,11 @@ def _check_array(item: _Array, flags: np.ndarray | None, seq_range: tuple[int, i
 
 
 def verify(path: str | Path, *, seq_range: tuple[int, int] | None = None, results: bool = True,
-           progress: bool = False) -> Report:
+           captured_only: bool = False, progress: bool = False) -> Report:
     """Check every chunk of the store at `path` (or of the sequences in `seq_range` = [start, stop) only, and the
     arrays without a seq dim); returns the Report (never raises for damage: StoreError only when the store cannot
-    be opened at all, as store.check_store). `results`: the probe results under results/ too. `progress`: a bar
-    on stderr."""
+    be opened at all, as store.check_store). `results`: the probe results under results/ too; `captured_only`: the
+    arrays capture writes only (what a resume repairs). `progress`: a bar on stderr."""
     from tqdm.auto import tqdm
 
     from deltalab.store.reader import check_store
@@ -270,7 +270,8 @@ def verify(path: str | Path, *, seq_range: tuple[int, int] | None = None, result
     n_seq = sum(int(s["count"]) for s in attrs["segments"])
     batch = int(attrs["batch_size"])
     flags = _complete_flags(path, n_seq, batch, report) if (path / "complete" / "zarr.json").is_file() else None
-    items = [a for a in _arrays(path, attrs, results) if a.name != "complete"]
+    items = [a for a in _arrays(path, attrs, results and not captured_only)
+             if a.name != "complete" and (a.captured or not captured_only)]
     total = sum(int(np.prod(_chunk_grid(_open(a.folder))[1])) for a in items)
     with tqdm(total=total, unit="chunk", desc=f"verify {path.name}", disable=not progress, leave=False,
               file=sys.stderr) as bar:
