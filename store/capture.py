@@ -28,6 +28,7 @@ from deltalab.models.run_files import deltalab_version, training_length
 from deltalab.store import schema
 from deltalab.store.data import Data, load_data
 from deltalab.store.errors import StoreError, StoreMismatchError
+from deltalab.store.lock import StoreLock, recover_results, remove_creating_leftovers
 from deltalab.store.reducer import BackgroundReducer
 from deltalab.store.runner import HookedRunner, HostBatch
 from deltalab.store.schema import human_bytes
@@ -393,67 +394,78 @@ def capture(checkpoint: str | Path, data: str | Data, out: str | Path, *,
     extra = reductions.bytes_per_sequence(attrs, captured) if reductions is not None else 0
     estimate = size_estimate(out, variables, sizes, dtype, len(data), batch, extra)
     check_disk(out, estimate)
-    writer, segment, own_group = _open_store(out, attrs, data, rank, world, device)
-    if progress and rank == 0:  # once the store is known to accept this capture, before any batch runs
-        print(f"capture: about {human_bytes(estimate['bytes_per_token'])} per token, "
-              f"{human_bytes(estimate['bytes'])} for {len(data)} sequence(s) of {data.length} tokens "
-              f"(uncompressed); {human_bytes(estimate['free'])} free at {estimate['disk']}",
-              file=sys.stderr, flush=True)
-    todo = [b for i, b in enumerate(writer.batches(segment)) if i % world == rank]
-    pending = set(writer.pending(segment))
-    todo_pending = [b for b in todo if b in pending]
-    n_todo = sum(b - a for a, b in todo_pending)
-    reducer = after = state_pick = None
-    if reductions is not None:
-        n_seq, root = writer.segments()[-1].stop, writer.attrs
-        state_pick = reductions.state_boundaries(int(sizes["pos"]), CHUNK_SIZE) if "state" not in variables \
-            and state_every == 1 else None
-        reductions.states_picked = state_pick
-
-        def reduce(tensors: dict[str, Any], host: dict[str, np.ndarray]) -> Any:
-            return reductions.compute(root, tensors, host)
-
-        reducer = BackgroundReducer(reduce)
-
-        def after(start: int, reduced: Any) -> None:
-            reductions.write(out, root, start, reduced.result(), n_seq)  # the reducer's Future
-    picks = {v: p for v in captured if v in schema.MODEL_HOOK_POINTS
-             and (p := head_index(v, sizes, head_sel)) is not None}
-    runner = HookedRunner(model, captured, layer_list, dtype, data.num_classes, state_every,
-                          reducer.submit if reducer is not None else None, variables, picks,
-                          state_pick, reductions.hooks() if reductions is not None else None) if todo_pending else None
-    from tqdm.auto import tqdm
-
-    desc = f"capture -> {out.name}" + (f" [rank {rank}]" if world > 1 else "")
-    bar = tqdm(total=n_todo, unit="seq", desc=desc,
-               disable=not progress or (world > 1 and rank != 0), position=0, leave=False)
-    bg = BackgroundWriter(writer, on_done=bar.update, after_write=after)
+    lock = StoreLock(out) if rank == 0 else None  # one capture per store (torchrun: rank 0 holds it for all)
+    if lock is not None:
+        lock.acquire()
     try:
-        for a, b in todo_pending:
-            s, e = a - segment.start, b - segment.start
-            bg.put(a, runner(data.tokens[s:e], data.labels[s:e], data.doc_start[s:e], data.pad[s:e]))
-        bg.close()
-        reduced_from_store = reductions.finish(out) if reductions is not None else {}
-    finally:
-        bg.stop()
-        if reducer is not None:
-            reducer.close()
-        bar.close()
-        if own_group:
-            import torch.distributed as dist
+        if lock is not None:
+            remove_creating_leftovers(out)
+            if (out / "zarr.json").exists():
+                recover_results(out)
+        writer, segment, own_group = _open_store(out, attrs, data, rank, world, device)
+        if progress and rank == 0:  # once the store is known to accept this capture, before any batch runs
+            print(f"capture: about {human_bytes(estimate['bytes_per_token'])} per token, "
+                  f"{human_bytes(estimate['bytes'])} for {len(data)} sequence(s) of {data.length} tokens "
+                  f"(uncompressed); {human_bytes(estimate['free'])} free at {estimate['disk']}",
+                  file=sys.stderr, flush=True)
+        todo = [b for i, b in enumerate(writer.batches(segment)) if i % world == rank]
+        pending = set(writer.pending(segment))
+        todo_pending = [b for b in todo if b in pending]
+        n_todo = sum(b - a for a, b in todo_pending)
+        reducer = after = state_pick = None
+        if reductions is not None:
+            n_seq, root = writer.segments()[-1].stop, writer.attrs
+            state_pick = reductions.state_boundaries(int(sizes["pos"]), CHUNK_SIZE) if "state" not in variables \
+                and state_every == 1 else None
+            reductions.states_picked = state_pick
 
-            dist.destroy_process_group()
-    return {
-        "store": str(out), "data_spec": segment.data_spec, "segment": [segment.start, segment.stop],
-        "rank": rank, "world_size": world, "written": n_todo, "repaired": list(getattr(writer, "repaired", [])),
-        "reduce_wait_s": round(reducer.wait_s, 3) if reducer is not None else 0.0,
-        "skipped": sum(b - a for a, b in todo) - n_todo, "complete": writer.n_complete(),
-        "sequences": writer.segments()[-1].stop, "seconds": round(time.perf_counter() - t0, 3),
-        "writer_busy_s": round(bg.busy_s, 3), "model_blocked_s": round(bg.blocked_s, 3),
-        "steady_s_per_batch": _steady(bg.put_times),
-        "reduced": list(getattr(reductions, "names", [])), "reduced_from_store": reduced_from_store,
-        "estimated_bytes": estimate["bytes"], "estimated_bytes_per_token": estimate["bytes_per_token"],
-    }
+            def reduce(tensors: dict[str, Any], host: dict[str, np.ndarray]) -> Any:
+                return reductions.compute(root, tensors, host)
+
+            reducer = BackgroundReducer(reduce)
+
+            def after(start: int, reduced: Any) -> None:
+                reductions.write(out, root, start, reduced.result(), n_seq)  # the reducer's Future
+        picks = {v: p for v in captured if v in schema.MODEL_HOOK_POINTS
+                 and (p := head_index(v, sizes, head_sel)) is not None}
+        runner = HookedRunner(model, captured, layer_list, dtype, data.num_classes, state_every,
+                              reducer.submit if reducer is not None else None, variables, picks, state_pick,
+                              reductions.hooks() if reductions is not None else None) if todo_pending else None
+        from tqdm.auto import tqdm
+
+        desc = f"capture -> {out.name}" + (f" [rank {rank}]" if world > 1 else "")
+        bar = tqdm(total=n_todo, unit="seq", desc=desc,
+                   disable=not progress or (world > 1 and rank != 0), position=0, leave=False)
+        bg = BackgroundWriter(writer, on_done=bar.update, after_write=after)
+        try:
+            for a, b in todo_pending:
+                s, e = a - segment.start, b - segment.start
+                bg.put(a, runner(data.tokens[s:e], data.labels[s:e], data.doc_start[s:e], data.pad[s:e]))
+            bg.close()
+            reduced_from_store = reductions.finish(out) if reductions is not None else {}
+        finally:
+            bg.stop()
+            if reducer is not None:
+                reducer.close()
+            bar.close()
+            if own_group:
+                import torch.distributed as dist
+
+                dist.destroy_process_group()
+        return {
+            "store": str(out), "data_spec": segment.data_spec, "segment": [segment.start, segment.stop],
+            "rank": rank, "world_size": world, "written": n_todo, "repaired": list(getattr(writer, "repaired", [])),
+            "reduce_wait_s": round(reducer.wait_s, 3) if reducer is not None else 0.0,
+            "skipped": sum(b - a for a, b in todo) - n_todo, "complete": writer.n_complete(),
+            "sequences": writer.segments()[-1].stop, "seconds": round(time.perf_counter() - t0, 3),
+            "writer_busy_s": round(bg.busy_s, 3), "model_blocked_s": round(bg.blocked_s, 3),
+            "steady_s_per_batch": _steady(bg.put_times),
+            "reduced": list(getattr(reductions, "names", [])), "reduced_from_store": reduced_from_store,
+            "estimated_bytes": estimate["bytes"], "estimated_bytes_per_token": estimate["bytes_per_token"],
+        }
+    finally:
+        if lock is not None:
+            lock.release()
 
 
 def _existing_parent(path: Path) -> Path:

@@ -288,12 +288,14 @@ def partial_results_name(name: str) -> str:
 def result_attrs(path: str | Path) -> dict[str, dict[str, Any]]:
     """{name: attributes} of every group under `results/`, sorted by name (nested names use '/'; a parent
     group of nested results is listed too), from metadata alone; hidden groups (a probe run still writing,
-    `.partial-<leaf>`) are left out."""
+    `.partial-<leaf>`, or an interrupted run's `.old-<leaf>-<pid>`) are left out."""
     root = Path(path) / "results"
     if not root.is_dir():
         return {}
     names = sorted(meta.parent.relative_to(root).as_posix() for meta in root.rglob("zarr.json") if meta.parent != root)
-    names = [n for n in names if PARTIAL_PREFIX not in n]  # a probe run still writing (store.writer)
+    # hidden groups are never results: a probe run still writing (`.partial-<leaf>`), or the earlier group of a run
+    # that died between its two renames (`.old-<leaf>-<pid>`, store.lock.recover_results puts it right)
+    names = [n for n in names if not any(part.startswith(".") for part in n.split("/"))]
     attrs = {name: read_attrs(root, name) for name in names}
     return {name: a for name, a in attrs.items() if a is not None}
 

@@ -13,7 +13,6 @@ import errno
 import json
 import os
 import re
-import shutil
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
@@ -143,8 +142,9 @@ class StoreWriter:
     @classmethod
     def _create(cls, path: Path, attrs: dict[str, Any], n_seq: int) -> None:
         """Build the empty store beside `path`, then rename it into place: a crash leaves no half store."""
-        for stale in path.parent.glob(f".{path.name}.creating-*"):
-            shutil.rmtree(stale, ignore_errors=True)
+        from deltalab.store.lock import remove_creating_leftovers
+
+        remove_creating_leftovers(path)
         tmp = path.parent / f".{path.name}.creating-{os.getpid()}"
         tmp.parent.mkdir(parents=True, exist_ok=True)
         sizes = {**attrs["sizes"], "seq": n_seq}
