@@ -95,11 +95,18 @@ def _printable(text: str) -> str:
 
 def capture_command(path: Path, attrs: dict[str, Any], data_spec: str, first: bool = False) -> str:
     """The capture command that resumes (and so repairs) segment `data_spec` of the store at `path`: the recorded
-    command line of the store's first capture when it is that segment's, else one naming its spec."""
+    command line of the store's first capture when it is that segment's (its --out set to `path`), else one naming
+    its spec."""
     recorded = attrs.get("command_line")
     if first and isinstance(recorded, list) and recorded[:2] == ["deltalab", "capture"] and \
             all(isinstance(a, str) for a in recorded):
-        return _printable(shlex.join(recorded))
+        args = list(recorded)
+        for i, arg in enumerate(args):  # the store may have moved since: name it where it is now
+            if arg in ("--out", "-o") and i + 1 < len(args):
+                args[i + 1] = str(path)
+            elif arg.startswith("--out="):
+                args[i] = f"--out={path}"
+        return _printable(shlex.join(args))
     return _printable(f"deltalab capture CHECKPOINT --data {shlex.quote(data_spec)} --out {shlex.quote(str(path))}")
 
 
