@@ -202,7 +202,14 @@ def _complete_flags(path: Path, n_seq: int, batch: int, report: Report) -> np.nd
 
     flags = np.zeros(n_seq, dtype=np.int8)
     arr = zarr.open_array(str(path / "complete"), mode="r")
-    for i in range(math.ceil(n_seq / batch)):
+    n_chunks = math.ceil(n_seq / batch)
+    try:  # one read; only when it fails, chunk by chunk to name the damaged ones
+        flags[:] = np.asarray(arr[:n_seq], dtype=bool)
+        report.checked += n_chunks
+        return flags
+    except Exception:  # noqa: BLE001 - located below
+        pass
+    for i in range(n_chunks):
         lo, hi = i * batch, min(n_seq, (i + 1) * batch)
         try:
             flags[lo:hi] = np.asarray(arr[lo:hi], dtype=bool)
@@ -213,9 +220,15 @@ def _complete_flags(path: Path, n_seq: int, batch: int, report: Report) -> np.nd
     return flags
 
 
+BLOCK_BYTES = 64 << 20
+"""Bytes decoded per read: runs of intact-looking chunks along seq are read together (one zarr call per block, not
+per chunk), and a block that fails is read again one chunk at a time to name the damaged ones."""
+
+
 def _check_array(item: _Array, flags: np.ndarray | None, seq_range: tuple[int, int] | None,
-                 report: Report) -> Iterator[None]:
-    """Check every stored chunk of one array (yields after each, for progress)."""
+                 report: Report) -> Iterator[int]:
+    """Check every stored chunk of one array: existence and size by stat, then decoding (yields chunk counts as
+    it goes, for progress)."""
     import zarr
 
     from deltalab.store.shards import ShardLayout
@@ -229,6 +242,8 @@ def _check_array(item: _Array, flags: np.ndarray | None, seq_range: tuple[int, i
     grid, counts = _chunk_grid(arr)
     layout = ShardLayout.of(arr)
     separator = ((meta.get("chunk_key_encoding") or {}).get("configuration") or {}).get("separator", "/")
+    intact: list[tuple[tuple[int, ...], str, tuple[int, int] | None]] = []
+    seen = 0
     for coords in itertools.product(*(range(n) for n in counts)):
         seq = None
         if seq_axis is not None:
@@ -237,28 +252,44 @@ def _check_array(item: _Array, flags: np.ndarray | None, seq_range: tuple[int, i
             if seq_range is not None and (seq[1] <= seq_range[0] or seq[0] >= seq_range[1]):
                 continue
         key = separator.join(["c", *map(str, coords)])
-        file = item.folder / key
         report.checked += 1
-        required = (item.captured and flags is not None and seq is not None
-                    and bool((flags[seq[0]:seq[1]] != 0).any()))
-        if not file.is_file():
-            if required:
+        seen += 1
+        try:
+            size = (item.folder / key).stat().st_size
+        except FileNotFoundError:
+            if item.captured and flags is not None and seq is not None and (flags[seq[0]:seq[1]] != 0).any():
                 report.damage.append(Damage(item.name, key, seq, "missing", item.captured))
-            yield
-            continue
-        if layout is not None and file.stat().st_size != layout.file_size:
-            size = file.stat().st_size
+            continue  # absent chunks of incomplete sequences, or of probe outputs, read as the fill value
+        if layout is not None and size != layout.file_size:
             report.damage.append(Damage(item.name, key, seq, f"truncated ({size} of {layout.file_size} bytes)"
                                         if size < layout.file_size else f"{size} bytes, a shard has "
                                         f"{layout.file_size}", item.captured))
-            yield
             continue
-        region = tuple(slice(c * g, min(s, (c + 1) * g)) for c, g, s in zip(coords, grid, arr.shape, strict=True))
+        intact.append((coords, key, seq))
+    yield seen - len(intact)  # missing or of the wrong size: done; the rest count as they are decoded
+
+    def region(first: tuple[int, ...], last: tuple[int, ...]) -> tuple[slice, ...]:
+        return tuple(slice(a * g, min(n, (b + 1) * g)) for a, b, g, n in zip(first, last, grid, arr.shape, strict=True))
+
+    chunk_bytes = int(np.prod(grid)) * np.dtype(arr.dtype).itemsize
+    along = seq_axis if seq_axis is not None and sum(c > 1 for c in counts) <= 1 else None
+    per_block = max(1, BLOCK_BYTES // max(1, chunk_bytes)) if along is not None else 1
+    i = 0
+    while i < len(intact):
+        block = [intact[i]]
+        while (len(block) < per_block and i + len(block) < len(intact)
+               and intact[i + len(block)][0][along] == block[-1][0][along] + 1):
+            block.append(intact[i + len(block)])
         try:
-            arr[region]
-        except Exception as err:  # noqa: BLE001 - any failure to decode a chunk is damage
-            report.damage.append(Damage(item.name, key, seq, _reason(err), item.captured))
-        yield
+            arr[region(block[0][0], block[-1][0])]
+        except Exception:  # noqa: BLE001 - which chunk: read them one by one
+            for coords, key, seq in block:
+                try:
+                    arr[region(coords, coords)]
+                except Exception as err:  # noqa: BLE001 - any failure to decode a chunk is damage
+                    report.damage.append(Damage(item.name, key, seq, _reason(err), item.captured))
+        i += len(block)
+        yield len(block)
 
 
 def verify(path: str | Path, *, seq_range: tuple[int, int] | None = None, results: bool = True,
@@ -283,8 +314,8 @@ def verify(path: str | Path, *, seq_range: tuple[int, int] | None = None, result
     with tqdm(total=total, unit="chunk", desc=f"verify {path.name}", disable=not progress, leave=False,
               file=sys.stderr) as bar:
         for item in items:
-            for _ in _check_array(item, flags, seq_range, report):
-                bar.update()
+            for n in _check_array(item, flags, seq_range, report):
+                bar.update(n)
     return report
 
 
