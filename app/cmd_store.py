@@ -1,4 +1,5 @@
-"""`deltalab capture` (hook points -> zarr store) and `deltalab store info` (what a store holds)."""
+"""`deltalab capture` (hook points -> zarr store), `deltalab store info` (what a store holds) and `deltalab store
+verify` (is every chunk intact)."""
 
 from __future__ import annotations
 
@@ -66,6 +67,7 @@ def capture(
     from deltalab.store.errors import corrupt_chunk_line, reraise_unless_input_error
     from deltalab.store.plan import parse_list
     from deltalab.store.schema import DEFAULT_HOOKS
+    from deltalab.store.verify import seq_spans
 
     command_line = ["deltalab", *sys.argv[1:]]
     try:
@@ -89,7 +91,10 @@ def capture(
     if as_json:
         typer.echo(json.dumps(summary))
     elif summary["rank"] == 0:
-        typer.echo(f"{summary['store']}: wrote {summary['written']} sequence(s), skipped "
+        repaired = summary.get("repaired") or []
+        typer.echo(f"{summary['store']}: wrote {summary['written']} sequence(s)"
+                   + (f" (repaired damaged sequence(s) {seq_spans(repaired)})" if repaired else "")
+                   + ", skipped "
                    f"{summary['skipped']} already complete; "
                    f"{summary['complete']}/{summary['sequences']} complete "
                    f"({summary['seconds']:.1f} s)")
@@ -143,3 +148,47 @@ def info(
                    f"{human_bytes(v['stored_bytes'])} stored{tag}")
     if summary["results"]:
         typer.echo("results: " + ", ".join(summary["results"]))
+
+
+@store_app.command("verify")
+def verify(
+    store_path: Path = typer.Argument(..., metavar="STORE", help="Store folder written by `deltalab capture`."),
+    results: bool = typer.Option(True, "--results/--no-results", help="Check the probes' results/ too."),
+    progress: bool = typer.Option(True, "--progress/--no-progress"),
+    as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
+) -> None:
+    """Check every chunk of STORE against its checksum; name the damaged sequences and the command that repairs
+    them. Exit 0 when clean, 1 when damage is found, 2 when STORE cannot be read as a store."""
+    from deltalab import store
+    from deltalab.store.schema import CHECKSUM_FORMAT
+    from deltalab.store.verify import seq_spans
+    from deltalab.store.verify import verify as run_verify
+
+    try:
+        attrs = store.check_store(store_path)
+        report = run_verify(store_path, results=results, progress=progress)
+    except store.StoreError as err:
+        fail(str(err))
+    seqs = report.damaged_sequences()
+    if as_json:
+        typer.echo(json.dumps({
+            "store": str(store_path), "format": report.format, "checked_chunks": report.checked,
+            "clean": report.clean, "damaged_sequences": seqs,
+            "damage": [{"array": d.array, "key": d.key, "seq": list(d.seq) if d.seq else None, "reason": d.reason}
+                       for d in report.damage],
+            "unchecked": report.unchecked, "repair": report.repairs(attrs)}, indent=2))
+    else:
+        typer.echo(f"{store_path}: {report.checked} chunk(s) checked, "
+                   + ("no damage" if report.clean else f"{len(report.damage)} damaged"))
+        for d in report.damage:
+            typer.echo(f"  damaged: {d.describe()}")
+        if not report.clean:
+            typer.echo(f"damaged sequence(s): {seq_spans(seqs)}")
+            for command in report.repairs(attrs) or ["recapture into a new --out"]:
+                typer.echo(f"repair: {command}")
+        if report.unchecked:
+            note = f"store format {report.format} (before {CHECKSUM_FORMAT}): " if report.format < CHECKSUM_FORMAT \
+                else ""
+            typer.echo(f"{note}{', '.join(report.unchecked)} carry no checksums: their files' sizes and decoding "
+                       "were checked, their values cannot be (recapture into a new --out to get checksums)")
+    raise typer.Exit(0 if report.clean else 1)

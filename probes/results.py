@@ -104,6 +104,10 @@ class ResultSink:
         self.path = Path(path)
         self.final = name
         self.name = partial_results_name(name) if staged else name
+        if staged:  # a run that died between the two renames of _publish: finish or undo them first
+            from deltalab.store.lock import recover_results
+
+            recover_results(self.path)
         self.attrs = dict(attrs or {})
         self.started = False
         self.heads = heads  # capture --heads: the model's head numbers, the stored results' `head` coordinate

@@ -24,6 +24,7 @@ from deltalab.kernels.constants import CHUNK_SIZE
 from deltalab.store import schema
 from deltalab.store.data import Data
 from deltalab.store.errors import StoreError
+from deltalab.store.lock import StoreLock, recover_results, remove_creating_leftovers
 from deltalab.store.plan import CapturePlan, head_index, plan_capture
 from deltalab.store.reducer import BackgroundReducer
 from deltalab.store.runner import HookedRunner, HostBatch
@@ -154,7 +155,26 @@ def capture(checkpoint: str | Path, data: str | Data, out: str | Path, *,
 def execute(plan: CapturePlan, t0: float | None = None) -> dict[str, Any]:
     """Open (or create, or append to) the plan's store and run its batches: the model on one batch while the
     previous ones are copied and written; returns the summary dict. `t0`: perf_counter at the capture's start
-    (the summary's `seconds` count from it; default now)."""
+    (the summary's `seconds` count from it; default now).
+
+    One capture per store at a time: rank 0 holds the store's lock (for every rank under torchrun), and under it
+    clears what interrupted captures and probes left beside the store before resuming."""
+    lock = StoreLock(plan.out) if plan.rank == 0 else None
+    if lock is not None:
+        lock.acquire()
+    try:
+        if lock is not None:
+            remove_creating_leftovers(plan.out)
+            if (plan.out / "zarr.json").exists():
+                recover_results(plan.out)
+        return _run(plan, t0)
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def _run(plan: CapturePlan, t0: float | None) -> dict[str, Any]:
+    """`execute` under the lock: the batches the store still needs, damaged ones included (`_repair`)."""
     t0 = time.perf_counter() if t0 is None else t0
     out, data, sizes, attrs, estimate = plan.out, plan.data, plan.sizes, plan.attrs, plan.estimate
     variables, captured, reductions = plan.variables, plan.captured, plan.reductions
@@ -211,7 +231,7 @@ def execute(plan: CapturePlan, t0: float | None = None) -> dict[str, Any]:
             dist.destroy_process_group()
     return {
         "store": str(out), "data_spec": segment.data_spec, "segment": [segment.start, segment.stop],
-        "rank": rank, "world_size": world, "written": n_todo,
+        "rank": rank, "world_size": world, "written": n_todo, "repaired": list(getattr(writer, "repaired", [])),
         "reduce_wait_s": round(reducer.wait_s, 3) if reducer is not None else 0.0,
         "skipped": sum(b - a for a, b in todo) - n_todo, "complete": writer.n_complete(),
         "sequences": writer.segments()[-1].stop, "seconds": round(time.perf_counter() - t0, 3),
@@ -228,7 +248,9 @@ def _open_store(out: Path, attrs: dict[str, Any], data: Data, rank: int, world: 
 
     Returns (writer, segment, whether this call initialised torch.distributed)."""
     if world <= 1:
-        return (*StoreWriter.create_or_append(out, attrs, data.spec, len(data), data.digest()), False)
+        writer, segment = StoreWriter.create_or_append(out, attrs, data.spec, len(data), data.digest())
+        writer.repaired = _repair(writer, segment)
+        return writer, segment, False
     import torch.distributed as dist
 
     own_group = not dist.is_initialized()
@@ -246,6 +268,7 @@ def _open_store(out: Path, attrs: dict[str, Any], data: Data, rank: int, world: 
     if rank == 0:
         try:
             result = StoreWriter.create_or_append(out, attrs, data.spec, len(data), data.digest())
+            result[0].repaired = _repair(*result)
         except Exception as err:  # noqa: BLE001 - every rank must hear of it, or they wait forever
             error[0] = str(err) if isinstance(err, StoreError) else f"creating {out} failed ({err})"
     dist.broadcast_object_list(error, src=0)  # also the barrier: the store exists after it
@@ -257,4 +280,25 @@ def _open_store(out: Path, attrs: dict[str, Any], data: Data, rank: int, world: 
         return (*result, own_group)
     writer = StoreWriter(out)
     writer.check_identity(attrs)
+    writer.repaired = []  # rank 0 repaired before the barrier; the flags it cleared make those batches pending
     return writer, writer.segment(data.spec), own_group
+
+
+def _repair(writer: StoreWriter, segment: Segment) -> list[int]:
+    """Resume verifies: the damaged sequences of `segment` (and any of other segments sharing their chunks) are made
+    pending again (StoreWriter.repair) and named on stderr; returns the damaged sequence indices."""
+    from deltalab.store.verify import seq_spans
+
+    damage = writer.repair(segment)
+    if not damage:
+        return []
+    seqs = sorted({s for d in damage if d.seq is not None for s in range(*d.seq)})
+    shown = "; ".join(d.describe() for d in damage[:4]) + (f"; and {len(damage) - 4} more" if len(damage) > 4 else "")
+    print(f"capture: {writer.path}: recapturing damaged sequence(s) {seq_spans(seqs)} ({shown})",
+          file=sys.stderr, flush=True)
+    outside = [s for s in seqs if not segment.start <= s < segment.stop]
+    if outside:
+        specs = sorted({seg.data_spec for seg in writer.segments() for s in outside if seg.start <= s < seg.stop})
+        print(f"capture: sequence(s) {seq_spans(outside)} share those chunks but belong to data spec(s) "
+              f"{', '.join(specs)}: rerun their capture command(s) too", file=sys.stderr, flush=True)
+    return seqs

@@ -32,10 +32,11 @@ class DataError(StoreError):
 
 
 def corrupt_chunk_line(err: BaseException, store: object) -> str | None:
-    """The line for a read that failed on a corrupt chunk, naming the store and the fix; None for any other error.
-    Two kinds: a checksum that does not match the bytes (zarr's crc32c codec, on the shard indexes, the small arrays
-    and results/, says so with both checksums) and bytes zstd cannot decode (its RuntimeError; stores written before
-    the crc32c)."""
+    """The line for a read that failed on a corrupt chunk, naming the store, the damaged sequences (and arrays) and
+    the command that repairs them; None for any other error. Two kinds: a checksum that does not match the bytes
+    (zarr's crc32c codec, on every chunk of a format-3 store, says so with both checksums) and bytes zstd cannot
+    decode (its RuntimeError; stores written before the crc32c). The damage is found by `store.verify` (it reads the
+    store once: this is the error path)."""
     text = str(err).lower()
     if "checksum" in text:
         reason = "its checksum does not match its bytes"
@@ -43,8 +44,15 @@ def corrupt_chunk_line(err: BaseException, store: object) -> str | None:
         reason = "its bytes do not decode"
     else:
         return None
-    return (f"store {store} has a corrupt chunk ({reason}); re-run the probe if it is a probe's results, else "
-            "recapture into a new --out, or restore the store from a copy")
+    head = f"store {store} has a corrupt chunk ({reason})"
+    if store not in ("", None):
+        from deltalab.store.verify import damage_line
+
+        found = damage_line(str(store))
+        if found is not None:
+            return f"{head}: {found}"
+    return (f"{head}; re-run the probe if it is a probe's results, else rerun the capture command (it recaptures "
+            "damaged sequences), or restore the store from a copy")
 
 
 def is_corrupt_chunk(err: BaseException) -> bool:

@@ -64,16 +64,29 @@ def check_store(path: str | Path) -> dict[str, Any]:
 
 
 def _missing_chunk(path: Path, attrs: dict[str, Any], complete: np.ndarray) -> str | None:
-    """First captured chunk/shard file absent for a complete sequence (cheap: one stat per file)."""
+    """The line naming the captured chunk/shard files that are absent, or of another size than their layout gives
+    (a truncated whole-shard file), for complete sequences, and the repair; None when every file is there (cheap:
+    one stat per file; the bytes themselves are checked by their crc32c on read, and by `deltalab store verify`)."""
+    import zarr
+
+    from deltalab.store.shards import ShardLayout
+    from deltalab.store.verify import Damage, Report, summary_line
+
     batch = int(attrs["batch_size"])
     chunk_ids = np.unique(np.flatnonzero(complete) // batch)
+    report = Report(path, int(attrs["deltalab_format"]))
     for var in attrs["variables"]:
         tail = "/".join("0" for _ in schema.dims_of(var, attrs.get("sizes") or {})[1:])
+        layout = ShardLayout.of(zarr.open_array(str(path / var), mode="r")) if tail else None
         for i in chunk_ids:
             key = f"c/{i}/{tail}" if tail else f"c/{i}"
-            if not (path / var / key).is_file():
-                return f"{var}/{key}"
-    return None
+            seq = (int(i) * batch, min(complete.size, (int(i) + 1) * batch))
+            file = path / var / key
+            if not file.is_file():
+                report.damage.append(Damage(var, key, seq, "missing"))
+            elif layout is not None and file.stat().st_size != layout.file_size:
+                report.damage.append(Damage(var, key, seq, f"{file.stat().st_size} of {layout.file_size} bytes"))
+    return None if report.clean else summary_line(report, attrs)
 
 
 def open(path: str | Path, *, complete_only: bool = True, verify: bool = True,  # noqa: A001
@@ -84,7 +97,8 @@ def open(path: str | Path, *, complete_only: bool = True, verify: bool = True,  
     (first token of each chunk boundary; the final state's is the sequence length).
     Root attributes (provenance) become `ds.attrs`. With `complete_only` (default), sequences
     whose capture did not finish are dropped. `verify` checks each complete sequence's chunk
-    files exist (a stat per file) and raises TruncatedStoreError otherwise.
+    files exist with their layout's size (a stat per file) and raises TruncatedStoreError otherwise, naming the
+    damaged sequences and the capture command that repairs them; the bytes are checked by their crc32c on read.
     Grouped heads (a `key_head` dim on disk): `key_heads="value"` (default) shows q and k per value
     head like every other variable (lazily, see per_value_head); `"key"` shows them as stored.
     Padded sequences (a `pad` variable): with `mask_padding` (default) every float variable is NaN at padded
@@ -117,8 +131,7 @@ def open(path: str | Path, *, complete_only: bool = True, verify: bool = True,  
     if verify:
         missing = _missing_chunk(path, attrs, complete)
         if missing:
-            raise TruncatedStoreError(f"{path} is truncated: {missing} is missing for complete sequences; "
-                                      "recapture it into a new --out")
+            raise TruncatedStoreError(f"{path} is damaged: {missing}")
     ds = _with_coords(ds, attrs, start=0)
     if complete_only and not complete.all():
         ds = _take_seq(ds, np.flatnonzero(complete))
@@ -283,12 +296,14 @@ def partial_results_name(name: str) -> str:
 def result_attrs(path: str | Path) -> dict[str, dict[str, Any]]:
     """{name: attributes} of every group under `results/`, sorted by name (nested names use '/'; a parent
     group of nested results is listed too), from metadata alone; hidden groups (a probe run still writing,
-    `.partial-<leaf>`) are left out."""
+    `.partial-<leaf>`, or an interrupted run's `.old-<leaf>-<pid>`) are left out."""
     root = Path(path) / "results"
     if not root.is_dir():
         return {}
     names = sorted(meta.parent.relative_to(root).as_posix() for meta in root.rglob("zarr.json") if meta.parent != root)
-    names = [n for n in names if PARTIAL_PREFIX not in n]  # a probe run still writing (store.writer)
+    # hidden groups are never results: a probe run still writing (`.partial-<leaf>`), or the earlier group of a run
+    # that died between its two renames (`.old-<leaf>-<pid>`, store.lock.recover_results puts it right)
+    names = [n for n in names if not any(part.startswith(".") for part in n.split("/"))]
     attrs = {name: read_attrs(root, name) for name in names}
     return {name: a for name, a in attrs.items() if a is not None}
 

@@ -28,9 +28,15 @@ import numpy as np
 from deltalab.kernels.constants import CHUNK_SIZE
 from deltalab.models import IGNORE_INDEX
 
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 """Newest store format this deltalab reads (root attr `deltalab_format`); readers refuse newer ones. Version 2
-marks layouts a version-1 reader would misread (`format_version`); stores without them are still written as 1."""
+marked layouts a version-1 reader would misread (a per-channel gate or beta, a subset of heads); version 3 stores
+carry a crc32c on every chunk of every captured array (the sharded activations' inner chunks too), and every new
+store is written as 3. Versions 1 and 2 still open; `deltalab store verify` says their activations carry no
+checksums."""
+
+CHECKSUM_FORMAT = 3
+"""First format whose captured activations carry a crc32c per inner chunk (schema.compressors_for)."""
 
 FLOAT_DTYPES = ("float16", "float32")
 """Activation dtypes (numpy has no bfloat16)."""
@@ -177,11 +183,10 @@ BETA_CHANNELS = "beta_channels"
 
 
 def format_version(attrs: dict) -> int:
-    """The store format a capture with these root attrs writes: 2 where a version-1 reader would misread it (a
-    per-channel gate or beta, or a subset of heads), else 1, which older deltalab still reads. (`pad` is in
-    every store, all False unless sequences were padded, so it does not decide.)"""
-    sizes = attrs.get("sizes") or {}
-    return 2 if GATE_CHANNELS in sizes or BETA_CHANNELS in sizes or "heads" in attrs else 1
+    """The store format a capture with these root attrs writes: always CHECKSUM_FORMAT now (every chunk carries a
+    crc32c; a deltalab that reads only 1 or 2 refuses it rather than miss a checksum it cannot know of)."""
+    del attrs  # the layout no longer decides: checksums are in every new store
+    return CHECKSUM_FORMAT
 
 
 def dims_of(var: str, sizes: dict[str, int]) -> tuple[str, ...]:
@@ -254,11 +259,10 @@ def variables_for(hooks: list[str] | tuple[str, ...], *, gated: bool, removal_ke
 
 
 def compressors_for(var: str) -> list | None:
-    """Codecs of `var`: activations compress ~1.09x (not worth the CPU), so they are stored raw (sharded: the shard
-    index has its crc32c); `loss` raw too, with a crc32c; token/label/flag arrays compress >10x with zstd level 1."""
-    if var in VARIABLES and VARIABLES[var].dtype == "act":
-        return None
-    if var in VARIABLES and VARIABLES[var].dtype == "float32":
+    """Codecs of `var`: activations compress ~1.09x (not worth the CPU), so they are stored raw with a crc32c per
+    inner chunk (sharded: the shard index has its own crc32c too); `loss` raw too, with a crc32c; token/label/flag
+    arrays compress >10x with zstd level 1, then a crc32c. Every chunk is checked on read (store.verify)."""
+    if var in VARIABLES and VARIABLES[var].dtype in ("act", "float32"):
         from zarr.codecs import Crc32cCodec
 
         return [Crc32cCodec()]

@@ -3,10 +3,11 @@
 zarr-python builds a shard by filling a new buffer, copying every inner chunk into it, and
 concatenating the encoded chunks with the index: three passes over the data before the file
 write. For a capture batch that fills a shard exactly, the shard file is only the inner chunks
-back to back, then their (offset, nbytes) index and its crc32c. `ShardLayout.of` accepts only
-the codec chain deltalab creates (raw little-endian chunks split along one axis, index at the
-end with bytes + crc32c); anything else is left to zarr. The tests check the files are
-byte-identical to the ones zarr writes.
+back to back (each followed by its crc32c in stores of format 3), then their (offset, nbytes)
+index and its crc32c. `ShardLayout.of` accepts only the codec chains deltalab creates (raw
+little-endian chunks, with or without a crc32c, split along one axis, index at the end with
+bytes + crc32c); anything else is left to zarr. The tests check the files are byte-identical to
+the ones zarr writes.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ class ShardLayout:
     axis: int  # the one axis along which inner chunks tile the shard (-1: one inner chunk per shard)
     dtype: np.dtype
     separator: str
+    checksummed: bool = False  # each inner chunk followed by its crc32c (zarr's crc32c codec after bytes)
 
     @classmethod
     def of(cls, arr: zarr.Array) -> ShardLayout | None:
@@ -52,8 +54,10 @@ class ShardLayout:
         dtype = np.dtype(arr.dtype)
         config = codecs[0].get("configuration", {})
         raw = {"name": "bytes", "configuration": {"endian": "little"}}
-        inner = config.get("codecs")
-        inner_ok = inner == [raw] or (dtype.itemsize == 1 and inner == [{"name": "bytes"}])
+        inner = config.get("codecs") or []
+        checksummed = inner[-1:] == [{"name": "crc32c"}]
+        body = inner[:-1] if checksummed else inner
+        inner_ok = body == [raw] or (dtype.itemsize == 1 and body == [{"name": "bytes"}])
         if (not inner_ok or config.get("index_location", "end") != "end"
                 or config.get("index_codecs") != [raw, {"name": "crc32c"}]):
             return None
@@ -70,10 +74,22 @@ class ShardLayout:
         if len(split) > 1 or any(s % c for s, c in zip(shard, chunk, strict=True)):
             return None  # several split axes would need zarr's Morton order of inner chunks
         folder = Path(store.root) / arr.store_path.path
-        return cls(folder, shard, chunk, split[0] if split else -1, dtype, separator)
+        return cls(folder, shard, chunk, split[0] if split else -1, dtype, separator, checksummed)
 
     def key(self, shard_coords: tuple[int, ...]) -> Path:
         return self.folder / self.separator.join(["c", *map(str, shard_coords)])
+
+    @property
+    def n_inner(self) -> int:
+        """Inner chunks per shard."""
+        return self.shard_shape[self.axis] // self.chunk_shape[self.axis] if self.axis >= 0 else 1
+
+    @property
+    def file_size(self) -> int:
+        """Bytes of every shard file of this layout (inner chunks, their crc32c, the index and its crc32c): the
+        size a complete shard has on disk, which store.verify checks with one stat."""
+        chunk = int(np.prod(self.chunk_shape)) * self.dtype.itemsize + (4 if self.checksummed else 0)
+        return self.n_inner * (chunk + 16) + 4
 
     def inner_chunks(self, shard: np.ndarray) -> list[np.ndarray]:
         """The shard's inner chunks in order along the split axis (views, no copy)."""
@@ -92,10 +108,17 @@ class ShardLayout:
         """
         if shard.shape != self.shard_shape or shard.dtype != self.dtype:
             raise ValueError(f"shard {shard.shape} {shard.dtype} != {self.shard_shape} {self.dtype}")
-        views = [memoryview(np.ascontiguousarray(part)).cast("B") for part in self.inner_chunks(shard)]
-        sizes = np.array([v.nbytes for v in views], dtype=np.uint64)
+        parts = [np.ascontiguousarray(part) for part in self.inner_chunks(shard)]
+        views = [memoryview(part).cast("B") for part in parts]
+        if self.checksummed:  # chunk, crc32c, chunk, crc32c, ...: zarr's bytes -> crc32c chain, still one writev
+            crcs = [memoryview(np.array([google_crc32c.value(p)], dtype="<u4").tobytes()) for p in parts]
+            views = [b for pair in zip(views, crcs, strict=True) for b in pair]
+            sizes = np.array([a.nbytes + b.nbytes for a, b in zip(views[::2], views[1::2], strict=True)],
+                             dtype=np.uint64)
+        else:
+            sizes = np.array([v.nbytes for v in views], dtype=np.uint64)
         offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.uint64)
-        index_shape = tuple(len(views) if i == self.axis else 1 for i in range(len(self.shard_shape)))
+        index_shape = tuple(len(sizes) if i == self.axis else 1 for i in range(len(self.shard_shape)))
         index = np.stack([offsets, sizes], axis=-1).reshape(*index_shape, 2).astype("<u8").tobytes()
         tail = index + np.array([google_crc32c.value(index)], dtype="<u4").tobytes()
         return _atomic_writev(self.key(shard_coords), [*views, memoryview(tail)])

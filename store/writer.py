@@ -13,7 +13,6 @@ import errno
 import json
 import os
 import re
-import shutil
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
@@ -97,6 +96,7 @@ class StoreWriter:
         self._executor: ThreadPoolExecutor | None = None
         self._layouts: dict[str, ShardLayout | None] = {}
         self.fast_shards = True  # write whole shards with store.shards (False: always through zarr)
+        self.repaired: list[int] = []  # sequences a resume found damaged and recaptures (store.capture)
 
     # --- opening ------------------------------------------------------------------------
 
@@ -142,8 +142,9 @@ class StoreWriter:
     @classmethod
     def _create(cls, path: Path, attrs: dict[str, Any], n_seq: int) -> None:
         """Build the empty store beside `path`, then rename it into place: a crash leaves no half store."""
-        for stale in path.parent.glob(f".{path.name}.creating-*"):
-            shutil.rmtree(stale, ignore_errors=True)
+        from deltalab.store.lock import remove_creating_leftovers
+
+        remove_creating_leftovers(path)
         tmp = path.parent / f".{path.name}.creating-{os.getpid()}"
         tmp.parent.mkdir(parents=True, exist_ok=True)
         sizes = {**attrs["sizes"], "seq": n_seq}
@@ -183,6 +184,30 @@ class StoreWriter:
         self.attrs["segments"] = [*self.attrs["segments"], segment.__dict__]
         self.group.attrs.update({"segments": self.attrs["segments"]})
         return segment
+
+    def repair(self, segment: Segment, progress: bool = False) -> list[Any]:
+        """Verify the chunks of `segment`'s sequences (their sizes and checksums: store.verify) and make the damaged
+        ones pending again: their `complete` flags are cleared first (readers stop seeing them), then the damaged
+        files are removed, so the capture rewrites those batches as an uninterrupted one would have. Returns the
+        damage found (store.verify.Damage); a crash in between leaves flags cleared, which the next run rewrites."""
+        from deltalab.store.verify import verify
+
+        report = verify(self.path, seq_range=(segment.start, segment.stop), captured_only=True, progress=progress)
+        if report.clean:
+            return []
+        n_seq = int(self.array("complete").shape[0])
+        batch = self.batch_size
+        for d in report.damage:  # a damaged flag chunk first: clearing flags around it would read it
+            if d.array == "complete":
+                (self.path / d.array / d.key).unlink(missing_ok=True)
+        seq_chunks = sorted({s // batch for s in report.damaged_sequences()})
+        for i in seq_chunks:
+            lo, hi = i * batch, min(n_seq, (i + 1) * batch)
+            self.array("complete")[lo:hi] = False
+        for d in report.damage:
+            if d.array != "complete":
+                (self.path / d.array / d.key).unlink(missing_ok=True)
+        return report.damage
 
     def remove_partial_files(self) -> None:
         """Delete temp files (`*.partial`) a killed writer left behind; they were never part of the store."""

@@ -94,7 +94,8 @@ def open_store(path: Path) -> tuple[xr.Dataset | None, Problem | None]:
                              "with a `deltalab_format` attribute).")
     except store.TruncatedStoreError as err:
         return None, Problem("truncated", "This store is incomplete or damaged", str(err),
-                             "Rerun the capture command that wrote it (it resumes), or recapture into a new --out.")
+                             "Rerun the capture command that wrote it: it resumes, and recaptures only the damaged "
+                             f"sequences (`deltalab store verify {path}` lists them).")
     except store.StoreError as err:
         return None, Problem("other", "This store cannot be opened", str(err), "See the message above.")
     except (OSError, ValueError) as err:

@@ -34,7 +34,7 @@ def _inputs(ds, layer_index: int) -> dict[str, np.ndarray]:
 
 def test_spectra_are_the_dense_eigvals_of_the_stored_transitions(rwkv_store):
     ds = store.open(rwkv_store)
-    assert ds.attrs["deltalab_format"] == 2  # per-channel beta: a version-1 reader refuses it
+    assert ds.attrs["deltalab_format"] == 3  # per-channel beta and crc32c chunks: a version-1 or 2 reader refuses it
     res = open_results(rwkv_store, "spectra")
     dk, w = ds.sizes["dk"], 4
     assert res.attrs["dplr"] and res.sizes["aeig"] == dk and res.sizes["weig"] == w

@@ -15,6 +15,7 @@ from deltalab import store  # noqa: E402
 from deltalab.app.cli import app  # noqa: E402
 from deltalab.kernels.delta_rule.naive import naive_delta_product  # noqa: E402
 from deltalab.kernels.spectra.naive import dplr_eigvals_dense  # noqa: E402
+from deltalab.store import schema  # noqa: E402
 from deltalab.store.reader import open_results  # noqa: E402
 from tests.models.kda_tiny import KDA_DIM, KDA_HEADS, KDA_LINEAR, probed_kimi_store  # noqa: E402
 
@@ -30,7 +31,7 @@ def test_gate_is_stored_per_key_channel(kimi_store):
     assert ds["g"].dims == ("seq", "layer", "pos", "head", "dk") and ds.sizes["dk"] == KDA_DIM
     assert ds["layer"].values.tolist() == list(KDA_LINEAR) and ds.sizes["head"] == KDA_HEADS
     assert ds.attrs["model_config"]["gate"] == "channel"
-    assert ds.attrs["deltalab_format"] == 2  # a version-1 reader would misread g: it refuses instead
+    assert ds.attrs["deltalab_format"] == schema.CHECKSUM_FORMAT  # a version-1 reader would misread g: it refuses
     g = np.asarray(ds["g"].values)
     assert (g <= 0).all() and g.std(-1).mean() > 0  # channels decay differently
 

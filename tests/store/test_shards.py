@@ -16,26 +16,30 @@ def files(path: Path) -> dict[str, bytes]:
     return {p.relative_to(path).as_posix(): p.read_bytes() for p in sorted(path.rglob("*")) if p.is_file()}
 
 
-def sharded(path: Path, shape, chunks, shards, dtype, **kw) -> zarr.Array:
-    return zarr.create_array(str(path), shape=shape, chunks=chunks, shards=shards, dtype=dtype, compressors=None,
-                             fill_value=0, config={"write_empty_chunks": True}, **kw)
+def sharded(path: Path, shape, chunks, shards, dtype, crc: bool = False, **kw) -> zarr.Array:
+    """A sharded raw array as capture creates it: with a crc32c per inner chunk (`crc`, format 3) or without."""
+    compressors = [zarr.codecs.Crc32cCodec()] if crc else None
+    return zarr.create_array(str(path), shape=shape, chunks=chunks, shards=shards, dtype=dtype,
+                             compressors=compressors, fill_value=0, config={"write_empty_chunks": True}, **kw)
 
 
+@pytest.mark.parametrize("crc", [False, True])
 @pytest.mark.parametrize("dtype", ["float16", "float32", "int32", "bool"])
 @pytest.mark.parametrize("layers", [1, 3])
-def test_shard_files_equal_zarrs(tmp_path, dtype, layers):
+def test_shard_files_equal_zarrs(tmp_path, dtype, layers, crc):
     rng = np.random.default_rng([layers, len(dtype)])
     shape, batch = (6, layers, 5, 2, 7), 3  # (seq, layer, pos, head, dk); two shards along seq
     values = (rng.standard_normal(shape) * 5).astype(dtype)
     chunks, shards = (batch, 1, 5, 2, 7), (batch, layers, 5, 2, 7)
-    ours, theirs = sharded(tmp_path / "ours", shape, chunks, shards, dtype), \
-        sharded(tmp_path / "theirs", shape, chunks, shards, dtype)
+    ours, theirs = sharded(tmp_path / "ours", shape, chunks, shards, dtype, crc), \
+        sharded(tmp_path / "theirs", shape, chunks, shards, dtype, crc)
     theirs[:] = values
     layout = ShardLayout.of(ours)
-    assert layout is not None and layout.axis == (1 if layers > 1 else -1)
+    assert layout is not None and layout.axis == (1 if layers > 1 else -1) and layout.checksummed == crc
     for i in range(2):
         written = layout.write((i, 0, 0, 0, 0), values[i * batch:(i + 1) * batch])
         assert written == (tmp_path / "ours" / "c" / str(i) / "0" / "0" / "0" / "0").stat().st_size
+        assert written == layout.file_size
     assert files(tmp_path / "ours") == files(tmp_path / "theirs")
     np.testing.assert_array_equal(zarr.open_array(str(tmp_path / "ours"))[:], values)
 
@@ -77,7 +81,8 @@ def test_wrong_shards_are_refused_before_anything_is_written(tmp_path):
     assert not (tmp_path / "a" / "c").exists()
 
 
-def test_long_writes_span_several_writev_calls(tmp_path, monkeypatch):
+@pytest.mark.parametrize("crc", [False, True])
+def test_long_writes_span_several_writev_calls(tmp_path, monkeypatch, crc):
     """More inner chunks than one writev takes (600 > 512), and short writes, still give zarr's file."""
     import os
 
@@ -91,10 +96,10 @@ def test_long_writes_span_several_writev_calls(tmp_path, monkeypatch):
 
     monkeypatch.setattr(os, "writev", short_writev)
     values = np.arange(2 * 600 * 3, dtype=np.float32).reshape(2, 600, 3)
-    ours = sharded(tmp_path / "ours", (2, 600, 3), (2, 1, 3), (2, 600, 3), "float32")
+    ours = sharded(tmp_path / "ours", (2, 600, 3), (2, 1, 3), (2, 600, 3), "float32", crc)
     ShardLayout.of(ours).write((0, 0, 0), values)
     monkeypatch.setattr(os, "writev", original)
     assert calls["most"] == 512 and calls["n"] > 600
-    theirs = sharded(tmp_path / "theirs", (2, 600, 3), (2, 1, 3), (2, 600, 3), "float32")
+    theirs = sharded(tmp_path / "theirs", (2, 600, 3), (2, 1, 3), (2, 600, 3), "float32", crc)
     theirs[:] = values
     assert files(tmp_path / "ours") == files(tmp_path / "theirs")
