@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from deltalab.models.errors import CheckpointError
+from deltalab.models.files import read_capped
 from deltalab.models.hf.config import HFModelConfig
 from deltalab.models.hf.families import (
     FAMILIES,
@@ -89,8 +90,8 @@ def weight_files(folder: Path) -> list[Path]:
     index = folder / INDEX
     if index.is_file():
         try:
-            weight_map = json.loads(index.read_text())["weight_map"]
-        except (ValueError, KeyError, TypeError):
+            weight_map = json.loads(read_capped(index, what=INDEX))["weight_map"]
+        except (ValueError, KeyError, TypeError, RecursionError):
             raise _error(f"{index} is not a safetensors index (no weight_map): re-save the model") from None
         shards = sorted(set(weight_map.values()))
         missing = [s for s in shards if not (folder / s).is_file()]
@@ -111,8 +112,8 @@ def describe(folder: str | Path) -> tuple[HFModelConfig, int, str] | None:
     count comes from the safetensors headers); None when the folder is not a supported transformers type."""
     folder = Path(folder)
     try:
-        raw = json.loads((folder / "config.json").read_text())
-    except (OSError, ValueError):
+        raw = json.loads(read_capped(folder / "config.json", what="config.json"))
+    except (OSError, ValueError, RecursionError):  # CheckpointError too: the fla loader names the problem
         return None
     if not isinstance(raw, dict) or not (raw.get("auto_map") or family_of(str(raw.get("model_type")))):
         return None
@@ -147,7 +148,13 @@ def load_hf_checkpoint(folder: str | Path, raw: dict[str, Any] | None = None, de
     """
     folder = Path(folder)
     if raw is None:
-        raw = json.loads((folder / "config.json").read_text())
+        try:
+            raw = json.loads(read_capped(folder / "config.json", what="config.json"))
+        except (ValueError, RecursionError) as err:
+            if isinstance(err, CheckpointError):
+                raise
+            raise _error(f"{folder / 'config.json'} is not valid JSON: restore it from the original "
+                         "checkpoint") from None
     family = hf_family(raw, folder)
     check_transformers()
     weight_files(folder)
