@@ -106,6 +106,7 @@ def info(
 ) -> None:
     """Variables, sizes, completeness and provenance of a capture store."""
     from deltalab import store
+    from deltalab.store.display import inert_tree
 
     try:
         summary = store.info(store_path)
@@ -114,6 +115,7 @@ def info(
     if as_json:
         typer.echo(json.dumps(summary, indent=2))
         return
+    summary = inert_tree(summary)  # the store's strings are data: escape sequences print as text
     prov = summary["provenance"]
     cfg = prov.get("model_config", {})
     typer.echo(f"{summary['path']}  (deltalab store format {summary['format']}, "

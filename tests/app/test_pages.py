@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import zarr
 
+from deltalab.app.dash.safe import markdown_text
 from tests.app.stores import bare_store, default_store, probed_store
 
 pytest.importorskip("streamlit")
@@ -91,7 +92,7 @@ def test_overview(app):
     metrics = {m.label: m.value for m in at.metric}
     assert metrics["Sequences complete"] == "8 / 8" and metrics["Heads × steps"] == "4 × 2"
     md = " ".join(m.value for m in at.markdown)
-    assert "gated_deltaproduct n_h=2" in md and "synthetic:seqs=8,length=128" in md
+    assert markdown_text("gated_deltaproduct n_h=2") in md and "synthetic:seqs=8,length=128" in md  # shown as text
 
 
 def test_betas_heatmaps_histogram_and_per_token_scatter(app):
