@@ -54,9 +54,16 @@ def check_store(path: str | Path) -> dict[str, Any]:
     if missing:
         raise TruncatedStoreError(f"{path} is truncated: root attribute(s) {', '.join(missing)} missing; "
                                   "recapture it")
+    problem = schema.attr_problem(attrs)  # types and ranges first: nothing below trusts a value it did not check
+    if problem:
+        raise TruncatedStoreError(f"{path}: {problem}; the store's metadata is damaged or was edited: recapture it")
     n_seq = sum(int(s["count"]) for s in attrs["segments"])
     for var in attrs["variables"]:
         vmeta = _read_json(path / var / "zarr.json", path, f"variable {var!r}")
+        problem = schema.array_problem(var, vmeta, attrs)
+        if problem:
+            raise TruncatedStoreError(f"{path}: {problem}; the store's metadata is damaged or was edited: "
+                                      "recapture it")
         shape = vmeta.get("shape") or [0]
         if vmeta.get("node_type") != "array" or int(shape[0]) < n_seq:
             raise TruncatedStoreError(f"{path} is truncated: variable {var!r} holds {shape[0]} of {n_seq} "
