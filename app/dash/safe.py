@@ -13,8 +13,11 @@ from typing import Any
 
 from deltalab.store.display import inert
 
-_SPECIAL = re.compile(r"([\\`*_{}\[\]()#+\-.!|<>~$:&=^\"'@%])")
-"""ASCII punctuation markdown (CommonMark, GFM tables, Streamlit's directives and maths) can give meaning to."""
+_SPECIAL = re.compile(r"([\\`*\[\]#!|<>~$:&]|(?<![A-Za-z0-9])_|_(?![A-Za-z0-9]))")
+"""Characters markdown (CommonMark, GFM tables and autolinks, Streamlit's `:color[...]` directives and `$` maths)
+can give meaning to mid-line: without an unescaped `[` no link or image forms, without `<` no autolink or tag,
+without `:` no directive or bare URL. An underscore inside a word (`n_h`) never delimits emphasis and is left;
+newlines are escaped (store.display.inert), so line-start syntax (`#`, `-`, `1.`) cannot occur mid-value."""
 
 
 def markdown_text(value: Any, limit: int | None = 2000) -> str:
@@ -23,7 +26,9 @@ def markdown_text(value: Any, limit: int | None = 2000) -> str:
     text = inert(value)
     if limit is not None and len(text) > limit:
         text = text[:limit] + "…"
-    return _SPECIAL.sub(r"\\\1", text)
+    text = _SPECIAL.sub(r"\\\1", text)
+    text = re.sub(r"^(\s*)([-+=])", r"\1\\\2", text)  # a value that begins a block: no list, rule or heading
+    return re.sub(r"^(\s*\d+)([.)])", r"\1\\\2", text)
 
 
 def code_text(value: Any, limit: int | None = 2000) -> str:

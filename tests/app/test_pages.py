@@ -393,7 +393,7 @@ def test_default_store_is_built_once_and_opens(monkeypatch, tmp_path_factory):
                  DELTALAB_DEFAULT_CHECKPOINT=str(built["checkpoint"]), DELTALAB_DEFAULT_SAMPLES="8")
     at.run()
     assert_clean(at)
-    assert any("Tiny S4 stand-in" in m.value for m in at.markdown)  # the checkpoint's README as model card
+    assert any("Tiny S4 stand-in" in t.value for t in at.text)  # the checkpoint's README as model card (text)
     goto(at, "Probes")
     at.tabs  # noqa: B018 - all tabs are rendered in one run
     names = [s["layout"]["title"]["text"] for s in specs(at)]
