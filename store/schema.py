@@ -303,8 +303,15 @@ def _is_str_list(value: Any) -> bool:
     return isinstance(value, list) and all(isinstance(v, str) for v in value)
 
 
+_MODEL_SIZES = {"vocab_size": 1 << 24, "num_hidden_layers": 4096, "num_heads": 4096, "hidden_size": 1 << 17,
+                "num_key_heads": 4096, "head_k_dim": 1 << 14, "head_v_dim": 1 << 14}
+"""model_config sizes the dashboard and probes allocate by (a vocabulary's token names, per-layer tables)."""
+
 _ATTR_RULES: dict[str, tuple[Any, str]] = {
-    "model_config": (lambda v: isinstance(v, dict), "a JSON object"),
+    "model_config": (lambda v: isinstance(v, dict) and all(
+        v.get(k) is None or _is_int(v.get(k), 1, high) for k, high in _MODEL_SIZES.items()),
+        f"a JSON object with integer sizes (vocab_size 1..{1 << 24}, num_hidden_layers 1..4096, num_heads "
+        "1..4096, ...)"),
     "checkpoint_digest": (lambda v: isinstance(v, str), "a string"),
     "data_spec": (lambda v: isinstance(v, str), "a string"),
     "deltalab_version": (lambda v: isinstance(v, str), "a string"),

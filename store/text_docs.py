@@ -71,9 +71,12 @@ def hf_separators(checkpoint: str | Path | None) -> tuple[str, int | None, int |
     """
     if checkpoint is None or not (Path(checkpoint) / "config.json").is_file():
         return None
+    from deltalab.models.errors import CheckpointError
+    from deltalab.models.files import read_capped
+
     try:
-        raw = json.loads((Path(checkpoint) / "config.json").read_text())
-    except (OSError, ValueError):
+        raw = json.loads(read_capped(Path(checkpoint) / "config.json", what="config.json"))
+    except (OSError, ValueError, RecursionError, CheckpointError):
         return None
     from deltalab.models.hf.families import family_of
 

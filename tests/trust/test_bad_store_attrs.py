@@ -45,6 +45,8 @@ BAD_ATTRS = [
     ("dtype", "int8", "'dtype' is 'int8' (str): it must be float16 or float32"),
     ("layers", ["0"], "'layers' is ['0']"),
     ("heads", [0, -1], "'heads' is [0, -1]"),
+    ("model_config", {"model_type": "delta_net", "vocab_size": 10**12}, "'model_config' is {'model_type'"),
+    ("model_config", "gdp", "'model_config' is 'gdp' (str)"),
 ]
 
 

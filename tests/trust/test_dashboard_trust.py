@@ -127,8 +127,8 @@ def test_a_compare_link_to_a_store_outside_the_roots_is_refused(monkeypatch, pla
 def planted(place, tmp_path_factory):
     path = Path(shutil.copytree(place["started"], tmp_path_factory.mktemp("planted") / "p.zarr"))
     group = zarr.open_group(str(path), mode="r+", zarr_format=3)
-    group.attrs.update({"data_spec": PLANT, "created": PLANT, "dtype": "**bold** \x1b[31mred\x1b[0m",
-                        "deltalab_version": "<script>alert(1)</script>",
+    group.attrs.update({"data_spec": PLANT, "created": PLANT,
+                        "deltalab_version": "**bold** \x1b[31mred\x1b[0m <script>alert(1)</script>",
                         "command_line": ["deltalab", "capture", "\x1b]0;owned\x07", PLANT]})
     return path
 
