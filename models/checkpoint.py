@@ -187,7 +187,8 @@ def load_checkpoint(
     if raw.get("auto_map") or family_of(str(raw.get("model_type"))) is not None:
         from deltalab.models.hf.loader import load_hf_checkpoint
 
-        return load_hf_checkpoint(folder, raw, device=device, dtype=dtype, device_map=device_map)
+        return load_hf_checkpoint(folder, raw, device=device, dtype=dtype, device_map=device_map,
+                                  allow_nonfinite=allow_nonfinite)
     if device_map is not None:
         raise CheckpointError(f"--device-map applies to transformers models; {folder} is fla-format: "
                               "pass --device instead")

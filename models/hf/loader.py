@@ -140,11 +140,13 @@ def describe(folder: str | Path) -> tuple[HFModelConfig, int, str] | None:
 
 
 def load_hf_checkpoint(folder: str | Path, raw: dict[str, Any] | None = None, device: str | torch.device = "cpu",
-                       dtype: torch.dtype | None = None, device_map: str | None = None) -> HookedHFModel:
+                       dtype: torch.dtype | None = None, device_map: str | None = None,
+                       allow_nonfinite: bool = False) -> HookedHFModel:
     """Build the transformers model of `folder` and hook it; eval mode.
 
     dtype defaults to float32; `device_map="auto"` spreads it over the visible devices (accelerate)
-    and ignores `device`.
+    and ignores `device`. Weights holding NaN/Inf are refused in one line unless `allow_nonfinite` (then the
+    hooked model's `nonfinite_tensors` lists them).
     """
     folder = Path(folder)
     if raw is None:
@@ -180,9 +182,25 @@ def load_hf_checkpoint(folder: str | Path, raw: dict[str, Any] | None = None, de
             raise
         lines = [ln.strip() for ln in str(err).strip().splitlines() if ln.strip()] or [type(err).__name__]
         raise _error(f"transformers cannot build {folder} ({lines[-1]}): check config.json and the weights") from None
+    nonfinite = _nonfinite(model)
+    if nonfinite and not allow_nonfinite:
+        raise _error(f"{folder}: tensor {nonfinite[0]} holds NaN/Inf value(s)"
+                     f"{f' (and {len(nonfinite) - 1} more tensor(s))' if nonfinite[1:] else ''}: the checkpoint is "
+                     "damaged or diverged; use an earlier checkpoint, or pass --allow-nonfinite to capture it anyway")
     if device_map is None:
         model.to(device)
-    return HookedHFModel(model.eval(), family).eval()
+    hooked = HookedHFModel(model.eval(), family).eval()
+    hooked.nonfinite_tensors = nonfinite
+    return hooked
+
+
+def _nonfinite(model: torch.nn.Module) -> list[str]:
+    """Names of the floating-point parameters and buffers holding NaN or Inf (offloaded `meta` ones skipped)."""
+    bad = []
+    for name, tensor in model.state_dict().items():
+        if tensor.is_floating_point() and tensor.device.type != "meta" and not bool(torch.isfinite(tensor).all()):
+            bad.append(name)
+    return bad
 
 
 __all__ = ["FAMILIES", "check_transformers", "describe", "hf_family", "load_hf_checkpoint", "weight_files"]

@@ -140,3 +140,20 @@ def test_weights_file_that_is_a_fifo_is_refused(ckpt):
     (ckpt / "model.safetensors").unlink()
     os.mkfifo(ckpt / "model.safetensors")
     assert "is a FIFO, not a regular file" in one_line(ckpt)
+
+
+@pytest.mark.slow  # builds and loads a transformers model
+def test_nonfinite_weights_of_a_transformers_model_named_unless_allowed(tmp_path):
+    pytest.importorskip("transformers")
+    from tests.models.hf_tiny import save_tiny
+
+    folder = save_tiny("olmo_hybrid", tmp_path / "olmo")
+    files = sorted(folder.glob("*.safetensors"))
+    state = load_file(str(files[0]))
+    name = next(n for n, t in state.items() if t.is_floating_point() and t.ndim == 2)
+    state[name][0, 0] = float("inf")
+    save_file(state, str(files[0]), metadata={"format": "pt"})
+    with pytest.raises(CheckpointError, match="holds NaN/Inf value.*--allow-nonfinite"):
+        load_checkpoint(folder)
+    model = load_checkpoint(folder, allow_nonfinite=True)
+    assert len(model.nonfinite_tensors) == 1 and model.nonfinite_tensors[0].endswith(name.split(".", 1)[-1])
