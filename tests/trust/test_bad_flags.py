@@ -114,3 +114,19 @@ def test_allow_nonfinite_captures_and_records_the_tensors(tmp_path):
     attrs = json.loads((out / "zarr.json").read_text())["attributes"]
     assert attrs["nonfinite_tensors"] == [name]
     assert torch.isnan(load_file(str(ckpt / "model.safetensors"))[name]).any()  # the checkpoint is untouched
+
+
+def test_probe_table_shows_stored_strings_inert(capsys, monkeypatch):
+    """A record's strings (labels, features: from the store) print as text: no escape sequence, no rich markup."""
+    import xarray as xr
+
+    from deltalab.probes.base import print_summary
+    from deltalab.probes.core import ProbeResult
+
+    monkeypatch.setenv("COLUMNS", "400")  # one table row per line
+    rec = {"layer": 0, "label": "\x1b]0;owned\x07[bold red]loud[/]", "value": 1.5}
+    print_summary(ProbeResult("linear", xr.Dataset(), [rec]), written="/tmp/s.zarr/results/\x1b[2Jx")
+    out = capsys.readouterr().out
+    assert "\x1b" not in out and "\x07" not in out
+    assert "\\x1b]0;owned\\x07[bold red]loud[/]" in out  # shown as written, markup included
+    assert "results/\\x1b[2Jx" in out
