@@ -130,3 +130,8 @@ def test_probe_table_shows_stored_strings_inert(capsys, monkeypatch):
     assert "\x1b" not in out and "\x07" not in out
     assert "\\x1b]0;owned\\x07[bold red]loud[/]" in out  # shown as written, markup included
     assert "results/\\x1b[2Jx" in out
+
+
+def test_app_root_must_be_a_folder(pristine, tmp_path):
+    line = one_line("app", str(pristine), "--root", str(tmp_path / "missing"))
+    assert "--root" in line and "is not a folder" in line
