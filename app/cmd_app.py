@@ -51,6 +51,10 @@ def app_command(
     port: int = typer.Option(8501, "--port", "-p", help="Port to serve on."),
     host: str = typer.Option("127.0.0.1", "--host",
                              help="Address to bind (default localhost only; 0.0.0.0 exposes it to the network)."),
+    root: list[Path] = typer.Option([], "--root", metavar="FOLDER",
+                                    help="Let shared links (?store=, ?cmp_store=, ?input_checkpoint=) open stores "
+                                         "and checkpoints under FOLDER (repeatable). Without it a link opens only "
+                                         "the store the server was started with and the cached stores."),
 ) -> None:
     """Open the dashboard: betas, key PCA in 3-D, spectra on the complex plane, effective rank over time, probes."""
     if store is not None and store.is_dir():
@@ -79,6 +83,13 @@ def app_command(
                        "the page explains how to open a store", err=True)
     if not 0 < port < 65536:
         fail(f"--port {port} is not a TCP port; pass 1..65535")
+    for folder in root:
+        if not folder.is_dir():
+            fail(f"--root {folder} is not a folder: pass a folder that holds stores or checkpoints")
+    if root:
+        from deltalab.app.dash.roots import ENV_ROOTS
+
+        os.environ[ENV_ROOTS] = os.pathsep.join(str(f.resolve()) for f in root)  # read by the server's pages
     typer.echo(f"deltalab dashboard: http://{'localhost' if host in ('127.0.0.1', 'localhost') else host}:{port}"
                "  (Ctrl+C to stop)", err=True)
     argv = streamlit_argv(store, port, host)

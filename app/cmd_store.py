@@ -56,11 +56,15 @@ def capture(
                                           help="With --reduce spectra: solve per-channel gates' eigenvalues in "
                                                "float64 or float32 (about 7x faster on a GPU, within ~20 eps32 of "
                                                "the spectral scale)."),
+    allow_nonfinite: bool = typer.Option(False, "--allow-nonfinite",
+                                         help="Capture a checkpoint whose weights hold NaN/Inf (refused otherwise); "
+                                              "the store records which tensors in `nonfinite_tensors`."),
     progress: bool = typer.Option(True, "--progress/--no-progress"),
     as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
 ) -> None:
     """Run CHECKPOINT over --data under nnsight and write its hook points into the zarr store --out."""
     from deltalab.models import CheckpointError
+    from deltalab.models.devices import check_device
     from deltalab.probes.reduce import CaptureReductions, parse_reductions, stored_hooks
     from deltalab.store import StoreError
     from deltalab.store import capture as run_capture
@@ -70,7 +74,10 @@ def capture(
     from deltalab.store.verify import seq_spans
 
     command_line = ["deltalab", *sys.argv[1:]]
+    if out.exists() and not out.is_dir():
+        fail(f"--out {out} is a file, not a store folder: pass a new folder (or an existing store) to write into")
     try:
+        device = check_device(device, allow_auto=False)
         names = parse_reductions(reduce)
         if spectra_precision != "float64" and "spectra" not in names:
             raise ValueError("--spectra-precision only applies with --reduce spectra: add it, or drop the flag")
@@ -82,7 +89,7 @@ def capture(
                               batch_size=batch_size,
                               device=device, dtype=dtype, progress=progress, model_dtype=model_dtype,
                               device_map=device_map, state_every=state_every, reductions=reductions,
-                              command_line=command_line)
+                              command_line=command_line, allow_nonfinite=allow_nonfinite)
     except (StoreError, CheckpointError, ValueError) as err:
         fail((corrupt_chunk_line(err, out) if type(err) is ValueError else None) or str(err))
     except RuntimeError as err:  # zstd's, on a chunk of an older store (no crc32c) that does not decode
@@ -111,6 +118,7 @@ def info(
 ) -> None:
     """Variables, sizes, completeness and provenance of a capture store."""
     from deltalab import store
+    from deltalab.store.display import inert_tree
 
     try:
         summary = store.info(store_path)
@@ -119,6 +127,7 @@ def info(
     if as_json:
         typer.echo(json.dumps(summary, indent=2))
         return
+    summary = inert_tree(summary)  # the store's strings are data: escape sequences print as text
     prov = summary["provenance"]
     cfg = prov.get("model_config", {})
     typer.echo(f"{summary['path']}  (deltalab store format {summary['format']}, "

@@ -8,6 +8,9 @@ import typer
 
 
 def fail(message: str, code: int = 2) -> NoReturn:
-    """Print `error: message` on stderr and exit."""
-    typer.echo(f"error: {message}", err=True)
+    """Print `error: message` on stderr and exit (control characters from store or checkpoint strings in the
+    message shown as escapes: store.display.inert)."""
+    from deltalab.store.display import inert
+
+    typer.echo(f"error: {inert(message)}", err=True)
     raise typer.Exit(code)

@@ -8,15 +8,15 @@ It sits above both halves of the dashboard: it imports the pages (app/views/) an
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 
 import streamlit as st
 
-from deltalab.app.dash import loading, state
+from deltalab.app.dash import loading, roots, state
+from deltalab.app.dash.safe import code_text
 
-ENV_STORE = "DELTALAB_STORE"
+ENV_STORE = roots.ENV_STORE
 STORE_PARAM = "store"
 """URL query parameter naming the store a view shows (set when another store is opened in the sidebar)."""
 
@@ -46,10 +46,8 @@ def _pages() -> dict[str, object]:
 
 
 def cli_store() -> str | None:
-    """STORE from `streamlit run app/dashboard.py -- STORE` (argv[0] is the script only under streamlit run)."""
-    if sys.argv and Path(sys.argv[0]).name == "dashboard.py" and len(sys.argv) > 1 and sys.argv[1].strip():
-        return sys.argv[1]
-    return os.environ.get(ENV_STORE) or None
+    """STORE from `streamlit run app/dashboard.py -- STORE` or $DELTALAB_STORE (app.dash.roots.started_store)."""
+    return roots.started_store()
 
 
 def _open_other() -> None:
@@ -128,7 +126,7 @@ def run() -> None:
     side.radio("Page", list(pages), key=state.PAGE_KEY, bind="query-params", label_visibility="collapsed")
 
     if not st.session_state.get("store_path") and st.query_params.get(STORE_PARAM):
-        st.session_state["store_path"] = st.query_params[STORE_PARAM]  # a shared URL reopens its store
+        _store_from_url(st.query_params[STORE_PARAM])  # a shared URL reopens its store, if the server allows it
     chosen = st.session_state.get("store_path") or cli_store()
     side.text_input("Open another store", key="store_input", on_change=_open_other,
                     placeholder="path/to/store.zarr", help="A folder written by `deltalab capture --out`.")
@@ -140,7 +138,9 @@ def run() -> None:
         if default is None:
             return
         path = default
-    side.caption(f"Store: `{path}`")
+    side.caption(f"Store: {code_text(path)}")
+    if st.session_state.pop("store_refused", False):
+        st.warning(roots.REFUSED_STORE)
     ds, problem = loading.open_store(path)
     if problem is not None:
         st.title("deltalab")
@@ -164,6 +164,16 @@ def run() -> None:
     page = pages[st.session_state[state.PAGE_KEY]]
     _render(page, ctx)
     _prewarm()
+
+
+def _store_from_url(value: str) -> None:
+    """Open the URL's `?store=` when it is one the server was started with or under its roots
+    (app.dash.roots); otherwise drop it and say so, in words that do not tell whether the path exists."""
+    if roots.store_permitted(value, cli_store()):
+        st.session_state["store_path"] = value
+        return
+    st.query_params.pop(STORE_PARAM, None)
+    st.session_state["store_refused"] = True
 
 
 def _input_source(path: Path, ds: object) -> tuple[Path, object]:

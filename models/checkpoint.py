@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -11,8 +12,9 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from deltalab.models.config import MODEL_TYPES, ConfigError, ModelConfig
+from deltalab.models.config import MODEL_TYPES, ConfigError, ModelConfig, check_fits_memory
 from deltalab.models.errors import CheckpointError as CheckpointError  # re-exported: callers import it from here
+from deltalab.models.files import check_regular, read_capped
 from deltalab.models.lm import DeltaProductForCausalLM
 from deltalab.models.rwkv7 import RWKV7ForCausalLM
 
@@ -26,13 +28,17 @@ _PER_STEP = re.compile(r"^(?P<pre>.*\.attn\.)(?P<name>[kvb]_projs|[kv]_conv1ds)\
 
 def _read_raw_config(folder: Path) -> dict:
     path = folder / "config.json"
-    if not path.is_file():
+    if not os.path.lexists(path):
         raise CheckpointError(f"{path} is missing: a checkpoint folder needs config.json and {WEIGHTS}")
+    data = read_capped(path, what="config.json")
     try:
-        raw = json.loads(path.read_text())
+        raw = json.loads(data.decode("utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise CheckpointError(f"{path} is not valid JSON ({err.msg if hasattr(err, 'msg') else err}): "
                               "restore it from the original checkpoint") from None
+    except RecursionError:
+        raise CheckpointError(f"{path} nests too deeply to be a config: restore it from the original "
+                              "checkpoint") from None
     if not isinstance(raw, dict):
         raise CheckpointError(f"{path} is not a JSON object: restore it from the original checkpoint")
     return raw
@@ -59,26 +65,51 @@ def _read_config(folder: Path, raw: dict | None = None) -> ModelConfig:
         raise CheckpointError(f"{path}: {err}") from None
 
 
+FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+"""Weight dtypes a checkpoint may store; an integer or boolean tensor is refused, never cast."""
+
+
 def _read_weights(folder: Path) -> dict[str, torch.Tensor]:
+    """The tensors of `folder/model.safetensors` (safetensors only: pickled weights are refused, not read)."""
     st, legacy = folder / WEIGHTS, folder / LEGACY_WEIGHTS
-    if st.is_file():
+    if os.path.lexists(st):
+        check_regular(st, WEIGHTS)
         try:
             return load_file(str(st))
         except (SafetensorError, OSError, ValueError) as err:
             raise CheckpointError(
                 f"{st} is truncated or corrupt ({str(err).splitlines()[0]}): re-download or re-save it"
             ) from None
-    if legacy.is_file():
-        try:
-            state = torch.load(str(legacy), map_location="cpu", weights_only=True)
-        except Exception as err:  # noqa: BLE001 - any unpickling failure is a bad file
-            raise CheckpointError(
-                f"{legacy} cannot be read safely ({type(err).__name__}): convert it to {WEIGHTS}"
-            ) from None
-        if not isinstance(state, dict):
-            raise CheckpointError(f"{legacy} does not hold a state dict: convert it to {WEIGHTS}")
-        return state
-    raise CheckpointError(f"{folder} has no {WEIGHTS} (or {LEGACY_WEIGHTS}): save the weights beside config.json")
+    if os.path.lexists(legacy) or any(folder.glob("*.bin")) or any(folder.glob("*.pt")):
+        raise CheckpointError(
+            f"{folder} holds pickled weights ({LEGACY_WEIGHTS}) only: deltalab reads safetensors only and never "
+            f"unpickles; convert them once where you trust the file, e.g. safetensors.torch.save_file("
+            f"torch.load('{LEGACY_WEIGHTS}', weights_only=True), '{WEIGHTS}')")
+    raise CheckpointError(f"{folder} has no {WEIGHTS}: save the weights beside config.json")
+
+
+def check_tensors(state: dict[str, torch.Tensor], folder: Path, allow_nonfinite: bool = False) -> list[str]:
+    """Refuse a tensor of a non-float dtype, or one holding NaN/Inf, in one line naming it.
+
+    `allow_nonfinite=True` lets non-finite values through; the names of the tensors holding them are returned
+    (empty when all are finite) so that a capture can record them."""
+    for name, tensor in state.items():
+        if tensor.dtype not in FLOAT_DTYPES:
+            raise CheckpointError(f"{folder}: tensor {name} is stored as {str(tensor.dtype).removeprefix('torch.')}, "
+                                  "not a float dtype: deltalab does not cast weights; re-save the checkpoint in "
+                                  "float32, float16 or bfloat16")
+    bad = []
+    for name, tensor in state.items():
+        if not bool(torch.isfinite(tensor).all()):
+            bad.append(name)
+    if bad and not allow_nonfinite:
+        first = state[bad[0]]
+        n_bad = int((~torch.isfinite(first)).sum())
+        raise CheckpointError(f"{folder}: tensor {bad[0]} holds {n_bad} NaN/Inf value(s)"
+                              f"{f' (and {len(bad) - 1} more tensor(s))' if bad[1:] else ''}: the checkpoint is "
+                              "damaged or diverged; use an earlier checkpoint, or pass --allow-nonfinite to capture "
+                              "it anyway")
+    return bad
 
 
 def remap_legacy(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -133,7 +164,7 @@ def _to_module_names(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 def load_checkpoint(
     path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype | None = None,
-    device_map: str | None = None,
+    device_map: str | None = None, allow_nonfinite: bool = False,
 ) -> DeltaProductForCausalLM | RWKV7ForCausalLM | HookedHFModel:
     """Load a checkpoint folder in eval mode: fla's format into a DeltaProductForCausalLM (RWKV7ForCausalLM for
     `rwkv7`), a transformers Gated DeltaNet family (OLMo-Hybrid, Qwen3-Next, Qwen3.5, ...) into a
@@ -152,6 +183,10 @@ def load_checkpoint(
 
     Raises:
         CheckpointError: one line naming what is missing or malformed and how to fix it.
+
+    Before anything is allocated, config.json is checked field by field (models.config.check_fields) and against
+    the memory available; weights must be safetensors of a float dtype, finite unless `allow_nonfinite` (then the
+    model's `nonfinite_tensors` attribute lists the tensors holding NaN/Inf).
     """
     folder = Path(path)
     if not folder.exists():
@@ -165,12 +200,19 @@ def load_checkpoint(
     if raw.get("auto_map") or family_of(str(raw.get("model_type"))) is not None:
         from deltalab.models.hf.loader import load_hf_checkpoint
 
-        return load_hf_checkpoint(folder, raw, device=device, dtype=dtype, device_map=device_map)
+        return load_hf_checkpoint(folder, raw, device=device, dtype=dtype, device_map=device_map,
+                                  allow_nonfinite=allow_nonfinite)
     if device_map is not None:
         raise CheckpointError(f"--device-map applies to transformers models; {folder} is fla-format: "
                               "pass --device instead")
     config = _read_config(folder, raw)
+    try:
+        check_fits_memory(config, 4 if dtype is None else max(torch.finfo(dtype).bits // 8, 4),
+                          where=str(folder / "config.json"))
+    except ConfigError as err:
+        raise CheckpointError(str(err)) from None
     state = _read_weights(folder)
+    nonfinite = check_tensors(state, folder, allow_nonfinite)
     state = remap_rwkv7(state, folder) if config.model_type == "rwkv7" else remap_legacy(state)
     state = _to_module_names(state)
     model = build_model(config)
@@ -190,6 +232,7 @@ def load_checkpoint(
             raise CheckpointError(f"{folder}: tensor {name} has shape {tuple(state[name].shape)}, config.json "
                                   f"implies {tuple(tensor.shape)}: the weights do not match config.json")
     model.load_state_dict(state)
+    model.nonfinite_tensors = nonfinite
     model.to(device=device)
     if dtype is not None:
         model.to(dtype=dtype)

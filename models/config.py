@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import math
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -191,6 +193,7 @@ class ModelConfig:
             raise ConfigError(
                 f"unknown model_type {model_type!r}: deltalab loads {', '.join(MODEL_TYPES)}"
             )
+        check_fields(raw)
         if raw.get("attnres_block_size") is not None:
             raise ConfigError("attention-residual checkpoints ('attnres_block_size') are not supported")
         if model_type == "rwkv7":  # fla's RWKV7Config defaults where config.json leaves a field out
@@ -233,6 +236,116 @@ class ModelConfig:
         out["model_type"] = self.model_type
         out.setdefault("architectures", [_ARCHITECTURES[self.model_type]])
         return out
+
+
+# --- the schema of config.json's fields -----------------------------------------------------
+
+_INT_RANGES: dict[str, tuple[int, int]] = {
+    "vocab_size": (1, 1 << 24), "hidden_size": (1, 1 << 17), "num_hidden_layers": (1, 4096),
+    "num_heads": (1, 4096), "head_dim": (1, 1 << 14), "num_householder": (1, 64), "conv_size": (1, 256),
+    "hidden_ratio": (1, 64), "intermediate_size": (1, 1 << 20), "pad_token_id": (0, 1 << 24),
+    "num_v_heads": (1, 4096), "max_position_embeddings": (1, 1 << 40), "decay_low_rank_dim": (1, 1 << 16),
+    "gate_low_rank_dim": (1, 1 << 16), "a_low_rank_dim": (1, 1 << 16), "v_low_rank_dim": (1, 1 << 16),
+}
+"""Integer fields and the values deltalab accepts (inclusive); wider ones are typos or hostile (memory)."""
+
+_FLOAT_RANGES: dict[str, tuple[float, float]] = {
+    "expand_v": (1e-3, 64.0), "expand_k": (1e-3, 64.0), "norm_eps": (0.0, 1.0), "lower_bound": (-1e6, 1e6),
+}
+"""Float fields (finite, an integer allowed) and their open..closed ranges."""
+
+_BOOL_FIELDS = ("use_forget_gate", "use_output_gate", "use_gate", "use_short_conv", "conv_bias", "allow_neg_eigval",
+                "use_beta", "tie_word_embeddings", "norm_first", "norm_bias", "fuse_norm")
+_STR_FIELDS = ("model_type", "qk_activation", "qk_norm", "output_gate_activation", "hidden_act")
+_OPTIONAL = ("hidden_ratio", "intermediate_size", "hidden_act", "norm_eps", "pad_token_id", "num_v_heads",
+             "max_position_embeddings", "lower_bound", "decay_low_rank_dim", "gate_low_rank_dim", "a_low_rank_dim",
+             "v_low_rank_dim", "value_dim", "use_gate", "use_output_gate")
+"""Fields config.json may set to null (deltalab or fla then uses its default)."""
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _field_error(key: str, value: Any, want: str) -> ConfigError:
+    shown = repr(value)
+    shown = shown if len(shown) <= 40 else shown[:37] + "..."
+    return ConfigError(f"field {key!r} is {shown} ({type(value).__name__}): it must be {want}; fix it in config.json")
+
+
+def check_fields(raw: dict[str, Any]) -> None:
+    """Refuse a config.json field of the wrong type or range, in one ConfigError naming the key and the fix.
+
+    Runs before anything is built from the config: `"12"` for an integer, null where a value is required,
+    NaN, `"false"` for a boolean (which Python would read as True) and sizes past `_INT_RANGES` (a model
+    too large to allocate) are refused here rather than met as a traceback or a silent misreading."""
+    rwkv7 = raw.get("model_type") == "rwkv7"
+    for key, value in raw.items():
+        if value is None:
+            if key in _OPTIONAL or (rwkv7 and key in ("num_heads", "head_dim")):
+                continue
+            if key in _INT_RANGES or key in _FLOAT_RANGES or key in _BOOL_FIELDS or key in _STR_FIELDS:
+                raise _field_error(key, value, "set (it has no default when given as null); remove the line "
+                                               "to take deltalab's default or give a value")
+            continue
+        if key in _INT_RANGES:
+            low, high = _INT_RANGES[key]
+            if not _is_int(value):
+                raise _field_error(key, value, f"an integer {low}..{high}")
+            if not low <= value <= high:
+                raise _field_error(key, value, f"an integer {low}..{high}")
+        elif key in _FLOAT_RANGES:
+            low, high = _FLOAT_RANGES[key]
+            if not (_is_int(value) or isinstance(value, float)) or not math.isfinite(value) or \
+                    not low < value <= high:
+                raise _field_error(key, value, f"a finite number in ({low:g}, {high:g}]")
+        elif key in _BOOL_FIELDS:
+            if not isinstance(value, bool):
+                raise _field_error(key, value, "true or false (JSON booleans, not strings or numbers)")
+        elif key in _STR_FIELDS:
+            if not isinstance(value, str):
+                raise _field_error(key, value, "a string")
+        elif key == "value_dim":
+            widths = value if isinstance(value, list) else [value]
+            if not widths or not all(_is_int(w) and 1 <= w <= 1 << 18 for w in widths):
+                raise _field_error(key, value, f"an integer 1..{1 << 18} or a list of them")
+
+
+def parameter_count_floor(config: ModelConfig) -> int:
+    """A lower bound on the model's parameter count from its config alone (embeddings, the projections and
+    the MLP of every layer), cheap enough to check before anything is allocated."""
+    D, V = config.hidden_size, config.vocab_size
+    n_h = config.num_householder
+    key_width = config.num_key_heads * config.head_k_dim
+    value_width = config.num_value_heads * config.head_v_dim
+    per_layer = D * (key_width * (1 + n_h) + value_width * (n_h + 1)) + 2 * D * config.mlp_size
+    return V * D * (1 if config.tie_word_embeddings else 2) + config.num_hidden_layers * per_layer
+
+
+def available_memory() -> int | None:
+    """Bytes of memory available to allocate now (Linux MemAvailable, else free pages), None when unknown."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def check_fits_memory(config: ModelConfig, bytes_per_parameter: int = 4, where: str = "config.json") -> None:
+    """ConfigError in one line when the model's parameters alone would not fit in the memory available now
+    (checked before the model is built, so an absurd size is refused rather than swapped or killed)."""
+    need = parameter_count_floor(config) * bytes_per_parameter
+    have = available_memory()
+    if have is not None and need > have:
+        raise ConfigError(f"{where} describes a model of at least {need / 1e9:.1f} GB "
+                          f"({config.num_hidden_layers} layers, hidden_size {config.hidden_size}, vocab_size "
+                          f"{config.vocab_size}) but {have / 1e9:.1f} GB of memory is available: check those sizes")
 
 
 def parse_attention(attn: Any, num_layers: int, hidden_size: int) -> dict[int, dict[str, Any]]:

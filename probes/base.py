@@ -68,13 +68,24 @@ def make_parser(name: str, description: str, *, checkpoint: bool = False) -> arg
     p.add_argument("--max-seqs", type=int, default=None, help="use only the first N complete sequences")
     p.add_argument("--memory-budget", type=parse_size, default=parse_size("1GB"),
                    help="bytes of store data held at once (default 1GB); larger stores are streamed")
-    p.add_argument("--device", default="auto", help="auto (cuda if available), cpu or cuda")
+    p.add_argument("--device", default="auto", type=_device, help="auto (cuda if available), cpu or cuda")
     p.add_argument("--no-write", action="store_true", help="compute and print, do not write into the store")
     p.add_argument("--name", default=None, help=f"results group name (default {name}): STORE/results/NAME")
     p.add_argument("--scheduler", default="threads",
                    help="where dask runs the blocks: threads (default, this process), local (a dask.distributed "
                         "cluster of worker processes on this machine) or a scheduler address (tcp://HOST:8786)")
     return p
+
+
+def _device(text: str) -> str:
+    """argparse type of --device: models.devices.check_device, its message as argparse's one line."""
+    from deltalab.models.devices import check_device
+
+    try:
+        return check_device(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text[:40]!r} is not a device deltalab runs on: use auto, cpu, cuda, "
+                                         "cuda:N or mps") from None
 
 
 @contextmanager
@@ -107,8 +118,23 @@ def error_line(err: BaseException, store: str | Path) -> str:
     """One line for a probe's failure (a corrupt chunk: `store.errors.corrupt_chunk_line`)."""
     from deltalab.store.errors import corrupt_chunk_line
 
+    if _disk_full(err):
+        return (f"the disk holding {store} is full (no space left for the results): free space there, or pass "
+                "--no-write to print the records without storing them; the earlier results are kept")
     return corrupt_chunk_line(err, store) or (str(err).strip().splitlines()[0] if str(err).strip()
                                                 else type(err).__name__)
+
+
+def _disk_full(err: BaseException | None) -> bool:
+    """Whether `err` (or an exception it was raised from) is 'no space left on device'."""
+    import errno
+
+    seen = 0
+    while err is not None and seen < 8:
+        if (isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT)) or "[Errno 28]" in str(err):
+            return True
+        err, seen = err.__cause__ or err.__context__, seen + 1
+    return False
 
 
 def cli_main(name: str, description: str, add_arguments: Callable[[argparse.ArgumentParser], None],
@@ -143,7 +169,9 @@ def cli_main(name: str, description: str, add_arguments: Callable[[argparse.Argu
         from deltalab.store.errors import reraise_unless_input_error
 
         reraise_unless_input_error(err)
-        print(f"error: {error_line(err, args.store)}", file=sys.stderr)
+        from deltalab.store.display import inert
+
+        print(f"error: {inert(error_line(err, args.store))}", file=sys.stderr)
         return 2
     except BaseException:  # any other failure (or Ctrl-C): drop the partial group, keep the earlier results
         if sink is not None:
@@ -203,6 +231,7 @@ def provenance(name: str, args: argparse.Namespace, ds: xr.Dataset, argv: Sequen
 def print_summary(result: ProbeResult, written: str | None, max_rows: int = 40) -> None:
     """A compact table of the records for people (the --json output is for programs)."""
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     console = Console()
@@ -214,17 +243,24 @@ def print_summary(result: ProbeResult, written: str | None, max_rows: int = 40) 
                                               if not isinstance(v, (list, dict))][:10]
         table = Table(title=f"probe {result.name} ({len(records)} records)")
         for k in scalar_keys:
-            table.add_column(k)
+            table.add_column(_fmt(k))
         for rec in records[:max_rows]:
             table.add_row(*[_fmt(rec.get(k)) for k in scalar_keys])
         console.print(table)
         if len(records) > max_rows:
             console.print(f"... {len(records) - max_rows} more (use --json for all)")
     if written:
-        console.print(f"results written to {written}")
+        from deltalab.store.display import inert
+
+        console.print(f"results written to {escape(inert(written))}")
 
 
 def _fmt(v: Any) -> str:
+    """A record's value as table text: rich markup and control characters from stored strings made inert."""
+    from rich.markup import escape
+
+    from deltalab.store.display import inert
+
     if isinstance(v, float | np.floating):
         return f"{v:.4g}"
-    return "" if v is None else str(v)
+    return "" if v is None else escape(inert(v))

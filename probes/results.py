@@ -93,6 +93,8 @@ def list_results(path: str | Path) -> list[str]:
 class ResultSink:
     """Where a probe run writes: one results group, filled in one or more parts, then marked complete.
 
+    `name` is checked first (store.reader.check_results_name: a ValueError in one line for '..', an absolute
+    path or other characters), so no file outside `STORE/results` is ever created, renamed or removed.
     `staged`: the run writes into a hidden sibling group (`.partial-<name>`, not listed) that replaces
     `results/<name>` only when the run finishes, so a run that fails keeps the earlier results whole (`abort`
     removes the partial group)."""
@@ -100,7 +102,9 @@ class ResultSink:
     def __init__(self, path: str | Path, name: str, attrs: dict[str, Any] | None = None,
                  heads: list[int] | None = None, staged: bool = False) -> None:
         from deltalab.store import partial_results_name
+        from deltalab.store.reader import check_results_name
 
+        check_results_name(name)  # before anything is created, renamed or deleted under the name
         self.path = Path(path)
         self.final = name
         self.name = partial_results_name(name) if staged else name

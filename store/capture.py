@@ -120,8 +120,11 @@ def capture(checkpoint: str | Path, data: str | Data, out: str | Path, *,
             dtype: str = "float32", progress: bool = True, command_line: list[str] | None = None,
             model: Any = None, model_dtype: str = "float32", device_map: str | None = None,
             state_every: int = 1, reductions: Any = None,
-            heads: str | Sequence[int] | None = None) -> dict[str, Any]:
+            heads: str | Sequence[int] | None = None, allow_nonfinite: bool = False) -> dict[str, Any]:
     """Capture `checkpoint` over `data` (a spec string or Data) into store `out`; returns a summary dict.
+
+    Weights holding NaN/Inf are refused at load unless `allow_nonfinite`; the store then names the tensors that
+    hold them in its `nonfinite_tensors` attribute.
 
     Creates the store, resumes the same data spec (skipping complete sequences), or appends a new
     spec. Runs data-parallel when launched by torchrun. `model` may pass the already-loaded model.
@@ -148,7 +151,7 @@ def capture(checkpoint: str | Path, data: str | Data, out: str | Path, *,
     plan = plan_capture(checkpoint, data, out, hooks=hooks, layers=layers, batch_size=batch_size, device=device,
                         dtype=dtype, progress=progress, command_line=command_line, model=model,
                         model_dtype=model_dtype, device_map=device_map, state_every=state_every,
-                        reductions=reductions, heads=heads)
+                        reductions=reductions, heads=heads, allow_nonfinite=allow_nonfinite)
     return execute(plan, t0)
 
 

@@ -162,6 +162,10 @@ def _csv(path_text: str) -> Data:
     from deltalab.tasks.state_tracking import TaskError, read_csv
 
     path = Path(path_text).expanduser()
+    if path.exists():
+        from deltalab.store.text_docs import check_data_file
+
+        check_data_file(path)
     try:
         rows = read_csv(path)
     except TaskError as err:

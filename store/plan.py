@@ -250,7 +250,7 @@ def plan_capture(checkpoint: str | Path, data: str | Data, out: str | Path, *,
                  dtype: str = "float32", progress: bool = True, command_line: list[str] | None = None,
                  model: Any = None, model_dtype: str = "float32", device_map: str | None = None,
                  state_every: int = 1, reductions: Any = None,
-                 heads: str | Sequence[int] | None = None) -> CapturePlan:
+                 heads: str | Sequence[int] | None = None, allow_nonfinite: bool = False) -> CapturePlan:
     """Check the arguments of `store.capture` (see there), load the data and the model, and return the plan; nothing
     is written. CaptureError (or StoreMismatchError, for a store chunked otherwise) names the first bad argument."""
     import torch
@@ -274,7 +274,8 @@ def plan_capture(checkpoint: str | Path, data: str | Data, out: str | Path, *,
         dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
         if model_dtype not in dtypes:
             raise CaptureError(f"--model-dtype {model_dtype!r} is not supported; use one of {', '.join(dtypes)}")
-        model = load_checkpoint(checkpoint, device=device, dtype=dtypes[model_dtype], device_map=device_map)
+        model = load_checkpoint(checkpoint, device=device, dtype=dtypes[model_dtype], device_map=device_map,
+                                allow_nonfinite=allow_nonfinite)
     cfg = model.config
     rwkv7 = getattr(cfg, "model_type", None) == "rwkv7"  # beta per key channel, and a removal key kappa
     hook_list = list(parse_list(hooks) or schema.DEFAULT_HOOKS)
@@ -331,6 +332,8 @@ def plan_capture(checkpoint: str | Path, data: str | Data, out: str | Path, *,
         "hooks": hook_list, "variables": variables, "layers": layer_list, "dtype": dtype,
         "batch_size": batch, "sizes": sizes, "data_meta": data.meta, "world_size": world,
     }
+    if getattr(model, "nonfinite_tensors", None):  # captured anyway (--allow-nonfinite): the store says so
+        attrs["nonfinite_tensors"] = list(model.nonfinite_tensors)
     if "key_head" in sizes:
         attrs["key_head_of"] = list(cfg.key_head_of) if head_sel is None else \
             [int(cfg.key_head_of[j]) for j in head_sel[0]]

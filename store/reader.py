@@ -7,6 +7,7 @@ left behind reads correctly. Every failure to open is a one-line StoreError nami
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -53,9 +54,16 @@ def check_store(path: str | Path) -> dict[str, Any]:
     if missing:
         raise TruncatedStoreError(f"{path} is truncated: root attribute(s) {', '.join(missing)} missing; "
                                   "recapture it")
+    problem = schema.attr_problem(attrs)  # types and ranges first: nothing below trusts a value it did not check
+    if problem:
+        raise TruncatedStoreError(f"{path}: {problem}; the store's metadata is damaged or was edited: recapture it")
     n_seq = sum(int(s["count"]) for s in attrs["segments"])
     for var in attrs["variables"]:
         vmeta = _read_json(path / var / "zarr.json", path, f"variable {var!r}")
+        problem = schema.array_problem(var, vmeta, attrs)
+        if problem:
+            raise TruncatedStoreError(f"{path}: {problem}; the store's metadata is damaged or was edited: "
+                                      "recapture it")
         shape = vmeta.get("shape") or [0]
         if vmeta.get("node_type") != "array" or int(shape[0]) < n_seq:
             raise TruncatedStoreError(f"{path} is truncated: variable {var!r} holds {shape[0]} of {n_seq} "
@@ -287,9 +295,24 @@ def metadata_mtime(path: str | Path, node: str | None = None) -> int:
 PARTIAL_PREFIX = ".partial-"  # a probe run's staging group, `<parent>/.partial-<leaf>`: hidden until renamed
 
 
+RESULTS_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_.-]*(/[A-Za-z][A-Za-z0-9_.-]*)*$")
+"""A results group name: '/'-separated parts, each a letter then letters, digits, `_ . -` (no '..', no '/' first)."""
+
+
+def check_results_name(name: object) -> str:
+    """`name` when it names a group inside `STORE/results`; else ValueError in one line. Called before any
+    file is created, renamed or deleted for a probe run, so a hostile `--name ../../x` or `/abs/path` reaches
+    no path outside the store."""
+    if not isinstance(name, str) or not RESULTS_NAME.fullmatch(name) or len(name) > 200:
+        raise ValueError(f"--name {str(name)[:80]!r} is not a results name: use letters, digits, _ . - "
+                         "(and / between parts), starting with a letter, e.g. --name erank-run2")
+    return name
+
+
 def partial_results_name(name: str) -> str:
-    """The hidden group a staged probe run writes before it takes `name` (probes.results.ResultSink)."""
-    parent, _, leaf = name.rpartition("/")
+    """The hidden group a staged probe run writes before it takes `name` (probes.results.ResultSink); `name` is
+    checked first (check_results_name)."""
+    parent, _, leaf = check_results_name(name).rpartition("/")
     return f"{parent}/{PARTIAL_PREFIX}{leaf}" if parent else f"{PARTIAL_PREFIX}{leaf}"
 
 

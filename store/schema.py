@@ -20,6 +20,7 @@ visible to readers only once its flag is set.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -284,3 +285,93 @@ def checksummed(ds: Any, level: int = 0) -> Any:
     for v in ds.variables.values():
         v.encoding = {**v.encoding, "compressors": checked_compressors(level)}
     return ds
+
+
+# --- the schema of the root attributes ----------------------------------------------------------
+
+MAX_COUNT = 1 << 40
+"""Largest sequence count, start or dim size a store attribute may hold (past it: damaged or hostile metadata)."""
+_VAR_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,63}")
+"""A variable name: it becomes a folder inside the store, so no '/', '..' or leading dot."""
+
+
+def _is_int(value: Any, low: int = 0, high: int = MAX_COUNT) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
+
+
+def _is_int_list(value: Any, high: int = MAX_COUNT) -> bool:
+    return isinstance(value, list) and all(_is_int(v, 0, high) for v in value)
+
+
+def _is_str_list(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(v, str) for v in value)
+
+
+_MODEL_SIZES = {"vocab_size": 1 << 24, "num_hidden_layers": 4096, "num_heads": 4096, "hidden_size": 1 << 17,
+                "num_key_heads": 4096, "head_k_dim": 1 << 14, "head_v_dim": 1 << 14}
+"""model_config sizes the dashboard and probes allocate by (a vocabulary's token names, per-layer tables)."""
+
+_ATTR_RULES: dict[str, tuple[Any, str]] = {
+    "model_config": (lambda v: isinstance(v, dict) and all(
+        v.get(k) is None or _is_int(v.get(k), 1, high) for k, high in _MODEL_SIZES.items()),
+        f"a JSON object with integer sizes (vocab_size 1..{1 << 24}, num_hidden_layers 1..4096, num_heads "
+        "1..4096, ...)"),
+    "checkpoint_digest": (lambda v: isinstance(v, str), "a string"),
+    "data_spec": (lambda v: isinstance(v, str), "a string"),
+    "deltalab_version": (lambda v: isinstance(v, str), "a string"),
+    "created": (lambda v: isinstance(v, str), "a string"),
+    "command_line": (_is_str_list, "a list of strings"),
+    "chunk_size": (lambda v: _is_int(v, 1, 1 << 20), f"an integer 1..{1 << 20}"),
+    "batch_size": (lambda v: _is_int(v, 1, 1 << 20), f"an integer 1..{1 << 20}"),
+    "hooks": (_is_str_list, "a list of strings"),
+    "variables": (lambda v: isinstance(v, list) and all(isinstance(n, str) and _VAR_NAME.fullmatch(n) for n in v),
+                  "a list of variable names (letters, digits, _)"),
+    "layers": (lambda v: _is_int_list(v, 1 << 16), "a list of layer numbers"),
+    "dtype": (lambda v: v in FLOAT_DTYPES, " or ".join(FLOAT_DTYPES)),
+    "sizes": (lambda v: isinstance(v, dict) and all(isinstance(k, str) and _is_int(n) for k, n in v.items()),
+              f"an object of dim sizes (integers 0..{MAX_COUNT})"),
+    "segments": (lambda v: isinstance(v, list) and bool(v) and all(
+        isinstance(s, dict) and isinstance(s.get("data_spec"), str) and _is_int(s.get("start"))
+        and _is_int(s.get("count")) for s in v),
+        'a list of {"data_spec": string, "start": integer, "count": integer}'),
+    "heads": (lambda v: _is_int_list(v, 1 << 16), "a list of head numbers"),
+    "key_heads": (lambda v: _is_int_list(v, 1 << 16), "a list of head numbers"),
+    "key_head_of": (lambda v: _is_int_list(v, 1 << 16), "a list of head numbers"),
+    "train_length": (lambda v: v is None or _is_int(v), "an integer or null"),
+    "world_size": (lambda v: _is_int(v, 1, 1 << 20), "a positive integer"),
+}
+"""Root attribute -> (check, what it must be). Optional attributes are checked when present."""
+
+
+def attr_problem(attrs: dict[str, Any]) -> str | None:
+    """One line naming the first root attribute of the wrong type or range (and what it must be), or None.
+
+    Store metadata is data written by whoever made the store: a string where a number belongs, `sizes: null`,
+    a count past any real store or a variable named `../x` is refused here rather than met as a traceback, a
+    huge allocation or a path outside the store."""
+    for key, (ok, want) in _ATTR_RULES.items():
+        if key not in attrs:
+            continue
+        value = attrs[key]
+        if not ok(value):
+            shown = repr(value)
+            shown = shown if len(shown) <= 60 else shown[:57] + "..."
+            return f"root attribute {key!r} is {shown} ({type(value).__name__}): it must be {want}"
+    return None
+
+
+def array_problem(var: str, meta: dict[str, Any], attrs: dict[str, Any]) -> str | None:
+    """One line when a captured array's zarr metadata disagrees with the root attributes: its dtype (for the
+    variables deltalab writes) or its number of dims; None when it agrees."""
+    if var not in VARIABLES:
+        return None
+    sizes = attrs.get("sizes") or {}
+    want = storage_dtype(var, attrs["dtype"]).name
+    have = meta.get("data_type")
+    if have != want:
+        return f"variable {var!r} is stored as {have!r}, the store's attributes say {want!r}"
+    dims = dims_of(var, sizes)
+    shape = meta.get("shape")
+    if not isinstance(shape, list) or len(shape) != len(dims) or not all(_is_int(n) for n in shape):
+        return f"variable {var!r} has shape {shape!r}, the store's attributes say dims {dims}"
+    return None

@@ -11,8 +11,30 @@ from deltalab.store.errors import DataError
 TEXT_SUFFIXES = (".txt", ".jsonl")
 
 
+FILE_LIMIT = 512 * 1024 * 1024
+"""Bytes of one text or CSV data file deltalab reads (a larger one is refused before it is read: split it)."""
+
+
+def check_data_file(path: Path, limit: int = FILE_LIMIT) -> None:
+    """DataError in one line when `path` is not a regular file or is larger than `limit` bytes (checked before
+    reading, so a multi-GB file or a FIFO is refused rather than met as a MemoryError or a hang)."""
+    import os
+    import stat
+
+    try:
+        info = os.stat(path)
+    except OSError as err:
+        raise DataError(f"data file {path} cannot be read ({err.strerror}): check the path") from None
+    if not stat.S_ISREG(info.st_mode):
+        raise DataError(f"data file {path} is not a regular file: pass a plain file (or a folder of them)")
+    if info.st_size > limit:
+        raise DataError(f"data file {path} is {info.st_size / 1e6:.0f} MB, more than the {limit / 1e6:.0f} MB one "
+                        "data file may be: split it into several files (a folder of .txt, or .jsonl lines)")
+
+
 def read_documents(path: Path) -> list[str]:
     """A .txt file is one document; a .jsonl file holds one per line ({"text": ...} or a JSON string)."""
+    check_data_file(path)
     try:
         raw = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as err:
@@ -49,9 +71,12 @@ def hf_separators(checkpoint: str | Path | None) -> tuple[str, int | None, int |
     """
     if checkpoint is None or not (Path(checkpoint) / "config.json").is_file():
         return None
+    from deltalab.models.errors import CheckpointError
+    from deltalab.models.files import read_capped
+
     try:
-        raw = json.loads((Path(checkpoint) / "config.json").read_text())
-    except (OSError, ValueError):
+        raw = json.loads(read_capped(Path(checkpoint) / "config.json", what="config.json"))
+    except (OSError, ValueError, RecursionError, CheckpointError):
         return None
     from deltalab.models.hf.families import family_of
 

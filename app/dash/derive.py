@@ -176,12 +176,15 @@ def param_count(checkpoint: Path) -> int | None:
 
 
 def readme(checkpoint: Path | None) -> str | None:
-    """README.md beside the checkpoint (the zoo's model card), if any."""
+    """README.md beside the checkpoint (the zoo's model card), if any: a regular file of at most 1 MB."""
     if checkpoint is None or not (checkpoint / "README.md").is_file():
         return None
+    from deltalab.models.errors import CheckpointError
+    from deltalab.models.files import read_capped
+
     try:
-        return (checkpoint / "README.md").read_text()
-    except (OSError, UnicodeDecodeError):
+        return read_capped(checkpoint / "README.md", 1 << 20, "model card").decode("utf-8")
+    except (OSError, UnicodeDecodeError, CheckpointError):
         return None
 
 

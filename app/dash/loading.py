@@ -14,6 +14,8 @@ from typing import Any
 import streamlit as st
 import xarray as xr
 
+from deltalab.app.dash.safe import code_text, markdown_text
+
 AUTO_PREVIEW_HEADS = 64
 """Above this many (layer, head) pairs a page's preview waits for its toggle (on demand): pages stay instant."""
 
@@ -98,20 +100,25 @@ def open_store(path: Path) -> tuple[xr.Dataset | None, Problem | None]:
                              f"sequences (`deltalab store verify {path}` lists them).")
     except store.StoreError as err:
         return None, Problem("other", "This store cannot be opened", str(err), "See the message above.")
-    except (OSError, ValueError) as err:
-        return None, Problem("other", "This store cannot be read", f"{type(err).__name__}: {err}".splitlines()[0],
+    except (OSError, ValueError, TypeError, KeyError, IndexError, AttributeError, OverflowError, MemoryError,
+            RuntimeError, RecursionError) as err:  # attributes of the wrong type, a corrupt chunk, a full disk
+        from deltalab.store.errors import corrupt_chunk_line
+
+        line = corrupt_chunk_line(err, path) or f"{type(err).__name__}: {err}".strip().splitlines()[0][:300]
+        return None, Problem("other", "This store cannot be read", line,
                              "Check the path and permissions, or recapture it.")
     if ds.sizes.get("seq", 0) == 0:
         return None, Problem("empty", "This store has no complete sequences yet",
                              f"{path} was created but no sequence has finished capturing.",
                              "Run (or resume) the capture command that created it: "
-                             f"`{' '.join(ds.attrs.get('command_line') or ['deltalab', 'capture', '...'])}`.")
+                             + code_text(' '.join(map(str, ds.attrs.get('command_line') or
+                                                      ['deltalab', 'capture', '...']))) + ".")
     return ds, None
 
 
 def show_problem(problem: Problem, path: Path) -> None:
     """Render a Problem as an error box with the fix."""
-    st.error(f"**{problem.title}:** `{path}`\n\n{problem.detail}")
+    st.error(f"**{problem.title}:** {code_text(path)}\n\n{markdown_text(problem.detail)}")
     st.info(f"**What to do:** {problem.fix}")
 
 

@@ -168,9 +168,11 @@ def sidebar_selection(ds: Any, path: Any, names: list[str] | None) -> Selection:
     labels = token_row(path, seq, "labels")
     token, label = int(tokens[pos]), int(labels[pos])
     from deltalab.app.dash.derive import name_of
+    from deltalab.app.dash.safe import markdown_text
 
-    label_text = "none" if label < 0 else name_of(names, label)
-    side.markdown(f"Selected token: **{name_of(names, token)}** at seq {seq}, pos {pos}  \nlabel: {label_text}")
+    label_text = "none" if label < 0 else markdown_text(name_of(names, label))  # tokenizer strings: shown as text
+    side.markdown(f"Selected token: **{markdown_text(name_of(names, token))}** at seq {seq}, pos {pos}  \n"
+                  f"label: {label_text}")
     head = int(st.session_state[KEYS["head"]])
     return Selection(layer, layers.index(layer), head, int(st.session_state.get(KEYS["step"]) or 0), seq, pos, token,
                      label, head_number(ds.attrs, head) if numbers is not None else -1)

@@ -34,11 +34,17 @@ def is_text_store(attrs: dict[str, Any]) -> bool:
 
 
 def tokenizer_file(checkpoint: Path | None) -> Path | None:
-    """tokenizer.json beside the checkpoint, if any."""
+    """tokenizer.json beside the checkpoint, if any: a regular file within models.files.JSON_LIMIT (a larger one
+    is not a tokenizer; the bytes fallback is used)."""
     if checkpoint is None:
         return None
+    from deltalab.models.files import JSON_LIMIT
+
     f = Path(checkpoint) / "tokenizer.json"
-    return f if f.is_file() else None
+    try:
+        return f if f.is_file() and f.stat().st_size <= JSON_LIMIT else None
+    except OSError:
+        return None
 
 
 def vocab_strings(tokenizer: Path | None, vocab_size: int) -> list[str]:

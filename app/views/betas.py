@@ -10,6 +10,7 @@ import numpy as np
 import streamlit as st
 
 from deltalab.app.dash import export, figures, state
+from deltalab.app.dash.safe import markdown_text
 
 STATS = {"mean β": "beta_mean", "median β": "median", "fraction β > 1 (negative eigenvalue)": "frac_negative"}
 
@@ -54,8 +55,8 @@ def render(ctx) -> None:
     refl = np.asarray(res["reflection"].values) if "reflection" in res else None
     if refl is not None and refl.any():
         heads = [f"layer {layers[i]} head {h}" for i, h in zip(*np.nonzero(refl))]
-        st.success(f"**Reflection heads** (mean β of every step > {res.attrs.get('reflection_threshold', 1.8)}): "
-                   + ", ".join(heads))
+        threshold = markdown_text(res.attrs.get("reflection_threshold", 1.8))
+        st.success(f"**Reflection heads** (mean β of every step > {threshold}): " + ", ".join(heads))
 
     c1, c2 = st.columns(2)
     with c1:

@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
-from deltalab.app.dash import compare, export, headdata, loading
+from deltalab.app.dash import compare, export, headdata, loading, roots
 from deltalab.app.dash.state import head_number, head_numbers
 from deltalab.app.views.text import display_names
 
@@ -41,9 +41,15 @@ def render(ctx) -> None:
     other_path, other_ds = ctx.path, ctx.ds
     c1, c2 = st.columns(2)
     if mode == "two stores":
+        if "cmp_store" not in st.session_state and st.query_params.get("cmp_store") and \
+                not roots.store_permitted(st.query_params["cmp_store"]):
+            st.query_params.pop("cmp_store", None)  # a link names a store outside the dashboard's roots
+            st.session_state["cmp_store_unbound"] = True  # else the URL's value wins on the first run
+            st.warning(roots.REFUSED_STORE)
         st.session_state.setdefault("cmp_store", "")
         path_text = c1.text_input("Second store (same inputs, another checkpoint)", key="cmp_store",
-                                  bind="query-params", placeholder="path/to/other.zarr")
+                                  bind=None if st.session_state.get("cmp_store_unbound") else "query-params",
+                                  placeholder="path/to/other.zarr")
         if not path_text.strip():
             st.info("Type the path of a second store captured on the same inputs (e.g. another checkpoint: "
                     "`deltalab capture OTHER_CKPT --data SAME_SPEC --out other.zarr`).")

@@ -11,7 +11,7 @@ import numpy as np
 import plotly.graph_objects as go
 import streamlit as st
 
-from deltalab.app.dash import export, figures, loading, own_input, state, textgrid
+from deltalab.app.dash import export, figures, loading, own_input, roots, state, textgrid
 from deltalab.app.dash import traces as tr
 from deltalab.app.dash.derive import name_of
 
@@ -177,17 +177,23 @@ def render(ctx) -> None:
     vocab = int(ctx.cfg.get("vocab_size") or 2)
     st.caption("Type a sequence, run the store's checkpoint on it with the hooks, and every page shows it "
                "(switch with **Show** in the sidebar). Nothing is written to the store.")
-    from_url = "input_text" in st.query_params  # a shared URL carries the typed input (and its checkpoint)
+    # a shared URL carries the typed input (and its checkpoint): noted once, when the session opens on it
+    from_url = st.session_state.setdefault("input_from_url", "input_text" in st.query_params)
+    own = str(ctx.checkpoint or "")
+    if "input_checkpoint" not in st.session_state and "input_checkpoint" in st.query_params:
+        _checkpoint_from_url(st.query_params["input_checkpoint"], own)
     if "input_checkpoint" not in st.session_state and "input_checkpoint" not in st.query_params:
-        st.session_state["input_checkpoint"] = str(ctx.checkpoint or "")
+        st.session_state["input_checkpoint"] = own
     if "input_text" not in st.session_state and not from_url:
         st.session_state["input_text"] = TEXT_EXAMPLE if text_model else " ".join(
             str(int(i)) for i in np.random.default_rng(0).integers(0, vocab, 256))
     c1, c2 = st.columns([4, 1])
-    c1.text_input("Checkpoint", key="input_checkpoint", bind="query-params",
+    c1.text_input("Checkpoint", key="input_checkpoint",  # unbound once a link's checkpoint was refused
+                  bind=None if st.session_state.get("input_checkpoint_unbound") else "query-params",
                   help="The folder the store was captured from (found from the store's provenance).")
     c2.selectbox("Device", _devices(), key="input_device")
-    _warm(st.session_state["input_checkpoint"], st.session_state.get("input_device") or "cpu")
+    if not from_url:  # a link's page loads nothing until its reader presses Run
+        _warm(st.session_state["input_checkpoint"], st.session_state.get("input_device") or "cpu")
     if text_model:
         tok = textgrid.tokenizer_file(Path(st.session_state["input_checkpoint"] or "."))
         st.text_area("Text", key="input_text", height=220, bind="query-params",
@@ -204,12 +210,13 @@ def render(ctx) -> None:
         r2.button("Fill with a random sequence", on_click=_random_fill, args=(vocab, ctx.names), key="input_random")
     st.button("Run the model on this input", type="primary", key="input_run", on_click=_run,
               args=(store, json.dumps(attrs, default=str), ctx.names))
+    if st.session_state.pop("input_checkpoint_refused", False):
+        st.warning(roots.REFUSED_CHECKPOINT)
     key = st.session_state.get(state.INPUT_KEY)
-    if from_url and not st.session_state.get("input_from_url_done") and not (key and loading.in_memory(key)):
-        st.session_state["input_from_url_done"] = True  # the URL reproduces the view: run its input once
-        _run(store, json.dumps(attrs, default=str), ctx.names, deferred=True)
-        if not st.session_state.get("input_error"):
-            st.rerun()
+    if from_url and not (key and loading.in_memory(key)) and not st.session_state.get("input_error"):
+        st.info("**This link carries an input.** Nothing has run yet: check the checkpoint and the text above, then "
+                "press **Run the model on this input** to see it on every page.")
+        return
     if st.session_state.get("input_error"):
         st.error(st.session_state["input_error"])
         return
@@ -251,6 +258,18 @@ def render(ctx) -> None:
     cols = st.columns(len(PAGES))
     for c, page in zip(cols, PAGES):
         c.button(f"{page} →", on_click=_show_on, args=(page,), key=f"input_go_{page}", width="stretch")
+
+
+def _checkpoint_from_url(value: str, own: str) -> None:
+    """A checkpoint named by the URL stays only when it is the store's own or under the dashboard's roots
+    (app.dash.roots); otherwise the store's own takes its place and the page says so (a link never loads a
+    folder its reader did not choose)."""
+    if roots.checkpoint_permitted(value, own or None):
+        return
+    st.query_params.pop("input_checkpoint", None)
+    st.session_state["input_checkpoint"] = own
+    st.session_state["input_checkpoint_unbound"] = True  # the URL's value would win on the first run otherwise
+    st.session_state["input_checkpoint_refused"] = True
 
 
 def _show_on(page: str) -> None:

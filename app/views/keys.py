@@ -12,6 +12,7 @@ import streamlit as st
 
 from deltalab.app.dash import export, figures, loading, state
 from deltalab.app.dash.derive import name_of, seqs_for_points
+from deltalab.app.dash.safe import markdown_text
 from deltalab.models import IGNORE_INDEX
 
 
@@ -91,8 +92,8 @@ def render(ctx) -> None:
         st.caption(f"The selected token (seq {sel.seq}, pos {sel.pos}) is outside the plotted sample.")
 
     st.subheader("Subspace overlap")
-    st.caption("Principal angles between the top-"
-               f"{res.attrs.get('subspace_dim', 3)} PCA subspaces: 0° = the same subspace, 90° = orthogonal.")
+    st.caption(f"Principal angles between the top-{markdown_text(res.attrs.get('subspace_dim', 3))} PCA subspaces: "
+               "0° = the same subspace, 90° = orthogonal.")
     c1, c2 = st.columns(2)
     with c1:
         ang = np.asarray(res["step_angles"].isel(layer=li, head=head).values)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +12,7 @@ import streamlit as st
 
 from deltalab.app.dash import export, figures, loading
 from deltalab.app.dash.derive import model_summary, param_count, readme
+from deltalab.app.dash.safe import code_text, markdown_text, table_rows
 from deltalab.store.schema import human_bytes
 
 PROBES = ("betas", "keys", "spectra", "erank", "linear", "lengthgen", "intervene")
@@ -49,15 +49,18 @@ def _info(path: str, stamp: float) -> dict[str, Any]:
 
 
 def _cell(value: Any) -> str:
-    """A markdown table cell: pipes escaped, code-formatted when it looks like a spec or version."""
-    text = str(value).replace("|", "\\|")
-    return f"`{text}`" if any(c in text for c in ":=,") and " " not in text else text
+    """A markdown table cell showing a stored value as text (app.dash.safe): code-formatted when it looks like
+    a spec or version, escaped otherwise; pipes escaped either way (they would end the cell)."""
+    text = str(value)
+    if any(c in text for c in ":=,") and " " not in text:
+        return code_text(text).replace("|", "\\|")
+    return markdown_text(text)
 
 
 def render(ctx) -> None:
     attrs, cfg, ds = ctx.attrs, ctx.cfg, ctx.ds
     st.title("Overview")
-    st.caption(f"`{ctx.path}` · deltalab store format {attrs.get('deltalab_format')}")
+    st.caption(f"{code_text(ctx.path)} · deltalab store format {markdown_text(attrs.get('deltalab_format'))}")
     info = _info(str(ctx.path), loading._stamp(ctx.path))
     stored = sum(v["on disk"] for v in info["variables"]) + info["results_bytes"]
     c = st.columns(6)
@@ -78,17 +81,16 @@ def render(ctx) -> None:
         st.subheader("Model")
         ckpt = ctx.checkpoint
         n_params = param_count(ckpt) if ckpt is not None else None
-        st.markdown(f"**{model_summary(cfg, n_params)}**")
+        st.markdown(f"**{markdown_text(model_summary(cfg, n_params))}**")
         notes = []
         if ckpt is not None:
-            notes.append(f"checkpoint `{ckpt}`")
-        notes.append(f"digest `{str(attrs.get('checkpoint_digest', '?'))[:23]}…`")
+            notes.append(f"checkpoint {code_text(ckpt)}")
+        notes.append(f"digest {code_text(str(attrs.get('checkpoint_digest', '?'))[:23] + '…')}")
         st.caption(" · ".join(notes))
         card = readme(ckpt)
-        if card:  # demote the card's headings below the page's
-            card = re.sub(r"^(#{1,3}) ", lambda m: "#" * (len(m.group(1)) + 3) + " ", card, flags=re.MULTILINE)
-            with st.expander("Model card (README.md of the checkpoint)", expanded=True):
-                st.markdown(card)
+        if card:  # the checkpoint's text, shown as written: its markdown (images, links) is not rendered
+            with st.expander("Model card (README.md of the checkpoint, as text)", expanded=True):
+                st.text(card)
         with st.expander("Full model config"):
             st.text(json.dumps(cfg, indent=1, default=str))  # plain text, no highlighter to load on the first page
     with right:
@@ -103,15 +105,15 @@ def render(ctx) -> None:
         st.markdown("| field | value |\n|---|---|\n" + "\n".join(f"| {k} | {_cell(v)} |" for k, v in rows))
         st.text(" ".join(map(str, attrs.get("command_line") or [])))
         if len(segs) > 1:
-            st.table(pd.DataFrame([{"data spec": s["data_spec"], "first seq": s["start"], "count": s["count"]}
-                                   for s in segs]), hide_index=True)
+            st.table(pd.DataFrame(table_rows([{"data spec": str(s.get("data_spec")), "first seq": s.get("start"),
+                                               "count": s.get("count")} for s in segs])), hide_index=True)
 
     st.subheader("Variables")
     var = info["variables"]
     export.chart(figures.variable_sizes([v["variable"] for v in var], [v["in memory"] for v in var],
                                         [v["on disk"] for v in var]), key="ov_sizes")
-    st.table(pd.DataFrame([{**v, "in memory": human_bytes(v["in memory"]), "on disk": human_bytes(v["on disk"])}
-                           for v in var]), hide_index=True)
+    st.table(pd.DataFrame(table_rows([{**v, "in memory": human_bytes(v["in memory"]),
+                                       "on disk": human_bytes(v["on disk"])} for v in var])), hide_index=True)
 
     st.subheader("Probe results")
     index = loading.result_index(str(ctx.path))
@@ -126,11 +128,12 @@ def render(ctx) -> None:
             rows.append({"probe": probe, "results": f"results/{n}",
                          "status": "complete" if r["complete"] else "incomplete (rerun the probe)",
                          "command": f"created {r['created']}, {r['n_seq']} sequences"})
+    rows = table_rows(rows)
     # static tables: the first page skips loading the interactive data-grid component (about 0.6 s in a browser)
     st.table(pd.DataFrame(rows).rename(columns={"command": "details / command"}), hide_index=True)
     if not index:
         st.info("**No probe results in this store yet.** The Betas, Keys and Spectra pages show previews from the "
                 "first sequences; for the full analyses run:\n\n```\n"
-                + "\n".join(loading.probe_command(p, ctx.path) for p in PROBES[:-1]) + "\n```")
+                + "\n".join(loading.probe_command(p, ctx.path).replace("`", "'") for p in PROBES[:-1]) + "\n```")
     with st.expander("All root attributes (JSON)"):
         st.text(json.dumps({k: v for k, v in attrs.items() if k != "model_config"}, indent=1, default=str))

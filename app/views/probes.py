@@ -3,6 +3,7 @@ intervention results (what changes when a beta is set, a head ablated or keys pr
 
 from __future__ import annotations
 
+import html
 from typing import Any
 
 import numpy as np
@@ -76,8 +77,8 @@ def _linear(ctx) -> None:
     col = heads.index(sel.head_name) if sel.head_name in heads else None  # probe_head: the model's numbers
     export.chart(figures.probe_accuracy_heatmap(
         acc, chance, layers, heads, (li, col) if col is not None else None,
-        f"Test accuracy of linear probes on `{res.attrs.get('features', '?')}` "
-        f"({res.attrs.get('n_classes', '?')} classes)"), key="lin_heat")
+        f"Test accuracy of linear probes on {html.escape(str(res.attrs.get('features', '?')))[:200]} "
+        f"({html.escape(str(res.attrs.get('n_classes', '?')))[:20]} classes)"), key="lin_heat")
     by_pos = np.asarray(res["accuracy_by_pos"].isel(layer=li).values)  # [probe_head, pos]
     series = {"all heads": by_pos[heads.index(-1)]} if -1 in heads else {}
     if col is not None:

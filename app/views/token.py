@@ -10,6 +10,7 @@ import streamlit as st
 
 from deltalab.app.dash import export, figures, reads, state
 from deltalab.app.dash.derive import name_of
+from deltalab.app.dash.safe import markdown_text
 
 CONTEXT = 12
 
@@ -41,7 +42,7 @@ def _sequence_strip(ctx) -> None:
 
 def render(ctx) -> None:
     sel = ctx.sel
-    st.title(f"Token {name_of(ctx.names, sel.token)} · seq {sel.seq}, pos {sel.pos}")
+    st.title(f"Token {markdown_text(name_of(ctx.names, sel.token))} · seq {sel.seq}, pos {sel.pos}")
     if "kappa" not in ctx.ds:
         st.caption(f"Layer {sel.layer}, head {sel.head_name}: the transition A_t = a_t · P_t, "
                    "P_t = (I − β_n k_n k_nᵀ) … (I − β_1 k_1 k_1ᵀ), that this token applies to the state. "

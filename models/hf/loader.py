@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from deltalab.models.errors import CheckpointError
+from deltalab.models.files import read_capped
 from deltalab.models.hf.config import HFModelConfig
 from deltalab.models.hf.families import (
     FAMILIES,
@@ -98,8 +99,8 @@ def weight_files(folder: Path) -> list[Path]:
     index = folder / INDEX
     if index.is_file():
         try:
-            weight_map = json.loads(index.read_text())["weight_map"]
-        except (ValueError, KeyError, TypeError):
+            weight_map = json.loads(read_capped(index, what=INDEX))["weight_map"]
+        except (ValueError, KeyError, TypeError, RecursionError):
             raise _error(f"{index} is not a safetensors index (no weight_map): re-save the model") from None
         shards = sorted(set(weight_map.values()))
         missing = [s for s in shards if not (folder / s).is_file()]
@@ -120,8 +121,8 @@ def describe(folder: str | Path) -> tuple[HFModelConfig, int, str] | None:
     count comes from the safetensors headers); None when the folder is not a supported transformers type."""
     folder = Path(folder)
     try:
-        raw = json.loads((folder / "config.json").read_text())
-    except (OSError, ValueError):
+        raw = json.loads(read_capped(folder / "config.json", what="config.json"))
+    except (OSError, ValueError, RecursionError):  # CheckpointError too: the fla loader names the problem
         return None
     if not isinstance(raw, dict) or not (raw.get("auto_map") or family_of(str(raw.get("model_type")))):
         return None
@@ -148,15 +149,23 @@ def describe(folder: str | Path) -> tuple[HFModelConfig, int, str] | None:
 
 
 def load_hf_checkpoint(folder: str | Path, raw: dict[str, Any] | None = None, device: str | torch.device = "cpu",
-                       dtype: torch.dtype | None = None, device_map: str | None = None) -> HookedHFModel:
+                       dtype: torch.dtype | None = None, device_map: str | None = None,
+                       allow_nonfinite: bool = False) -> HookedHFModel:
     """Build the transformers model of `folder` and hook it; eval mode.
 
     dtype defaults to float32; `device_map="auto"` spreads it over the visible devices (accelerate)
-    and ignores `device`.
+    and ignores `device`. Weights holding NaN/Inf are refused in one line unless `allow_nonfinite` (then the
+    hooked model's `nonfinite_tensors` lists them).
     """
     folder = Path(folder)
     if raw is None:
-        raw = json.loads((folder / "config.json").read_text())
+        try:
+            raw = json.loads(read_capped(folder / "config.json", what="config.json"))
+        except (ValueError, RecursionError) as err:
+            if isinstance(err, CheckpointError):
+                raise
+            raise _error(f"{folder / 'config.json'} is not valid JSON: restore it from the original "
+                         "checkpoint") from None
     family = hf_family(raw, folder)
     check_family_version(family, check_transformers())
     weight_files(folder)
@@ -182,9 +191,25 @@ def load_hf_checkpoint(folder: str | Path, raw: dict[str, Any] | None = None, de
             raise
         lines = [ln.strip() for ln in str(err).strip().splitlines() if ln.strip()] or [type(err).__name__]
         raise _error(f"transformers cannot build {folder} ({lines[-1]}): check config.json and the weights") from None
+    nonfinite = _nonfinite(model)
+    if nonfinite and not allow_nonfinite:
+        raise _error(f"{folder}: tensor {nonfinite[0]} holds NaN/Inf value(s)"
+                     f"{f' (and {len(nonfinite) - 1} more tensor(s))' if nonfinite[1:] else ''}: the checkpoint is "
+                     "damaged or diverged; use an earlier checkpoint, or pass --allow-nonfinite to capture it anyway")
     if device_map is None:
         model.to(device)
-    return HookedHFModel(model.eval(), family).eval()
+    hooked = HookedHFModel(model.eval(), family).eval()
+    hooked.nonfinite_tensors = nonfinite
+    return hooked
+
+
+def _nonfinite(model: torch.nn.Module) -> list[str]:
+    """Names of the floating-point parameters and buffers holding NaN or Inf (offloaded `meta` ones skipped)."""
+    bad = []
+    for name, tensor in model.state_dict().items():
+        if tensor.is_floating_point() and tensor.device.type != "meta" and not bool(torch.isfinite(tensor).all()):
+            bad.append(name)
+    return bad
 
 
 __all__ = ["FAMILIES", "check_transformers", "describe", "hf_family", "load_hf_checkpoint", "weight_files"]

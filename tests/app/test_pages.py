@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import zarr
 
+from deltalab.app.dash.safe import markdown_text
 from tests.app.stores import bare_store, default_store, probed_store
 
 pytest.importorskip("streamlit")
@@ -91,7 +92,7 @@ def test_overview(app):
     metrics = {m.label: m.value for m in at.metric}
     assert metrics["Sequences complete"] == "8 / 8" and metrics["Heads × steps"] == "4 × 2"
     md = " ".join(m.value for m in at.markdown)
-    assert "gated_deltaproduct n_h=2" in md and "synthetic:seqs=8,length=128" in md
+    assert markdown_text("gated_deltaproduct n_h=2") in md and "synthetic:seqs=8,length=128" in md  # shown as text
 
 
 def test_betas_heatmaps_histogram_and_per_token_scatter(app):
@@ -392,7 +393,7 @@ def test_default_store_is_built_once_and_opens(monkeypatch, tmp_path_factory):
                  DELTALAB_DEFAULT_CHECKPOINT=str(built["checkpoint"]), DELTALAB_DEFAULT_SAMPLES="8")
     at.run()
     assert_clean(at)
-    assert any("Tiny S4 stand-in" in m.value for m in at.markdown)  # the checkpoint's README as model card
+    assert any("Tiny S4 stand-in" in t.value for t in at.text)  # the checkpoint's README as model card (text)
     goto(at, "Probes")
     at.tabs  # noqa: B018 - all tabs are rendered in one run
     names = [s["layout"]["title"]["text"] for s in specs(at)]

@@ -316,7 +316,8 @@ def test_input_page_draws_the_exact_attention_map(monkeypatch, tmp_path_factory)
 
 
 def test_a_url_with_typed_input_reproduces_the_view(monkeypatch, tmp_path_factory):
-    """The typed input travels in the URL; opening that URL runs it and shows the same view."""
+    """The typed input travels in the URL; opening that URL fills it in and waits for Run (a link runs no model
+    by itself), which then shows the same view."""
     from tests.app.stores import default_store
 
     built = default_store(tmp_path_factory)
@@ -324,6 +325,10 @@ def test_a_url_with_typed_input_reproduces_the_view(monkeypatch, tmp_path_factor
     at.query_params["page"] = "Input"
     at.query_params["input_text"] = "3 1 4 1 5 9 2 6"
     at.run()
+    assert_clean(at)
+    assert at.text_area(key="input_text").value == "3 1 4 1 5 9 2 6"
+    assert any("This link carries an input" in i.value for i in at.info) and not specs(at)
+    at.button(key="input_run").click().run()
     assert_clean(at)
     assert {m.label: m.value for m in at.metric}["Tokens"] == "8"
     assert any(s["layout"]["title"]["text"].startswith("Exact attention") for s in specs(at))
@@ -345,7 +350,7 @@ def test_url_names_the_store_and_page_controls(monkeypatch, tmp_path_factory):
     from tests.app.stores import bare_store
 
     probed, bare = probed_store(tmp_path_factory), bare_store(tmp_path_factory)
-    at = new_app(monkeypatch, bare)
+    at = new_app(monkeypatch, bare, DELTALAB_ROOTS=str(probed.parent))  # links open stores under --root
     at.query_params["store"] = str(probed)
     at.query_params["page"] = "Text"
     at.query_params["text_quantity"] = "loss"
@@ -376,7 +381,7 @@ def test_compare_two_stores(monkeypatch, tmp_path_factory):
     from tests.app.stores import default_store, other_checkpoint_store
 
     built, other = default_store(tmp_path_factory), other_checkpoint_store(tmp_path_factory)
-    at = new_app(monkeypatch, built["store"])
+    at = new_app(monkeypatch, built["store"], DELTALAB_ROOTS=str(other.parent))  # links open stores under --root
     at.query_params["page"] = "Compare"
     at.query_params["cmp_mode"] = "two stores"
     at.query_params["cmp_store"] = str(other)

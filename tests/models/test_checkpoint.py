@@ -115,17 +115,24 @@ def test_corrupt_safetensors_header(ckpt):
     expect_error(ckpt, "truncated or corrupt")
 
 
-def test_pickle_checkpoint_is_loaded_weights_only(tmp_path, ckpt):
+def test_pickle_only_checkpoint_is_refused_naming_the_conversion(ckpt, monkeypatch):
+    """safetensors only: a folder holding pytorch_model.bin is refused before anything is unpickled."""
     state = load_file(str(ckpt / "model.safetensors"))
     (ckpt / "model.safetensors").unlink()
     torch.save(state, ckpt / "pytorch_model.bin")
-    assert isinstance(load_checkpoint(ckpt), DeltaProductForCausalLM)
+
+    def no_unpickling(*args, **kwargs):
+        raise AssertionError("torch.load called in the load path")
+
+    monkeypatch.setattr(torch, "load", no_unpickling)
+    msg = expect_error(ckpt, "pickled weights", "safetensors only", "save_file")
+    assert "\n" not in msg
 
 
-def test_pickle_with_code_is_refused(ckpt):
+def test_pickle_with_code_is_refused_unread(ckpt):
     (ckpt / "model.safetensors").unlink()
-    torch.save({"evil": Path("/tmp")}, ckpt / "pytorch_model.bin")  # not an allowed global under weights_only
-    expect_error(ckpt, "cannot be read safely")
+    torch.save({"evil": Path("/tmp")}, ckpt / "pytorch_model.bin")
+    expect_error(ckpt, "pickled weights", "never unpickles")
 
 
 def test_legacy_per_step_layout_and_use_gate(tmp_path):
