@@ -6,9 +6,7 @@ Triton KDA forward (`kernels.delta_rule.triton_kda`) on CUDA. Each row: our ms, 
 each side, and the same two by triton's do_bench (median of back-to-back calls: host time hidden), the max error of each
 against the PyTorch chunked form in float32 (`kernels.delta_rule.chunk`, an independent path) relative to the output's
 max. `--budget S` starts no new row after S seconds (fla autotunes at each new shape); `--profile` prints our per-kernel
-CUDA times at the last row measured, `--sweep` our times there for each prep-kernel launch choice, persistent
-(`_prep_kernel`) and split (`KdaConfig.split_prep`: `_intra_kernel` + `_wy_kernel`). `python -m benchmarks.kda [--quick]
-[--shape B,T,H ...] [--budget S] [--profile] [--sweep]`.
+CUDA times at the last row measured. `python -m benchmarks.kda [--quick] [--shape B,T,H ...] [--budget S] [--profile]`.
 """
 
 from __future__ import annotations
@@ -131,8 +129,6 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--budget", type=float, default=float("inf"), help="start no new row after this many seconds")
     p.add_argument("--profile", action="store_true", help="per-kernel CUDA times of ours at the last row")
-    p.add_argument("--sweep", action="store_true",
-                   help="at the last row, our time for each prep-kernel launch choice (warps, key block, programs/SM)")
     args = p.parse_args(argv)
     start = time.perf_counter()
     fla, why = load_fla()
@@ -182,35 +178,6 @@ def main(argv: list[str] | None = None) -> None:
               f"B={where[0]} T={where[1]} H={where[2]}; {len(ratios)} of {len(rows)} rows)")
     if args.profile and x is not None and args.device.startswith("cuda"):
         profile(lambda: ours(*x))
-    if args.sweep and x is not None and args.device.startswith("cuda"):
-        sweep(x)
-
-
-def sweep(x: tuple[torch.Tensor, ...]) -> None:
-    """Our forward's time at one shape for each prep-kernel launch choice (`kernels.delta_rule.triton_kda.KdaConfig`):
-    the persistent prep kernel, then the split prep (intra-kernel warps and register cap, WY-kernel warps)."""
-    from deltalab.kernels.delta_rule.triton_kda import KdaConfig
-
-    q = x[0]
-    print(f"prep-kernel launch choices at B={q.shape[0]} T={q.shape[1]} H={q.shape[2]} (ms, best of 3)")
-    for warps, bk, per_sm in itertools.product((2, 4, 8), (16,), (1, 2, 3, 4)):
-        cfg = KdaConfig(prep_warps=warps, prep_bk=bk, prep_programs_per_sm=per_sm, split_prep=False)
-        _sweep_row(x, cfg, f"prep_warps={warps} prep_bk={bk} programs/SM={per_sm}")
-    for (intra_warps, maxnreg), wy_warps in itertools.product(((4, 128), (4, None), (8, 80), (8, None)), (4, 8)):
-        cfg = KdaConfig(split_prep=True, intra_warps=intra_warps, intra_maxnreg=maxnreg, wy_warps=wy_warps)
-        _sweep_row(x, cfg, f"split_prep intra_warps={intra_warps} intra_maxnreg={maxnreg} wy_warps={wy_warps}")
-
-
-def _sweep_row(x: tuple[torch.Tensor, ...], cfg: Any, label: str) -> None:
-    from deltalab.kernels.delta_rule.triton_kda import triton_kda
-
-    q, k, v, beta, g = x
-    try:
-        _, ms, _ = timed(lambda: triton_kda(q, k.unsqueeze(2), v.unsqueeze(2), beta.unsqueeze(2).float(), g,
-                                            scale=K**-0.5, config=cfg, output_boundary_states=False))
-        print(f"   {label}: {ms:.2f}", flush=True)
-    except Exception as err:  # noqa: BLE001 - a launch choice the GPU cannot take is a row, not the end
-        print(f"   {label}: failed ({type(err).__name__})", flush=True)
 
 
 if __name__ == "__main__":

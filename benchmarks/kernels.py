@@ -62,19 +62,14 @@ REAL_SHAPES = [
     ("DeltaProduct n_h=3", 6, 6, 256, 512, 3),
 ]
 REAL_SIZES = [(1, 32768), (8, 4096), ("varlen", 32768)]
-# --sweep at the real rows: pipeline stages of the sequential kernel (sized for all its programs at once, or for
-# 1-2 resident a SM), its warps and value tile, and the output kernel's key block and value tile
+# --sweep at the real rows, each a change of default_config's choice: pipeline stages of the sequential kernel, its
+# value tile and path, and the output kernel's key block, value tile and loops
 SWEEP_REAL = [
-    {}, dict(resident_per_sm=None, state_stages=2), dict(resident_per_sm=1, state_stages=2),
-    dict(resident_per_sm=1, state_stages=3), dict(resident_per_sm=2, state_stages=2), dict(state_warps=8),
-    dict(state_bv=32), dict(state_bv=64), dict(out_bv=64), dict(out_bk=128), dict(out_bk=256),
-    dict(out_bk=128, out_stages=3), dict(out_bk=256, out_stages=3), dict(out_bk=128, out_stages=2),
-    dict(state_bv=64, state_warps=8), dict(state_bv=128, state_warps=8),
+    {}, dict(state_stages=2), dict(state_stages=3), dict(state_bv=32), dict(state_bv=64),
+    dict(state_keys_ws=True), dict(state_keys_ws=False), dict(out_bv=64), dict(out_bk=128), dict(out_bk=256),
+    dict(out_prefetch=False), dict(out_aqk=False, out_pair=False),
 ]  # fmt: skip
-SWEEP_REAL_VARLEN = [
-    {}, dict(resident_per_sm=None, state_stages=2), dict(resident_per_sm=1, state_stages=2),
-    dict(resident_per_sm=1, state_stages=3),
-]  # fmt: skip
+SWEEP_REAL_VARLEN = [{}, dict(state_stages=2), dict(state_stages=3), dict(state_keys_ws=False)]
 
 
 def mixed_lengths(total: int, seed: int = 0, lo: int = 16, hi: int = 8192) -> list[int]:

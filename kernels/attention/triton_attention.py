@@ -19,8 +19,6 @@ tile with torch.topk before the next, memory O(tile * sources).
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
@@ -37,10 +35,6 @@ from deltalab.kernels.delta_rule.chunk import pair_decays, tail_decays
 
 C = 64  # tokens per chunk: the query block of one program
 PRECISIONS = ("tf32x3", "ieee", "tf32")  # tl.dot input precisions; the interpreter computes all in float32
-
-
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
 @triton.jit

@@ -18,13 +18,11 @@ products there; pairs within a sub-block (16 x 16 per sub-block) are summed chan
 e^{g_{j+1} + ... + g_i} built column by column as running products of the per-token factors e^{g_u} (each <= 1).
 
 Kernels:
-1. `_prep_kernel` (persistent over chunk x value head): Gamma, A and Aqk, T = (I + A)^-1 by 16 x 16 forward
-   substitutions merged by block rows, then W = T diag(b) (e^Gamma * K), U = T diag(b) V, Kd = e^{Gamma_last -
-   Gamma} * K, Qd = e^Gamma * q and Gamma_last.
-   With `KdaConfig.split_prep` the same work runs as two non-persistent kernels built from the same helpers:
-   `_intra_kernel` (one program per 16-token sub-block and value head: its 16 rows of A, fp32 into a temporary
-   [Hv, chunks * 64, 64], and of Aqk) and `_wy_kernel` (one program per chunk and value head: T in place in that
-   temporary, then W, U, Kd, Qd and Gamma_last).
+1. `_intra_chunk_kernel` (one program per chunk and value head): Gamma's differences, A (fp32, into a temporary
+   [Hv, chunks * 64, 64]) and Aqk as 4 x 4 blocks of 16 x 16 tokens; triton_prep's `_tri_inverse_kernel`
+   (`launch_inverse`): T = (I + A)^-1 a block a program; `_wy_kernel` (one program per key block or value tile,
+   chunk and value head): W = T diag(b) (e^Gamma * K), U = T diag(b) V, Kd = e^{Gamma_last - Gamma} * K,
+   Qd = e^Gamma * q and Gamma_last.
 2. `_state_kernel` (sequential over a sequence's chunks, parallel over sequence x value head x value tile):
    stores S_c, Dlt = U - W S_c, S_{c+1} = e^{Gamma_last} S_c + Kd^T Dlt (dk > 128 as two key halves, as
    `triton_chunk`: a [256, 32] tile miscompiled on an H100).
@@ -40,16 +38,17 @@ import triton
 import triton.language as tl
 
 from deltalab.kernels.delta_rule.naive import CHUNK_SIZE, check_inputs, l2_normalize
-from deltalab.kernels.delta_rule.triton_chunk import _launch, _varlen_tables, default_config
-from deltalab.kernels.delta_rule.triton_prep import (
-    _invert_blocks,
-    _invert_in_place,
-    _store_lower_blocks,
-    _store_upper_zeros,
-    launch_inverse,
+from deltalab.kernels.delta_rule.triton_chunk import default_config
+from deltalab.kernels.delta_rule.triton_prep import launch_inverse, store_lower_blocks, store_upper_zeros
+from deltalab.kernels.delta_rule.triton_state import store_state, u_minus_ws
+from deltalab.kernels.triton_utils import (
+    chunk_seq,
+    dot_in,
+    interpreting,
+    launch_resident,
+    pow2,
+    varlen_tables,
 )
-from deltalab.kernels.delta_rule.triton_state import _store_state, _u_minus_ws
-from deltalab.kernels.triton_utils import _chunk_seq, _dot_in, _interpreting, _num_sms, _pow2
 
 MAX_K, MAX_V = 256, 512  # head dims this path takes (the dispatcher falls back beyond)
 
@@ -60,111 +59,12 @@ def _chunk_bases(i_h, gc, q, k, g, T, cu, cidx, coff, NCT, HK: tl.constexpr, HV:
     """(first token of the sequence, its length, the chunk's first token within it, the chunk's key, query and
     gate row-0 pointers, and blk = i_h * NCT + gc, the chunk's block of 64 rows in W/U/Kd/Qd/Aqk/A) of global
     chunk gc of value head i_h."""
-    i_n, c, bos, Tn = _chunk_seq(gc, T, cu, cidx, coff, IS_VARLEN)
+    i_n, c, bos, Tn = chunk_seq(gc, T, cu, cidx, coff, IS_VARLEN)
     i_hk = i_h // (HV // HK)
     k_base = k + bos * (HK * K) + i_hk * K
     q_base = q + bos * (HK * K) + i_hk * K
     g_base = g + (bos * HV + i_h) * K  # token row u at + u * HV * K; padded tokens read 0 (no decay)
     return bos, Tn, c * 64, k_base, q_base, g_base, i_h.to(tl.int64) * NCT + gc
-
-
-@triton.jit
-def _subblock_rows(
-    I,
-    q_base,
-    k_base,
-    g_base,
-    beta,
-    A_blk,
-    Aqk_blk,
-    bos,
-    Tn,
-    t0,
-    i_h,
-    HK: tl.constexpr,
-    HV: tl.constexpr,
-    K: tl.constexpr,
-    BK: tl.constexpr,
-    BKC: tl.constexpr,
-    BKW: tl.constexpr,
-    F32: tl.constexpr,
-    PREC: tl.constexpr,
-    BOUND: tl.constexpr,
-):
-    """Rows r = 16 I .. r + 15 of the chunk's A = diag(b) Akk (strictly lower, fp32) and Aqk (lower, diagonal
-    included), stored at A_blk and Aqk_blk (row stride 64). I is a constexpr in the persistent kernel and a
-    program id in `_intra_kernel`; the arithmetic is the same.
-
-    Every log-decay difference is summed from the gates it spans (Gamma_i - Gamma_j = g_{j+1} + ... + g_i, by
-    cumulative sums of the gates shifted and masked, or running products of e^{g_u}), never taken as a difference
-    of two cumulative sums over the chunk: those reach -600 at g = -20 per token, where fp32 spacing (6e-5) is the
-    relative error of a decay near 1. Earlier sub-blocks factor through token r (both factors <= 1). The
-    sub-block's own pairs factor through r as well, e^{Gamma_i - Gamma_r} e^{-(Gamma_j - Gamma_r)}, when every
-    channel's decay over the sub-block stays above e^-BOUND (the second factor <= e^BOUND, finite in the dot's
-    operand type; the two sums of at most 15 gates carry ~BOUND * 1e-7 relative): then one product covers all 64
-    columns. Otherwise (or BOUND = 0) those 16 x 16 pairs are summed channel by channel, their decays built as
-    running products of the per-token factors e^{g_u}. [*, dk] work runs in key-column blocks of BKC (the
-    products) and BKW (the channel-by-channel pairs; BK in the persistent kernel), in loops that are not
-    unrolled (kernels/NOTES.md)."""
-    o_r = tl.arange(0, 64)
-    o_i = tl.arange(0, 16)
-    t = t0 + o_r
-    m_t = t < Tn
-    r = 16 * I
-    ri = r + o_i
-    m_ri = (t0 + ri) < Tn
-    b_bI = tl.load(beta + (bos + t0 + ri) * HV + i_h, mask=m_ri, other=0.0).to(tl.float32)
-    n_own = 0  # 16 when the sub-block's own columns factor through r
-    if BOUND > 0:  # the smallest decay over the sub-block, per channel g_{r+1} + ... + g_{r+15}
-        b_low = tl.zeros([BKC], dtype=tl.float32)
-        for cb in range(BK // BKC):
-            o_c = cb * BKC + tl.arange(0, BKC)
-            m_g = (m_ri & (o_i > 0))[:, None] & (o_c < K)[None, :]
-            b_g = tl.load(g_base + (t0 + ri)[:, None] * (HV * K) + o_c[None, :], mask=m_g, other=0.0)
-            b_low = tl.minimum(b_low, tl.sum(b_g.to(tl.float32), 0))
-        n_own = tl.where(tl.min(b_low, 0) >= -BOUND, 16, 0)
-    m_j = o_r < r  # earlier sub-blocks
-    m_w = (o_r >= r) & (o_r < r + n_own)  # this one's columns, when they factor through r
-    b_Akk = tl.zeros([16, 64], dtype=tl.float32)
-    b_Aqk = tl.zeros([16, 64], dtype=tl.float32)
-    for cb in range(BK // BKC):
-        o_c = cb * BKC + tl.arange(0, BKC)
-        m_c = (o_c < K)[None, :]
-        p_I = (t0 + ri)[:, None] * (HK * K) + o_c[None, :]
-        b_gIc = tl.load(
-            g_base + (t0 + ri)[:, None] * (HV * K) + o_c[None, :], mask=m_ri[:, None] & m_c, other=0.0
-        ).to(tl.float32)
-        b_eI = tl.exp(tl.cumsum(tl.where(o_i[:, None] > 0, b_gIc, 0.0), 0))  # g_{r+1} + ... + g_i
-        b_kIc = tl.load(k_base + p_I, mask=m_ri[:, None] & m_c, other=0.0).to(tl.float32) * b_eI
-        b_qIc = tl.load(q_base + p_I, mask=m_ri[:, None] & m_c, other=0.0).to(tl.float32) * b_eI
-        # column j's exponent: g_{j+1} + ... + g_r for j < r (the gates shifted up a row, summed from the bottom),
-        # -(g_{r+1} + ... + g_j) for j in the sub-block (the shifted gates summed from r, exclusive), else -inf
-        p_s = g_base + (t + 1)[:, None] * (HV * K) + o_c[None, :]
-        b_gs = tl.load(p_s, mask=((m_j | m_w) & (t + 1 < Tn))[:, None] & m_c, other=0.0).to(tl.float32)
-        b_gw = tl.where(m_w[:, None], b_gs, 0.0)
-        b_x = tl.where(
-            m_j[:, None],
-            tl.cumsum(tl.where(m_j[:, None], b_gs, 0.0), 0, reverse=True),
-            tl.where(m_w[:, None], b_gw - tl.cumsum(b_gw, 0), float("-inf")),
-        )
-        p_c = k_base + t[:, None] * (HK * K) + o_c[None, :]
-        b_kc = tl.load(p_c, mask=((m_j | m_w) & m_t)[:, None] & m_c, other=0.0).to(tl.float32)
-        b_kc = _dot_in(b_kc * tl.exp(b_x), k_base, F32)
-        b_Akk += tl.dot(_dot_in(b_kIc, k_base, F32), tl.trans(b_kc), input_precision=PREC)
-        b_Aqk += tl.dot(_dot_in(b_qIc, k_base, F32), tl.trans(b_kc), input_precision=PREC)
-    # the sub-block's own columns only below (Akk) or on and below (Aqk) the diagonal; zeros right of it
-    m_own = (o_r[None, :] >= r) & (o_r[None, :] < r + 16)
-    b_Akk = tl.where((o_r[None, :] < r) | (m_own & (o_r[None, :] < ri[:, None])), b_Akk, 0.0)
-    b_Aqk = tl.where((o_r[None, :] < r) | (m_own & (o_r[None, :] <= ri[:, None])), b_Aqk, 0.0)
-    # without the product for its own columns: all but those now (their [16, 64] tiles are then dead during the
-    # loop below, which keeps [16, 16] ones; disjoint masks, no two stores to one element)
-    m_out = (o_r[None, :] < r) | (o_r[None, :] >= r + 16 - n_own)
-    tl.store(A_blk + ri[:, None] * 64 + o_r[None, :], b_Akk * b_bI[:, None], mask=m_out)
-    tl.store(Aqk_blk + ri[:, None] * 64 + o_r[None, :], b_Aqk.to(Aqk_blk.dtype.element_ty), mask=m_out)
-    if n_own == 0:
-        b_Ad, b_Qd = _own_pairs_by_channel(r, q_base, k_base, g_base, t0, Tn, HK, HV, K, BK, BKW)
-        tl.store(A_blk + ri[:, None] * 64 + ri[None, :], b_Ad * b_bI[:, None])
-        tl.store(Aqk_blk + ri[:, None] * 64 + ri[None, :], b_Qd.to(Aqk_blk.dtype.element_ty))
 
 
 @triton.jit
@@ -219,7 +119,7 @@ def _sub_tiles(I: tl.constexpr, o_c, m_c, q_base, k_base, g_base, t0, Tn, HK: tl
     b_q = tl.load(q_base + p, mask=m, other=0.0).to(tl.float32)
     b_r = tl.exp(b_rc)
     low = tl.min(tl.sum(tl.where(o_i[:, None] > 0, b_g, 0.0), 0), 0)
-    b_z = _dot_in(b_k * tl.exp(tl.minimum(-b_rc, BOUND)), k_base, F32)
+    b_z = dot_in(b_k * tl.exp(tl.minimum(-b_rc, BOUND)), k_base, F32)
     if I < 3:  # g_{j+1}: the gates shifted up a row (row 15 is the next sub-block's first token)
         m_s = ((t + 1) < Tn)[:, None] & m_c
         b_gs = tl.load(g_base + (t + 1)[:, None] * (HV * K) + o_c[None, :], mask=m_s, other=0.0).to(tl.float32)
@@ -228,7 +128,7 @@ def _sub_tiles(I: tl.constexpr, o_c, m_c, q_base, k_base, g_base, t0, Tn, HK: tl
     else:
         b_y = b_k
         tot = tl.sum(b_g, 0)
-    return _dot_in(b_k * b_r, k_base, F32), _dot_in(b_q * b_r, k_base, F32), b_z, b_y, tot, low
+    return dot_in(b_k * b_r, k_base, F32), dot_in(b_q * b_r, k_base, F32), b_z, b_y, tot, low
 
 
 @triton.jit
@@ -269,16 +169,16 @@ def _intra_chunk_kernel(
     F32: tl.constexpr,
     PREC: tl.constexpr,
     BOUND: tl.constexpr,
-    INVERT: tl.constexpr,
 ):
-    """Split prep, first kernel, one program per (global chunk, value head): the chunk's Aqk and A = diag(b) Akk
-    as 4 x 4 blocks of 16 x 16 tokens, and with INVERT T = (I + A)^-1 from those blocks in registers (diagonal ones
-    by forward substitution, the rest by block rows), stored fp32 in the temporary A instead of A. Block
-    (I, J < I) factors through the sub-block boundaries r_I and r_{J+1}:
-    e^{G_i - G_j} = e^{G_i - G_{r_I}} e^{G_{r_I} - G_{r_{J+1}}} e^{G_{r_{J+1}} - G_j},
-    every factor <= 1 and summed from the gates it spans (`_sub_tiles`); the own blocks (I, I) factor through r_I
-    when the sub-block's decays allow (as `_subblock_rows`), else go channel by channel. Each key-channel block
-    loads a sub-block's q, k and g once (the per-sub-block kernel re-read the earlier rows for each later one)."""
+    """Prep, first kernel, one program per (global chunk, value head): the chunk's Aqk and A = diag(b) Akk (fp32,
+    into a temporary [Hv, chunks * 64, 64]) as 4 x 4 blocks of 16 x 16 tokens. Block (I, J < I) factors through the
+    sub-block boundaries r_I and r_{J+1}: e^{G_i - G_j} = e^{G_i - G_{r_I}} e^{G_{r_I} - G_{r_{J+1}}}
+    e^{G_{r_{J+1}} - G_j}, every factor <= 1 and summed from the gates it spans (`_sub_tiles`), never taken as a
+    difference of two cumulative sums over the chunk: those reach -600 at g = -20 per token, where fp32 spacing
+    (6e-5) is the relative error of a decay near 1. The own blocks (I, I) factor through r_I as well when every
+    channel's decay over the sub-block stays above e^-BOUND (the second factor <= e^BOUND, finite in the dot's
+    operand type), else their pairs are summed channel by channel (`_own_pairs_by_channel`), their decays built as
+    running products of the per-token factors e^{g_u}. Each key-channel block loads a sub-block's q, k and g once."""
     gc, i_h = tl.program_id(0), tl.program_id(1)
     bos, Tn, t0, k_base, q_base, g_base, blk = _chunk_bases(i_h, gc, q, k, g, T, cu, cidx, coff, NCT, HK, HV, K,
                                                             IS_VARLEN)  # fmt: skip
@@ -300,12 +200,12 @@ def _intra_chunk_kernel(
         e1 = tl.exp(t1_)[None, :]  # G_{r_2} - G_{r_1}
         e2 = tl.exp(t2_)[None, :]  # G_{r_3} - G_{r_2}
         y0b = y0 * e1  # columns of sub-block 0 seen from r_2
-        y0c = _dot_in(y0b * e2, k_base, F32)  # ... from r_3
-        y1b = _dot_in(y1 * e2, k_base, F32)  # sub-block 1 from r_3
-        y0b = _dot_in(y0b, k_base, F32)
-        y0 = _dot_in(y0, k_base, F32)
-        y1 = _dot_in(y1, k_base, F32)
-        y2 = _dot_in(y2, k_base, F32)
+        y0c = dot_in(y0b * e2, k_base, F32)  # ... from r_3
+        y1b = dot_in(y1 * e2, k_base, F32)  # sub-block 1 from r_3
+        y0b = dot_in(y0b, k_base, F32)
+        y0 = dot_in(y0, k_base, F32)
+        y1 = dot_in(y1, k_base, F32)
+        y2 = dot_in(y2, k_base, F32)
         a00 += tl.dot(x0, tl.trans(z0), input_precision=PREC)
         a11 += tl.dot(x1, tl.trans(z1), input_precision=PREC)
         a22 += tl.dot(x2, tl.trans(z2), input_precision=PREC)
@@ -335,17 +235,14 @@ def _intra_chunk_kernel(
     a11, q11 = _own_block(a11, q11, 1, low1, q_base, k_base, g_base, t0, Tn, HK, HV, K, BK, BKW, BOUND)
     a22, q22 = _own_block(a22, q22, 2, low2, q_base, k_base, g_base, t0, Tn, HK, HV, K, BK, BKW, BOUND)
     a33, q33 = _own_block(a33, q33, 3, low3, q_base, k_base, g_base, t0, Tn, HK, HV, K, BK, BKW, BOUND)
-    _store_lower_blocks(Aqk_blk, q00, q11, q22, q33, q10, q21, q32, q20, q31, q30)
-    _store_upper_zeros(Aqk_blk)
+    store_lower_blocks(Aqk_blk, q00, q11, q22, q33, q10, q21, q32, q20, q31, q30)
+    store_upper_zeros(Aqk_blk)
     # diag(b) Akk, block row by block row
     a00, a11, a22, a33 = a00 * b0[:, None], a11 * b1[:, None], a22 * b2[:, None], a33 * b3[:, None]
     a10, a20, a30 = a10 * b1[:, None], a20 * b2[:, None], a30 * b3[:, None]
     a21, a31, a32 = a21 * b2[:, None], a31 * b3[:, None], a32 * b3[:, None]
-    if INVERT:  # T = (I + A)^-1 from the blocks (`_invert_blocks`)
-        a00, a11, a22, a33, a10, a21, a32, a20, a31, a30 = _invert_blocks(a00, a11, a22, a33, a10, a21, a32, a20, a31,
-                                                                            a30, PREC)  # fmt: skip
-    _store_lower_blocks(A_blk, a00, a11, a22, a33, a10, a21, a32, a20, a31, a30)
-    _store_upper_zeros(A_blk)
+    store_lower_blocks(A_blk, a00, a11, a22, a33, a10, a21, a32, a20, a31, a30)
+    store_upper_zeros(A_blk)
 
 
 @triton.jit
@@ -375,7 +272,7 @@ def _wy_key_block(
         b_kd = b_k * tl.exp(tl.cumsum(b_gs, 0, reverse=True))  # e^{g_{j+1} + ... + g_last} k_j
     tl.store(Kd + rows[:, None] * K + o_c[None, :], b_kd.to(Kd.dtype.element_ty), mask=m_c)
     tl.store(glast + blk * K + o_c, b_Gl, mask=o_c < K)
-    b_X = _dot_in(b_k * b_eG * b_b[:, None], k_base, F32)  # last, so that G, k and q are dead during the product
+    b_X = dot_in(b_k * b_eG * b_b[:, None], k_base, F32)  # last, so that G, k and q are dead during the product
     b_W = tl.dot(b_Ti, b_X, input_precision=PREC)
     tl.store(W + rows[:, None] * K + o_c[None, :], b_W.to(W.dtype.element_ty), mask=m_c)
 
@@ -389,7 +286,7 @@ def _wy_value_tile(
     o_v = iv * BV + tl.arange(0, BV)
     m_v = o_v < V
     b_v = tl.load(v_base + t[:, None] * (HV * V) + o_v[None, :], mask=m_t[:, None] & m_v[None, :], other=0.0)
-    b_U = tl.dot(b_Ti, _dot_in(b_v.to(tl.float32) * b_b[:, None], k_base, F32), input_precision=PREC)
+    b_U = tl.dot(b_Ti, dot_in(b_v.to(tl.float32) * b_b[:, None], k_base, F32), input_precision=PREC)
     tl.store(U + rows[:, None] * V + o_v[None, :], b_U.to(U.dtype.element_ty), mask=m_v[None, :])
 
 
@@ -421,11 +318,10 @@ def _wy_rows(
     F32: tl.constexpr,
     PREC: tl.constexpr,
     KD_DIFF: tl.constexpr,
-    ONE: tl.constexpr,
     part,
 ):
-    """Given T (b_Ti, in dot operand precision), the chunk's W, U, Kd, Qd and Gamma_last (stored at block blk):
-    every key block and value tile in turn, or with ONE only block `part` (key blocks, then value tiles)."""
+    """Given T (b_Ti, in dot operand precision), block `part` of the chunk's W, Kd, Qd and Gamma_last (key blocks
+    first) or of U (value tiles after them), stored at block blk."""
     o_r = tl.arange(0, 64)
     t = t0 + o_r
     m_t = t < Tn
@@ -433,103 +329,11 @@ def _wy_rows(
     b_b = tl.load(beta + (bos + t) * HV + i_h, mask=m_t, other=0.0).to(tl.float32)
     v_base = v + bos * (HV * V) + i_h * V
     NKB: tl.constexpr = BK // BKC
-    if not ONE:
-        for cb in range(NKB):
-            _wy_key_block(cb, b_Ti, b_b, q_base, k_base, g_base, W, Kd, Qd, glast, t, m_t, Tn, rows, blk,
-                          HK, HV, K, BKC, F32, PREC, KD_DIFF)  # fmt: skip
-        for iv in range((V + BV - 1) // BV):  # a loop, not unrolled
-            _wy_value_tile(iv, b_Ti, b_b, v_base, U, t, m_t, rows, k_base, HV, V, BV, F32, PREC)
-    elif part < NKB:
+    if part < NKB:
         _wy_key_block(part, b_Ti, b_b, q_base, k_base, g_base, W, Kd, Qd, glast, t, m_t, Tn, rows, blk,
                       HK, HV, K, BKC, F32, PREC, KD_DIFF)  # fmt: skip
     else:
         _wy_value_tile(part - NKB, b_Ti, b_b, v_base, U, t, m_t, rows, k_base, HV, V, BV, F32, PREC)
-
-
-@triton.jit
-def _prep_kernel(
-    q,
-    k,
-    v,
-    beta,
-    g,
-    W,
-    U,
-    Kd,
-    Qd,
-    Aqk,
-    glast,
-    scratch,
-    T,
-    cu,
-    cidx,
-    coff,
-    NCT,
-    n_jobs,
-    HK: tl.constexpr,
-    HV: tl.constexpr,
-    K: tl.constexpr,
-    V: tl.constexpr,
-    BK: tl.constexpr,
-    BKC: tl.constexpr,
-    BV: tl.constexpr,
-    IS_VARLEN: tl.constexpr,
-    F32: tl.constexpr,
-    PREC: tl.constexpr,
-    BOUND: tl.constexpr,
-):
-    """Persistent over jobs (value head, global chunk): the chunk's intra-chunk factors (module docstring):
-    A and Aqk by 16-token sub-blocks (`_subblock_rows`), T = (I + A)^-1 (`_invert_in_place`), then W, U, Kd, Qd
-    and Gamma_last (`_wy_rows`). Per program an fp32 scratch holds A [64, 64] (rows read back by the forward
-    substitution); reused job after job, so it stays in L2. Whole [64, 128] tiles spilled 2.3 KB per thread
-    (ptxas for sm_90 with Triton 3.9, 4 warps), hence the key-column blocks (kernels/NOTES.md)."""
-    S = scratch + tl.program_id(0).to(tl.int64) * (64 * 64)
-    for job in range(tl.program_id(0), n_jobs, tl.num_programs(0)):
-        i_h, gc = job // NCT, job % NCT
-        bos, Tn, t0, k_base, q_base, g_base, blk = _chunk_bases(i_h, gc, q, k, g, T, cu, cidx, coff, NCT, HK, HV, K,
-                                                                IS_VARLEN)  # fmt: skip
-        tl.debug_barrier()  # the previous job may still read the scratch
-        for I in tl.static_range(4):  # 16-token sub-blocks: rows 16 I .. 16 I + 15
-            _subblock_rows(I, q_base, k_base, g_base, beta, S, Aqk + blk * (64 * 64), bos, Tn, t0, i_h,
-                           HK, HV, K, BK, BKC, BK, F32, PREC, BOUND)  # fmt: skip
-        tl.debug_barrier()
-        b_Ti = _dot_in(_invert_in_place(S, PREC), k, F32)
-        _wy_rows(b_Ti, q_base, k_base, g_base, v, beta, W, U, Kd, Qd, glast, bos, Tn, t0, i_h, blk,
-                 HK, HV, K, V, BK, BKC, BV, F32, PREC, False, False, 0)  # fmt: skip
-
-
-@triton.jit
-def _intra_kernel(
-    q,
-    k,
-    beta,
-    g,
-    A,
-    Aqk,
-    T,
-    cu,
-    cidx,
-    coff,
-    NCT,
-    HK: tl.constexpr,
-    HV: tl.constexpr,
-    K: tl.constexpr,
-    BK: tl.constexpr,
-    BKC: tl.constexpr,
-    BKW: tl.constexpr,
-    IS_VARLEN: tl.constexpr,
-    F32: tl.constexpr,
-    PREC: tl.constexpr,
-    BOUND: tl.constexpr,
-):
-    """Split prep, first kernel: one program per (16-token sub-block I of global chunk gc, value head), program
-    ids (4 gc + I, i_h): rows 16 I .. 16 I + 15 of the chunk's A (fp32, into the temporary A) and Aqk."""
-    pid, i_h = tl.program_id(0), tl.program_id(1)
-    I, gc = pid % 4, pid // 4
-    bos, Tn, t0, k_base, q_base, g_base, blk = _chunk_bases(i_h, gc, q, k, g, T, cu, cidx, coff, NCT, HK, HV, K,
-                                                            IS_VARLEN)  # fmt: skip
-    _subblock_rows(I, q_base, k_base, g_base, beta, A + blk * (64 * 64), Aqk + blk * (64 * 64), bos, Tn, t0, i_h,
-                   HK, HV, K, BK, BKC, BKW, F32, PREC, BOUND)  # fmt: skip
 
 
 @triton.jit
@@ -560,28 +364,20 @@ def _wy_kernel(
     IS_VARLEN: tl.constexpr,
     F32: tl.constexpr,
     PREC: tl.constexpr,
-    INVERTED: tl.constexpr,
     KD_DIFF: tl.constexpr,
-    BLOCKS: tl.constexpr,
 ):
-    """Split prep, second kernel: one program per (global chunk, value head): T = (I + A)^-1 in place in the
-    chunk's block of A (written by an intra kernel; INVERTED: T itself, from `_tri_inverse_kernel` or the inverting
-    `_intra_chunk_kernel`), then W, U,
-    Kd, Qd and Gamma_last. BLOCKS (needs INVERTED): one program per (key block or value tile, chunk, value head),
-    each loading T, for more loads in flight than one program's sequence of blocks."""
-    if BLOCKS:
-        part, gc, i_h = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    else:
-        part, gc, i_h = 0, tl.program_id(0), tl.program_id(1)
+    """Prep, second kernel: one program per (key block or value tile, global chunk, value head), each loading the
+    chunk's T = (I + A)^-1 (from `_tri_inverse_kernel`, zeros above the diagonal) for its block of W, Kd, Qd and
+    Gamma_last or its value tile of U (`_wy_rows`): more loads in flight than one program's sequence of blocks.
+    KD_DIFF: Kd's factors e^{Gamma_last - Gamma_j} from the cumulative sums (half dtypes), not a second gate load
+    and a reverse scan (fp32)."""
+    part, gc, i_h = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     bos, Tn, t0, k_base, q_base, g_base, blk = _chunk_bases(i_h, gc, q, k, g, T, cu, cidx, coff, NCT, HK, HV, K,
                                                             IS_VARLEN)  # fmt: skip
-    if INVERTED:
-        o_r = tl.arange(0, 64)
-        b_Ti = _dot_in(tl.load(A + blk * (64 * 64) + o_r[:, None] * 64 + o_r[None, :]), k, F32)
-    else:
-        b_Ti = _dot_in(_invert_in_place(A + blk * (64 * 64), PREC), k, F32)
+    o_r = tl.arange(0, 64)
+    b_Ti = dot_in(tl.load(A + blk * (64 * 64) + o_r[:, None] * 64 + o_r[None, :]), k, F32)
     _wy_rows(b_Ti, q_base, k_base, g_base, v, beta, W, U, Kd, Qd, glast, bos, Tn, t0, i_h, blk,
-             HK, HV, K, V, BK, BKC, BV, F32, PREC, KD_DIFF, BLOCKS, part)  # fmt: skip
+             HK, HV, K, V, BK, BKC, BV, F32, PREC, KD_DIFF, part)  # fmt: skip
 
 
 @triton.jit
@@ -648,23 +444,23 @@ def _state_kernel(
         b_h1 = tl.zeros([BKH, BV], dtype=tl.float32)
     for c in range(NC):
         if STORE_BND:
-            _store_state(bnd_base + c * (HV * K * V), b_h1, b_h2, p_h1, p_h2, m_h1, m_h2, SPLIT)
+            store_state(bnd_base + c * (HV * K * V), b_h1, b_h2, p_h1, p_h2, m_h1, m_h2, SPLIT)
         blk = i_h.to(tl.int64) * NCT + gc0 + c
         rows = blk * 64 + o_r
         b_u = tl.load(U + rows[:, None] * V + o_v[None, :], mask=m_v[None, :], other=0.0)
-        b_d = _dot_in(_u_minus_ws(b_u, W, rows, o_k1, o_k2, m_k1, m_k2, b_h1, b_h2, W, K, SPLIT, F32, PREC), W, F32)
+        b_d = dot_in(u_minus_ws(b_u, W, rows, o_k1, o_k2, m_k1, m_k2, b_h1, b_h2, W, K, SPLIT, F32, PREC), W, F32)
         tl.store(D + rows[:, None] * V + o_v[None, :], b_d.to(D.dtype.element_ty), mask=m_v[None, :])
         b_k1 = tl.load(Kd + rows[:, None] * K + o_k1[None, :], mask=m_k1[None, :], other=0.0)
         b_l1 = tl.exp(tl.load(glast + blk * K + o_k1, mask=m_k1, other=0.0))
-        b_h1 = b_h1 * b_l1[:, None] + tl.dot(tl.trans(_dot_in(b_k1, W, F32)), b_d, input_precision=PREC)
+        b_h1 = b_h1 * b_l1[:, None] + tl.dot(tl.trans(dot_in(b_k1, W, F32)), b_d, input_precision=PREC)
         if SPLIT:
             b_k2 = tl.load(Kd + rows[:, None] * K + o_k2[None, :], mask=m_k2[None, :], other=0.0)
             b_l2 = tl.exp(tl.load(glast + blk * K + o_k2, mask=m_k2, other=0.0))
-            b_h2 = b_h2 * b_l2[:, None] + tl.dot(tl.trans(_dot_in(b_k2, W, F32)), b_d, input_precision=PREC)
+            b_h2 = b_h2 * b_l2[:, None] + tl.dot(tl.trans(dot_in(b_k2, W, F32)), b_d, input_precision=PREC)
     if STORE_BND:
-        _store_state(bnd_base + NC * (HV * K * V), b_h1, b_h2, p_h1, p_h2, m_h1, m_h2, SPLIT)
+        store_state(bnd_base + NC * (HV * K * V), b_h1, b_h2, p_h1, p_h2, m_h1, m_h2, SPLIT)
     if STORE_FINAL:
-        _store_state(ht + i_nh.to(tl.int64) * K * V, b_h1, b_h2, p_h1, p_h2, m_h1, m_h2, SPLIT)
+        store_state(ht + i_nh.to(tl.int64) * K * V, b_h1, b_h2, p_h1, p_h2, m_h1, m_h2, SPLIT)
 
 
 @triton.jit
@@ -692,7 +488,7 @@ def _output_kernel(
     """One program per (value tile, global chunk, value head): o = scale (Qd S_c + Aqk D); the key dimension in
     blocks of BK (a loop: the next block's loads overlap this block's product)."""
     i_v, gc, i_h = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    i_n, c, bos, Tn = _chunk_seq(gc, T, cu, cidx, coff, IS_VARLEN)
+    i_n, c, bos, Tn = chunk_seq(gc, T, cu, cidx, coff, IS_VARLEN)
     o_r = tl.arange(0, 64)
     o_v = i_v * BV + tl.arange(0, BV)
     m_v = o_v < V
@@ -704,61 +500,42 @@ def _output_kernel(
         m_k = o_k < K
         b_q = tl.load(Qd + rows[:, None] * K + o_k[None, :], mask=m_k[None, :], other=0.0)
         b_h = tl.load(h_base + o_k[:, None] * V, mask=m_k[:, None] & m_v[None, :], other=0.0)
-        b_o += tl.dot(_dot_in(b_q, Qd, F32), _dot_in(b_h, Qd, F32), input_precision=PREC)
+        b_o += tl.dot(dot_in(b_q, Qd, F32), dot_in(b_h, Qd, F32), input_precision=PREC)
     b_a = tl.load(Aqk + rows[:, None] * 64 + o_r[None, :])
     b_d = tl.load(D + rows[:, None] * V + o_v[None, :], mask=m_v[None, :], other=0.0)
-    b_o += tl.dot(_dot_in(b_a, Qd, F32), _dot_in(b_d, Qd, F32), input_precision=PREC)
+    b_o += tl.dot(dot_in(b_a, Qd, F32), dot_in(b_d, Qd, F32), input_precision=PREC)
     t = c * 64 + o_r
     p_o = o + (bos + t)[:, None] * (HV * V) + i_h * V + o_v[None, :]
     tl.store(p_o, (b_o * scale).to(o.dtype.element_ty), mask=(t < Tn)[:, None] & m_v[None, :])
 
 
+PREP_BK = 16  # key-channel block of the intra kernel's products (ptxas sm_90, 4 warps: 80 bytes of spills; 32: 448)
+PREP_BKW = 32  # key-channel block of its channel-by-channel own pairs
+PREP_WARPS = 1  # warps of the intra kernel (2 and 4 were slower at B = 8, T = 8192, H = 32)
+INV_WARPS = 1  # warps of the triangular inverse (`launch_inverse`: 2 for fp32)
+WY_BK = 32  # key-column block of the WY kernel, one program each (16 was slower)
+WY_BV = 32  # its value tile of U (ptxas sm_90, 4 warps: 128 registers, no spills)
+WY_WARPS = 4  # warps of the WY kernel
+STATE_WARPS = 4  # warps of the sequential kernel
+STATE_STAGES = 3  # at most: `launch_resident` gives fewer where more programs share an SM (one at 8 an SM)
+OUT_WARPS = 4  # warps of the output kernel
+OUT_BV = 128  # its value tile
+OUT_BK = 64  # key block of its loop
+OUT_STAGES = 1  # its pipeline stages: pipelined, the delta-rule output kernel's like loop miscompiled
+
+
 @dataclass(frozen=True)
 class KdaConfig:
     """Launch choices; state_bv None picks `triton_chunk.default_config`'s value tile (32, or 64 when sequences
-    x value heads fill the GPU at dk <= 128; never 16 on CUDA, see there). Not tuned on a GPU yet."""
+    x value heads fill the GPU at dk <= 128; never 16 on CUDA, see there)."""
 
     state_bv: int | None = None  # value tile of the sequential kernel
-    prep_warps: int = 4  # 255 registers and some spills (8 warps: fewer), but two programs fit an SM
-    prep_bv: int = 64  # value tile of U = T diag(b) V
-    prep_bk: int = 16  # key-column block of the prep kernel's [64, dk] work (32: 256 bytes of spills)
-    prep_programs_per_sm: int = 2  # H100, B=8 T=8192 H=32: 4 warps x 2 programs 20.1 ms, 8 warps x 1 29.4 ms
-    split_prep: bool = True  # the prep as `_intra_kernel` + `_wy_kernel`; H200: 16.5 vs 22.2 ms persistent (B=8 T=8192
-    # H=32), 0.68 vs 0.71 ms (B=1 T=2048 H=16), first call 3.3 vs 9.4 s (scripts/kda_split_check.py)
-    intra_warps: int = 4  # split prep: warps of `_intra_kernel` (one 16-token sub-block a program)
-    intra_bk: int = 32  # split prep: key-channel block of the within-sub-block pairs (the persistent kernel: dk)
-    intra_maxnreg: int | None = 128  # split prep: register cap of `_intra_kernel` (ptxas sm_90: 127, no spills)
-    intra_bkc: int = 16  # split prep: key-channel block of the cross-sub-block products
-    intra_per_chunk: bool = True  # split prep: `_intra_chunk_kernel` (a chunk a program) for `_intra_kernel`
-    intra_inverts: bool = True  # the per-chunk kernel also inverts (I + A) in registers (the WY kernel then does not)
-    intra_chunk_bk: int = 16  # its key-channel block (ptxas sm_90, 4 warps: 80 bytes of spills; 32: 448)
-    intra_chunk_warps: int = 1  # H200, B=8 T=8192 H=32, inverting (kda_split_check): 1 warp 8.46 ms, 2 10.49, 4 13.68
-    inverse_kernel: bool = True  # split prep: T = (I + A)^-1 by triton_prep's `_tri_inverse_kernel` (a block a
-    # program) between the intra kernel (then not inverting) and the WY kernel. H100, B=8 T=8192 H=32: 8.10 ms against
-    # 8.55 inverting in the intra kernel (intra 3.24 + inverse 0.23 against 3.73; scripts/kda_split_check.py)
-    inverse_warps: int = 1
-    wy_warps: int = 4  # split prep: warps of `_wy_kernel` (one chunk a program; prep_bv as the prep's)
-    wy_bk: int = 32  # split prep: its key-column block (H100, B=8 T=8192 H=32, a program a block: 16 2.20 ms, 32 1.91)
-    wy_bv: int = 32  # its value tile of U (ptxas sm_90, a program a block, 4 warps, 32/32: 128 registers, no spills)
-    wy_kd_by_difference: bool = True  # Kd's factors e^{Gamma_last - Gamma_j} from the cumulative sums (half dtypes)
-    # instead of a second gate load and a reverse scan
-    wy_blocks: bool = True  # one WY program per (key block or value tile, chunk, head) when T comes inverted:
-    # H100, B=8 T=8192 H=32: the WY kernel 2.90 -> 1.91 ms (scripts/kda_split_check.py; with Kd by difference)
-    state_warps: int = 4
-    state_stages: int = 3  # at most: `_launch` gives fewer where more programs share an SM (one stage at 8 an SM).
-    # H100, B=1 T=8192 H=32 (128 programs, one an SM): the state kernel 0.29 -> 0.23 ms at 3 stages against 2
-    # (scripts/kda_split_check.py); o, final and boundary states bit-identical to one stage (GPU test)
-    out_warps: int = 4
-    out_bv: int = 128
-    out_bk: int = 64  # key block of the output kernel's loop
-    out_stages: int = 1  # its pipeline stages: pipelined, the delta-rule forward's like loop miscompiled (LaunchConfig)
-    own_pairs_bound: float | None = None  # a sub-block's own pairs by the products when every channel decays less
-    # than e^-bound over it (`_subblock_rows`); None: OWN_PAIRS_BOUND by dtype; 0: always channel by channel
 
 
 # the largest log decay over 15 tokens that the products take for a sub-block's own pairs, by input dtype: the
 # second factor e^bound must stay finite in the dot operand (fp16: 65504 = e^11.1) and its fp32 sums accurate
-# (fp32 inputs: 2 x 16 x 6e-8 = 2e-6 relative against the tests' 1e-5; bf16 rounds operands to 4e-3 anyway)
+# (fp32 inputs: 2 x 16 x 6e-8 = 2e-6 relative against the tests' 1e-5; bf16 rounds operands to 4e-3 anyway); a bound
+# of 0 sums every own pair channel by channel
 OWN_PAIRS_BOUND = {torch.bfloat16: 60.0, torch.float16: 8.0, torch.float32: 16.0}
 
 
@@ -773,7 +550,7 @@ def unsupported_reason(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, chunk_
         return f"dtype {q.dtype} (bf16, fp16 or fp32)"
     if K > MAX_K or V > MAX_V:
         return f"dk={K}, dv={V} (the Triton KDA forward takes dk <= {MAX_K}, dv <= {MAX_V})"
-    if not (q.is_cuda or _interpreting()):
+    if not (q.is_cuda or interpreting()):
         return "tensors not on CUDA"
     return None
 
@@ -818,21 +595,21 @@ def triton_kda(
     dev = q.device
     varlen = cu_seqlens is not None
     if varlen:
-        cu, cidx, coff, order, NCT = _varlen_tables(cu_seqlens, dev)
+        cu, cidx, coff, order, NCT = varlen_tables(cu_seqlens, dev)
     else:
         cu = cidx = coff = order = None
         NCT = B * triton.cdiv(T, CHUNK_SIZE)
-    interp = _interpreting()
+    interp = interpreting()
     F32 = interp or dtype == torch.float32  # fp32 operands in tl.dot (the interpreter's bf16 dot is wrong)
     PREC = "ieee" if dtype == torch.float32 else "tf32"
     cfg = config or KdaConfig()
     state_bv = cfg.state_bv or default_config(N, HV, V, 1, K).state_bv
     if state_bv < 32 and V > 16 and not interp:
         raise ValueError(f"state_bv={state_bv} miscompiles on CUDA (see triton_chunk.default_config); use 32 or 64")
-    BK, BVF = _pow2(K), _pow2(V)
+    BK, BVF = pow2(K), pow2(V)
     BV = min(state_bv, BVF)
     common = dict(HV=HV, K=K, V=V, IS_VARLEN=varlen, F32=F32, PREC=PREC)
-    bound = OWN_PAIRS_BOUND[dtype] if cfg.own_pairs_bound is None else float(cfg.own_pairs_bound)
+    bound = OWN_PAIRS_BOUND[dtype]
     seq_args = (T, cu, cidx, coff, NCT)
 
     f32 = torch.float32
@@ -850,66 +627,35 @@ def triton_kda(
     bnd = torch.empty(NCT + N, HV, K, V, dtype=bnd_dtype, device=dev)
     ht = torch.empty(N, HV, K, V, dtype=f32, device=dev) if output_final_state else None
     o = torch.empty(B, T, HV, V, dtype=dtype, device=dev)
-    BKC, BVP = min(_pow2(cfg.prep_bk), BK), min(cfg.prep_bv, BVF)
-    BVW = min(_pow2(cfg.wy_bv), BVF)
-    if NCT > 0 and cfg.split_prep:
-        in_intra = cfg.intra_per_chunk and cfg.intra_inverts and not cfg.inverse_kernel  # T from the intra kernel
-        inverted = in_intra or cfg.inverse_kernel  # T given to the WY kernel, in the dot operand type
-        A = torch.empty(HV, rows, CHUNK_SIZE, dtype=dtype if in_intra and not F32 else f32, device=dev)
-        if cfg.intra_per_chunk:
-            _intra_chunk_kernel[(NCT, HV)](
-                q, k, beta, g, A, Aqk, *seq_args, HK=HK, K=K, HV=HV, BK=BK, BKC=min(_pow2(cfg.intra_chunk_bk), BK),
-                BKW=min(_pow2(cfg.intra_bk), BK), IS_VARLEN=varlen, F32=F32, PREC=PREC, BOUND=bound,
-                INVERT=in_intra, num_warps=cfg.intra_chunk_warps,
-            )  # fmt: skip
-        else:
-            _intra_kernel[(4 * NCT, HV)](
-                q, k, beta, g, A, Aqk, *seq_args, HK=HK, K=K, HV=HV, BK=BK, BKC=min(_pow2(cfg.intra_bkc), BK),
-                BKW=min(_pow2(cfg.intra_bk), BK), IS_VARLEN=varlen, F32=F32, PREC=PREC, BOUND=bound,
-                num_warps=cfg.intra_warps,
-                **({} if cfg.intra_maxnreg is None or interp else dict(maxnreg=cfg.intra_maxnreg)),
-            )  # fmt: skip
-        if cfg.inverse_kernel:  # A (fp32) -> T in the inputs' type, a block a program (triton_prep's)
-            Ti = torch.empty(HV, rows, CHUNK_SIZE, dtype=f32 if F32 else dtype, device=dev)
-            launch_inverse(A, Ti, HV * NCT, cfg.inverse_warps, PREC, upper_zeros=True)
-            A = Ti
-        BKW = min(_pow2(cfg.wy_bk), BK)
-        blocks = cfg.wy_blocks and inverted
-        grid = (BK // BKW + triton.cdiv(V, BVW), NCT, HV) if blocks else (NCT, HV)
-        _wy_kernel[grid](
-            q, k, v, beta, g, A, W, U, Kd, Qd, glast, *seq_args, HK=HK, BK=BK, BKC=BKW, BV=BVW,
-            INVERTED=inverted, KD_DIFF=cfg.wy_kd_by_difference and dtype != torch.float32, BLOCKS=blocks,
-            num_warps=cfg.wy_warps, **common,
+    BVW = min(pow2(WY_BV), BVF)
+    if NCT > 0:  # A (fp32) by the intra kernel, T = (I + A)^-1 in the inputs' type, then W, U, Kd, Qd, Gamma_last
+        A = torch.empty(HV, rows, CHUNK_SIZE, dtype=f32, device=dev)
+        _intra_chunk_kernel[(NCT, HV)](
+            q, k, beta, g, A, Aqk, *seq_args, HK=HK, K=K, HV=HV, BK=BK, BKC=min(pow2(PREP_BK), BK),
+            BKW=min(pow2(PREP_BKW), BK), IS_VARLEN=varlen, F32=F32, PREC=PREC, BOUND=bound, num_warps=PREP_WARPS,
         )  # fmt: skip
+        Ti = torch.empty(HV, rows, CHUNK_SIZE, dtype=f32 if F32 else dtype, device=dev)
+        launch_inverse(A, Ti, HV * NCT, INV_WARPS, PREC)
         del A
-    elif NCT > 0:
-        n_jobs = HV * NCT
-        n_prog = min(n_jobs, 3 if interp else _num_sms() * cfg.prep_programs_per_sm)
-        scratch = torch.empty(n_prog, 64 * 64, dtype=f32, device=dev)
-        _prep_kernel[(n_prog,)](
-            q, k, v, beta, g, W, U, Kd, Qd, Aqk, glast, scratch, *seq_args, n_jobs,
-            HK=HK, BK=BK, BKC=BKC, BV=BVP, BOUND=bound, num_warps=cfg.prep_warps,
-            **common,
+        BKW = min(pow2(WY_BK), BK)
+        _wy_kernel[(BK // BKW + triton.cdiv(V, BVW), NCT, HV)](
+            q, k, v, beta, g, Ti, W, U, Kd, Qd, glast, *seq_args, HK=HK, BK=BK, BKC=BKW, BV=BVW,
+            KD_DIFF=dtype != torch.float32, num_warps=WY_WARPS, **common,
         )  # fmt: skip
+        del Ti
     BKH = BK // 2 if BK > 128 else BK
     state_consts = dict(
         BKH=BKH, SPLIT=BKH < BK, BV=BV, HAS_H0=h0 is not None, STORE_FINAL=output_final_state, STORE_BND=True,
         **common,
     )  # fmt: skip
     smem = 64 * (2 * BK + BV) * q.element_size()  # one chunk's W, Kd and U tiles per pipeline stage
-    _launch(
-        _state_kernel,
-        (triton.cdiv(V, BV), N * HV),
-        cfg,
-        (W, U, Kd, D, glast, bnd, ht, h0, T, cu, coff, order, NCT),
-        state_consts,
-        smem,
-    )
+    launch_resident(_state_kernel, (triton.cdiv(V, BV), N * HV), (W, U, Kd, D, glast, bnd, ht, h0, T, cu, coff, order,
+                    NCT), state_consts, smem, stages=STATE_STAGES, warps=STATE_WARPS)
     if NCT > 0:
-        obv = min(cfg.out_bv, BVF)
+        obv = min(OUT_BV, BVF)
         _output_kernel[(triton.cdiv(V, obv), NCT, HV)](
-            Qd, D, Aqk, bnd, o, *seq_args, scale, BK=min(_pow2(cfg.out_bk), BK), BV=obv, num_warps=cfg.out_warps,
-            num_stages=cfg.out_stages,
+            Qd, D, Aqk, bnd, o, *seq_args, scale, BK=min(pow2(OUT_BK), BK), BV=obv, num_warps=OUT_WARPS,
+            num_stages=OUT_STAGES,
             **common,
         )  # fmt: skip
     bnd_out = bnd.view(1 if varlen else B, -1, HV, K, V) if output_boundary_states else None

@@ -6,7 +6,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from deltalab.kernels.triton_utils import _chunk_seq, _dot_in
+from deltalab.kernels.triton_utils import chunk_seq, dot_in
 
 
 @triton.jit
@@ -48,19 +48,19 @@ def _out_key_products(k, b_q, b_h, b_k0, b_k1, b_k2, b_qq, b_o, b_s0, b_s1, b_s2
     if NORM:
         b_qf = b_q.to(tl.float32)
         b_qq += tl.sum(b_qf * b_qf, 1)
-    b_qd = _dot_in(b_q, k, F32)
-    b_o += tl.dot(b_qd, _dot_in(b_h, k, F32), input_precision=PREC)
+    b_qd = dot_in(b_q, k, F32)
+    b_o += tl.dot(b_qd, dot_in(b_h, k, F32), input_precision=PREC)
     if QK:
-        b_s0 += tl.dot(b_qd, tl.trans(_dot_in(b_k0, k, F32)), input_precision=PREC)
+        b_s0 += tl.dot(b_qd, tl.trans(dot_in(b_k0, k, F32)), input_precision=PREC)
     if QK and NH > 1:
-        b_s1 += tl.dot(b_qd, tl.trans(_dot_in(b_k1, k, F32)), input_precision=PREC)
+        b_s1 += tl.dot(b_qd, tl.trans(dot_in(b_k1, k, F32)), input_precision=PREC)
     if QK and NH > 2:
-        b_s2 += tl.dot(b_qd, tl.trans(_dot_in(b_k2, k, F32)), input_precision=PREC)
+        b_s2 += tl.dot(b_qd, tl.trans(dot_in(b_k2, k, F32)), input_precision=PREC)
     return b_qq, b_o, b_s0, b_s1, b_s2
 
 
 @triton.jit
-def _output_kernel(
+def output_kernel(
     q,
     k,
     D,
@@ -96,14 +96,14 @@ def _output_kernel(
     """One program per (value tile, global chunk, value head): o = scale (e^G q S_c + (q K^T * decay * mask) D).
     The key dimension runs in blocks of BK (a loop, so that the next block's q, K and S_c rows load during this
     block's products): q S_c and each n_h block's q K^T (at most three) accumulate over them. AQK: q K^T * decay
-    * mask comes from `_kkt_kernel` (Aqk, formed once a chunk, not once a value tile); the loop forms only q S_c.
+    * mask comes from `kkt_kernel` (Aqk, formed once a chunk, not once a value tile); the loop forms only q S_c.
     EVICT: the chunk states are loaded evict-first (each is read once; q and K are read again by the other value
     tiles). PAIR (n_h = 1, with AQK): an odd chunk c of a sequence reads S_{c-1}, not S_c, and adds chunk c-1's
     share, o = scale (e^{G + G_end'} q S_{c-1} + Aqp D' + Aqk D) (primes: chunk c-1; Aqp = (q K'^T * e^{G + G_end' -
-    G'}) / (|q| |k'|) from `_kkt_kernel`), so that the state kernel stores only even chunks' states when nobody returns
+    G'}) / (|q| |k'|) from `kkt_kernel`), so that the state kernel stores only even chunks' states when nobody returns
     them. Without gates (USE_G false) every decay is e^0: no log decay is read and no exponential formed."""
     i_v, gc, i_h = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    i_n, c, bos, Tn = _chunk_seq(gc, T, cu, cidx, coff, IS_VARLEN)
+    i_n, c, bos, Tn = chunk_seq(gc, T, cu, cidx, coff, IS_VARLEN)
     i_hk = i_h // (HV // HK)
     L: tl.constexpr = 64 * NH
     o_r = tl.arange(0, 64)
@@ -142,19 +142,19 @@ def _output_kernel(
             if NORM:
                 b_qf = b_q.to(tl.float32)
                 b_qq += tl.sum(b_qf * b_qf, 1)
-            b_qd = _dot_in(b_q, k, F32)
+            b_qd = dot_in(b_q, k, F32)
             b_h = _load_state_rows(h_base, o_k, m_k, m_v, V, EVICT)
-            b_o += tl.dot(b_qd, _dot_in(b_h, k, F32), input_precision=PREC)
+            b_o += tl.dot(b_qd, dot_in(b_h, k, F32), input_precision=PREC)
             p_k = k_base + s0[:, None] * (HK * K) + o_k[None, :]
             if not AQK:
                 b_k = tl.load(p_k, mask=(s0 < Tn * NH)[:, None] & m_k[None, :], other=0.0)
-                b_s0 += tl.dot(b_qd, tl.trans(_dot_in(b_k, k, F32)), input_precision=PREC)
+                b_s0 += tl.dot(b_qd, tl.trans(dot_in(b_k, k, F32)), input_precision=PREC)
             if NH > 1 and not AQK:
                 b_k = tl.load(p_k + 64 * (HK * K), mask=(s0 + 64 < Tn * NH)[:, None] & m_k[None, :], other=0.0)
-                b_s1 += tl.dot(b_qd, tl.trans(_dot_in(b_k, k, F32)), input_precision=PREC)
+                b_s1 += tl.dot(b_qd, tl.trans(dot_in(b_k, k, F32)), input_precision=PREC)
             if NH > 2 and not AQK:
                 b_k = tl.load(p_k + 128 * (HK * K), mask=(s0 + 128 < Tn * NH)[:, None] & m_k[None, :], other=0.0)
-                b_s2 += tl.dot(b_qd, tl.trans(_dot_in(b_k, k, F32)), input_precision=PREC)
+                b_s2 += tl.dot(b_qd, tl.trans(dot_in(b_k, k, F32)), input_precision=PREC)
     if NORM:
         b_rq = 1.0 / tl.sqrt(b_qq + 1e-6)
     else:
@@ -171,10 +171,10 @@ def _output_kernel(
         if par == 1:  # chunk c-1's share
             b_x = tl.load(Aqp + (aux // NH + o_r)[:, None] * 64 + o_r[None, :])
             b_dp = tl.load(D + (aux - 64 + o_r)[:, None] * V + o_v[None, :], mask=m_v[None, :], other=0.0)
-            b_o += tl.dot(_dot_in(b_x, k, F32), _dot_in(b_dp, k, F32), input_precision=PREC)
+            b_o += tl.dot(dot_in(b_x, k, F32), dot_in(b_dp, k, F32), input_precision=PREC)
     for a in tl.static_range(NH):
         rows = aux + a * 64 + o_r
-        if AQK:  # scaled and masked already (`_kkt_kernel`)
+        if AQK:  # scaled and masked already (`kkt_kernel`)
             b_s = tl.load(Aqk + (aux // NH + o_r)[:, None] * L + a * 64 + o_r[None, :])
         else:
             if a == 0:
@@ -194,6 +194,6 @@ def _output_kernel(
             else:
                 b_s = tl.where(m_a, b_s * b_rq[:, None] * b_rs[None, :], 0.0)
         b_d = tl.load(D + rows[:, None] * V + o_v[None, :], mask=m_v[None, :], other=0.0)
-        b_o += tl.dot(_dot_in(b_s, k, F32), _dot_in(b_d, k, F32), input_precision=PREC)
+        b_o += tl.dot(dot_in(b_s, k, F32), dot_in(b_d, k, F32), input_precision=PREC)
     p_o = o + (bos + t)[:, None] * (HV * V) + i_h * V + o_v[None, :]
     tl.store(p_o, (b_o * scale).to(o.dtype.element_ty), mask=m_t[:, None] & m_v[None, :])

@@ -1,6 +1,7 @@
 """The delta-rule forward's parallel prep kernels (`triton_chunk`): per 64-sub-step block A = strictly lower
-beta e^{Gamma_i - Gamma_j} k_i.k_j, T = (I + A)^-1 (one persistent kernel, or `_kkt_kernel` then
-`_tri_inverse_kernel`), q K^T once a chunk, and the WY factors W = T X, U = T Y (`_wu_kernel`)."""
+beta e^{Gamma_i - Gamma_j} k_i.k_j and q K^T once a chunk (`kkt_kernel`), T = (I + A)^-1 (`_tri_inverse_kernel`,
+launched by `launch_inverse`), and the WY factors W = T X, U = T Y (`wu_kernel`). `launch_inverse` and the block
+stores (`store_lower_blocks`, `store_upper_zeros`) serve the KDA forward too."""
 
 from __future__ import annotations
 
@@ -8,70 +9,12 @@ import torch
 import triton
 import triton.language as tl
 
-from deltalab.kernels.triton_utils import _chunk_seq, _dot_in, _load_t
-
-
-@triton.jit
-def _invert_in_place(S, PREC: tl.constexpr):
-    """The fp32 [64, 64] block at S (row stride 64) holds A (strictly lower); leaves T = (I + A)^-1 there and
-    returns it (lower, fp32). Four 16x16 diagonal inverses by forward substitution (row i of T - I is
-    -a_i + sum_j (-a_ij) (T - I)_j), then block rows in place: T_{p,<p} = -T_pp A_{p,<p} T_{<p,<p}."""
-    o_r = tl.arange(0, 64)
-    o_i = tl.arange(0, 16)
-    o_p = tl.arange(0, 4)
-    m_tri = o_r[:, None] >= o_r[None, :]
-    eye16 = tl.where(o_i[:, None] == o_i[None, :], 1.0, 0.0)
-    b_T3 = tl.zeros([4, 16, 16], dtype=tl.float32)
-    for i in range(1, 16):
-        b_a = -tl.load(S + (16 * o_p[:, None] + i) * 64 + 16 * o_p[:, None] + o_i[None, :])
-        b_a = tl.where(o_i[None, :] < i, b_a, 0.0)
-        b_new = b_a + tl.sum(b_a[:, :, None] * b_T3, 1)
-        b_T3 = tl.where(o_i[None, :, None] == i, b_new[:, None, :], b_T3)
-    b_T3 += eye16[None, :, :]
-    p_d = S + (16 * o_p[:, None, None] + o_i[None, :, None]) * 64 + 16 * o_p[:, None, None] + o_i[None, None, :]
-    tl.debug_barrier()
-    tl.store(p_d, b_T3)
-    tl.debug_barrier()
-    for p in tl.static_range(1, 4):
-        row = 16 * p + o_i
-        b_Ap = tl.load(S + row[:, None] * 64 + o_r[None, :], mask=o_r[None, :] < 16 * p, other=0.0)
-        b_Tprev = tl.load(S + o_r[:, None] * 64 + o_r[None, :], mask=(o_r[:, None] < 16 * p) & m_tri, other=0.0)
-        b_R = tl.dot(b_Ap, b_Tprev, input_precision=PREC)
-        b_Tpp = tl.load(S + row[:, None] * 64 + 16 * p + o_i[None, :])
-        b_off = -tl.dot(b_Tpp, b_R, input_precision=PREC)
-        tl.debug_barrier()
-        tl.store(S + row[:, None] * 64 + o_r[None, :], b_off, mask=o_r[None, :] < 16 * p)
-        tl.debug_barrier()
-    return tl.load(S + o_r[:, None] * 64 + o_r[None, :], mask=m_tri, other=0.0)
-
-
-@triton.jit
-def _unit_lower_inverse16(b_a):
-    """(I + A)^-1 of a strictly lower [16, 16] fp32 tile, by forward substitution in registers: row i of the
-    inverse is e_i - sum_{j < i} A_ij (row j of the inverse)."""
-    o_i = tl.arange(0, 16)
-    b_t = tl.where(o_i[:, None] == o_i[None, :], 1.0, 0.0)
-    for i in range(1, 16):
-        b_ai = tl.sum(tl.where(o_i[:, None] == i, b_a, 0.0), 0)  # row i of A, over j
-        b_t -= tl.where(o_i[:, None] == i, tl.sum(b_ai[:, None] * b_t, 0)[None, :], 0.0)
-    return b_t
+from deltalab.kernels.triton_utils import chunk_seq, dot_in, load_t
 
 
 @triton.jit
 def _mm(a, b, PREC: tl.constexpr):
     return tl.dot(a, b, input_precision=PREC)
-
-
-@triton.jit
-def _invert_blocks(a00, a11, a22, a33, a10, a21, a32, a20, a31, a30, PREC: tl.constexpr):
-    """T = (I + A)^-1 of a [64, 64] strictly lower A given as its ten 16 x 16 blocks (fp32, in registers), returned
-    the same way: T_II by forward substitution, T_IJ = -T_II sum_{J <= M < I} A_IM T_MJ by block rows. No scratch
-    memory and no barriers, unlike `_invert_in_place`."""
-    t00 = _unit_lower_inverse16(a00)
-    t11 = _unit_lower_inverse16(a11)
-    t22 = _unit_lower_inverse16(a22)
-    t33 = _unit_lower_inverse16(a33)
-    return _merge_blocks(t00, t11, t22, t33, a10, a21, a32, a20, a31, a30, PREC)
 
 
 @triton.jit
@@ -95,7 +38,7 @@ def _store_block(ptr, I: tl.constexpr, J: tl.constexpr, b_x):
 
 
 @triton.jit
-def _store_upper_zeros(ptr):
+def store_upper_zeros(ptr):
     """Zeros in the six 16 x 16 blocks above the block diagonal of a [64, 64] matrix at ptr (for readers of whole
     rows)."""
     z = tl.zeros([16, 16], dtype=tl.float32)
@@ -108,7 +51,7 @@ def _store_upper_zeros(ptr):
 
 
 @triton.jit
-def _store_lower_blocks(ptr, b00, b11, b22, b33, b10, b21, b32, b20, b31, b30):
+def store_lower_blocks(ptr, b00, b11, b22, b33, b10, b21, b32, b20, b31, b30):
     """The ten 16 x 16 blocks on and below the block diagonal of a [64, 64] matrix at ptr (row stride 64)."""
     _store_block(ptr, 0, 0, b00)
     _store_block(ptr, 1, 1, b11)
@@ -123,77 +66,6 @@ def _store_lower_blocks(ptr, b00, b11, b22, b33, b10, b21, b32, b20, b31, b30):
 
 
 @triton.jit
-def _tri_kernel(
-    k,
-    beta,
-    g,
-    Ti,
-    rstd,
-    scratch,
-    T,
-    cu,
-    cidx,
-    coff,
-    NCT,
-    n_jobs,
-    HK: tl.constexpr,
-    HV: tl.constexpr,
-    NH: tl.constexpr,
-    K: tl.constexpr,
-    BK: tl.constexpr,
-    USE_G: tl.constexpr,
-    NORM: tl.constexpr,
-    IS_VARLEN: tl.constexpr,
-    F32: tl.constexpr,
-    PREC: tl.constexpr,
-):
-    """Persistent over (value head, 64-sub-step block): key norms and T = (I + A)^-1 of each block.
-
-    A_ij = beta_i e^{Gamma_i - Gamma_j} k_i.k_j (j < i) goes to this program's fp32 scratch (reused, so it
-    stays in L2); four 16x16 diagonal inverses by forward substitution, then block rows merged in place.
-    """
-    NBT = NCT * NH  # blocks per value head
-    L: tl.constexpr = 64 * NH
-    o_r = tl.arange(0, 64)
-    o_k = tl.arange(0, BK)
-    m_k = o_k < K
-    m_low = o_r[:, None] > o_r[None, :]
-    S = scratch + tl.program_id(0).to(tl.int64) * 64 * 64
-    for job in range(tl.program_id(0), n_jobs, tl.num_programs(0)):
-        i_h, gb = job // NBT, job % NBT
-        gc, a = gb // NH, gb % NH
-        i_n, c, bos, Tn = _chunk_seq(gc, T, cu, cidx, coff, IS_VARLEN)
-        i_hk = i_h // (HV // HK)
-        s = c * L + a * 64 + o_r  # sub-step index in the sequence
-        m_s = s < Tn * NH
-        p_k = k + (bos * NH + s)[:, None] * (HK * K) + i_hk * K + o_k[None, :]
-        b_k = tl.load(p_k, mask=m_s[:, None] & m_k[None, :], other=0.0)
-        b_beta = tl.load(beta + (bos * NH + s) * HV + i_h, mask=m_s, other=0.0).to(tl.float32)
-        if NORM:
-            b_kf = b_k.to(tl.float32)
-            b_rs = 1.0 / tl.sqrt(tl.sum(b_kf * b_kf, 1) + 1e-6)
-        else:
-            b_rs = tl.full([64], 1.0, dtype=tl.float32)
-        rows = (i_h.to(tl.int64) * NCT + gc) * L + a * 64 + o_r
-        tl.store(rstd + rows, b_rs)
-        if USE_G:
-            m_g = m_s & (s % NH == 0)
-            b_g = tl.load(g + (bos + s // NH) * HV + i_h, mask=m_g, other=0.0).to(tl.float32)
-            b_G = tl.cumsum(b_g, 0)
-            b_dec = tl.exp(tl.where(m_low, b_G[:, None] - b_G[None, :], 0.0))
-        else:
-            b_dec = tl.full([64, 64], 1.0, dtype=tl.float32)
-        b_kd = _dot_in(b_k, k, F32)
-        b_kk = tl.dot(b_kd, tl.trans(b_kd), input_precision=PREC)
-        b_A = tl.where(m_low, b_kk * (b_beta * b_rs)[:, None] * b_rs[None, :] * b_dec, 0.0)
-        tl.debug_barrier()  # the previous job may still read the scratch
-        tl.store(S + o_r[:, None] * 64 + o_r[None, :], b_A)
-        tl.debug_barrier()
-        b_Ti = _invert_in_place(S, PREC)  # T = (I + A)^-1
-        tl.store(Ti + rows[:, None] * 64 + o_r[None, :], b_Ti.to(Ti.dtype.element_ty))
-
-
-@triton.jit
 def _gates_before(b_gt, o_r, a, NH: tl.constexpr):
     """Sum of the chunk's log gates b_gt (a token a row, 0 past the sequence) before WY block a (tokens whose first
     sub-step comes before the block)."""
@@ -201,7 +73,7 @@ def _gates_before(b_gt, o_r, a, NH: tl.constexpr):
 
 
 @triton.jit
-def _kkt_kernel(
+def kkt_kernel(
     q,
     k,
     beta,
@@ -233,21 +105,21 @@ def _kkt_kernel(
     PAIR: tl.constexpr = False,
     KG: tl.constexpr = 1,
 ):
-    """Split T, step 1 (`LaunchConfig.tri_split`): one program per (64-sub-step block, value head), value heads
+    """T, step 1: one program per (64-sub-step block, value head), value heads
     adjacent so that a group's programs share its key block in L2. A_ij = beta_i e^{Gamma_i - Gamma_j} r_i r_j
     k_i.k_j (j < i) by [64, BKC] x [BKC, 64] products over key blocks, stored fp32 (only the ten 16 x 16 blocks
     on and below the diagonal: the inverse reads no others); also the reciprocal key norms r. STORE_AQK: also the
     block's share of the chunk's intra-chunk attention, (q K_a^T * e^{Gamma_q - Gamma_s} * mask) / (|q| |k|), with the
-    same key blocks (`_output_kernel` reads it). STORE_SCALES: also Gamma from the chunk start and the row scales
-    c = beta e^{Gamma - Gamma_a} / |k|, all the keys path with U from v needs of `_wu_kernel` (not launched then).
+    same key blocks (`output_kernel` reads it). STORE_SCALES: also Gamma from the chunk start and the row scales
+    c = beta e^{Gamma - Gamma_a} / |k|, all the keys path with U from v needs of `wu_kernel` (not launched then).
     PAIR (with STORE_AQK, n_h = 1): for an odd chunk of a sequence also its queries against the previous chunk's keys,
     (q K'^T * e^{Gamma_q + Gamma_end' - Gamma'}) / (|q| |k'|) (primes: chunk c-1), to Aqp: the output kernel's share of
-    chunk c-1 when it reads S_{c-1} instead of S_c (`LaunchConfig.out_pair`). KG > 1 (`LaunchConfig.kkt_group`): one
-    program serves KG value heads of one key head, forming K K^T, q K^T (and q K'^T) once for them."""
+    chunk c-1 when it reads S_{c-1} instead of S_c (`LaunchConfig.out_pair`). KG > 1 (grouped heads, Hv / Hk a power
+    of two): one program serves KG value heads of one key head, forming K K^T, q K^T (and q K'^T) once for them."""
     job = tl.program_id(0)
     i_g, gb = job % (HV // KG), job // (HV // KG)
     gc, a = gb // NH, gb % NH
-    i_n, c, bos, Tn = _chunk_seq(gc, T, cu, cidx, coff, IS_VARLEN)
+    i_n, c, bos, Tn = chunk_seq(gc, T, cu, cidx, coff, IS_VARLEN)
     i_h = i_g * KG  # (the first of the program's value heads)
     i_hk = i_h // (HV // HK)
     L: tl.constexpr = 64 * NH
@@ -278,19 +150,19 @@ def _kkt_kernel(
     for kb in range(0, BK, BKC):
         o_k = kb + tl.arange(0, BKC)
         b_k = tl.load(p_k + o_k[None, :], mask=m_s[:, None] & (o_k < K)[None, :], other=0.0)
-        b_kd = _dot_in(b_k, k, F32)
+        b_kd = dot_in(b_k, k, F32)
         b_kk += tl.dot(b_kd, tl.trans(b_kd), input_precision=PREC)
         if STORE_AQK:
             b_q = tl.load(p_q + o_k[None, :], mask=m_t[:, None] & (o_k < K)[None, :], other=0.0)
             if NORM:
                 b_qf = b_q.to(tl.float32)
                 b_qq += tl.sum(b_qf * b_qf, 1)
-            b_qk += tl.dot(_dot_in(b_q, k, F32), tl.trans(b_kd), input_precision=PREC)
+            b_qk += tl.dot(dot_in(b_q, k, F32), tl.trans(b_kd), input_precision=PREC)
             if PAIR:  # the previous chunk's keys (no memory access for an even chunk)
                 b_kp = tl.load(p_k - 64 * (HK * K) + o_k[None, :], mask=odd[:, None] & (o_k < K)[None, :], other=0.0)
                 b_kpf = b_kp.to(tl.float32)
                 b_pp += tl.sum(b_kpf * b_kpf, 1)
-                b_qp += tl.dot(_dot_in(b_q, k, F32), tl.trans(_dot_in(b_kp, k, F32)), input_precision=PREC)
+                b_qp += tl.dot(dot_in(b_q, k, F32), tl.trans(dot_in(b_kp, k, F32)), input_precision=PREC)
     if NORM:  # |k_i|^2 is K K^T's diagonal (exact bf16 products, fp32 sums): no second pass over the keys
         b_rs = 1.0 / tl.sqrt(tl.sum(tl.where(o_r[:, None] == o_r[None, :], b_kk, 0.0), 1) + 1e-6)
         b_rq = 1.0 / tl.sqrt(b_qq + 1e-6)
@@ -386,12 +258,11 @@ def _load_block(pa, I: tl.constexpr, J: tl.constexpr):
 
 
 @triton.jit
-def _tri_inverse_kernel(A, Ti, PREC: tl.constexpr, UPPER_ZEROS: tl.constexpr):
+def _tri_inverse_kernel(A, Ti, PREC: tl.constexpr):
     """Split T, step 2: one program per 64-sub-step block (the same rows in A and Ti): T = (I + A)^-1 from the
     four 16 x 16 diagonal inverses (forward substitution, the four chains interleaved in one unrolled loop so
     their row loads and reductions overlap) merged by 16 x 16 block products (`_merge_blocks`); T to Ti in its
-    dtype, only the blocks on and below the diagonal (the WY kernel reads T's lower triangle), and with UPPER_ZEROS
-    zeros above them (for the KDA WY kernel, which reads whole rows)."""
+    dtype, the blocks on and below the diagonal and zeros above them (its readers load whole rows, unmasked)."""
     base = tl.program_id(0).to(tl.int64) * 64 * 64
     pa, pt = A + base, Ti + base
     o_i = tl.arange(0, 16)
@@ -406,65 +277,30 @@ def _tri_inverse_kernel(A, Ti, PREC: tl.constexpr, UPPER_ZEROS: tl.constexpr):
         t00, t11, t22, t33, _load_block(pa, 1, 0), _load_block(pa, 2, 1), _load_block(pa, 3, 2),
         _load_block(pa, 2, 0), _load_block(pa, 3, 1), _load_block(pa, 3, 0), PREC,
     )  # fmt: skip
-    _store_lower_blocks(pt, t00, t11, t22, t33, t10, t21, t32, t20, t31, t30)
-    if UPPER_ZEROS:
-        _store_upper_zeros(pt)
+    store_lower_blocks(pt, t00, t11, t22, t33, t10, t21, t32, t20, t31, t30)
+    store_upper_zeros(pt)
 
 
-def launch_inverse(A: torch.Tensor, Ti: torch.Tensor, n_blocks: int, warps: int, prec: str,
-                   upper_zeros: bool = False) -> None:
+def launch_inverse(A: torch.Tensor, Ti: torch.Tensor, n_blocks: int, warps: int, prec: str) -> None:
     """T = (I + A)^-1 for each of `n_blocks` [64, 64] blocks (fp32 A, strictly lower) into Ti, a block a program
     (`_tri_inverse_kernel`); an fp32 Ti takes at least 2 warps (ptxas sm_90: 824 bytes of spills at one)."""
     warps = max(warps, 2) if Ti.dtype == torch.float32 else warps
-    _tri_inverse_kernel[(n_blocks,)](A, Ti, PREC=prec, UPPER_ZEROS=upper_zeros, num_warps=warps)
+    _tri_inverse_kernel[(n_blocks,)](A, Ti, PREC=prec, num_warps=warps)
 
 
 @triton.jit
-def _wu_kernel(
-    q,
-    k,
-    v,
-    beta,
-    g,
-    Ti,
-    W,
-    U,
-    Aqk,
-    gcum,
-    rstd,
-    wsc,
-    T,
-    cu,
-    cidx,
-    coff,
-    NCT,
-    HK: tl.constexpr,
-    HV: tl.constexpr,
-    NH: tl.constexpr,
-    K: tl.constexpr,
-    V: tl.constexpr,
-    BK: tl.constexpr,
-    BV: tl.constexpr,
-    USE_G: tl.constexpr,
-    NORM: tl.constexpr,
-    STORE_AQK: tl.constexpr,
-    IS_VARLEN: tl.constexpr,
-    F32: tl.constexpr,
+def wu_kernel(
+    k, v, beta, g, Ti, W, U, gcum, rstd, T, cu, cidx, coff, NCT,
+    HK: tl.constexpr, HV: tl.constexpr, NH: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr,
+    BV: tl.constexpr, USE_G: tl.constexpr, NORM: tl.constexpr, IS_VARLEN: tl.constexpr, F32: tl.constexpr,
     PREC: tl.constexpr,
-    KEYS_WS: tl.constexpr,
-    STORE_U: tl.constexpr = True,
-    T_FULL: tl.constexpr = False,
 ):
-    """One program per (global chunk, value head): Gamma from the chunk start, and each block's own WY factors
-    W_a = T_aa diag(beta e^{Gamma - Gamma_a}) K_a, U_a = T_aa diag(beta) V_a (Gamma_a: Gamma at the block start);
-    U in value tiles of BV, so that dv = 512 fits in registers. With STORE_AQK also the chunk's intra-chunk
-    attention A = q K^T * decay * mask [64 tokens, 64 n_h sub-steps] (normalised), which the output (fused or
-    not) reads instead of forming q K^T once per value tile.
-    KEYS_WS: the row scales c = beta e^{Gamma - Gamma_a} / |k| instead of W (the state kernel forms W S from K).
-    Without STORE_U no U (the state kernel forms it from v, `LaunchConfig.state_from_v`). T_FULL: Ti holds zeros above
-    the diagonal (the inverse kernel's UPPER_ZEROS), so T loads unmasked."""
+    """The W path's WY factors, one program per (global chunk, value head): Gamma from the chunk start, and each
+    block's own W_a = T_aa diag(beta e^{Gamma - Gamma_a}) K_a, U_a = T_aa diag(beta) V_a (Gamma_a: Gamma at the block
+    start); U in value tiles of BV, so that dv = 512 fits in registers. T loads unmasked (zeros above its diagonal),
+    so it vectorises."""
     gc, i_h = tl.program_id(0), tl.program_id(1)
-    i_n, c, bos, Tn = _chunk_seq(gc, T, cu, cidx, coff, IS_VARLEN)
+    i_n, c, bos, Tn = chunk_seq(gc, T, cu, cidx, coff, IS_VARLEN)
     i_hk = i_h // (HV // HK)
     L: tl.constexpr = 64 * NH
     o_r = tl.arange(0, 64)
@@ -473,22 +309,6 @@ def _wu_kernel(
     k_base = k + bos * NH * (HK * K) + i_hk * K
     v_base = v + bos * NH * (HV * V) + i_h * V
     aux = (i_h.to(tl.int64) * NCT + gc) * L  # row of this chunk in Ti/W/U/gcum/rstd
-    if STORE_AQK:
-        t = c * 64 + o_r
-        m_t = t < Tn
-        b_q = tl.load(
-            q + (bos + t)[:, None] * (HK * K) + i_hk * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.0
-        )
-        if NORM:
-            b_qf = b_q.to(tl.float32)
-            b_rq = 1.0 / tl.sqrt(tl.sum(b_qf * b_qf, 1) + 1e-6)
-        else:
-            b_rq = tl.full([64], 1.0, dtype=tl.float32)
-        if USE_G:
-            b_Gq = tl.cumsum(tl.load(g + (bos + t) * HV + i_h, mask=m_t, other=0.0).to(tl.float32), 0)
-        else:
-            b_Gq = tl.zeros([64], dtype=tl.float32)
-        b_qd = _dot_in(b_q, W, F32)
     carry = tl.zeros([1], dtype=tl.float32)
     for a in tl.static_range(NH):
         s = c * L + a * 64 + o_r
@@ -505,33 +325,19 @@ def _wu_kernel(
             b_Gc = tl.zeros([64], dtype=tl.float32)
             tl.store(gcum + aux + a * 64 + o_r, b_Gc)
             b_dec = tl.full([64], 1.0, dtype=tl.float32)
-        if STORE_AQK or not KEYS_WS:
-            b_k = tl.load(k_base + s[:, None] * (HK * K) + o_k[None, :], mask=m_s[:, None] & m_k[None, :], other=0.0)
+        b_k = tl.load(k_base + s[:, None] * (HK * K) + o_k[None, :], mask=m_s[:, None] & m_k[None, :], other=0.0)
         b_beta = tl.load(beta + (bos * NH + s) * HV + i_h, mask=m_s, other=0.0).to(tl.float32)
         b_rs = tl.load(rstd + aux + a * 64 + o_r)
         rows = aux + a * 64 + o_r
-        if STORE_U or not KEYS_WS:
-            b_Ti = _dot_in(_load_t(Ti, rows, o_r, T_FULL), W, F32)  # (T_FULL: unmasked, so it vectorises)
-        if KEYS_WS:
-            tl.store(wsc + rows, b_beta * b_rs * b_dec)
-        else:
-            b_X = b_k.to(tl.float32) * (b_beta * b_rs * b_dec)[:, None]
-            b_W = tl.dot(b_Ti, _dot_in(b_X, W, F32), input_precision=PREC)
-            tl.store(W + rows[:, None] * K + o_k[None, :], b_W.to(W.dtype.element_ty), mask=m_k[None, :])
-        if STORE_U:
-            for iv in range((V + BV - 1) // BV):  # a loop, not unrolled: dv = 512 compiles 4x less U code
-                o_v = iv * BV + tl.arange(0, BV)
-                m_v = o_v < V
-                p_v = v_base + s[:, None] * (HV * V) + o_v[None, :]
-                b_v = tl.load(p_v, mask=m_s[:, None] & m_v[None, :], other=0.0)
-                b_Y = b_v.to(tl.float32) * b_beta[:, None]
-                b_U = tl.dot(b_Ti, _dot_in(b_Y, W, F32), input_precision=PREC)
-                tl.store(U + rows[:, None] * V + o_v[None, :], b_U.to(U.dtype.element_ty), mask=m_v[None, :])
-        if STORE_AQK:
-            tok = (a * 64 + o_r) // NH
-            m_a = tok[None, :] <= o_r[:, None]
-            b_s = tl.dot(b_qd, tl.trans(_dot_in(b_k, W, F32)), input_precision=PREC)
-            b_sdec = tl.exp(tl.where(m_a, b_Gq[:, None] - b_Gc[None, :], 0.0))
-            b_s = tl.where(m_a, b_s * b_rq[:, None] * b_rs[None, :] * b_sdec, 0.0)
-            p_a = Aqk + (aux // NH + o_r)[:, None] * L + a * 64 + o_r[None, :]
-            tl.store(p_a, b_s.to(Aqk.dtype.element_ty))
+        b_Ti = dot_in(load_t(Ti, rows, o_r), W, F32)
+        b_X = b_k.to(tl.float32) * (b_beta * b_rs * b_dec)[:, None]
+        b_W = tl.dot(b_Ti, dot_in(b_X, W, F32), input_precision=PREC)
+        tl.store(W + rows[:, None] * K + o_k[None, :], b_W.to(W.dtype.element_ty), mask=m_k[None, :])
+        for iv in range((V + BV - 1) // BV):  # a loop, not unrolled: dv = 512 compiles 4x less U code
+            o_v = iv * BV + tl.arange(0, BV)
+            m_v = o_v < V
+            p_v = v_base + s[:, None] * (HV * V) + o_v[None, :]
+            b_v = tl.load(p_v, mask=m_s[:, None] & m_v[None, :], other=0.0)
+            b_Y = b_v.to(tl.float32) * b_beta[:, None]
+            b_U = tl.dot(b_Ti, dot_in(b_Y, W, F32), input_precision=PREC)
+            tl.store(U + rows[:, None] * V + o_v[None, :], b_U.to(U.dtype.element_ty), mask=m_v[None, :])

@@ -1,4 +1,4 @@
-"""Shared by the delta-rule forward's A/B tests (`test_triton_tri_split.py`): random inputs
+"""Shared by the delta-rule forward's tests of its launch paths (`test_triton_shapes.py`): random inputs
 and one check of a launch choice against the float64 token loop and against the path it replaces.
 
 Errors are max |ours - ref| / max |ref| with the tolerances of deltalab.kernels.testing.
@@ -29,9 +29,10 @@ needs_cuda = pytest.mark.skipif(not ON_GPU, reason="needs a CUDA GPU without TRI
 
 
 def check_choice(case: tuple, dtype: torch.dtype, on: dict, off: dict, device: str = "cpu",
-                 decay: float = 0.7) -> tuple[float, ...]:
+                 decay: float = 0.7, keep_boundaries: bool = True) -> tuple[float, ...]:
     """`LaunchConfig(**on)` against float64 (o, final, boundary states) and against `LaunchConfig(**off)` (the same
-    three: the paths differ by rounding only). case: (B, T or None, Hk, Hv, K, V, n_h, gate, lengths or None)."""
+    three: the paths differ by rounding only). case: (B, T or None, Hk, Hv, K, V, n_h, gate, lengths or None).
+    Without keep_boundaries no boundary states are returned (their errors and differences read 0)."""
     from deltalab.kernels.delta_rule.triton_chunk import LaunchConfig, triton_delta_product
 
     B, T, Hk, Hv, K, V, n_h, gate, lengths = case
@@ -40,7 +41,7 @@ def check_choice(case: tuple, dtype: torch.dtype, on: dict, off: dict, device: s
     q, k, v, beta, g, s0 = inputs(B, T, Hk, Hv, K, V, n_h, gate, n_seq=N, device=device, decay=decay)
     q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
     cu = cu_seqlens(lengths, device) if lengths else None
-    run = dict(initial_state=s0, normalize_qk=True, cu_seqlens=cu)
+    run = dict(initial_state=s0, normalize_qk=True, cu_seqlens=cu, output_boundary_states=keep_boundaries)
     o, fin, bnd = triton_delta_product(q, k, v, beta, g, config=LaunchConfig(**on), **run)
     o0, fin0, bnd0 = triton_delta_product(q, k, v, beta, g, config=LaunchConfig(**off), **run)
     d = torch.float64
@@ -48,7 +49,11 @@ def check_choice(case: tuple, dtype: torch.dtype, on: dict, off: dict, device: s
         q.to(d), k.to(d), v.to(d), beta.to(d), None if g is None else g.to(d), initial_state=s0.to(d),
         normalize_qk=True, cu_seqlens=None if cu is None else cu.cpu(),
     )  # fmt: skip
-    assert o.shape == (B, T, Hv, V) and o.dtype == dtype and fin.shape == (N, Hv, K, V) and bnd.shape == rbnd.shape
+    assert o.shape == (B, T, Hv, V) and o.dtype == dtype and fin.shape == (N, Hv, K, V)
+    if not keep_boundaries:
+        assert bnd is None and bnd0 is None
+        bnd = bnd0 = rbnd = torch.zeros(1)
+    assert bnd.shape == rbnd.shape
     errs = rel(o, ro), rel(fin, rfin), rel(bnd, rbnd)
     assert max(errs) < TOL[dtype], f"{case} {dtype} {on}: rel errors o/final/boundary vs float64 {errs}"
     diff = rel(o, o0), rel(fin, fin0), rel(bnd, bnd0)

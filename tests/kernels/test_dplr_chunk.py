@@ -124,7 +124,7 @@ def test_dispatcher_runs_the_chunked_form_with_gradients():
 def test_dispatcher_on_cuda_matches_float64_reference():
     """RWKV-7-sized heads on the GPU (float32 and gradients: the chunked form, not fla)."""
     q, k, v, a, b, g, s0 = rwkv7_inputs(2, 600, 4, 64, 64, seed=14, init=True, log_w_min=-1.0)
-    cu = torch.tensor([0, 300, 337, 600])
+    cu = torch.tensor([0, 300, 337, 1200])  # three packed sequences covering all 1200 tokens
     packed = [x.reshape(1, 1200, *x.shape[2:]) for x in (q, k, v, a, b, g)]
     s0 = torch.cat([s0, s0[:1]])
     ref = naive_dplr(*(x.cuda() for x in packed), scale=1.0, initial_state=s0.cuda(), cu_seqlens=cu)

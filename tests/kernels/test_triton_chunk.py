@@ -49,9 +49,8 @@ def _check_against_naive(shape, dtype, device="cpu", tiling="default", normalize
     B, T, H, K, V, n_h, gate, h0 = shape
     q, k, v, beta, g, s0 = _inputs(B, T, H, K, V, n_h, gate, h0, device, beta_max, seed)
     q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
-    o, fin, bnd = triton_delta_product(
-        q, k, v, beta, g, initial_state=s0, normalize_qk=normalize, config=LaunchConfig(**TILINGS[tiling])
-    )
+    config = LaunchConfig(**TILINGS[tiling]) if TILINGS[tiling] else None  # "default": default_config's choices
+    o, fin, bnd = triton_delta_product(q, k, v, beta, g, initial_state=s0, normalize_qk=normalize, config=config)
     d = torch.float64
     ro, rfin, rbnd = naive_delta_product(
         q.to(d),
@@ -123,7 +122,7 @@ def test_optional_outputs_and_chunk_boundary():
             normalize_qk=True,
             output_final_state=False,
             output_boundary_states=False,
-            config=LaunchConfig(**TILINGS[tiling]),
+            config=LaunchConfig(**TILINGS[tiling]) if TILINGS[tiling] else None,
         )
         assert fin is None and bnd is None
         ro = naive_delta_product(q.double(), k.double(), v.double(), beta.double(), g.double(), normalize_qk=True)[0]
@@ -182,7 +181,7 @@ def test_gpu_long_sequence_vs_chunked_float64(n_h, tiling):
     q, k, v, beta, g, s0 = _inputs(8, 2048, 8, 128, 128, n_h, True, True, "cuda")
     qb, kb, vb = q.bfloat16(), k.bfloat16(), v.bfloat16()
     o, fin, bnd = triton_delta_product(qb, kb, vb, beta, g, initial_state=s0, normalize_qk=True,
-                                      config=LaunchConfig(**TILINGS[tiling]))
+                                      config=LaunchConfig(**TILINGS[tiling]) if TILINGS[tiling] else None)
     d = torch.float64
     ro, rfin, rbnd = chunk_delta_product(
         qb.to(d), kb.to(d), vb.to(d), beta.to(d), g.to(d), initial_state=s0.to(d), normalize_qk=True
@@ -197,7 +196,7 @@ def test_gpu_long_sequence_vs_chunked_float64(n_h, tiling):
 def test_gpu_half_internal_states_leave_o_bit_identical(K, V, n_h):
     """Without boundary states asked for, the kernel keeps them in bf16 (the output kernel rounds them to bf16 for
     its product anyway): the final state and o are bit-identical to the call that returns fp32 states. This test
-    caught the pipelined key-block loop's miscompile (o off by 50-90% at n_h = 1; LaunchConfig.out_stages)."""
+    caught the pipelined key-block loop's miscompile (o off by 50-90% at n_h = 1; triton_chunk.OUT_STAGES)."""
     from deltalab.kernels.delta_rule.triton_chunk import triton_delta_product
 
     q, k, v, beta, g, s0 = _inputs(2, 1000, 4, K, V, n_h, True, True, "cuda")
@@ -285,18 +284,82 @@ def test_packed_tables_are_reused_until_the_offsets_change():
     """The chunk tables of a packed batch (one GPU sync to build) come back for the same cu_seqlens tensor, and are
     rebuilt after an in-place change; the validation likewise reads a tensor once, and again after a change."""
     from deltalab.kernels.delta_rule.naive import check_cu_seqlens
-    from deltalab.kernels.delta_rule.triton_chunk import _varlen_tables
+    from deltalab.kernels.triton_utils import varlen_tables
 
     cu = torch.tensor([0, 70, 79, 200], dtype=torch.int32)
-    first = _varlen_tables(cu, torch.device("cpu"))
-    assert _varlen_tables(cu, torch.device("cpu")) is first
+    first = varlen_tables(cu, torch.device("cpu"))
+    assert varlen_tables(cu, torch.device("cpu")) is first
     assert first[-1] == 2 + 1 + 2 and first[1].tolist() == [0, 0, 1, 2, 2]
     assert check_cu_seqlens(cu, 1, 200) == 3 and check_cu_seqlens(cu, 1, 200) == 3
     cu[2] = 150  # in place: a new version
-    again = _varlen_tables(cu, torch.device("cpu"))
+    again = varlen_tables(cu, torch.device("cpu"))
     assert again is not first and again[-1] == 2 + 2 + 1 and again[1].tolist() == [0, 0, 1, 1, 2]
-    assert _varlen_tables(cu.clone(), torch.device("cpu")) is not again  # another tensor, same values
+    assert varlen_tables(cu.clone(), torch.device("cpu")) is not again  # another tensor, same values
     cu[2] = 250  # past T: the check reads it again and refuses
     with pytest.raises(ValueError, match="rise from 0 to T=200"):
         check_cu_seqlens(cu, 1, 200)
 
+
+
+# ---------------------------------------------------------------- default_config's rules
+
+
+def test_default_config_takes_the_keys_path_past_one_program_a_sm():
+    """Past one program a SM (8 x 4096, packed) the keys path at two stages; at B = 1 the W path (132 SMs)."""
+    from deltalab.kernels.delta_rule.triton_chunk import default_config
+
+    for B, H, V, n_h, K in [(8, 6, 512, 1, 256), (32, 6, 512, 3, 256), (8, 32, 128, 1, 128)]:
+        cfg = default_config(B, H, V, n_h, K)
+        assert cfg.state_keys_ws and cfg.state_stages == 2, (B, H, V, n_h, K)
+    for B, H, V, n_h, K in [(1, 6, 512, 1, 256), (1, 6, 512, 3, 256)]:
+        assert not default_config(B, H, V, n_h, K).state_keys_ws, (B, H, V, n_h, K)
+
+
+def test_default_config_output_kernel_choices():
+    """q K^T from the kkt kernel and output pairs at dk > 128 (pairs at n_h = 1 only); evict-first state loads at one
+    key block (dk <= 128); the next key block loaded ahead at n_h = 1 with several key blocks."""
+    from deltalab.kernels.delta_rule.triton_chunk import default_config
+
+    for B in (1, 8):
+        d = default_config(B, 6, 512, 1, 256)
+        assert d.out_pair and d.out_aqk and d.out_prefetch and not d.out_evict_first and d.out_bk == 64
+    d = default_config(8, 32, 128, 1, 128)
+    assert not d.out_pair and not d.out_aqk and not d.out_prefetch and d.out_evict_first and d.out_bk == 128
+    d = default_config(8, 6, 512, 2, 256)
+    assert d.out_aqk and not d.out_pair and not d.out_prefetch
+
+
+@pytest.mark.parametrize("B", [1, 8])
+@pytest.mark.parametrize("n_h", [1, 2, 3])
+def test_default_config_wide_output_tiles_only_with_half_states_at_dv_512(B, n_h):
+    from deltalab.kernels.delta_rule.triton_chunk import default_config
+
+    assert default_config(B, 6, 512, n_h, 256).out_bv == 256
+    assert default_config(B, 6, 512, n_h, 256, half_states=False).out_bv == 128
+    assert default_config(B, 32, 128, n_h, 128).out_bv == 128
+
+
+@cpu_only
+@pytest.mark.parametrize(
+    "dtype, keep, half", [(torch.bfloat16, False, True), (torch.bfloat16, True, False), (torch.float32, False, False)]
+)
+def test_the_forward_asks_for_the_states_it_stores(monkeypatch, dtype, keep, half):
+    import deltalab.kernels.delta_rule.triton_chunk as tc
+
+    seen = []
+    real = tc.default_config
+    monkeypatch.setattr(tc, "default_config", lambda *a, **kw: (seen.append(kw.get("half_states")), real(*a, **kw))[1])
+    q, k, v, beta, g, _ = _inputs(1, 70, 1, 16, 16, 1, True, False)
+    q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
+    tc.triton_delta_product(q, k, v, beta, g, normalize_qk=True, output_boundary_states=keep)
+    assert seen == [half]
+
+
+@cpu_only
+def test_wide_output_tiles_equal_narrow_ones():
+    from tests.kernels.delta_rule_cases import check_choice
+
+    """The same products per output column; the interpreter's fp32 dots (numpy) may block a wider tile's sums
+    differently, so o agrees to float32 rounding here (bit for bit on the GPU: benchmarks/compare_outputs.py)."""
+    errs = check_choice((1, 150, 1, 1, 32, 512, 1, True, None), torch.float32, dict(out_bv=256), dict(out_bv=128))
+    assert errs[3] < 1e-6, f"o differs between 256- and 128-wide output tiles: {errs[3]:.2e}"

@@ -11,7 +11,6 @@ difference from the gates it spans (a difference of two cumulative sums near -60
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import warnings
 
@@ -95,120 +94,67 @@ CPU_CASES = {
     "two chunks and a part": (2, 150, 1, 1, 16, 32, {}),
     "grouped heads, no initial state": (1, 100, 1, 3, 16, 16, dict(h0=False)),
     "strong decays (g down to -20)": (1, 140, 2, 2, 16, 16, dict(strength=20.0)),
-    "dk, dv not powers of two; key-column blocks": (1, 70, 1, 2, 24, 40, dict(prep_bk=16)),
+    "dk, dv not powers of two; key-column blocks": (1, 70, 1, 2, 24, 40, {}),
     "packed, grouped, short and empty": (1, None, 2, 4, 16, 16, dict(lengths=[70, 9, 0, 130, 64])),
 }
 
 
+@pytest.fixture
+def small_tiles(monkeypatch):
+    """Key blocks of 16 in the intra kernel's own pairs and of 8 in the WY kernel, 16-wide value tiles in the WY and
+    output kernels: several blocks and tiles at the tests' small dk and dv."""
+    import deltalab.kernels.delta_rule.triton_kda as tk
+
+    for name, value in dict(PREP_BKW=16, WY_BK=8, WY_BV=16, OUT_BV=16).items():
+        monkeypatch.setattr(tk, name, value)
+
+
 @cpu_only
-@pytest.mark.parametrize("split", [False, True], ids=["persistent prep", "split prep"])
+@pytest.mark.parametrize("tiles", [False, True], ids=["default tiles", "small tiles"])
 @pytest.mark.parametrize("name", list(CPU_CASES))
-def test_fp32_matches_float64_reference(name, split):
-    from deltalab.kernels.delta_rule.triton_kda import KdaConfig
-
+def test_fp32_matches_float64_reference(name, tiles, request):
+    if tiles:
+        request.getfixturevalue("small_tiles")
     *shape, kw = CPU_CASES[name]
-    kw = dict(kw)
-    bk = kw.pop("prep_bk", None)
-    # the split path with key blocks of 16 in its within-sub-block pairs (several blocks at dk = 24)
-    _check(*shape, **kw, config=KdaConfig(prep_bk=bk or KdaConfig.prep_bk, split_prep=split, intra_bk=16))
+    _check(*shape, **kw)
 
 
 @cpu_only
-@pytest.mark.parametrize("split", [False, True], ids=["persistent prep", "split prep"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_half_inputs_match_float64_reference(dtype, split):
-    from deltalab.kernels.delta_rule.triton_kda import KdaConfig
-
-    _check(1, None, 1, 2, 16, 32, dtype=dtype, lengths=[100, 30], strength=3.0, config=KdaConfig(split_prep=split))
+def test_half_inputs_match_float64_reference(dtype):
+    _check(1, None, 1, 2, 16, 32, dtype=dtype, lengths=[100, 30], strength=3.0)
 
 
 @cpu_only
-@pytest.mark.parametrize("blocks", [False, True], ids=["a program a chunk", "a program a block"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_wy_variants_match_float64_reference(dtype, blocks):
-    """The WY kernel's Kd factors e^{Gamma_last - Gamma_j} from the cumulative sums (`wy_kd_by_difference`), at
-    strong decays (g down to -20 a token, so Gamma reaches -1280 within a chunk), in 8-wide key blocks and
-    16-wide value tiles, looped in one program a chunk or one program each (`wy_blocks`)."""
-    from deltalab.kernels.delta_rule.triton_kda import KdaConfig
-
-    cfg = KdaConfig(wy_kd_by_difference=True, wy_bk=8, wy_bv=16, wy_blocks=blocks)
-    _check(1, None, 1, 2, 16, 32, dtype=dtype, lengths=[100, 30], strength=20.0, config=cfg)
+def test_wy_kernel_in_blocks_at_strong_decays(dtype, small_tiles):
+    """The WY kernel's Kd factors e^{Gamma_last - Gamma_j} from the cumulative sums (half dtypes), at strong decays
+    (g down to -20 a token, so Gamma reaches -1280 within a chunk), in 8-wide key blocks and 16-wide value tiles."""
+    _check(1, None, 1, 2, 16, 32, dtype=dtype, lengths=[100, 30], strength=20.0)
 
 
 @cpu_only
-@pytest.mark.parametrize("per_chunk", [True, False], ids=["per chunk", "per sub-block"])
-def test_inverse_kernel_matches_float64_reference(per_chunk):
-    """T by the separate one-warp inverse kernel (`inverse_kernel`) after either intra kernel (packed, grouped
-    heads, strong decays), fp32 and bf16."""
-    from deltalab.kernels.delta_rule.triton_kda import KdaConfig
-
-    cfg = KdaConfig(inverse_kernel=True, intra_per_chunk=per_chunk, intra_bk=16)
-    _check(1, None, 2, 4, 16, 16, lengths=[70, 9, 0, 130], strength=20.0, config=cfg)
-    _check(1, None, 1, 2, 16, 32, dtype=torch.bfloat16, lengths=[100, 30], strength=3.0, config=cfg)
-
-
-@cpu_only
-def test_wy_blocks_are_the_looped_arithmetic():
-    """A program a WY block computes what the looped kernel does, bit for bit (fp32, packed, grouped heads)."""
-    from deltalab.kernels.delta_rule.triton_kda import KdaConfig, triton_kda
-
-    q, k, v, beta, g, s0 = _inputs(1, 150, 2, 4, 24, 40, 1.0, 2, "cpu", 3)
-    cu = _cu([100, 50], "cpu")
-    looped = triton_kda(q, k, v, beta, g, initial_state=s0, cu_seqlens=cu, config=KdaConfig(wy_bk=16, wy_bv=16))
-    blocks = triton_kda(q, k, v, beta, g, initial_state=s0, cu_seqlens=cu,
-                        config=KdaConfig(wy_bk=16, wy_bv=16, wy_blocks=True))  # fmt: skip
-    for a, b in zip(looped, blocks, strict=True):
-        assert torch.equal(a, b)
-
-
-@cpu_only
-@pytest.mark.parametrize("split", [False, True], ids=["persistent prep", "split prep"])
-def test_key_halves_at_dk_256(split):
+def test_key_halves_at_dk_256():
     """dk > 128: the state kernel holds the key rows in two halves (as triton_chunk)."""
-    from deltalab.kernels.delta_rule.triton_kda import KdaConfig
-
-    _check(1, 70, 1, 1, 256, 16, config=KdaConfig(split_prep=split))
+    _check(1, 70, 1, 1, 256, 16)
 
 
 @cpu_only
-def test_split_prep_is_the_persistent_arithmetic():
-    """Under the interpreter the split prep (`_intra_kernel` + `_wy_kernel`) computes what `_prep_kernel` does,
-    to the bit when its within-sub-block pairs take all key channels in one block (as the persistent kernel);
-    in key blocks of 16 the sums are split, to within fp32 rounding. Packed, grouped, strong decays, dv tiled."""
-    from deltalab.kernels.delta_rule.triton_kda import KdaConfig, triton_kda
-
-    lengths = [70, 9, 130]
-    q, k, v, beta, g, s0 = _inputs(1, sum(lengths), 1, 2, 32, 48, strength=20.0, n_seq=3, seed=6)
-    cu = _cu(lengths)
-    base = KdaConfig(prep_bv=16, split_prep=False)
-    split_sub = KdaConfig(prep_bv=16, wy_bv=16, split_prep=True, intra_per_chunk=False, inverse_kernel=False)
-    want = triton_kda(q, k, v, beta, g, initial_state=s0, cu_seqlens=cu, config=base)
-    same = triton_kda(q, k, v, beta, g, initial_state=s0, cu_seqlens=cu, config=dataclasses.replace(
-        split_sub, intra_bk=32))  # fmt: skip
-    for a, b in zip(same, want):
-        assert torch.equal(a, b)
-    near = triton_kda(q, k, v, beta, g, initial_state=s0, cu_seqlens=cu, config=dataclasses.replace(
-        split_sub, intra_bk=16))  # fmt: skip
-    for a, b in zip(near, want):
-        assert _rel(a, b) < 1e-6
-
-
-@cpu_only
-@pytest.mark.parametrize("split", [False, True], ids=["persistent prep", "split prep"])
-def test_own_pairs_by_products_or_channel_by_channel(split):
+def test_own_pairs_by_products_or_channel_by_channel(monkeypatch):
     """A sub-block's own 16 x 16 pairs go through the products when its decays stay above e^-bound, else channel by
     channel: decays mild except in tokens 20-40 (strong there) put sub-blocks of one chunk on both paths. Both that
     mix and the channel-by-channel path alone (bound 0) agree with float64 to the fp32 bound and with each other to
     1e-6, and they are not bit-equal (the products did run)."""
-    from deltalab.kernels.delta_rule.triton_kda import OWN_PAIRS_BOUND, KdaConfig, triton_kda
+    from deltalab.kernels.delta_rule.triton_kda import OWN_PAIRS_BOUND, triton_kda
 
     q, k, v, beta, g, s0 = _inputs(1, 150, 1, 2, 16, 32, seed=7)
     g = g.clone()
     g[:, 20:40] *= 30.0  # sums over 15 tokens near -200 there: past the fp32 bound of 16
     assert (g[:, 1:16].sum(1).min() > -OWN_PAIRS_BOUND[torch.float32]) and (g[:, 21:36].sum(1).min() < -100)
     ref = _reference(q, k, v, beta, g, s0)
-    both = triton_kda(q, k, v, beta, g, initial_state=s0, config=KdaConfig(split_prep=split))
-    slow = triton_kda(q, k, v, beta, g, initial_state=s0, config=KdaConfig(split_prep=split, own_pairs_bound=0))
+    both = triton_kda(q, k, v, beta, g, initial_state=s0)
+    monkeypatch.setitem(OWN_PAIRS_BOUND, torch.float32, 0.0)
+    slow = triton_kda(q, k, v, beta, g, initial_state=s0)
     for a, b, r in zip(both, slow, ref):
         assert _rel(a, r) < TOL[torch.float32] and _rel(b, r) < TOL[torch.float32]
         assert _rel(a, b) < 1e-6
@@ -216,34 +162,11 @@ def test_own_pairs_by_products_or_channel_by_channel(split):
 
 
 @cpu_only
-@pytest.mark.parametrize("strength", [0.5, 3.0], ids=["mild decays", "decays past the fp32 own-pairs bound"])
-def test_intra_per_chunk_matches_per_sub_block(strength):
-    """The per-chunk intra kernel (4 x 4 blocks, cross factors through the sub-block boundaries, inverting in
-    registers) against the per-sub-block one (then the inverse kernel) and float64: packed (a sequence shorter
-    than a sub-block, one ending mid-sub-block), grouped heads, dk = 40 in key blocks of 16 (a masked last block),
-    dv = 24."""
-    from deltalab.kernels.delta_rule.triton_kda import KdaConfig, triton_kda
-
-    lengths = [70, 9, 0, 150]
-    q, k, v, beta, g, s0 = _inputs(1, sum(lengths), 2, 4, 40, 24, strength=strength, n_seq=4, seed=8)
-    cu = _cu(lengths)
-    ref = _reference(q, k, v, beta, g, s0, cu)
-    per_chunk = triton_kda(q, k, v, beta, g, initial_state=s0, cu_seqlens=cu,
-                           config=KdaConfig(intra_per_chunk=True, intra_chunk_bk=16, intra_bk=16,
-                                            inverse_kernel=False))  # fmt: skip
-    per_sub = triton_kda(q, k, v, beta, g, initial_state=s0, cu_seqlens=cu,
-                         config=KdaConfig(intra_per_chunk=False, intra_bk=16))  # fmt: skip
-    for a, b, r in zip(per_chunk, per_sub, ref):
-        assert _rel(a, r) < TOL[torch.float32] and _rel(a, b) < 1e-6
-    assert not torch.equal(per_chunk[0], per_sub[0])  # the two kernels did run different arithmetic
-
-
-@cpu_only
-def test_value_tiles_and_optional_outputs():
+def test_value_tiles_and_optional_outputs(small_tiles):
     """dv split into 16-wide tiles in every kernel; without the final and boundary states o is unchanged."""
     from deltalab.kernels.delta_rule.triton_kda import KdaConfig, triton_kda
 
-    cfg = KdaConfig(state_bv=16, prep_bv=16, out_bv=16)
+    cfg = KdaConfig(state_bv=16)
     _check(1, 80, 1, 1, 16, 48, config=cfg)
     q, k, v, beta, g, s0 = _inputs(1, 80, 1, 1, 16, 48, seed=2)
     o, fin, bnd = triton_kda(q, k, v, beta, g, initial_state=s0, config=cfg)
@@ -375,28 +298,15 @@ def test_gpu_dk256_dv512_vs_float64():
 
 @gpu
 @needs_cuda
-@pytest.mark.parametrize(
-    "intra",
-    [{}, dict(inverse_kernel=False), dict(inverse_kernel=False, intra_inverts=False), dict(intra_per_chunk=False),
-     dict(inverse_kernel=False, intra_per_chunk=False), dict(wy_blocks=False, wy_warps=8, wy_bk=32, wy_bv=64),
-     dict(wy_kd_by_difference=False)],
-    ids=["default: per chunk, inverse kernel, WY blocks", "per chunk, inverting", "per chunk, WY inverts",
-         "per sub-block, inverse kernel", "per sub-block, WY inverts", "WY looped, 8 warps", "Kd by a second scan"],
-)
-def test_gpu_split_prep_vs_float64(intra):
-    """The split prep (`KdaConfig.split_prep`) with each intra kernel (`_intra_chunk_kernel` or `_intra_kernel`),
-    (I + A) inverted by the inverse kernel, in the intra kernel or in `_wy_kernel`, and the WY variants at
-    dk = dv = 128, bf16: full batches (B = 2,
-    T = 1000 with a partial chunk, H = 16), then grouped heads, g down to -20 per token and packed sequences not
-    multiples of 64 (one of a single token); fp32 on the first shape."""
-    from deltalab.kernels.delta_rule.triton_kda import KdaConfig
-
-    cfg = KdaConfig(split_prep=True, **intra)
-    _check(2, 1000, 16, 16, 128, 128, dtype=torch.bfloat16, device="cuda", config=cfg)
-    _check(2, 1000, 16, 16, 128, 128, dtype=torch.float32, device="cuda", config=cfg)
+def test_gpu_prep_vs_float64():
+    """The prep (intra kernel, inverse kernel, WY kernel in blocks) at dk = dv = 128, bf16 and fp32 (Kd by a second
+    scan): full batches (B = 2, T = 1000 with a partial chunk, H = 16), then grouped heads, g down to -20 per token
+    and packed sequences not multiples of 64 (one of a single token), and dk = 256, dv = 512."""
+    _check(2, 1000, 16, 16, 128, 128, dtype=torch.bfloat16, device="cuda")
+    _check(2, 1000, 16, 16, 128, 128, dtype=torch.float32, device="cuda")
     _check(1, None, 8, 16, 128, 128, dtype=torch.bfloat16, strength=20.0, lengths=[700, 37, 64, 1500, 1, 300],
-           device="cuda", config=cfg)  # fmt: skip
-    _check(1, 300, 2, 4, 256, 512, dtype=torch.bfloat16, device="cuda", config=cfg)
+           device="cuda")  # fmt: skip
+    _check(1, 300, 2, 4, 256, 512, dtype=torch.bfloat16, device="cuda")
 
 
 @gpu
@@ -422,17 +332,22 @@ def test_gpu_long_batch_vs_chunked_float64(state_bv):
 @pytest.mark.parametrize(
     "B,T,H", [(1, 8192, 32), (2, 4096, 32), (1, 2048, 16)], ids=["1 an SM", "2 an SM", "64 programs"]
 )
-def test_gpu_pipelined_state_kernel_is_bit_identical_to_one_stage(B, T, H):
-    """The sequential kernel's pipeline stages (`KdaConfig.state_stages`, 3 by default where one or two programs
+def test_gpu_pipelined_state_kernel_is_bit_identical_to_one_stage(monkeypatch, B, T, H):
+    """The sequential kernel's pipeline stages (`triton_kda.STATE_STAGES`, 3, granted where one or two programs
     share an SM) change when loads are issued, never the arithmetic: o, final and boundary states bit-identical to
-    one stage, at the shapes where `_launch` grants 3 and 2 stages (a pipelined loop of the delta-rule output kernel
-    once miscompiled, see kernels/NOTES.md); and within the bf16 bound of the float64 chunked form."""
+    one stage, at the shapes where `launch_resident` grants 3 and 2 stages (a pipelined loop of the delta-rule output
+    kernel once miscompiled); and within the bf16 bound of the float64 chunked form."""
+    import deltalab.kernels.delta_rule.triton_kda as tk
     from deltalab.kernels.delta_rule.chunk import chunk_delta_product
-    from deltalab.kernels.delta_rule.triton_kda import KdaConfig, triton_kda
+    from deltalab.kernels.delta_rule.triton_kda import triton_kda
 
     q, k, v, beta, g, s0 = _inputs(B, T, H, H, 128, 128, device="cuda", seed=3)
     q, k, v = q.bfloat16(), k.bfloat16(), v.bfloat16()
-    outs = {s: triton_kda(q, k, v, beta, g, initial_state=s0, config=KdaConfig(state_stages=s)) for s in (1, 2, 3)}
+    outs = {}
+    for stages in (1, 2, 3):
+        monkeypatch.setattr(tk, "STATE_STAGES", stages)
+        outs[stages] = triton_kda(q, k, v, beta, g, initial_state=s0)
+    monkeypatch.undo()
     for s in (2, 3):
         for name, a, b in zip(("o", "final", "boundary"), outs[s], outs[1]):
             assert torch.equal(a, b), f"{s} stages: {name} differs from one stage by {_rel(a, b):.1e}"

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import os
 import warnings
+from unittest import mock
 
 import pytest
 import torch
 
 from deltalab.kernels.delta_rule.chunk import chunk_delta_product
 from deltalab.kernels.delta_rule.naive import boundary_offsets, naive_delta_product, num_boundaries
+from tests.kernels.delta_rule_cases import GPU_REAL_CASES, check_choice
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 ON_GPU = torch.cuda.is_available() and not INTERPRET
@@ -135,7 +137,7 @@ def test_bad_shapes_raise_one_line_value_errors():
 
 # (B, T or None, Hk, Hv, K, V, n_h, gate, lengths or None, config)
 CPU_CASES = {
-    "dv>dk, V tiles": ((2, 70, 1, 1, 16, 48, 1, True, None, dict(wu_bv=32, out_bv=32, state_bv=32))),
+    "dv>dk, V tiles": ((2, 70, 1, 1, 16, 48, 1, True, None, dict(out_bv=32, state_bv=32))),
     "dk=256": ((1, 70, 1, 1, 256, 16, 1, True, None, {})),
     "dk=160 (halves, masked)": ((1, 40, 1, 1, 160, 16, 2, False, None, {})),
     "grouped heads": ((1, 100, 2, 4, 16, 16, 2, True, None, {})),
@@ -144,7 +146,9 @@ CPU_CASES = {
 }
 
 
-def _check_triton(case, dtype, device="cpu", seed=0):
+def _check_triton(case, dtype, device="cpu", seed=0, wu_bv=None):
+    """The case against float64; wu_bv: the WY kernel's value tile for this run (several U tiles at small dv)."""
+    import deltalab.kernels.delta_rule.triton_chunk as tc
     from deltalab.kernels.delta_rule.triton_chunk import LaunchConfig, triton_delta_product
 
     B, T, Hk, Hv, K, V, n_h, gate, lengths, cfg = case
@@ -153,9 +157,11 @@ def _check_triton(case, dtype, device="cpu", seed=0):
     q, k, v, beta, g, s0 = _inputs(B, T, Hk, Hv, K, V, n_h, gate, n_seq=N, device=device, seed=seed)
     q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
     cu = _cu(lengths, device) if lengths else None
-    o, fin, bnd = triton_delta_product(
-        q, k, v, beta, g, initial_state=s0, normalize_qk=True, cu_seqlens=cu, config=LaunchConfig(**cfg)
-    )
+    with mock.patch.object(tc, "WU_BV", wu_bv or tc.WU_BV):
+        o, fin, bnd = triton_delta_product(
+            q, k, v, beta, g, initial_state=s0, normalize_qk=True, cu_seqlens=cu,
+            config=LaunchConfig(**cfg) if cfg else None,
+        )
     ro, rfin, rbnd = _reference(q, k, v, beta, g, s0, None if cu is None else cu.cpu())
     assert o.shape == (B, T, Hv, V) and o.dtype == dtype
     assert fin.shape == (N, Hv, K, V) and bnd.shape == rbnd.shape
@@ -167,36 +173,15 @@ def _check_triton(case, dtype, device="cpu", seed=0):
     return errs
 
 
-def _fused(case, fuse: bool):
-    """The case with the output written by the sequential kernel (fuse) or by the output kernel."""
-    return (*case[:-1], dict(case[-1], fuse_output=fuse))
-
-
 @cpu_only
-@pytest.mark.parametrize("fuse", [False, True], ids=["output kernel", "fused output"])
 @pytest.mark.parametrize("name", list(CPU_CASES))
-def test_triton_fp32_matches_float64_reference(name, fuse):
-    _check_triton(_fused(CPU_CASES[name], fuse), torch.float32)
+def test_triton_fp32_matches_float64_reference(name):
+    _check_triton(CPU_CASES[name], torch.float32, wu_bv=32 if name == "dv>dk, V tiles" else None)
 
 
 @cpu_only
-@pytest.mark.parametrize("fuse", [False, True], ids=["output kernel", "fused output"])
-def test_triton_half_inputs_varlen_grouped(fuse):
-    _check_triton(_fused(CPU_CASES["varlen grouped n_h=3"], fuse), torch.bfloat16)
-
-
-@cpu_only
-def test_fused_output_without_boundary_states():
-    """The fused path skips the boundary states when they are not asked for; o and the final state stay."""
-    from deltalab.kernels.delta_rule.triton_chunk import LaunchConfig, triton_delta_product
-
-    q, k, v, beta, g, s0 = _inputs(1, 90, 1, 2, 16, 16, 2, True, seed=4)
-    o, fin, bnd = triton_delta_product(
-        q, k, v, beta, g, initial_state=s0, normalize_qk=True, output_boundary_states=False,
-        config=LaunchConfig(fuse_output=True),
-    )
-    ro, rfin, _ = _reference(q, k, v, beta, g, s0)
-    assert bnd is None and max(_rel(o, ro), _rel(fin, rfin)) < TOL[torch.float32]
+def test_triton_half_inputs_varlen_grouped():
+    _check_triton(CPU_CASES["varlen grouped n_h=3"], torch.bfloat16)
 
 
 @cpu_only
@@ -271,8 +256,6 @@ DTYPE_CASES = [(name, torch.bfloat16) for name in GPU_CASES] + [
 @pytest.mark.parametrize("name, dtype", DTYPE_CASES, ids=[f"{n} {str(d)[6:]}" for n, d in DTYPE_CASES])
 def test_gpu_real_shapes_vs_float64(name, dtype):
     errs = _check_triton(GPU_CASES[name], dtype, device="cuda")
-    if dtype == torch.bfloat16 and "dv=512" in name:  # the fused output path (an option) at the largest states
-        _check_triton(_fused(GPU_CASES[name], True), dtype, device="cuda")
     print(f"{name} {dtype}: o/final/boundary rel err {errs[0]:.2e} {errs[1]:.2e} {errs[2]:.2e}")
 
 
@@ -337,3 +320,121 @@ def test_gpu_dispatch_falls_back_with_one_warning():
         got = delta_product_forward(q, k, v, beta, g, initial_state=s0, normalize_qk=True)
     assert len(rec) == 1
     assert _rel(got[0], _reference(q, k, v, beta, g, s0)[0]) < 1e-4
+
+
+# ---------------------------------------------------------------- the launch paths default_config chooses
+# Each against the float64 token loop and against the plain path (`LaunchConfig()`: the W path, q K^T formed in the
+# output kernel's key-block loop, every state stored), which rounds differently, so to the dtype's tolerance.
+
+# (B, T or None, Hk, Hv, K, V, n_h, gate, lengths or None)
+PATH_CASES = {
+    "dk 256 dv 512, key halves": (1, 150, 1, 1, 256, 512, 1, True, None),
+    "dk 40 n_h 2, no gate": (2, 100, 2, 2, 40, 24, 2, False, None),
+    "dk 96 grouped n_h 3, packed": (1, None, 1, 2, 96, 32, 3, True, [70, 5, 130]),
+}
+OUT_LOOPS = {"prefetch": dict(out_prefetch=True), "aqk": dict(out_aqk=True),
+             "aqk + prefetch": dict(out_aqk=True, out_prefetch=True)}  # fmt: skip
+
+
+@cpu_only
+@pytest.mark.parametrize("name", list(PATH_CASES))
+def test_keys_path_matches_float64_and_the_w_path(name):
+    """The keys path (`state_keys_ws`): D = T (diag(beta) V - diag(c) (K S)) in the sequential kernel, no WY kernel."""
+    errs = check_choice(PATH_CASES[name], torch.float32, dict(state_keys_ws=True), dict(state_keys_ws=False))
+    assert max(errs[:3]) < 1e-5, f"float32 against float64: {errs[:3]}"
+
+
+@cpu_only
+def test_keys_path_bf16():
+    check_choice(PATH_CASES["dk 96 grouped n_h 3, packed"], torch.bfloat16, dict(state_keys_ws=True), dict())
+
+
+@cpu_only
+@pytest.mark.parametrize("loop", list(OUT_LOOPS))
+@pytest.mark.parametrize("name", ["dk 256 dv 512, key halves", "dk 96 grouped n_h 3, packed"])
+def test_output_loops_match_float64_and_the_plain_loop(name, loop):
+    """`out_prefetch` runs the plain loop's products in the same order (bit-identical in the interpreter);
+    `out_aqk` sums q K^T over dk in the kkt kernel, so it differs by rounding. The states are the same."""
+    errs = check_choice(PATH_CASES[name], torch.float32, OUT_LOOPS[loop], dict())
+    assert max(errs[:3]) < 1e-5, f"{loop}: float32 against float64 {errs[:3]}"
+    assert errs[3] == 0.0 if loop == "prefetch" else errs[3] < 1e-5, f"{loop}: o differs by {errs[3]:.2e}"
+    assert errs[4] == 0.0 and errs[5] == 0.0, f"{loop}: the states changed ({errs[4:]}), the output kernel writes none"
+
+
+@cpu_only
+def test_output_loops_bf16():
+    for loop in OUT_LOOPS.values():
+        check_choice(PATH_CASES["dk 96 grouped n_h 3, packed"], torch.bfloat16, loop, dict())
+
+
+@cpu_only
+@pytest.mark.parametrize("keep", [False, True], ids=["every other state", "all states"])
+@pytest.mark.parametrize("case", [(1, 300, 1, 1, 256, 64, 1, True, None), (2, 200, 2, 4, 64, 32, 1, False, None),
+                                  (1, None, 1, 2, 96, 32, 1, True, [70, 5, 200, 130])],
+                         ids=["dk 256, 5 chunks", "grouped, 4 chunks, no gate", "packed 2, 1, 4, 3 chunks"])
+def test_output_pairs_match_float64_and_the_unpaired_path(case, keep):
+    """`out_pair` (n_h = 1 with `out_aqk`): an odd chunk reads the previous chunk's state and adds that chunk's share;
+    without boundary states returned only every other state is stored (half dtype in bf16, fp32 here)."""
+    errs = check_choice(case, torch.float32, dict(out_aqk=True, out_pair=True, out_bk=32), dict(out_aqk=True),
+                        keep_boundaries=keep)  # fmt: skip
+    assert max(errs[:2]) < 1e-5 and errs[3] < 1e-5, errs
+
+
+@cpu_only
+def test_output_pairs_bf16():
+    check_choice((1, None, 1, 2, 96, 32, 1, True, [70, 5, 200, 130]), torch.bfloat16,
+                 dict(out_aqk=True, out_pair=True, state_keys_ws=True), dict(), keep_boundaries=False)  # fmt: skip
+
+
+@cpu_only
+@pytest.mark.parametrize(
+    "n_h, keep, config, expected",
+    [(1, False, dict(out_pair=True, out_aqk=True), 2), (1, True, dict(out_pair=True, out_aqk=True), 1),
+     (1, False, dict(out_pair=False, out_aqk=True), 1), (1, False, dict(out_pair=True, out_aqk=False), 1),
+     (2, False, dict(out_pair=True, out_aqk=True), 1)],
+)  # fmt: skip
+def test_the_state_kernel_skips_odd_states_only_where_nobody_reads_them(monkeypatch, n_h, keep, config, expected):
+    import deltalab.kernels.delta_rule.triton_chunk as tc
+
+    seen = []
+    real = tc.launch_resident
+    monkeypatch.setattr(tc, "launch_resident", lambda *a, **kw: (seen.append(a[3]["BND_EVERY"]), real(*a, **kw))[1])
+    q, k, v, beta, g, s0 = _inputs(1, 130, 1, 1, 32, 16, n_h, True)
+    o, _, _ = tc.triton_delta_product(q, k, v, beta, g, initial_state=s0, normalize_qk=True,
+                                      output_boundary_states=keep, config=tc.LaunchConfig(**config))
+    assert seen == [expected] and torch.isfinite(o).all()
+
+
+@cpu_only
+@pytest.mark.parametrize("Hk, Hv, heads", [(2, 4, 2), (1, 4, 4), (2, 6, 1), (2, 2, 1)],
+                         ids=["group 2", "group 4", "group 3", "no groups"])  # fmt: skip
+def test_kkt_programs_serve_a_power_of_two_group(monkeypatch, Hk, Hv, heads):
+    """One kkt program forms K K^T and q K^T once for the value heads of a key head where Hv / Hk is a power of two."""
+    import deltalab.kernels.delta_rule.triton_chunk as tc
+
+    seen = []
+    real = tc.kkt_kernel
+
+    class Spy:
+        def __getitem__(self, grid):
+            def launch(*args, **kw):
+                seen.append((grid[0], kw["KG"]))
+                return real[grid](*args, **kw)
+
+            return launch
+
+    monkeypatch.setattr(tc, "kkt_kernel", Spy())
+    q, k, v, beta, g, s0 = _inputs(1, 100, Hk, Hv, 32, 16, 1, True)
+    o, fin, bnd = tc.triton_delta_product(q, k, v, beta, g, initial_state=s0, normalize_qk=True,
+                                          config=tc.LaunchConfig(out_aqk=True, out_pair=True))
+    assert seen == [(Hv * 2 // heads, heads)]  # (two chunks)
+    ro, rfin, rbnd = _reference(q, k, v, beta, g, s0)
+    assert max(_rel(o, ro), _rel(fin, rfin), _rel(bnd, rbnd)) < 1e-5
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("name", ["GDN default", "Qwen3-Next packed", "DeltaProduct n_h=2"])
+def test_gpu_plain_path_matches_float64(name):
+    """The real shapes through the plain path (`LaunchConfig()`), against float64 and the default path's choices."""
+    check_choice(GPU_REAL_CASES[name], torch.bfloat16, dict(), dict(state_keys_ws=True), device="cuda")
