@@ -15,7 +15,7 @@ from triton.runtime.errors import OutOfResources
 from deltalab.kernels.constants import CHUNK_SIZE
 
 BLOCK = 64  # sub-steps per WY block; a chunk of 64 tokens holds n_h of them
-SMEM_PER_SM = 225 * 1024  # shared memory a sequential kernel's resident programs may take (H100/H200: 227 KiB)
+SMEM_PER_SM = 225 * 1024  # shared memory a sequential kernel's resident programs may take (Hopper: 227 KiB)
 
 
 def interpreting() -> bool:
@@ -63,7 +63,7 @@ def pow2(n: int) -> int:
 
 @functools.cache
 def num_sms() -> int:
-    """Streaming multiprocessors of GPU 0 (132, an H100's, without CUDA: the interpreter's tile choices)."""
+    """Streaming multiprocessors of GPU 0 (132, as on Hopper, without CUDA: the interpreter's tile choices)."""
     return torch.cuda.get_device_properties(0).multi_processor_count if torch.cuda.is_available() else 132
 
 

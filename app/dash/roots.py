@@ -2,7 +2,7 @@
 and checkpoints that are the store's own or under such a root.
 
 A shared link carries query parameters (`?store=`, `?cmp_store=`, `?input_checkpoint=`) that anyone can
-write. Paths a person types into this session's sidebar or fields are their choice; paths that arrive in a
+write. Paths a person types into their browser session's sidebar or fields are their choice; paths that arrive in a
 URL are checked here first, and a refused one gets the same message whether or not it exists (nothing is
 opened, listed or stat'ed to phrase it).
 """

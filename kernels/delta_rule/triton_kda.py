@@ -25,7 +25,7 @@ Kernels:
    Qd = e^Gamma * q and Gamma_last.
 2. `_state_kernel` (sequential over a sequence's chunks, parallel over sequence x value head x value tile):
    stores S_c, Dlt = U - W S_c, S_{c+1} = e^{Gamma_last} S_c + Kd^T Dlt (dk > 128 as two key halves, as
-   `triton_chunk`: a [256, 32] tile miscompiled on an H100).
+   `triton_chunk`: a [256, 32] tile miscompiled on a Hopper GPU).
 3. `_output_kernel` (parallel over chunks): o = scale (Qd S_c + Aqk Dlt).
 """
 

@@ -156,7 +156,7 @@ def state_kernel(
     chunk; `_state_block`, one flat loop): store S_c (at chunk starts), D_a = U_a - W_a S_a and
     S_{a+1} = e^{G_a'} S_a + sum_{s in a} e^{G_a' - G_s} k_s D_s^T, G_a' the log-decay over block a.
     D is each sub-step's true pseudo-value, whatever the blocking. The state's key rows are held in two
-    halves when dk > 128 (SPLIT): one [256, 32] tile miscompiled on an H100 (Triton 3.6), as [128, 16] did.
+    halves when dk > 128 (SPLIT): one [256, 32] tile miscompiled on a Hopper GPU (Triton 3.6), as [128, 16] did.
     BND_EVERY = 2: only even chunks' starting states are stored (the output kernel's PAIR reads no others; n_h = 1)."""
     i_v, i_nh = tl.program_id(0), tl.program_id(1)
     i_n, i_h = i_nh // HV, i_nh % HV

@@ -28,7 +28,7 @@ EPS = float(torch.finfo(torch.float64).eps)
 EPS32 = float(torch.finfo(torch.float32).eps)
 BLOCK_R, BLOCK_P, NUM_WARPS, ONE_SUM = 8, 32, 2, True
 """Roots per program, poles per streamed chunk, warps and one cross-lane sum per evaluation of the float64 root
-kernel: H100 (`python -m benchmarks.spectra_dplr --dk 64 128 --sweep`, 262,144 matrices) 1.91e6 token-heads/s at
+kernel: Hopper (`python -m benchmarks.spectra_dplr --dk 64 128 --sweep`, 262,144 matrices) 1.91e6 token-heads/s at
 dk = 128 and 5.52e6 at dk = 64, against 1.05e6 / 3.78e6 for 16 roots, 4 warps and a sum per pole chunk (the
 earlier default). A program iterates until its slowest root converges: on KDA-like inputs (dk = 64) a root takes
 4.25 steps on average but a block of 16 roots 6.7, of 8 roots 6.1."""
@@ -154,7 +154,7 @@ def _step(DP, Z, row, n, ir, origin, x, lo, hi, d_lo, d_hi, active, inv_rho, cou
     The last root (no pole above) needs no case of its own: its phi terms vanish and its d_hi is a virtual pole
     beyond its bracket, so the quadratic's roots are the one-pole step and a_hi > hi - x, and the smaller is taken as
     for the others (the old model put a_hi = 0 for the last root, whose quadratic has a spurious root 0, and an
-    H200 returned a root left at its start; kernels/NOTES.md)."""
+    Hopper returned a root left at its start; kernels/NOTES.md)."""
     f, dpsi, dphi = _secular(DP, Z, row, n, ir, origin, x, inv_rho, BLOCK_P, NP, F32, ONE_SUM)
     on = active != 0
     lo = tl.where(on & (f < 0), x, lo)
@@ -188,7 +188,7 @@ def _iterate(DP, Z, row, n, ir, origin, x, lo, hi, d_lo, d_hi, active, inv_rho, 
     FOR_LOOP: a counted loop whose body is skipped once every root has converged, instead of a `while` on that
     test (the same steps; kept to check a GPU miscompile, kernels/NOTES.md).
     `active` is an int32 0/1 vector and every step ends at a barrier: added while a race was suspected for the
-    wrong roots an H200 returned; the cause was FMA contraction (same rows every run; none with it off). Kept
+    wrong roots a Hopper GPU returned; the cause was FMA contraction (same rows every run; none with it off). Kept
     because the kernel was verified on the GPU in this form (kernels/NOTES.md)."""
     count = tl.zeros(x.shape, tl.int32)
     if FOR_LOOP:
@@ -491,7 +491,7 @@ def secular_eigvals(d: torch.Tensor, w: torch.Tensor, rho: torch.Tensor, *, bloc
     the bracket's middle); `mixed`: float32 steps seed the float64 ones (same accuracy, fewer
     float64 divisions); `steps`, if given, receives the [2, N, n] float64 and float32
     step counts (for benchmarks); `for_loop`: iterate in a counted loop instead of a `while` (same steps);
-    `fp_fusion`: let the compiler contract multiply-adds into FMAs. Off by default: with FMAs an H100 and an H200
+    `fp_fusion`: let the compiler contract multiply-adds into FMAs. Off by default: with FMAs two Hopper GPUs
     returned wrong roots for about 1 matrix in 2,000 (the same ones every run), without them none (kernels/NOTES.md).
     `one_sum`: each evaluation's pole chunks add into [roots, poles] tiles reduced once instead of one cross-lane
     sum per chunk (the same roots up to the order of the additions; the default, see ONE_SUM).

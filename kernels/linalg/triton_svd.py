@@ -31,7 +31,7 @@ def _bidiag_steps(h, work, DT: tl.constexpr, N_STEPS: tl.constexpr):
     columns; the next step's column is then H_{:,j+1} - tau2 z_{j+1} H z), and each reflector's x_j with ||x||^2.
     ||u||^2 = 2 ||x|| (||x|| + |x_j|) needs no reduction (no cancellation). Four reduction rounds a step instead of
     ten, though two [DT, DT] temporaries live at once (ptxas sm_90, 4 warps: 1048 bytes of spills against 600):
-    the bidiagonalisation of 32768 matrices of 128 x 128 took 40.2 ms against 48.0 unpaired (H200; the unpaired
+    the bidiagonalisation of 32768 matrices of 128 x 128 took 40.2 ms against 48.0 unpaired (Hopper; the unpaired
     step is in commit 85712fb)."""
     r = tl.arange(0, DT)
     rows = r[:, None]
@@ -154,7 +154,7 @@ def svdvals(
     bisect_warps: int = 1,
 ) -> torch.Tensor:
     """Singular values [..., min(K, V)] (ascending) of states [..., K, V], computed in float32 by two kernels:
-    the bidiagonalisation (num_warps) and the bisection (bisect_warps). H200, 32768 matrices of 128 x 128: 6.22e5
+    the bidiagonalisation (num_warps) and the bisection (bisect_warps). Hopper, 32768 matrices of 128 x 128: 6.22e5
     a second."""
     K, V = states.shape[-2:]
     lead = states.shape[:-2]
@@ -174,7 +174,7 @@ def svdvals(
         flat.stride(1),
         flat.stride(2),
         D=D,
-        num_warps=num_warps or 4,  # H200, 32768 matrices of 128 x 128: 4 warps 2.8e5/s, 8 1.5e5/s, 16 1.1e5/s
+        num_warps=num_warps or 4,  # Hopper, 32768 matrices of 128 x 128: 4 warps 2.8e5/s, 8 1.5e5/s, 16 1.1e5/s
     )
     if n_iter > 0:
         _bisect_kernel[(N,)](work, out, D=D, N_ITER=n_iter, num_warps=bisect_warps)

@@ -24,7 +24,7 @@ from deltalab.kernels.delta_rule.naive import CHUNK_SIZE, l2_normalize
 from deltalab.kernels.linalg import cusolver_eigh
 
 METHODS = ("auto", "gram64", "triton", "svd", "svd64")
-# What "auto" picks on CUDA. Measured on an H200 (benchmarks.kernels_analysis, dk = dv = 128): the Triton kernel
+# What "auto" picks on CUDA. Measured on a Hopper GPU (benchmarks.kernels_analysis, dk = dv = 128): the Triton kernel
 # 3.8 us per matrix, cuSOLVER XsyevBatched on the float64 Gram 9.7 us, torch.linalg.eigvalsh 581 us,
 # torch.linalg.svdvals 5.8 ms.
 CUDA_METHOD = "triton"
@@ -81,7 +81,7 @@ def check_choice(method: str, backend: str) -> None:
 def resolve_method(method: str, device: torch.device, shape: tuple[int, int] | None = None) -> str:
     """'auto' -> CUDA_METHOD on CUDA for states [K, V] up to TRITON_MAX_DIM a side, else 'gram64' (also on the
     CPU): the Triton kernel pads both sides to the next power of two of the larger one, so OLMo-Hybrid's 96 x 192
-    states would run as 256 x 256 matrices (about 3 ms each on an H100) where the 96 x 96 Gram costs microseconds."""
+    states would run as 256 x 256 matrices (about 3 ms each on a Hopper GPU) where the 96 x 96 Gram costs microseconds."""
     if method != "auto":
         return method
     if device.type != "cuda" or (shape is not None and max(shape) > TRITON_MAX_DIM):

@@ -31,7 +31,7 @@ import torch
 from deltalab.kernels.constants import SECULAR_ITERATIONS, SECULAR_PRECISIONS
 
 TRITON_ENV = "DELTALAB_SECULAR"
-""""auto" runs the Triton solver on CUDA tensors (checked on an H100: 262,144 random matrices per dk, errors
+""""auto" runs the Triton solver on CUDA tensors (checked on a Hopper GPU: 262,144 random matrices per dk, errors
 <= 4.1e-15; 3.8e6 token-heads/s at dk = 64, 1.1e6 at dk = 128, 37-87x the torch solver); `DELTALAB_SECULAR=torch`
 makes "auto" use the torch solver there too."""
 
@@ -125,7 +125,7 @@ def _blocked(d: torch.Tensor, w: torch.Tensor, rho: torch.Tensor, block: int | N
 TRACE_TOL = 16
 """A matrix's eigenvalues must sum to its trace within TRACE_TOL * n * eps * (max |d| + rho ||w||^2), eps of the
 solver's precision (float32: 2.4e-4 of the scale at n = 128, while a float32 root is off by a few eps32 at most):
-a check that costs O(n) per matrix and catches any grossly wrong root (such as the one an H200 returned once)."""
+a check that costs O(n) per matrix and catches any grossly wrong root (such as the one a Hopper GPU returned once)."""
 
 
 def _trace_checked(lam: torch.Tensor, d: torch.Tensor, w: torch.Tensor, rho: torch.Tensor) -> torch.Tensor:

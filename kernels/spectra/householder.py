@@ -225,7 +225,7 @@ def _robust_eigvals(block: torch.Tensor, tries: int = 3) -> torch.Tensor:
 
 NETWORK_MAX = 16
 """Up to this many eigenvalues per set, `sort_eigenvalues` runs a sorting network of elementwise ops: argsort over a
-last axis of 4 took 64 ms of a 7B capture's 0.29 s of spectra per batch on an H200 (segmented sorts)."""
+last axis of 4 took 64 ms of a 7B capture's 0.29 s of spectra per batch on a Hopper GPU (segmented sorts)."""
 
 
 def sort_eigenvalues(eig: torch.Tensor) -> torch.Tensor:
@@ -308,7 +308,7 @@ def _block_spectra(keys: torch.Tensor, betas: torch.Tensor, dtype: torch.dtype) 
             sq = (k * k).sum(-1)
         lam = 1 - betas[:, 0] * sq
         return torch.complex(lam, torch.zeros_like(lam))[:, None]
-    keys = keys.to(dtype)  # float64 keys: the Triton kernel read bf16 keys 1.4x slower (H200, 7B capture)
+    keys = keys.to(dtype)  # float64 keys: the Triton kernel read bf16 keys 1.4x slower (Hopper, 7B capture)
     if n > 3:
         eig = wide_eigenvalues(keys, betas)
         return eig.to(torch.complex64) if dtype == torch.float32 else eig

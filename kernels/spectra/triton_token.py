@@ -3,7 +3,7 @@
 With one key a token's P = I - b k k^T has one non-trivial eigenvalue, 1 - b |k|^2 (`kernels.spectra.householder`), and
 a scalar gate multiplies every eigenvalue of A = exp(g) P by exp(g). `kernels.spectra.householder`'s torch path spends
 three passes over the keys on |k|^2 (a float32 copy of them included) and a dozen small complex128 ops on the rest: 57
-ms a batch of a 7B capture on an H100 (#19). Here each program reads a block of BLOCK_R rows of keys once, in their own
+ms a batch of a 7B capture on a Hopper GPU. Here each program reads a block of BLOCK_R rows of keys once, in their own
 dtype and strides (no copy), accumulates |k|^2 in float64 (squares of half or float32 keys are exact there), forms 1 - b
 |k|^2 and exp(g) (1 - b |k|^2) in float64 and rounds once, to float32, into the complex64 outputs (imaginary parts +0).
 Only CUDA tensors run compiled; under TRITON_INTERPRET=1 the same kernel runs on CPU tensors (the tests).
@@ -18,7 +18,7 @@ import triton
 import triton.language as tl
 
 BLOCK_R, BLOCK_D, NUM_WARPS = 32, 64, 4
-"""Rows (token-heads) per program, key columns per loaded tile, warps. H100, bf16 keys [8, 4096, 1, 32, 128] (268 MB,
+"""Rows (token-heads) per program, key columns per loaded tile, warps. Hopper, bf16 keys [8, 4096, 1, 32, 128] (268 MB,
 one layer of a 7B capture), eig_P and eig_A: 138 us (1.9 TB/s of keys) against 2.4 ms for the torch path (eig_P by
 `kernels.spectra.householder`, eig_A = eig_P exp(g) in complex128); 128 x 64 x 4 and 64 x 64 x 2 or 8 within 3%, 128
 columns a tile 15-50% slower (do_bench, 100 ms a config)."""

@@ -157,7 +157,7 @@ def test_triton_gpu_4096_tokens(n_h, gate):
     """T = 4096, 2 value heads on 1 key head, dk = dv = 128, an initial state: against the float64 chunked form on
     the GPU (checked against the dense oracle on small shapes) and the float64 chunked recurrence.
 
-    Full rows for a 1024-token window; the in-kernel top-k for all 4096 queries. Under a minute on an H100."""
+    Full rows for a 1024-token window; the in-kernel top-k for all 4096 queries. Under a minute on a Hopper GPU."""
     import time
 
     from deltalab.kernels.attention.chunk import chunk_recurrence

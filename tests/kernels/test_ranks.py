@@ -175,7 +175,7 @@ def test_every_ranks_only_every_nth_token_and_equals_the_full_run_there(every):
 
 def test_auto_method_avoids_the_triton_kernel_for_large_or_unequal_real_head_dims():
     """OLMo-Hybrid's 96 x 192 states would be padded to 256 x 256 by the Triton kernel (about 3 ms a matrix on an
-    H100): auto takes the float64 Gram of the 96 side there, and the Triton kernel only up to 128 a side."""
+    Hopper): auto takes the float64 Gram of the 96 side there, and the Triton kernel only up to 128 a side."""
     from deltalab.kernels.ranks.chunk import resolve_method
 
     cuda, cpu = torch.device("cuda"), torch.device("cpu")

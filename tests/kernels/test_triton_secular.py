@@ -118,7 +118,7 @@ def test_general_rwkv_sign_pattern_uses_triton():
 
 
 def test_a_root_that_misses_the_trace_is_re_solved_after_a_warning(monkeypatch):
-    """The trace check (kernels.spectra.dplr._trace_checked) catches a grossly wrong root, like the one an H200
+    """The trace check (kernels.spectra.dplr._trace_checked) catches a grossly wrong root, like the one a Hopper GPU
     returned once, and re-solves that matrix only; a correct matrix passes it untouched."""
     import deltalab.kernels.linalg.triton_secular as ts
 
@@ -126,7 +126,7 @@ def test_a_root_that_misses_the_trace_is_re_solved_after_a_warning(monkeypatch):
     ref = symmetric_reference(d, k, beta)
     exact = dplr_eigvals(d, k, beta, method="torch")
 
-    def faulty(d_, w_, rho_, **kw):  # what the H200 did: one root left at its start
+    def faulty(d_, w_, rho_, **kw):  # what the GPU did: one root left at its start
         lam = exact.clone()
         lam[4, 0] += 0.03
         return lam
@@ -171,7 +171,7 @@ F32_BOUND = 16
 the float32-rounded inputs. The math allows a few eps32 of that scale: the inputs' float32 w = sqrt(d) k (an eps32
 relative change of each term of rho w w^T), deflation's 8 eps32 scale tolerance, and a root found to f's rounding
 level, a sum of n terms (so the bound grows with n: n / 4 from n = 64). Measured <= 3.6 on the interpreter's cases
-(n <= 40) and 20.7 on an H100 over 262,144 matrices at n = 128 (rcp.approx); a root in a wrong bracket is off by
+(n <= 40) and 20.7 on a Hopper GPU over 262,144 matrices at n = 128 (rcp.approx); a root in a wrong bracket is off by
 an eigenvalue gap, ~1e-2 here, 1e4 times the bound."""
 
 

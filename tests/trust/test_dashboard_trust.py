@@ -109,7 +109,7 @@ def test_a_typed_checkpoint_is_the_readers_choice(monkeypatch, place, no_model):
     at.text_input(key="input_checkpoint").set_value(str(place["checkpoint"])).run()
     at.text_area(key="input_text").set_value("1 0 1").run()
     at.button(key="input_run").click().run()
-    assert str(place["checkpoint"]) in no_model  # typed in this session: loaded on Run
+    assert str(place["checkpoint"]) in no_model  # typed in this browser session: loaded on Run
 
 
 def test_a_compare_link_to_a_store_outside_the_roots_is_refused(monkeypatch, place):
