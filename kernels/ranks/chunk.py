@@ -81,7 +81,7 @@ def check_choice(method: str, backend: str) -> None:
 def resolve_method(method: str, device: torch.device, shape: tuple[int, int] | None = None) -> str:
     """'auto' -> CUDA_METHOD on CUDA for states [K, V] up to TRITON_MAX_DIM a side, else 'gram64' (also on the
     CPU): the Triton kernel pads both sides to the next power of two of the larger one, so OLMo-Hybrid's 96 x 192
-    states would run as 256 x 256 matrices (about 3 ms each on a Hopper GPU) where the 96 x 96 Gram costs microseconds."""
+    states would run as 256 x 256 matrices (about 3 ms each on Hopper) where the 96 x 96 Gram costs microseconds."""
     if method != "auto":
         return method
     if device.type != "cuda" or (shape is not None and max(shape) > TRITON_MAX_DIM):
