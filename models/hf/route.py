@@ -18,9 +18,9 @@ from typing import Any
 
 from torch import nn
 
-from deltalab.models.hf.families import GDN_KERNELS, KDA_KERNELS
+from deltalab.models.hf.families import GDN_KERNELS, KDA_KERNELS, SSD_KERNELS
 
-KERNEL_NAMES = GDN_KERNELS + KDA_KERNELS
+KERNEL_NAMES = GDN_KERNELS + KDA_KERNELS + SSD_KERNELS
 """Module globals the delta-rule layers of the supported families call (Gated DeltaNet, Kimi Delta Attention)."""
 
 _ACTIVE: contextvars.ContextVar[nn.Module | None] = contextvars.ContextVar("deltalab_hf_active", default=None)
@@ -42,6 +42,8 @@ def _router(original: Callable) -> Callable:
             raise PackedSequencesError("packed sequences (cu_seqlens) cannot pass deltalab's hooks: "
                                        "pass one sequence per row with an attention mask")
         call = signature.bind(*args, **kwargs).arguments  # names whatever was passed by position
+        if hasattr(adapter, "route_call"):  # Mamba-2's scan: the adapter reads its own arguments
+            return adapter.route_call(call)
         return adapter(call["query"], call["key"], call["value"], call["g"], call["beta"],
                        initial_state=call.get("initial_state"),
                        output_final_state=bool(call.get("output_final_state", False)),
