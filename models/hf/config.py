@@ -8,10 +8,23 @@ linear layers).
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from deltalab.models.hf.families import LINEAR, Family
+
+
+def json_safe(value: Any) -> Any:
+    """`value` with every non-finite float spelled as a string ("inf"): stores keep plain JSON, and Mamba-2
+    configs hold `time_step_limit = (0.0, inf)`."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return repr(value)
+    if isinstance(value, dict):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    return value
 
 
 @dataclass
@@ -102,7 +115,7 @@ class HFModelConfig:
             single_residual=family.single_residual, use_beta=False, removal=False,
             conv_size=first("mamba_d_conv", "conv_kernel"),
             pad_token_id=getattr(text, "pad_token_id", None), bos_token_id=getattr(text, "bos_token_id", None),
-            eos_token_id=getattr(text, "eos_token_id", None), hf_config=config.to_dict(),
+            eos_token_id=getattr(text, "eos_token_id", None), hf_config=json_safe(config.to_dict()),
         )
 
     def to_dict(self) -> dict[str, Any]:
