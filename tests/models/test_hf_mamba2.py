@@ -182,3 +182,23 @@ def test_d_state_edit_restarts_the_recurrence(hooked):
     o_ref, _ = naive_ssd(saved["q"][:, 64:], saved["k"][:, 64:, 0], saved["v"][:, 64:, 0], saved["g"][:, 64:])
     assert torch.equal(saved["o"][:, :64], clean[:, :64])
     assert fro(saved["o"][:, 64:], o_ref) < OURS and fro(clean[:, 64:], o_ref) > 1e-4  # the edit matters
+
+
+def test_e_cache_holds_the_final_state(hooked, untouched):
+    """use_cache=True: the cache holds hook_state's final entry (transposed to transformers' [B, H, P, N]), and a
+    decode step from it (transformers' own single-token update, not hooked) matches the untouched model's."""
+    model, module = untouched
+    x, nxt = ids(), ids(2, 1, seed=2)
+    layer = hooked.config.delta_layers[0]
+    with torch.no_grad():
+        with original_scan(module):
+            ref = model(x, use_cache=True)
+            ref_step = model(nxt, past_key_values=ref.past_key_values, use_cache=True)
+        nn = NNsight(hooked)
+        with nn.trace(x, use_cache=True):
+            states = nn.layers[layer].attn.hook_state.output.save()
+            out = nn.output.save()
+        cache = out.past_key_values.layers[layer].recurrent_states[0]
+        assert torch.equal(cache, states[:, -1].transpose(-1, -2))
+        step = hooked(nxt, past_key_values=out.past_key_values, use_cache=True)
+    assert fro(out.logits, ref.logits) < LOGITS and fro(step.logits, ref_step.logits) < LOGITS
