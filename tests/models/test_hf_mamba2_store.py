@@ -68,3 +68,21 @@ def test_probes_that_apply_run(captured, probe):
     assert probe in store.list_results(captured)
     results = store.open_results(captured, probe)
     assert results.sizes.get("layer", 3) == 3  # one entry per Mamba-2 layer where the result is per layer
+
+
+def test_a_hybrid_without_mamba_layers_is_refused(tmp_path):
+    """A Bamba config whose every layer is softmax attention: one line naming the problem, exit code 2."""
+    import transformers as tf
+
+    from tests.models.mamba2_tiny import ATTN, COMMON, MAMBA
+
+    torch.manual_seed(0)
+    config = tf.BambaConfig(**COMMON, **ATTN, **MAMBA, attn_layer_indices=[0, 1, 2, 3])
+    tf.AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path)
+    for command in (["info", str(tmp_path)], ["capture", str(tmp_path), "--data", "S4:length=8,samples=2",
+                                               "--out", str(tmp_path / "x.zarr"), "--no-progress"]):
+        res = CliRunner().invoke(app, command)
+        assert res.exit_code == 2, res.output
+        line = res.output.strip()
+        assert "\n" not in line and "no linear_attention layer" in line and "Mamba-2 layers" in line
+    assert not (tmp_path / "x.zarr").exists()
