@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from deltalab.kernels.ssd.chunk import chunk_ssd
+from deltalab.models.hf.route import PackedSequencesError
 from deltalab.models.hooks import HookPoint
 from deltalab.models.replay import check_state_shape, replay_patched
 
@@ -48,7 +49,11 @@ class SSDHooks(nn.Module):
 
     def route_call(self, call: dict[str, Any]) -> Any:
         """Take the bound arguments of transformers' `mamba2_chunk_scan` (models.hf.route)."""
-        if call.get("kwargs", {}).get("z") is not None:
+        extra = call.get("kwargs", {})
+        if any(extra.get(name) is not None for name in ("seq_idx", "cu_seqlens")):
+            raise PackedSequencesError("packed sequences (seq_idx, cu_seqlens) cannot pass deltalab's hooks: "
+                                       "pass one sequence per row with an attention mask")
+        if extra.get("z") is not None:
             raise ValueError(f"layer {self.layer_idx}: a gate z inside the scan is not hooked by deltalab "
                              "(transformers passes z=None and gates in its norm)")
         return self(call["hidden_states"], call["dt"], call["A"], call["B"], call["C"], D=call.get("D"),

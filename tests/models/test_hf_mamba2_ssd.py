@@ -60,3 +60,41 @@ def test_heads_must_be_a_multiple_of_groups():
     q, k, v, g, _ = inputs(4, seed=0, Hk=3)
     with pytest.raises(ValueError, match="not a multiple of 3 key heads"):
         chunk_ssd(q, k, v, g)
+
+
+@pytest.mark.parametrize("T, chunk", [(70, 32), (130, 256)])
+def test_adapter_matches_transformers_scan(T, chunk):
+    """deltalab's SSDHooks (discretisation, kernels.ssd, D skip) and transformers' torch `mamba2_chunk_scan` on the
+    same fresh random arguments, with an initial state: both within float32 rounding of the float64 recurrence."""
+    mamba2 = pytest.importorskip("transformers.models.mamba2.modeling_mamba2")
+    from deltalab.models.hf.ssd_adapter import SSDHooks
+
+    scan = getattr(mamba2.mamba2_chunk_scan, "deltalab_original", mamba2.mamba2_chunk_scan)
+    gen = torch.Generator().manual_seed(T)
+    B_, H, P, G, N = 2, 4, 6, 2, 8
+    x = torch.randn(B_, T, H, P, generator=gen)
+    dt = torch.randn(B_, T, H, generator=gen)
+    A = -torch.rand(H, generator=gen) * 4
+    Bm, Cm = (torch.randn(B_, T, G, N, generator=gen) for _ in range(2))
+    D, dt_bias = torch.randn(H, generator=gen), torch.randn(H, generator=gen)
+    h0 = torch.randn(B_, H, P, N, generator=gen)
+    args = dict(D=D, dt_bias=dt_bias, initial_states=h0, dt_softplus=True, dt_limit=(0.01, 2.0),
+                return_final_states=True)
+    y_ref, final_ref = scan(x, dt, A, Bm, Cm, chunk, **args)
+    y, final = SSDHooks(0, G, H, N, P)(x, dt, A, Bm, Cm, **args)
+    step = torch.nn.functional.softplus(dt + dt_bias).clamp(0.01, 2.0)
+    o64, final64 = naive_ssd(Cm, Bm, x * step[..., None], A * step, initial_state=h0.transpose(-1, -2))
+    y64 = o64 + D.double()[:, None] * x.double()
+    assert y.dtype == y_ref.dtype == torch.float32 and final.shape == final_ref.shape == (B_, H, P, N)
+    assert fro(y, y64) < 1e-5 and fro(final, final64.transpose(-1, -2)) < 1e-5
+    assert fro(y_ref, y64) < 1e-5 and fro(final_ref, final64.transpose(-1, -2)) < 1e-5
+
+
+def test_adapter_refuses_packed_sequences():
+    from deltalab.models.hf.route import PackedSequencesError
+    from deltalab.models.hf.ssd_adapter import SSDHooks
+
+    call = dict(hidden_states=torch.zeros(1, 4, 4, 6), dt=torch.zeros(1, 4, 4), A=-torch.ones(4),
+                B=torch.zeros(1, 4, 2, 8), C=torch.zeros(1, 4, 2, 8), kwargs={"seq_idx": torch.zeros(1, 4)})
+    with pytest.raises(PackedSequencesError, match="one sequence per row"):
+        SSDHooks(0, 2, 4, 8, 6).route_call(call)
