@@ -279,6 +279,12 @@ def plan_capture(checkpoint: str | Path, data: str | Data, out: str | Path, *,
     cfg = model.config
     rwkv7 = getattr(cfg, "model_type", None) == "rwkv7"  # beta per key channel, and a removal key kappa
     hook_list = list(parse_list(hooks) or schema.DEFAULT_HOOKS)
+    if getattr(cfg, "removal", True) is False:  # Mamba-2 (SSD): no removal, so no beta to capture
+        defaults = set(schema.DEFAULT_HOOKS) <= set(hook_list)  # the default list (the CLI spells it out): drop beta
+        if "beta" in hook_list and not defaults:
+            raise CaptureError(f"--hooks beta: {cfg.family}'s Mamba-2 layers have no removal and no beta "
+                               "(every write is whole); drop beta")
+        hook_list = [h for h in hook_list if h != "beta"]
     if rwkv7 and "beta" in hook_list and "kappa" not in hook_list:  # beta alone does not give the transition
         hook_list.append("kappa")
     layer_list = resolve_layers(layers, cfg.num_hidden_layers, getattr(cfg, "delta_layers", None))
@@ -286,6 +292,9 @@ def plan_capture(checkpoint: str | Path, data: str | Data, out: str | Path, *,
     try:
         variables = schema.variables_for(hook_list, gated=bool(cfg.use_forget_gate), removal_key=rwkv7)
         read = [h for h in reductions.hooks() if h not in hook_list] if reductions is not None else []
+        if "beta" in read and getattr(cfg, "removal", True) is False:
+            raise ValueError(f"--reduce reads beta, which {cfg.family}'s Mamba-2 layers do not have (no removal): "
+                             "drop the reductions that read it (their transitions reduce to the decay exp(g))")
         if rwkv7 and "beta" in read and "kappa" not in hook_list:  # the reductions' transitions need kappa too
             read.append("kappa")
         captured = schema.variables_for(hook_list + read, gated=bool(cfg.use_forget_gate), removal_key=rwkv7)

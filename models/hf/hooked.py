@@ -18,6 +18,7 @@ from deltalab.models.hf.adapter import DeltaRuleHooks
 from deltalab.models.hf.config import HFModelConfig
 from deltalab.models.hf.families import Family
 from deltalab.models.hf.route import attach, install_router
+from deltalab.models.hf.ssd_adapter import SSDHooks
 from deltalab.models.hooks import HookPoint
 from deltalab.models.lm import IGNORE_INDEX
 
@@ -25,32 +26,39 @@ from deltalab.models.lm import IGNORE_INDEX
 class LayerHooks(nn.Module):
     """`layers.{i}`: the attn hooks (linear layers) and the residual hooks (single-stream models)."""
 
-    def __init__(self, config: HFModelConfig, layer_idx: int, mixer: str = "linear_attn") -> None:
+    def __init__(self, config: HFModelConfig, layer_idx: int, mixer: str = "linear_attn",
+                 resid_mid: bool = True) -> None:
         super().__init__()
         self.layer_idx, self.mixer = layer_idx, mixer
         self.linear = layer_idx in config.delta_layers
         self.residual = config.single_residual
-        if self.linear:
+        self.ssd = not config.removal
+        if self.linear and self.ssd:
+            self.attn = SSDHooks(layer_idx, config.num_key_heads, config.num_heads, config.head_k_dim,
+                                 config.head_v_dim)
+        elif self.linear:
             self.attn = DeltaRuleHooks(layer_idx, config.num_key_heads, config.num_heads, config.head_k_dim,
                                        config.head_v_dim, channel_gate=config.gate == "channel")
+        self.mid = self.residual and self.linear and resid_mid
         if self.residual:
             self.hook_resid_pre = HookPoint()
             self.hook_resid_post = HookPoint()
-            if self.linear:
+            if self.mid:
                 self.hook_resid_mid = HookPoint()
         self._pre: torch.Tensor | None = None
 
     def attach(self, decoder_layer: nn.Module) -> list[Any]:
         """Install this layer's hooks on the transformers decoder layer; returns the handles."""
         handles: list[Any] = []
-        mixer = getattr(decoder_layer, self.mixer) if self.linear else None
+        mixer = None
         if self.linear:
+            mixer = ssd_mixer(decoder_layer, self.layer_idx) if self.ssd else getattr(decoder_layer, self.mixer)
             handles += attach(mixer, self.attn)
         if not self.residual:
             return handles
         handles.append(decoder_layer.register_forward_pre_hook(self._resid_pre, with_kwargs=True))
         handles.append(decoder_layer.register_forward_hook(self._resid_post))
-        if self.linear:  # decoder layer: x + linear_attn(norm(x)), so mid = pre + attn output
+        if self.mid:  # decoder layer: x + linear_attn(norm(x)), so mid = pre + attn output
             handles.append(mixer.register_forward_hook(self._resid_mid))
         return handles
 
@@ -71,14 +79,26 @@ class LayerHooks(nn.Module):
         # adds new - pre to the residual. Elementwise, so in-place writes count and nothing waits on the GPU.
         return torch.where(new == pre + out, out, new - pre)
 
-    def _resid_post(self, _mod: nn.Module, _args: Any, out: torch.Tensor) -> torch.Tensor:
+    def _resid_post(self, _mod: nn.Module, _args: Any, out: torch.Tensor | tuple) -> torch.Tensor | tuple:
         self._pre = None
+        if isinstance(out, tuple):  # (hidden states, attention weights) in some hybrids
+            return (self.hook_resid_post(out[0]), *out[1:])
         return self.hook_resid_post(out)
+
+
+def ssd_mixer(decoder_layer: nn.Module, layer_idx: int) -> nn.Module:
+    """The Mamba-2 mixer inside a decoder layer: the module owning `A_log`, `dt_bias` and `D` (the attribute is
+    `mixer`, `mamba` or `mamba_decoder.mamba` depending on the family)."""
+    for module in decoder_layer.modules():
+        if all(isinstance(getattr(module, n, None), nn.Parameter) for n in ("A_log", "dt_bias", "D")):
+            return module
+    raise ValueError(f"decoder layer {layer_idx} ({type(decoder_layer).__name__}) holds no Mamba-2 mixer "
+                     "(no module with A_log, dt_bias and D): the config's layer types and the model disagree")
 
 
 def decoder_layers(model: nn.Module) -> nn.ModuleList:
     """The decoder layers of a transformers causal LM or vision-language model."""
-    for path in ("model.layers", "model.language_model.layers", "language_model.layers", "layers"):
+    for path in ("model.layers", "model.language_model.layers", "language_model.layers", "backbone.layers", "layers"):
         mod: Any = model
         for part in path.split("."):
             mod = getattr(mod, part, None)
@@ -102,7 +122,7 @@ class HookedHFModel(nn.Module):
         if len(layers) != self.config.num_hidden_layers:
             raise ValueError(f"{len(layers)} decoder layers but num_hidden_layers={self.config.num_hidden_layers}")
         install_router(family.module, family.kernels)
-        self.layers = nn.ModuleList(LayerHooks(self.config, i, family.mixer)
+        self.layers = nn.ModuleList(LayerHooks(self.config, i, family.mixer, family.resid_mid)
                                     for i in range(self.config.num_hidden_layers))
         self._handles = [h for hooks, layer in zip(self.layers, layers) for h in hooks.attach(layer)]
 
@@ -140,8 +160,14 @@ class HookedHFModel(nn.Module):
 def summary_line(c: HFModelConfig, n_params: int) -> str:
     """`deltalab info`'s paragraph for a transformers Gated DeltaNet model (n_params: the checkpoint's, which
     includes a vision tower that the text model deltalab runs leaves out)."""
-    eig = "[-1,1]" if c.allow_neg_eigval else "[0,1]"
     full = c.num_hidden_layers - len(c.delta_layers)
+    if not c.removal:
+        return (f"{c.family} ({c.model_type}) eigenvalues exp(dt*A) in (0,1): {c.num_hidden_layers} layer(s), "
+                f"{len(c.delta_layers)} Mamba-2 (SSD, no removal) {c.delta_layers}, {full} without; "
+                f"{c.num_key_heads} group(s) / {c.num_heads} heads, dk=d_state={c.head_k_dim} "
+                f"dv=head_dim={c.head_v_dim}, hidden={c.hidden_size}, vocab={c.vocab_size}; "
+                f"{n_params / 1e6:.2f}M parameters")
+    eig = "[-1,1]" if c.allow_neg_eigval else "[0,1]"
     return (f"{c.family} ({c.model_type}) eigenvalues {eig}: {c.num_hidden_layers} layer(s), "
             f"{len(c.delta_layers)} {'Kimi Delta Attention' if c.gate == 'channel' else 'Gated DeltaNet'} "
             f"{c.delta_layers}, {full} attention; "

@@ -21,7 +21,6 @@ from deltalab.models.files import read_capped
 from deltalab.models.hf.config import HFModelConfig
 from deltalab.models.hf.families import (
     FAMILIES,
-    LINEAR,
     TRANSFORMERS_RANGE,
     TRANSFORMERS_SPEC,
     Family,
@@ -52,9 +51,15 @@ def _quiet_transformers() -> Iterator[None]:
             hf_logging.enable_progress_bar()
 
 
-def _no_linear(folder: Path) -> Exception:
+def _no_linear(folder: Path, family: Family | None = None) -> Exception:
+    kind = family.layer_kind if family is not None else "Gated DeltaNet"
     return _error(f"{folder / 'config.json'} has no linear_attention layer in layer_types: nothing for deltalab "
-                  "to hook; open a checkpoint with Gated DeltaNet layers")
+                  f"to hook; open a checkpoint with {kind} layers")
+
+
+def _has_linear(layer_types: Any, family: Family) -> bool:
+    """Whether `layer_types` names a layer deltalab hooks for `family`."""
+    return any(t in family.linear_types for t in (layer_types or []))
 
 
 def check_transformers(version: str | None = None) -> str:
@@ -137,8 +142,8 @@ def describe(folder: str | Path) -> tuple[HFModelConfig, int, str] | None:
     except Exception as err:  # noqa: BLE001 - whatever transformers raises becomes one line
         lines = [ln.strip() for ln in str(err).strip().splitlines() if ln.strip()] or [type(err).__name__]
         raise _error(f"transformers cannot read {folder / 'config.json'} ({lines[-1]}): check config.json") from None
-    if LINEAR not in (getattr(config.get_text_config(), "layer_types", None) or []):
-        raise _no_linear(folder)
+    if not _has_linear(getattr(config.get_text_config(), "layer_types", None), family):
+        raise _no_linear(folder, family)
     n_params = 0
     for f in files:
         with safe_open(str(f), "pt") as st:
@@ -170,8 +175,8 @@ def load_hf_checkpoint(folder: str | Path, raw: dict[str, Any] | None = None, de
     check_family_version(family, check_transformers())
     weight_files(folder)
     layer_types = raw.get("text_config", raw).get("layer_types")
-    if layer_types is not None and LINEAR not in layer_types:
-        raise _no_linear(folder)
+    if layer_types is not None and not _has_linear(layer_types, family):
+        raise _no_linear(folder, family)
     import transformers
     from transformers import AutoConfig
 
@@ -180,8 +185,8 @@ def load_hf_checkpoint(folder: str | Path, raw: dict[str, Any] | None = None, de
         kwargs["device_map"] = device_map
     try:
         config = AutoConfig.from_pretrained(folder, local_files_only=True, trust_remote_code=False)
-        if LINEAR not in (getattr(config.get_text_config(), "layer_types", None) or []):
-            raise _no_linear(folder)
+        if not _has_linear(getattr(config.get_text_config(), "layer_types", None), family):
+            raise _no_linear(folder, family)
         with _quiet_transformers():
             model = getattr(transformers, family.auto_class).from_pretrained(
                 folder, config=config, local_files_only=True, use_safetensors=True, trust_remote_code=False, **kwargs

@@ -39,6 +39,8 @@ def _router(original: Callable) -> Callable:
             raise PackedSequencesError("packed sequences (cu_seqlens) cannot pass deltalab's hooks: "
                                        "pass one sequence per row with an attention mask")
         call = signature.bind(*args, **kwargs).arguments  # names whatever was passed by position
+        if hasattr(adapter, "route_call"):  # Mamba-2's scan: the adapter reads its own arguments
+            return adapter.route_call(call)
         return adapter(call["query"], call["key"], call["value"], call["g"], call["beta"],
                        initial_state=call.get("initial_state"),
                        output_final_state=bool(call.get("output_final_state", False)),
