@@ -173,10 +173,14 @@ def test_typing_an_input_shows_it_on_every_page(server, browser):
     assert "21" in page.get_by_test_id("stMetric").first.inner_text()
     page.locator(".js-plotly-plot").first.wait_for()
     _shot(page, out / "input.png")
-    assert "input_text=" in page.url  # the URL carries the typed input: opening it reproduces the view
+    assert "input_text=" in page.url  # the URL carries the typed input: opening it reproduces the view on a click
     other = page.context.browser.new_page(viewport={"width": 1400, "height": 900})  # a new session
     try:
         other.goto(page.url)
+        _settle(other)
+        other.get_by_text("This link carries an input").first.wait_for(timeout=60000)  # nothing ran by itself
+        assert other.get_by_text("Exact attention").count() == 0
+        other.get_by_role("button", name="Run the model on this input").click()
         _settle(other)
         other.get_by_text("Exact attention").first.wait_for(timeout=60000)
         _clean(other, "Input from its URL")
