@@ -39,7 +39,9 @@ def server(tmp_path_factory):
     env = {**os.environ, "PYTHONPATH": str(ROOT), "TQDM_DISABLE": "1"}
     env.pop("DELTALAB_STORE", None)
     log = open(tmp_path_factory.mktemp("server_views") / "server.log", "w+")  # noqa: SIM115 - closed below
-    proc = subprocess.Popen([sys.executable, "-m", "deltalab.app.cli", "app", str(built["store"]), "--port", str(port)],
+    # --root: links may open the other stores these tests build (the comparison's second store)
+    proc = subprocess.Popen([sys.executable, "-m", "deltalab.app.cli", "app", str(built["store"]), "--port", str(port),
+                             "--root", str(tmp_path_factory.getbasetemp())],
                             cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:
