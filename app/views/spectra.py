@@ -68,7 +68,8 @@ def render(ctx) -> None:
 
     export.chart(figures.layer_head_heatmap(
         np.asarray(res["frac_rotation"].values), layers, "Fraction of tokens whose P_t is a rotation",
-        "fraction rotation", zmin=0, zmax=1, colorscale="Purples", highlight=(li, head)), key="spec_rot")
+        "fraction rotation", zmin=0, zmax=1, colorscale="Purples", highlight=(li, head)), key="spec_rot",
+                 **state.cell_clicks("spec_rot"))
 
     tr = reads.token_transition(ctx.path, sel.seq, sel.li, sel.pos, head)
     c1, c2, c3 = st.columns(3)
@@ -154,7 +155,8 @@ def render(ctx) -> None:
                 mods = np.stack([np.asarray(res["mean_modulus"].values), np.asarray(res["mean_modulus_A"].values)])
                 export.chart(figures.layer_head_heatmap(
                     mods[1] / np.where(mods[0] > 0, mods[0], 1), layers, "Mean |λ(A_t)| / mean |λ(P_t)| per head",
-                    "scaling", zmin=0, zmax=1, colorscale="Greens", highlight=(li, head)), key="spec_gate_ratio")
+                    "scaling", zmin=0, zmax=1, colorscale="Greens", highlight=(li, head)), key="spec_gate_ratio",
+                 **state.cell_clicks("spec_gate_ratio"))
     else:
         st.info("This model has no forget gate: A_t = P_t (every eigenvalue scaling is 1).")
     st.button("Drill down: this token's transition matrix →", on_click=state.go_to, args=("Token",),
