@@ -98,7 +98,9 @@ def test_overview(app):
 def test_betas_heatmaps_histogram_and_per_token_scatter(app):
     at = goto(app, "Betas")
     types = trace_types(at)
-    assert types[0] == {"heatmap"} and len(specs(at)[0]["data"]) == 2  # one heatmap per Householder step
+    heat = [d["type"] for d in specs(at)[0]["data"]]
+    assert types[0] == {"heatmap", "scatter"} and heat.count("heatmap") == 2  # one heatmap per Householder step
+    assert heat.count("scatter") == 2  # with the invisible points that carry each one's clicks
     assert {"histogram"} in types
     assert traces(at, "input tokens", "scatter"), "per-token beta_0 vs beta_1 scatter"
     # the planted rotation head: beta = 2 on both steps, flagged as a reflection head
@@ -142,7 +144,7 @@ def test_effective_rank_lines_markers_and_measure_choice(app):
     layout = specs(at)[0]["layout"]
     notes = [a.get("text", "") for a in layout.get("annotations", [])]
     assert "training length 64" in notes and "document start" in notes
-    assert any(t == {"heatmap"} for t in trace_types(at))
+    assert any(t == {"heatmap", "scatter"} for t in trace_types(at))  # a layer x head heatmap that takes clicks
     # head 1 is the planted low-rank head: rank <= 2
     assert np.nanmax(arr(lines[1]["y"])) <= 2.0 + 1e-4
     at.radio(key="rank_metric").set_value("stable rank").run()
@@ -153,7 +155,7 @@ def test_effective_rank_lines_markers_and_measure_choice(app):
 
 def test_probes_linear_lengthgen_and_missing_interventions(app):
     at = goto(app, "Probes")
-    assert any(t == {"heatmap"} for t in trace_types(at))
+    assert any(t == {"heatmap", "scatter"} for t in trace_types(at))  # a layer x head heatmap that takes clicks
     names = {d.get("name") for d in traces(at)}
     assert {"token accuracy", "sequence accuracy (prefix)"} <= names
     heat = specs(at)[0]["data"][0]
