@@ -109,5 +109,5 @@ def test_a_click_on_a_betas_cell_selects_its_head(page, tmp_path_factory):
         _settle(pg)
         _clean(pg, "Betas click")
         assert "sel_head=1" in pg.url, pg.url
-        assert pg.get_by_test_id("stSidebar").get_by_label("Head").input_value() == "1"
+        assert pg.get_by_test_id("stSidebar").get_by_role("spinbutton", name="Head").input_value() == "1"
         _shot(pg, out / "betas-click-head-1.png")

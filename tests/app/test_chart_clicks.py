@@ -46,3 +46,12 @@ def test_a_click_on_a_cell_selects_its_layer_head_and_step(monkeypatch):
     assert (session[state.KEYS["layer"]], session[state.KEYS["head"]], session[state.KEYS["step"]]) == (1, 3, 1)
     state.cell_clicks("rank_heat")["on_select"]()
     assert (session[state.KEYS["layer"]], session[state.KEYS["head"]], session[state.KEYS["step"]]) == (4, 2, 1)
+
+
+def test_the_points_carry_the_hover_that_the_heatmap_gave_up():
+    """plotly sends no click for a trace whose hover is skipped: the points hover (with the cell's value) and the
+    heatmap does not."""
+    fig = figures.layer_head_heatmap(np.array([[0.25, 0.5]]), [2], "t", "fraction", fmt=".2f")
+    heat, cells = fig.data[0], _cells(fig)[0]
+    assert heat.hoverinfo == "skip" and cells.hoverinfo != "skip"
+    assert list(cells.text) == ["layer 2, head 0<br>fraction = 0.25", "layer 2, head 1<br>fraction = 0.50"]
