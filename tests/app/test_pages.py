@@ -155,7 +155,7 @@ def test_effective_rank_lines_markers_and_measure_choice(app):
 
 def test_probes_linear_lengthgen_and_missing_interventions(app):
     at = goto(app, "Probes")
-    assert any(t == {"heatmap", "scatter"} for t in trace_types(at))  # a layer x head heatmap that takes clicks
+    assert any(t == {"heatmap"} for t in trace_types(at))  # probe inputs as columns: not heads, no click points
     names = {d.get("name") for d in traces(at)}
     assert {"token accuracy", "sequence accuracy (prefix)"} <= names
     heat = specs(at)[0]["data"][0]
