@@ -22,24 +22,26 @@ def streamlit_argv(store: Path | None, port: int, host: str) -> list[str]:
 
 
 def _checkpoint_store(checkpoint: Path) -> Path:
-    """Capture and probe `checkpoint` into its cached store (once), with a progress bar; fail in one line."""
-    from tqdm.auto import tqdm
-
-    from deltalab.app.default_store import DefaultStoreError, checkpoint_store_path, ensure_checkpoint_store
+    """The cached store of `checkpoint`: opened as it is when built, else built in a background process (capture +
+    probes) while the server starts, so the browser shows the build's progress instead of "connection refused"."""
+    from deltalab.app import build_job
+    from deltalab.app.default_store import DefaultStoreError, checkpoint_data_spec, checkpoint_store_path, is_built
     from deltalab.models import CheckpointError
 
-    typer.echo(f"{checkpoint} is a checkpoint: opening its store {checkpoint_store_path(checkpoint)} "
-               "(captured and probed on first use)", err=True)
-    with tqdm(total=1.0, bar_format="{l_bar}{bar}| {desc}", file=sys.stderr) as bar:
-        def report(fraction: float, message: str) -> None:
-            bar.n = fraction
-            bar.set_description_str(message)
-
-        try:
-            return ensure_checkpoint_store(checkpoint, progress=report)
-        except (DefaultStoreError, CheckpointError, ValueError, OSError) as err:
-            bar.close()
-            fail(str(err).strip().splitlines()[0])
+    out = checkpoint_store_path(checkpoint)
+    try:
+        spec = checkpoint_data_spec(checkpoint)
+        if is_built(out, checkpoint, spec=spec):
+            return out
+    except (DefaultStoreError, CheckpointError, ValueError, OSError) as err:
+        fail(str(err).strip().splitlines()[0])
+    build_job.start(out, checkpoint.resolve(), spec)
+    info = build_job.wait_running(out)  # a bad checkpoint or data fails here, in one line, before the server starts
+    if info.get("error"):
+        fail(str(info["error"]))
+    typer.echo(f"{checkpoint} is a checkpoint: building its store {out} in the background (pid {info['pid']}, "
+               f"log {out.with_name(out.name + build_job.LOG_SUFFIX)}); the page shows the progress", err=True)
+    return out
 
 
 def app_command(
@@ -64,9 +66,11 @@ def app_command(
             store = _checkpoint_store(store)
     if store is not None:
         import deltalab.store as store_mod
+        from deltalab.app import build_job
 
         try:
-            store_mod.check_store(store)
+            if not build_job.running(store):  # a store being built is checked by the page once it exists
+                store_mod.check_store(store)
         except store_mod.StoreError as err:
             fail(str(err))
         store = store.resolve()

@@ -78,22 +78,14 @@ def _default_store() -> Path | None:
                 "To make one: `deltalab capture CHECKPOINT --data S4:length=256,samples=128 --out runs/s4.zarr`, "
                 "then `deltalab probe betas --store runs/s4.zarr` (and keys, spectra, erank, linear, lengthgen).")
         return None
-    with st.status("Building the default store (first use only)…", expanded=True) as status:
-        st.write(f"Capturing the bundled checkpoint `{dflt.bundled_checkpoint().name}` over S4 sequences and "
-                 f"running the probes into `{dflt.default_store_path()}`. Later launches open it at once.")
-        bar = st.progress(0.0)
+    from deltalab.app import build_job
+    from deltalab.app.dash import building
 
-        def report(fraction: float, message: str) -> None:
-            bar.progress(min(1.0, max(0.0, fraction)), text=message)
-
-        try:
-            path = dflt.ensure_default_store(progress=report)
-        except dflt.DefaultStoreError as err:
-            status.update(label="Building the default store failed", state="error")
-            st.error(str(err))
-            return None
-        status.update(label=f"Default store ready: {path}", state="complete", expanded=False)
-    return path
+    out = dflt.default_store_path()
+    info = build_job.read_progress(out)
+    if info is None or (info.get("done") and not dflt.is_built()):
+        build_job.start(out)  # in its own process: closing the tab does not stop it
+    return out if building.show(out, "the default store") else None
 
 
 @st.cache_resource(show_spinner=False, max_entries=8)
@@ -133,6 +125,10 @@ def run() -> None:
     side.button("Reload", on_click=_reload, help="Re-read the store and its probe results (after a probe ran).")
     if chosen:
         path = Path(chosen).expanduser()
+        from deltalab.app.dash import building
+
+        if not building.show(path, f"`{path.name}`"):  # `deltalab app CHECKPOINT`: its store is being built
+            return
     else:
         default = _default_store()
         if default is None:

@@ -39,6 +39,8 @@ def figure_table(fig: go.Figure) -> pd.DataFrame:
     frames = []
     for i, trace in enumerate(fig.data):
         name = trace.name if getattr(trace, "name", None) else f"trace {i}"
+        if trace.type in ("scatter", "scattergl") and name == "cells" and trace.marker.opacity == 0:
+            continue  # the invisible points that carry a heatmap's clicks (figures.clickable_cells)
         z = getattr(trace, "z", None)
         if trace.type == "heatmap" and z is not None:
             zz = np.asarray(z, dtype=np.float64)

@@ -75,6 +75,27 @@ def _highlight_cell(fig: go.Figure, r: int | None, c: int | None, **kw) -> None:
                   line=dict(color="red", width=3), fillcolor="rgba(0,0,0,0)", **kw)
 
 
+def clickable_cells(fig: go.Figure, xs: Sequence[str], ys: Sequence[str], customdata: np.ndarray,
+                    hovertext: Sequence[str], **where: int) -> None:
+    """Invisible points over a heatmap's cells (x categories `xs`, y categories `ys`; customdata [len(ys), len(xs),
+    k]; hovertext one per cell, row-major) that carry the hover and the click: Streamlit reports no selection for a
+    click on a heatmap itself. The caller turns the heatmap's own hover off."""
+    gx, gy = np.meshgrid(np.arange(len(xs)), np.arange(len(ys)))
+    cd = np.asarray(customdata).reshape(len(ys) * len(xs), -1)
+    fig.add_trace(go.Scatter(x=[xs[i] for i in gx.ravel()], y=[ys[j] for j in gy.ravel()], mode="markers",
+                             customdata=cd, text=list(hovertext), hovertemplate="%{text}<extra></extra>",
+                             showlegend=False, name="cells",
+                             marker=dict(symbol="square", size=max(8, min(80, 800 // max(len(xs), len(ys)))),
+                                         opacity=0.0, color="black"),
+                             unselected=dict(marker=dict(opacity=0.0)), selected=dict(marker=dict(opacity=0.0))),
+                  **where)
+
+
+def _cell_text(values: np.ndarray, xs: Sequence[str], ys: Sequence[str], head: str, label: str, fmt: str) -> list[str]:
+    return [f"{head}{y}, {x}<br>{label} = " + ("n/a" if not np.isfinite(values[j, i]) else format(values[j, i], fmt))
+            for j, y in enumerate(ys) for i, x in enumerate(xs)]
+
+
 def layer_head_heatmap(values: np.ndarray, layers: Sequence[int], title: str, zlabel: str, *,
                        zmin: float | None = None, zmax: float | None = None, colorscale: str = "Viridis",
                        highlight: tuple[int, int] | None = None, fmt: str = ".2f",
@@ -88,6 +109,11 @@ def layer_head_heatmap(values: np.ndarray, layers: Sequence[int], title: str, zl
         z=values, x=cols, y=[f"layer {int(x)}" for x in layers], colorscale=colorscale, zmin=zmin, zmax=zmax,
         zmid=zmid, text=text, texttemplate="%{text}" if text else None, colorbar=dict(title=dict(text=zlabel)),
         hovertemplate="%{y}, %{x}<br>" + zlabel + " = %{z:" + fmt + "}<extra></extra>", xgap=1, ygap=1))
+    if col_labels is None:  # columns are heads: a click selects the cell's layer and head
+        cd = np.stack(np.meshgrid(np.arange(H), np.asarray(layers, dtype=np.int64))[::-1], -1)  # [L, H, (layer, head)]
+        ys = [f"layer {int(x)}" for x in layers]
+        clickable_cells(fig, cols, ys, cd, _cell_text(values, cols, ys, "", zlabel, fmt))
+        fig.data[0].hoverinfo, fig.data[0].hovertemplate = "skip", None
     if highlight is not None:
         _highlight_cell(fig, highlight[0], highlight[1])
     fig.update_xaxes(title_text="head", side="bottom")
@@ -110,6 +136,11 @@ def beta_step_heatmaps(values: np.ndarray, layers: Sequence[int], bmax: float, s
             z=z, x=[f"h{h}" for h in range(H)], y=[f"layer {int(x)}" for x in layers], coloraxis="coloraxis",
             text=text, texttemplate="%{text}" if text else None, xgap=1, ygap=1,
             hovertemplate=f"step {s}, " + "%{y}, %{x}<br>" + stat + " = %{z:.3f}<extra></extra>"), 1, s + 1)
+        lay, hd = np.meshgrid(np.asarray(layers, dtype=np.int64), np.arange(H), indexing="ij")
+        xs, ys = [f"h{h}" for h in range(H)], [f"layer {int(x)}" for x in layers]
+        fig.data[-1].hoverinfo, fig.data[-1].hovertemplate = "skip", None
+        clickable_cells(fig, xs, ys, np.stack([lay, hd, np.full_like(lay, s)], -1),  # (layer, head, step)
+                        _cell_text(z, xs, ys, f"step {s}, ", stat, ".3f"), row=1, col=s + 1)
         if highlight is not None:
             _highlight_cell(fig, highlight[0], highlight[1], row=1, col=s + 1)
         fig.update_xaxes(title_text="head", row=1, col=s + 1)

@@ -13,6 +13,7 @@ import re
 import threading
 import time
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -163,11 +164,27 @@ def load_model(checkpoint: Path, device: str = "cpu") -> Any:
 _MODELS: dict[tuple[str, str], Any] = {}
 _MODELS_LOCK = threading.Lock()
 MODELS_MAX = 2
+_MODEL_THREAD = ThreadPoolExecutor(max_workers=1, thread_name_prefix="deltalab-model")
+"""The one thread that loads models and runs every traced forward. nnsight routes a module's calls to whichever
+trace on that module is running, whatever thread it runs in, and hands values over by greenlet switches, which
+cannot cross threads: two traces at once (the background warm-up and a click on Run, two tabs) fail with
+"parent cannot be on a different thread" or a value "not cached". One thread runs them one after another."""
+
+
+def _on_model_thread(fn: Any, *args: Any) -> Any:
+    if threading.current_thread().name.startswith("deltalab-model"):
+        return fn(*args)  # already there (a run that loads its model)
+    return _MODEL_THREAD.submit(fn, *args).result()
 
 
 def get_model(checkpoint: Path | str, device: str = "cpu") -> Any:
     """The model, loaded once per process and warmed up with one short traced run (nnsight's first trace sets
-    itself up for seconds); safe to call from a background thread to have it ready before Run is pressed."""
+    itself up for seconds); safe to call from any thread (the work runs on the model thread), e.g. a background
+    thread to have it ready before Run is pressed."""
+    return _on_model_thread(_get_model, checkpoint, device)
+
+
+def _get_model(checkpoint: Path | str, device: str) -> Any:
     key = (str(Path(checkpoint).resolve()), device)
     with _MODELS_LOCK:
         if key in _MODELS:
@@ -191,7 +208,12 @@ def is_loaded(checkpoint: Path | str, device: str = "cpu") -> bool:
 
 def run(model: Any, enc: Encoded, attrs: dict[str, Any], timing: Timing | None = None) -> xr.Dataset:
     """Run `model` with the store's hooks over one encoded sequence: a Dataset with the store's variables, dims,
-    coordinates and attributes (data_spec 'input:text' or 'input:task'), holding one complete sequence."""
+    coordinates and attributes (data_spec 'input:text' or 'input:task'), holding one complete sequence. Safe from
+    any thread: the traced forward runs on the model thread, after any warm-up or other run."""
+    return _on_model_thread(_run, model, enc, attrs, timing)
+
+
+def _run(model: Any, enc: Encoded, attrs: dict[str, Any], timing: Timing | None = None) -> xr.Dataset:
     from deltalab.store.plan import head_index
     from deltalab.store.runner import HookedRunner
 

@@ -89,6 +89,22 @@ def select(**values: int) -> None:
             st.session_state[KEYS[name]] = int(value)
 
 
+def select_cell(chart_key: str) -> None:
+    """on_select callback of a layer x head chart: the clicked cell's customdata (layer, head[, step]) becomes
+    the selection."""
+    cd = clicked(chart_key)
+    if cd is None or len(cd) < 2:
+        return
+    select(layer=int(cd[0]), head=int(cd[1]), step=int(cd[2]) if len(cd) > 2 else None)
+
+
+def cell_clicks(chart_key: str) -> dict[str, Any]:
+    """export.chart / st.plotly_chart keywords that make a layer x head chart select its cell on click."""
+    from functools import partial
+
+    return {"on_select": partial(select_cell, chart_key), "selection_mode": "points"}
+
+
 def clicked(chart_key: str) -> list | None:
     """customdata of the first point selected (clicked) in plotly chart `chart_key`, or None.
 

@@ -82,6 +82,20 @@ def _on_head(chart_key: str) -> None:
         state.select(head=int(cd[0]))
 
 
+DEFAULTED_KEY = "attn_query_defaulted"
+
+
+def _default_query(pos: int, T: int) -> None:
+    """On the first visit, with no token chosen yet (position 0, none in the URL), open on the sequence's last
+    token: token 0 reads only itself, the last one reads the whole sequence."""
+    if st.session_state.get(DEFAULTED_KEY):
+        return
+    st.session_state[DEFAULTED_KEY] = True
+    if pos == 0 and T > 1 and state.KEYS["pos"] not in st.query_params:
+        state.defer(**{state.KEYS["pos"]: T - 1})
+        st.rerun()
+
+
 def render(ctx) -> None:
     sel = ctx.sel
     st.title("Attention")
@@ -107,6 +121,7 @@ def render(ctx) -> None:
                              key="attn_width", persist_state="session", bind="query-params")
     path, stamp = str(ctx.path), loading._stamp(ctx.path)
     T = _valid_length(path, stamp, sel.seq)
+    _default_query(sel.pos, T)
     if sel.pos >= T:
         st.info(f"Position {sel.pos} is padding after sequence {sel.seq}'s end: select a token before {T}.")
         return

@@ -51,7 +51,8 @@ def render(ctx) -> None:
         values = np.asarray(res["beta_quantile"].isel(quantile=q.index(0.5) if 0.5 in q else 2).values)
     else:
         values = np.asarray(res[STATS[stat]].values)
-    export.chart(figures.beta_step_heatmaps(values, layers, bmax, stat, highlight=(li, head)), key="beta_heat")
+    export.chart(figures.beta_step_heatmaps(values, layers, bmax, stat, highlight=(li, head)), key="beta_heat",
+                 **state.cell_clicks("beta_heat"))
     refl = np.asarray(res["reflection"].values) if "reflection" in res else None
     if refl is not None and refl.any():
         heads = [f"layer {layers[i]} head {h}" for i, h in zip(*np.nonzero(refl))]
@@ -67,7 +68,8 @@ def render(ctx) -> None:
         frac = np.asarray(res["frac_negative_head"].values)
         export.chart(figures.layer_head_heatmap(
             frac, layers, "Fraction of sub-steps with β > 1, per head", "fraction β > 1", zmin=0, zmax=1,
-            colorscale="Reds", highlight=(li, head)), key="beta_neg")
+            colorscale="Reds", highlight=(li, head)), key="beta_neg",
+                 **state.cell_clicks("beta_neg"))
 
     if "beta_channel_mean" in res:
         _per_channel(res, li, head, sel.layer)

@@ -100,9 +100,11 @@ def render(ctx) -> None:
     zmax = 1.0 if per_token == "rank_utilisation" else float(dmin or np.nanmax(z))
     export.chart(figures.layer_head_heatmap(z, layers, f"{metric.capitalize()} per layer and head ({region})",
                                             metric, zmin=0, zmax=zmax, colorscale="Cividis",
-                                            highlight=(li, sel.head)), key="rank_heat")
+                                            highlight=(li, sel.head)), key="rank_heat",
+                 **state.cell_clicks("rank_heat"))
     if "erank_drop_at_doc_start" in res and int(res.attrs.get("n_doc_starts", 0)) > 0:
         export.chart(figures.layer_head_heatmap(
             np.asarray(res["erank_drop_at_doc_start"].values), layers,
             "Drop of the entropy effective rank at document starts (erank(t−1) − erank(t))", "drop",
-            colorscale="RdBu", highlight=(li, sel.head)), key="rank_drop")
+            colorscale="RdBu", highlight=(li, sel.head)), key="rank_drop",
+                 **state.cell_clicks("rank_drop"))

@@ -57,6 +57,22 @@ def _cell(value: Any) -> str:
     return markdown_text(text)
 
 
+def _findings(ctx) -> None:
+    """The heads that stand out on each probe that has run, each linked to the page that shows it."""
+    from deltalab.app.dash import findings, state
+
+    results = {name: ctx.result(name) for name in ("betas", "spectra", "erank")}
+    found = findings.findings({k: v for k, v in results.items() if v is not None})
+    if not found:
+        return
+    st.subheader("Findings")
+    for i, f in enumerate(found):
+        c1, c2 = st.columns([5, 1])
+        c1.markdown(f"**{f.probe}** · layer {f.layer} head {f.head}: {f.text}")
+        c2.button(f"{f.page} →", key=f"finding_{i}", on_click=state.go_to, args=(f.page,),
+                  kwargs={"layer": f.layer, "head": f.head}, width="stretch")
+
+
 def render(ctx) -> None:
     attrs, cfg, ds = ctx.attrs, ctx.cfg, ctx.ds
     st.title("Overview")
@@ -76,6 +92,7 @@ def render(ctx) -> None:
                          + ("" if info["complete"] == info["total"] else
                             " — the capture did not finish: rerun its command to resume"))
 
+    _findings(ctx)
     left, right = st.columns([3, 2])
     with left:
         st.subheader("Model")

@@ -46,6 +46,31 @@ def _on_click(chart_key: str) -> None:
         state.select(seq=int(cd[0]), pos=int(cd[1]))
 
 
+def _single_step(ctx, layers: list[int], li: int, head: int) -> None:
+    """One Householder step (Gated DeltaNet: OLMo-Hybrid, Qwen3-Next): P_t = I − β k kᵀ is never a rotation, its one
+    non-trivial eigenvalue is 1 − β (negative when β > 1). Show that eigenvalue and how often it is negative, per
+    layer and head, from the betas probe; the gate follows below."""
+    st.caption("One step per token: P_t = I − β_t k_t k_tᵀ has the single non-trivial eigenvalue 1 − β_t (a "
+               "rotation needs two steps). Below 0 it flips the key direction; the gate exp(g_t) scales all of them.")
+    betas = ctx.result("betas")
+    if betas is None or "beta_mean" not in betas:
+        st.info(f"Run `deltalab probe betas --store {ctx.path}` for the eigenvalue 1 − β per layer and head.")
+        return
+    c1, c2 = st.columns(2)
+    with c1:
+        eig = 1.0 - np.asarray(betas["beta_mean"].values)[:, 0, :]  # [layer, head]: the mean of 1 - beta
+        export.chart(figures.layer_head_heatmap(eig, layers, "Mean eigenvalue 1 − β of P_t per head", "1 − β",
+                                                zmin=-1, zmax=1, zmid=0.0, colorscale="RdBu",
+                                                highlight=(li, head)), key="spec_eig1",
+                     **state.cell_clicks("spec_eig1"))
+    with c2:
+        frac = np.asarray(betas["frac_negative_head"].values)
+        export.chart(figures.layer_head_heatmap(frac, layers, "Fraction of tokens with 1 − β < 0 (β > 1)",
+                                                "fraction negative", zmin=0, zmax=1, colorscale="Reds",
+                                                highlight=(li, head)), key="spec_neg1",
+                     **state.cell_clicks("spec_neg1"))
+
+
 def render(ctx) -> None:
     st.title("Spectra")
     if "kappa" in ctx.ds:
@@ -66,9 +91,13 @@ def render(ctx) -> None:
     layers = [int(x) for x in res["layer"].values]
     head = sel.head
 
-    export.chart(figures.layer_head_heatmap(
-        np.asarray(res["frac_rotation"].values), layers, "Fraction of tokens whose P_t is a rotation",
-        "fraction rotation", zmin=0, zmax=1, colorscale="Purples", highlight=(li, head)), key="spec_rot")
+    if ctx.n_h == 1 and "kappa" not in ctx.ds:
+        _single_step(ctx, layers, li, head)
+    else:
+        export.chart(figures.layer_head_heatmap(
+            np.asarray(res["frac_rotation"].values), layers, "Fraction of tokens whose P_t is a rotation",
+            "fraction rotation", zmin=0, zmax=1, colorscale="Purples", highlight=(li, head)), key="spec_rot",
+                     **state.cell_clicks("spec_rot"))
 
     tr = reads.token_transition(ctx.path, sel.seq, sel.li, sel.pos, head)
     c1, c2, c3 = st.columns(3)
@@ -154,7 +183,8 @@ def render(ctx) -> None:
                 mods = np.stack([np.asarray(res["mean_modulus"].values), np.asarray(res["mean_modulus_A"].values)])
                 export.chart(figures.layer_head_heatmap(
                     mods[1] / np.where(mods[0] > 0, mods[0], 1), layers, "Mean |λ(A_t)| / mean |λ(P_t)| per head",
-                    "scaling", zmin=0, zmax=1, colorscale="Greens", highlight=(li, head)), key="spec_gate_ratio")
+                    "scaling", zmin=0, zmax=1, colorscale="Greens", highlight=(li, head)), key="spec_gate_ratio",
+                 **state.cell_clicks("spec_gate_ratio"))
     else:
         st.info("This model has no forget gate: A_t = P_t (every eigenvalue scaling is 1).")
     st.button("Drill down: this token's transition matrix →", on_click=state.go_to, args=("Token",),

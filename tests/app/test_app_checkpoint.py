@@ -34,6 +34,19 @@ def launched(monkeypatch, tmp_path):
     return calls
 
 
+def _wait_built(out: Path, timeout_s: float = 240.0) -> dict:
+    """The background build's final report (`deltalab app CHECKPOINT` builds while the server starts)."""
+    import time
+
+    from deltalab.app import build_job
+
+    deadline = time.monotonic() + timeout_s
+    while (info := build_job.read_progress(out) or {}) and not (info.get("done") or info.get("error")):
+        assert time.monotonic() < deadline, f"the build did not finish: {info}"
+        time.sleep(0.5)
+    return info
+
+
 def test_text_checkpoint_opens_its_probed_store(launched, tmp_path):
     ckpt = tmp_path / "lm"
     shutil.copytree(ZOO / "stdlib-gated-deltanet", ckpt)
@@ -43,6 +56,8 @@ def test_text_checkpoint_opens_its_probed_store(launched, tmp_path):
     assert res.exit_code == 0, res.output
     out = checkpoint_store_path(ckpt)
     assert launched and launched[0][-1] == str(out) and launched[0][1:3] == ["-m", "deltalab.app.serve"]
+    info = _wait_built(out)
+    assert info["done"] and not info["error"] and info["fraction"] == 1.0
     assert is_built(out, ckpt.resolve(), spec=spec)
     ds = store.open(out)
     assert ds.attrs["data_spec"] == spec and ds.sizes["pos"] == 256 and ds.sizes["seq"] >= 8
@@ -71,6 +86,7 @@ def test_hybrid_fla_checkpoint_store_keeps_real_layers(launched, tmp_path):
     (ckpt / "task.json").write_text('{"name": "S4", "train_length": 64}')
     res = CliRunner().invoke(cli, ["app", str(ckpt)])
     assert res.exit_code == 0, res.output
+    assert _wait_built(checkpoint_store_path(ckpt))["done"]
     ds = store.open(checkpoint_store_path(ckpt))
     assert ds.attrs["data_spec"].startswith("S4:length=128")
     assert ds["layer"].values.tolist() == [0, 2] and ds.sizes["head"] == 4

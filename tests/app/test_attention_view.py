@@ -240,3 +240,15 @@ def test_your_own_input(monkeypatch, tmp_path_factory):
     np.testing.assert_allclose(got[:10], input_attention(ds, 0, 1)[9, :10], rtol=0, atol=1e-6)
     assert np.isnan(got[10:]).all()
     assert not any("Stored top-k" in c.value for c in at.caption)  # nothing to run for a typed input
+
+
+def test_opens_on_the_last_token_not_token_0(synthetic, monkeypatch):
+    """Token 0 reads only itself: a first visit with no token chosen opens on the sequence's last token, whose
+    sources span the sequence; a token chosen afterwards is kept."""
+    at = new_app(monkeypatch, synthetic)
+    at.run()
+    goto(at, "Attention")
+    assert_clean(at)
+    assert "Sources of token 95" in specs(at)[0]["layout"]["title"]["text"]
+    _select(at, pos=0)
+    assert "Sources of token 0" in specs(at)[0]["layout"]["title"]["text"]

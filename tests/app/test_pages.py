@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import time
 from pathlib import Path
 
 import numpy as np
@@ -98,7 +99,9 @@ def test_overview(app):
 def test_betas_heatmaps_histogram_and_per_token_scatter(app):
     at = goto(app, "Betas")
     types = trace_types(at)
-    assert types[0] == {"heatmap"} and len(specs(at)[0]["data"]) == 2  # one heatmap per Householder step
+    heat = [d["type"] for d in specs(at)[0]["data"]]
+    assert types[0] == {"heatmap", "scatter"} and heat.count("heatmap") == 2  # one heatmap per Householder step
+    assert heat.count("scatter") == 2  # with the invisible points that carry each one's clicks
     assert {"histogram"} in types
     assert traces(at, "input tokens", "scatter"), "per-token beta_0 vs beta_1 scatter"
     # the planted rotation head: beta = 2 on both steps, flagged as a reflection head
@@ -142,7 +145,7 @@ def test_effective_rank_lines_markers_and_measure_choice(app):
     layout = specs(at)[0]["layout"]
     notes = [a.get("text", "") for a in layout.get("annotations", [])]
     assert "training length 64" in notes and "document start" in notes
-    assert any(t == {"heatmap"} for t in trace_types(at))
+    assert any(t == {"heatmap", "scatter"} for t in trace_types(at))  # a layer x head heatmap that takes clicks
     # head 1 is the planted low-rank head: rank <= 2
     assert np.nanmax(arr(lines[1]["y"])) <= 2.0 + 1e-4
     at.radio(key="rank_metric").set_value("stable rank").run()
@@ -153,7 +156,7 @@ def test_effective_rank_lines_markers_and_measure_choice(app):
 
 def test_probes_linear_lengthgen_and_missing_interventions(app):
     at = goto(app, "Probes")
-    assert any(t == {"heatmap"} for t in trace_types(at))
+    assert any(t == {"heatmap"} for t in trace_types(at))  # probe inputs as columns: not heads, no click points
     names = {d.get("name") for d in traces(at)}
     assert {"token accuracy", "sequence accuracy (prefix)"} <= names
     heat = specs(at)[0]["data"][0]
@@ -345,28 +348,78 @@ def test_no_bundled_checkpoint_says_so(monkeypatch, tmp_path):
     assert any("deltalab app STORE" in i.value for i in at.info)
 
 
-def test_default_store_build_shows_progress(monkeypatch, tmp_path_factory):
-    """With no store, the dashboard builds the default store with a progress bar inside an st.status."""
+def test_default_store_build_runs_apart_and_the_page_follows_it(monkeypatch, tmp_path_factory, tmp_path):
+    """With no store, the dashboard starts the build in its own process (not the session's thread: closing the
+    tab stops nothing) and shows its progress file; the first page opens once the capture exists, the probes'
+    progress staying in the sidebar; any other session reads the same file."""
+    import time
+
+    import deltalab.app.build_job as job
     import deltalab.app.default_store as dflt
 
     target = probed_store(tmp_path_factory)
-    calls: list[float] = []
+    out = tmp_path / "default.zarr"
+    started: list[Path] = []
 
-    def fake_ensure(progress=None, **_):
-        for f in (0.0, 0.5, 1.0):
-            calls.append(f)
-            progress(f, f"stage {f}")
-        return target
+    def report(**info) -> None:
+        job._write(out, {"fraction": 0.0, "message": "", "captured": False, "done": False, "error": None,
+                         "pid": os.getpid(), "started": time.time(), "threads": 1, **info})
+
+    def fake_start(path, checkpoint=None, spec=None):
+        started.append(Path(path))
+        report(fraction=0.06, message="capturing (step 1/8): capture 3/64 seq")
 
     monkeypatch.setattr(dflt, "is_built", lambda *a, **k: False)
     monkeypatch.setattr(dflt, "has_bundled_checkpoint", lambda *a, **k: True)
-    monkeypatch.setattr(dflt, "ensure_default_store", fake_ensure)
+    monkeypatch.setattr(dflt, "default_store_path", lambda: out)
+    monkeypatch.setattr(job, "start", fake_start)
     at = new_app(monkeypatch, None)
     at.run()
     assert_clean(at)
-    assert calls == [0.0, 0.5, 1.0]
-    assert at.status and "Default store ready" in at.status[0].label
-    assert at.title[0].value == "Overview"
+    assert started == [out] and not at.title[0].value == "Overview"
+    bars = at.get("progress")
+    assert bars and "capture 3/64 seq" in bars[0].proto.text and abs(bars[0].proto.value - 6) <= 1
+    second = new_app(monkeypatch, None)  # another tab: the same progress, no second build
+    second.run()
+    assert started == [out] and "capture 3/64 seq" in second.get("progress")[0].proto.text
+    shutil.copytree(target, out, dirs_exist_ok=True)
+    report(fraction=0.5, message="probe erank (step 5/8): erank 2/4 block", captured=True)
+    at.run()
+    assert_clean(at)
+    assert at.title[0].value == "Overview"  # the page opens while the probes run
+    assert any("Probes are still running" in c.value for c in at.sidebar.caption)
+    assert "erank 2/4 block" in at.sidebar.get("progress")[0].proto.text
+
+
+def test_build_progress_moves_inside_each_step(monkeypatch, tmp_path):
+    """The build job's progress bars (capture's sequences, a probe's blocks) move the progress file inside a step,
+    not only between steps; torch threads stay within the free cores."""
+    import tqdm.auto
+
+    import deltalab.app.build_job as job
+
+    monkeypatch.setattr(tqdm.auto, "tqdm", tqdm.auto.tqdm)  # restored after the test
+    monkeypatch.setattr(job, "WRITE_EVERY_S", 0.0)
+    out = tmp_path / "s.zarr"
+    rep = job._Reporter(out, 1)
+    job._count_progress_bars(rep)
+    seen: list[tuple[float, str]] = []
+    rep.step(0.0, "capturing x (step 1/4)")
+    for _ in tqdm.auto.tqdm(range(8), desc="capture", unit="seq", disable=True):  # the build's bars are off
+        time.sleep(0.001)
+        info = job.read_progress(out)
+        seen.append((info["fraction"], info["message"]))
+    rep.step(0.25, "probe betas (step 2/4)")
+    bar = tqdm.auto.tqdm(total=4, desc="blocks", unit="block", disable=True)
+    bar.update(2)
+    info = job.read_progress(out)
+    assert info["captured"] and info["fraction"] == pytest.approx(0.25 + 0.25 * 2 / 4)
+    assert "probe betas (step 2/4): blocks 2/4 block" == info["message"]
+    inside = sorted({f for f, _ in seen if 0.0 < f < 0.25})
+    assert len(inside) >= 3, seen  # moved several times within the capture step
+    assert any("capture" in m and "/8 seq" in m for _, m in seen)
+    assert job.build_threads(cpus=2, load=11.0) == 1 and job.build_threads(cpus=2, load=0.0) == 1
+    assert job.build_threads(cpus=16, load=0.5) == 4 and job.build_threads(cpus=8, load=6.5) == 1
 
 
 # --- the default store, end to end ----------------------------------------------------------------
