@@ -195,6 +195,8 @@ def test_typing_an_input_shows_it_on_every_page(server, browser):
         index = other.locator(".js-plotly-plot").count() - 1  # the page's last chart: the attention map
         kinds = {t["type"] for t in _chart_data(other, index)}
         assert {"heatmap"} < kinds, kinds  # the map and the invisible points that carry the clicks
+        other.locator(".js-plotly-plot").nth(index).scroll_into_view_if_needed()  # the click lands on the map itself
+        _settle(other)
         other.mouse.click(*_cell_center(other, 10, 4, index))  # query token 10 <- source token 4
         _settle(other)
         _clean(other, "Input attention click")
