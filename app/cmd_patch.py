@@ -82,7 +82,7 @@ def _check_out(out: Path | None) -> None:
 def _check_store_checkpoint(store: Path, checkpoint: Path) -> None:
     from deltalab.probes.core import ProbeError
     from deltalab.probes.data import open_store
-    from deltalab.store.capture import checkpoint_digest
+    from deltalab.store.plan import checkpoint_digest
 
     try:
         attrs = open_store(store).attrs
