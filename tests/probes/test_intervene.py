@@ -132,5 +132,5 @@ def test_corrupt_keys_results_that_still_decode_are_one_line(setup, tmp_path, ca
     lines = capsys.readouterr().err.strip().splitlines()
     assert code == 2, lines
     assert len(lines) == 1 and f"store {copy} has a corrupt chunk (its checksum does not match its bytes)" in lines[0]
-    assert "re-run the probe" in lines[0]
+    assert f"rerun `deltalab probe keys --store {copy}`" in lines[0]  # the probe run that rewrites its results
     assert {p: p.read_bytes() for p in copy.rglob("*") if p.is_file()} == before
