@@ -151,7 +151,7 @@ def records(ds: xr.Dataset) -> list[dict[str, Any]]:
 def store_targets(ds: xr.Dataset, tokens: np.ndarray, target: int | None) -> np.ndarray:
     """Targets of stored sequences: --target, else the store's labels (aligned with positions), else the next
     token."""
-    from deltalab.models.labels import IGNORE_INDEX
+    from deltalab.kernels.constants import IGNORE_INDEX
 
     if target is not None:
         return np.full(tokens.shape, target, np.int64)

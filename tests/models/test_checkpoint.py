@@ -73,9 +73,9 @@ def test_missing_weights(ckpt):
 
 def test_unknown_model_type(ckpt):
     cfg = json.loads((ckpt / "config.json").read_text())
-    cfg["model_type"] = "mamba2"
+    cfg["model_type"] = "mamba"
     (ckpt / "config.json").write_text(json.dumps(cfg))
-    expect_error(ckpt, "unknown model_type 'mamba2'")
+    expect_error(ckpt, "unknown model_type 'mamba'")
 
 
 def test_config_not_json(ckpt):
