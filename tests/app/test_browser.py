@@ -12,6 +12,8 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -37,19 +39,18 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    """`deltalab app` (no STORE) on a free localhost port; yields its base URL."""
-    built = default_store(tmp_path_factory)
+@contextmanager
+def dashboard(args: list[str], env: dict[str, str], log_dir: Path, cwd: Path | None = None) -> Iterator[str]:
+    """`deltalab app ARGS --port P` on a free localhost port, in its own process group; yields its base URL once
+    its health check answers, and stops it (SIGTERM, then SIGKILL) afterwards."""
     port = _free_port()
-    env = {**os.environ, "DELTALAB_CACHE": str(built["cache"]), "DELTALAB_DEFAULT_CHECKPOINT": str(built["checkpoint"]),
-           "DELTALAB_DEFAULT_SAMPLES": "8", "TQDM_DISABLE": "1"}
-    env.pop("DELTALAB_STORE", None)
     exe = Path(sys.executable).parent / "deltalab"
     cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "deltalab.app.cli"]
-    log = open(tmp_path_factory.mktemp("server") / "server.log", "w+")  # noqa: SIM115 - closed below
-    proc = subprocess.Popen([*cmd, "app", "--port", str(port)], env=env, stdout=log, stderr=subprocess.STDOUT,
-                            start_new_session=True)
+    env = {**env, "TQDM_DISABLE": "1"}
+    env.pop("DELTALAB_STORE", None)
+    log = open(log_dir / "server.log", "w+")  # noqa: SIM115 - closed below
+    proc = subprocess.Popen([*cmd, "app", *args, "--port", str(port)], cwd=cwd, env=env, stdout=log,
+                            stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.time() + 60
@@ -73,6 +74,16 @@ def server(tmp_path_factory):
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
         log.close()
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    """`deltalab app` (no STORE) on a free localhost port; yields its base URL."""
+    built = default_store(tmp_path_factory)
+    env = {**os.environ, "DELTALAB_CACHE": str(built["cache"]), "DELTALAB_DEFAULT_CHECKPOINT": str(built["checkpoint"]),
+           "DELTALAB_DEFAULT_SAMPLES": "8"}
+    with dashboard([], env, tmp_path_factory.mktemp("server")) as url:
+        yield url
 
 
 def _settle(page, timeout: float = 90.0) -> None:

@@ -6,18 +6,12 @@ Screenshots go to a temporary folder, or to $DELTALAB_SCREENSHOTS when set (to k
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
-import sys
-import time
-import urllib.request
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 
 from tests.app.stores import default_store
-from tests.app.test_browser import ARGS, CHROMIUM, _free_port, _settle, _shot
+from tests.app.test_browser import ARGS, CHROMIUM, _settle, _shot, dashboard
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -28,37 +22,8 @@ pytestmark = [
 ]
 
 
-@contextmanager
 def _server(store: Path, log_dir: Path):
-    port = _free_port()
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "TQDM_DISABLE": "1"}
-    env.pop("DELTALAB_STORE", None)
-    log = open(log_dir / "server.log", "w+")  # noqa: SIM115 - closed below
-    proc = subprocess.Popen([sys.executable, "-m", "deltalab.app.cli", "app", str(store), "--port", str(port)],
-                            cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.time() + 60
-        while True:
-            try:
-                with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as r:
-                    if r.read().strip() == b"ok":
-                        break
-            except OSError:
-                pass
-            if proc.poll() is not None or time.time() > deadline:
-                log.seek(0)
-                pytest.fail(f"the dashboard did not start: {log.read()[-2000:]}")
-            time.sleep(0.3)
-        yield url
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-        log.close()
+    return dashboard([str(store)], {**os.environ, "PYTHONPATH": str(ROOT)}, log_dir, cwd=ROOT)
 
 
 @pytest.fixture

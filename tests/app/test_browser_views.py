@@ -10,17 +10,12 @@ from __future__ import annotations
 import io
 import json
 import os
-import signal
-import subprocess
-import sys
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 
 from tests.app.stores import default_store
-from tests.app.test_browser import ARGS, CHROMIUM, _free_port, _settle, _shot
+from tests.app.test_browser import ARGS, CHROMIUM, _settle, _shot, dashboard
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -35,37 +30,11 @@ pytestmark = [
 def server(tmp_path_factory):
     """This checkout's dashboard on the tiny S4 store, on a free localhost port; yields (base URL, built)."""
     built = default_store(tmp_path_factory)
-    port = _free_port()
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "TQDM_DISABLE": "1"}
-    env.pop("DELTALAB_STORE", None)
-    log = open(tmp_path_factory.mktemp("server_views") / "server.log", "w+")  # noqa: SIM115 - closed below
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
     # --root: links may open the other stores these tests build (the comparison's second store)
-    proc = subprocess.Popen([sys.executable, "-m", "deltalab.app.cli", "app", str(built["store"]), "--port", str(port),
-                             "--root", str(tmp_path_factory.getbasetemp())],
-                            cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.time() + 60
-        while True:
-            try:
-                with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as r:
-                    if r.read().strip() == b"ok":
-                        break
-            except OSError:
-                pass
-            if proc.poll() is not None or time.time() > deadline:
-                log.seek(0)
-                pytest.fail(f"the dashboard did not start: {log.read()[-2000:]}")
-            time.sleep(0.3)
+    args = [str(built["store"]), "--root", str(tmp_path_factory.getbasetemp())]
+    with dashboard(args, env, tmp_path_factory.mktemp("server_views"), cwd=ROOT) as url:
         yield url, built
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-        log.close()
 
 
 @pytest.fixture(scope="module")
